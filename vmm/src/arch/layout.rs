@@ -1,0 +1,166 @@
+//! The guest-physical memory map: one table used by the MMIO bus, the FDT and
+//! the interrupt wiring. The layout follows QEMU's `virt` machine so a guest
+//! built for it needs no changes.
+//!
+//! ```text
+//! 0x0800_0000  GICv3 distributor (GICD)            64 KiB
+//! 0x080A_0000  GICv3 redistributors (GICR)         128 KiB per vCPU (RD + SGI frames)
+//! 0x0900_0000  PL011 UART                          4 KiB, SPI 1 (INTID 33), level
+//! 0x0910_0000  boot-timer                          4 KiB
+//! 0x0A00_0000  virtio-mmio slot n                  0x200 each, SPI 16+n (INTID 48+n), level
+//! 0x4000_0000  RAM                                 --mem MiB
+//! ```
+
+/// First INTID of the shared peripheral interrupts (GICv3 spec, 2.2.1).
+pub const SPI_BASE_INTID: u32 = 32;
+
+/// Host-independent guest page granule used for dirty tracking and snapshot
+/// memory files: 16 KiB, the Apple Silicon stage-2 granule.
+pub const PAGE_SIZE: u64 = 16 * 1024;
+
+/// Guest-physical base of RAM.
+pub const RAM_BASE: u64 = 0x4000_0000;
+
+/// Highest supported guest RAM size in bytes (IPA space above `RAM_BASE` that
+/// fits a 36-bit IPA, the HVF default).
+pub const RAM_MAX: u64 = (1 << 36) - RAM_BASE;
+
+/// Maximum number of vCPUs (the redistributor region is sized for this many;
+/// the guest kernel is built with `NR_CPUS=8`).
+pub const MAX_VCPUS: usize = 8;
+
+/// GICv3 distributor base and size (GICv3 spec, 12.9: 64 KiB frame).
+pub const GICD_BASE: u64 = 0x0800_0000;
+/// Size of the distributor frame in bytes.
+pub const GICD_SIZE: u64 = 0x1_0000;
+/// GICv3 redistributor region base: one RD_base + SGI_base pair per vCPU.
+pub const GICR_BASE: u64 = 0x080A_0000;
+/// Bytes per vCPU in the redistributor region (two 64 KiB frames).
+pub const GICR_STRIDE: u64 = 0x2_0000;
+/// Size of the whole redistributor region in bytes (for `MAX_VCPUS`).
+pub const GICR_SIZE: u64 = GICR_STRIDE * MAX_VCPUS as u64;
+
+/// Number of SPIs the distributor implements (INTIDs 32..32+NUM_SPIS).
+pub const NUM_SPIS: u32 = 64;
+
+/// PPI INTIDs of the ARM generic timer, as wired on QEMU virt and expected by
+/// Linux's `arm,armv8-timer` binding (order: secure phys, non-secure phys,
+/// virtual, hypervisor phys).
+pub const TIMER_PPIS: [u32; 4] = [29, 30, 27, 26];
+/// INTID of the EL1 virtual timer PPI (CNTV), the one the guest uses.
+pub const VTIMER_INTID: u32 = 27;
+
+/// The kind of device behind an MMIO region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// ARM PL011 UART (console).
+    Pl011,
+    /// The boot-timer MMIO byte (logs `Guest-boot-time`).
+    BootTimer,
+    /// A virtio-mmio transport slot.
+    VirtioMmio,
+}
+
+/// One MMIO device region in the memory map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioRegion {
+    /// What sits here.
+    pub kind: DeviceKind,
+    /// Guest-physical base address.
+    pub base: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The wired interrupt's INTID, if the device has one (level-triggered SPI).
+    pub intid: Option<u32>,
+}
+
+impl MmioRegion {
+    /// Whether `gpa` lies in this region.
+    pub fn contains(&self, gpa: u64) -> bool {
+        gpa >= self.base && gpa - self.base < self.size
+    }
+}
+
+/// PL011 UART region.
+pub const PL011: MmioRegion = MmioRegion {
+    kind: DeviceKind::Pl011,
+    base: 0x0900_0000,
+    size: 0x1000,
+    intid: Some(SPI_BASE_INTID + 1),
+};
+
+/// Boot-timer region. The guest's init writes one byte here (its address is
+/// passed on the kernel command line as `boottimer=`).
+pub const BOOT_TIMER: MmioRegion = MmioRegion {
+    kind: DeviceKind::BootTimer,
+    base: 0x0910_0000,
+    size: 0x1000,
+    intid: None,
+};
+
+/// Base of the first virtio-mmio slot.
+pub const VIRTIO_MMIO_BASE: u64 = 0x0A00_0000;
+/// Bytes per virtio-mmio slot.
+pub const VIRTIO_MMIO_SIZE: u64 = 0x200;
+/// Number of virtio-mmio slots.
+pub const VIRTIO_MMIO_SLOTS: u32 = 32;
+/// INTID of virtio-mmio slot 0; slot n uses `VIRTIO_MMIO_INTID_BASE + n`.
+pub const VIRTIO_MMIO_INTID_BASE: u32 = SPI_BASE_INTID + 16;
+
+/// The region of virtio-mmio slot `n` (`n < VIRTIO_MMIO_SLOTS`).
+pub const fn virtio_mmio(n: u32) -> MmioRegion {
+    assert!(n < VIRTIO_MMIO_SLOTS);
+    MmioRegion {
+        kind: DeviceKind::VirtioMmio,
+        base: VIRTIO_MMIO_BASE + n as u64 * VIRTIO_MMIO_SIZE,
+        size: VIRTIO_MMIO_SIZE,
+        intid: Some(VIRTIO_MMIO_INTID_BASE + n),
+    }
+}
+
+/// Slot of the root block device (`/dev/vda`).
+pub const VIRTIO_BLK_SLOT: u32 = 0;
+
+/// Frequency of the fixed `apb-pclk` clock the PL011 binding requires, in Hz.
+pub const APB_PCLK_HZ: u32 = 24_000_000;
+
+/// Alignment of the kernel Image in RAM (Linux arm64 boot protocol: 2 MiB).
+pub const KERNEL_ALIGN: u64 = 2 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_do_not_overlap_and_sit_below_ram() {
+        let mut regions = vec![
+            (GICD_BASE, GICD_SIZE),
+            (GICR_BASE, GICR_SIZE),
+            (PL011.base, PL011.size),
+            (BOOT_TIMER.base, BOOT_TIMER.size),
+            (
+                VIRTIO_MMIO_BASE,
+                VIRTIO_MMIO_SIZE * u64::from(VIRTIO_MMIO_SLOTS),
+            ),
+        ];
+        regions.sort();
+        for w in regions.windows(2) {
+            assert!(
+                w[0].0 + w[0].1 <= w[1].0,
+                "{:x?} overlaps {:x?}",
+                w[0],
+                w[1]
+            );
+        }
+        let (last, size) = regions[regions.len() - 1];
+        assert!(last + size <= RAM_BASE);
+    }
+
+    #[test]
+    fn virtio_slots_follow_qemu_virt() {
+        assert_eq!(virtio_mmio(0).intid, Some(48));
+        assert_eq!(virtio_mmio(31).base, 0x0A00_3E00);
+        assert!(virtio_mmio(1).contains(0x0A00_0200));
+        assert!(!virtio_mmio(1).contains(0x0A00_0400));
+    }
+}

@@ -1,0 +1,225 @@
+//! AArch64 system-register identifiers.
+//!
+//! A [`SysReg`] is the (op0, op1, CRn, CRm, op2) tuple of an `MRS`/`MSR`
+//! encoding (Arm ARM C5.3), packed as `op0<<14 | op1<<11 | CRn<<7 | CRm<<3 | op2`.
+//! This is the packing Hypervisor.framework uses for `hv_sys_reg_t`, so the
+//! value can be passed to HVF unchanged.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A system register, identified by its `MRS`/`MSR` encoding.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SysReg(pub u16);
+
+impl SysReg {
+    /// Builds an identifier from the encoding fields (op0 in 0..=3, op1 and
+    /// op2 in 0..=7, CRn and CRm in 0..=15; higher bits are masked off).
+    pub const fn new(op0: u8, op1: u8, crn: u8, crm: u8, op2: u8) -> Self {
+        SysReg(
+            ((op0 as u16 & 0x3) << 14)
+                | ((op1 as u16 & 0x7) << 11)
+                | ((crn as u16 & 0xf) << 7)
+                | ((crm as u16 & 0xf) << 3)
+                | (op2 as u16 & 0x7),
+        )
+    }
+
+    /// The encoding fields `(op0, op1, CRn, CRm, op2)`.
+    pub const fn fields(self) -> (u8, u8, u8, u8, u8) {
+        let v = self.0;
+        (
+            (v >> 14) as u8 & 0x3,
+            (v >> 11) as u8 & 0x7,
+            (v >> 7) as u8 & 0xf,
+            (v >> 3) as u8 & 0xf,
+            v as u8 & 0x7,
+        )
+    }
+
+    /// The architectural name, if this is a register the VMM knows by name.
+    pub fn name(self) -> Option<&'static str> {
+        NAMES.iter().find(|(r, _)| *r == self).map(|(_, n)| *n)
+    }
+}
+
+impl fmt::Debug for SysReg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => {
+                let (op0, op1, crn, crm, op2) = self.fields();
+                write!(f, "S{op0}_{op1}_C{crn}_C{crm}_{op2}")
+            }
+        }
+    }
+}
+
+impl fmt::Display for SysReg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+macro_rules! sysregs {
+    ($($(#[$doc:meta])* $name:ident = ($op0:expr, $op1:expr, $crn:expr, $crm:expr, $op2:expr);)*) => {
+        $( $(#[$doc])* pub const $name: SysReg = SysReg::new($op0, $op1, $crn, $crm, $op2); )*
+        const NAMES: &[(SysReg, &str)] = &[$(($name, stringify!($name))),*];
+    };
+}
+
+sysregs! {
+    /// Main ID register.
+    MIDR_EL1 = (3, 0, 0, 0, 0);
+    /// Multiprocessor affinity register.
+    MPIDR_EL1 = (3, 0, 0, 0, 5);
+    /// Processor feature register 0.
+    ID_AA64PFR0_EL1 = (3, 0, 0, 4, 0);
+    /// Memory model feature register 0 (translation granules, PA range).
+    ID_AA64MMFR0_EL1 = (3, 0, 0, 7, 0);
+    /// System control register (EL1).
+    SCTLR_EL1 = (3, 0, 1, 0, 0);
+    /// Architectural feature access control (FP/SIMD enable).
+    CPACR_EL1 = (3, 0, 1, 0, 2);
+    /// Translation table base 0.
+    TTBR0_EL1 = (3, 0, 2, 0, 0);
+    /// Translation table base 1.
+    TTBR1_EL1 = (3, 0, 2, 0, 1);
+    /// Translation control register.
+    TCR_EL1 = (3, 0, 2, 0, 2);
+    /// Saved program status on exception entry to EL1.
+    SPSR_EL1 = (3, 0, 4, 0, 0);
+    /// Exception link register (EL1).
+    ELR_EL1 = (3, 0, 4, 0, 1);
+    /// Stack pointer (EL0).
+    SP_EL0 = (3, 0, 4, 1, 0);
+    /// Stack pointer (EL1); accessed with op1 = 4.
+    SP_EL1 = (3, 4, 4, 1, 0);
+    /// Auxiliary fault status 0.
+    AFSR0_EL1 = (3, 0, 5, 1, 0);
+    /// Auxiliary fault status 1.
+    AFSR1_EL1 = (3, 0, 5, 1, 1);
+    /// Exception syndrome register (EL1).
+    ESR_EL1 = (3, 0, 5, 2, 0);
+    /// Fault address register (EL1).
+    FAR_EL1 = (3, 0, 6, 0, 0);
+    /// Physical address register (result of AT).
+    PAR_EL1 = (3, 0, 7, 4, 0);
+    /// Memory attribute indirection register.
+    MAIR_EL1 = (3, 0, 10, 2, 0);
+    /// Auxiliary memory attribute indirection register.
+    AMAIR_EL1 = (3, 0, 10, 3, 0);
+    /// Vector base address (EL1).
+    VBAR_EL1 = (3, 0, 12, 0, 0);
+    /// Context ID.
+    CONTEXTIDR_EL1 = (3, 0, 13, 0, 1);
+    /// Software thread ID (EL1).
+    TPIDR_EL1 = (3, 0, 13, 0, 4);
+    /// Software thread ID (EL0).
+    TPIDR_EL0 = (3, 3, 13, 0, 2);
+    /// Read-only software thread ID (EL0).
+    TPIDRRO_EL0 = (3, 3, 13, 0, 3);
+    /// Cache size selection.
+    CSSELR_EL1 = (3, 2, 0, 0, 0);
+    /// Monitor debug system control.
+    MDSCR_EL1 = (2, 0, 0, 2, 2);
+    /// Floating-point control register.
+    FPCR = (3, 3, 4, 4, 0);
+    /// Floating-point status register.
+    FPSR = (3, 3, 4, 4, 1);
+    /// Counter-timer kernel control.
+    CNTKCTL_EL1 = (3, 0, 14, 1, 0);
+    /// Counter-timer frequency (Hz).
+    CNTFRQ_EL0 = (3, 3, 14, 0, 0);
+    /// Physical count.
+    CNTPCT_EL0 = (3, 3, 14, 0, 1);
+    /// Virtual count (physical count minus CNTVOFF_EL2).
+    CNTVCT_EL0 = (3, 3, 14, 0, 2);
+    /// EL1 physical timer value.
+    CNTP_TVAL_EL0 = (3, 3, 14, 2, 0);
+    /// EL1 physical timer control.
+    CNTP_CTL_EL0 = (3, 3, 14, 2, 1);
+    /// EL1 physical timer compare value.
+    CNTP_CVAL_EL0 = (3, 3, 14, 2, 2);
+    /// Virtual timer value (signed 32-bit ticks until the compare value).
+    CNTV_TVAL_EL0 = (3, 3, 14, 3, 0);
+    /// Virtual timer control (ENABLE, IMASK, ISTATUS).
+    CNTV_CTL_EL0 = (3, 3, 14, 3, 1);
+    /// Virtual timer compare value (guest ticks).
+    CNTV_CVAL_EL0 = (3, 3, 14, 3, 2);
+    /// Virtual counter offset (EL2).
+    CNTVOFF_EL2 = (3, 4, 14, 0, 3);
+    /// GIC CPU interface: interrupt acknowledge, group 0.
+    ICC_IAR0_EL1 = (3, 0, 12, 8, 0);
+    /// GIC CPU interface: end of interrupt, group 0.
+    ICC_EOIR0_EL1 = (3, 0, 12, 8, 1);
+    /// GIC CPU interface: highest priority pending, group 0.
+    ICC_HPPIR0_EL1 = (3, 0, 12, 8, 2);
+    /// GIC CPU interface: binary point, group 0.
+    ICC_BPR0_EL1 = (3, 0, 12, 8, 3);
+    /// GIC CPU interface: active priorities group 0, register 0.
+    ICC_AP0R0_EL1 = (3, 0, 12, 8, 4);
+    /// GIC CPU interface: active priorities group 1, register 0.
+    ICC_AP1R0_EL1 = (3, 0, 12, 9, 0);
+    /// GIC CPU interface: active priorities group 1, register 1.
+    ICC_AP1R1_EL1 = (3, 0, 12, 9, 1);
+    /// GIC CPU interface: active priorities group 1, register 2.
+    ICC_AP1R2_EL1 = (3, 0, 12, 9, 2);
+    /// GIC CPU interface: active priorities group 1, register 3.
+    ICC_AP1R3_EL1 = (3, 0, 12, 9, 3);
+    /// GIC CPU interface: deactivate interrupt.
+    ICC_DIR_EL1 = (3, 0, 12, 11, 1);
+    /// GIC CPU interface: running priority.
+    ICC_RPR_EL1 = (3, 0, 12, 11, 3);
+    /// GIC CPU interface: generate group 1 SGI.
+    ICC_SGI1R_EL1 = (3, 0, 12, 11, 5);
+    /// GIC CPU interface: generate alias group 1 SGI.
+    ICC_ASGI1R_EL1 = (3, 0, 12, 11, 6);
+    /// GIC CPU interface: generate group 0 SGI.
+    ICC_SGI0R_EL1 = (3, 0, 12, 11, 7);
+    /// GIC CPU interface: interrupt acknowledge, group 1.
+    ICC_IAR1_EL1 = (3, 0, 12, 12, 0);
+    /// GIC CPU interface: end of interrupt, group 1.
+    ICC_EOIR1_EL1 = (3, 0, 12, 12, 1);
+    /// GIC CPU interface: highest priority pending, group 1.
+    ICC_HPPIR1_EL1 = (3, 0, 12, 12, 2);
+    /// GIC CPU interface: binary point, group 1.
+    ICC_BPR1_EL1 = (3, 0, 12, 12, 3);
+    /// GIC CPU interface: control.
+    ICC_CTLR_EL1 = (3, 0, 12, 12, 4);
+    /// GIC CPU interface: system register enable.
+    ICC_SRE_EL1 = (3, 0, 12, 12, 5);
+    /// GIC CPU interface: group 0 enable.
+    ICC_IGRPEN0_EL1 = (3, 0, 12, 12, 6);
+    /// GIC CPU interface: group 1 enable.
+    ICC_IGRPEN1_EL1 = (3, 0, 12, 12, 7);
+    /// GIC CPU interface: priority mask.
+    ICC_PMR_EL1 = (3, 0, 4, 6, 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_matches_hvf_hv_sys_reg_t() {
+        // Values of Hypervisor.framework's hv_sys_reg_t enum.
+        assert_eq!(SCTLR_EL1.0, 0xc080);
+        assert_eq!(TTBR1_EL1.0, 0xc101);
+        assert_eq!(SP_EL1.0, 0xe208);
+        assert_eq!(CNTV_CTL_EL0.0, 0xdf19);
+        assert_eq!(CNTV_CVAL_EL0.0, 0xdf1a);
+        assert_eq!(MDSCR_EL1.0, 0x8012);
+    }
+
+    #[test]
+    fn fields_round_trip_and_names() {
+        assert_eq!(ICC_SGI1R_EL1.fields(), (3, 0, 12, 11, 5));
+        assert_eq!(format!("{:?}", ICC_IAR1_EL1), "ICC_IAR1_EL1");
+        assert_eq!(
+            format!("{:?}", SysReg::new(3, 1, 15, 2, 0)),
+            "S3_1_C15_C2_0"
+        );
+    }
+}

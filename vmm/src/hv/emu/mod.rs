@@ -1,0 +1,1 @@
+//! The portable `emu` backend (unicorn-engine).

@@ -1,0 +1,219 @@
+//! The hypervisor abstraction shared by both backends.
+//!
+//! A backend provides a [`Hypervisor`] that creates a [`Vm`]; the VM maps guest
+//! RAM that the VMM allocated itself ([`crate::memory::GuestRam`]) and creates
+//! [`Vcpu`]s. A vCPU runs until an exit that the run loop must decide on
+//! ([`VcpuExit`]). Accesses the backend can complete by itself with the VMM's
+//! help (MMIO, trapped system registers) go through [`VcpuIo`] *inside*
+//! [`Vcpu::run`], and the backend finishes the instruction (register
+//! write-back, sign extension, PC advance) before it returns or continues, so
+//! a vCPU is at an instruction boundary whenever `run` has returned.
+//!
+//! Threading: HVF binds a vCPU to the thread that created it, so [`Vcpu`] is
+//! not `Send`; only a [`Kick`] handle crosses threads.
+
+use crate::arch::sysreg::SysReg;
+use crate::memory::GuestRam;
+use std::sync::Arc;
+
+#[cfg(feature = "emu")]
+pub mod emu;
+
+/// Index of a vCPU, `0..vcpus`.
+pub type VcpuId = usize;
+
+/// Errors from a hypervisor backend.
+#[derive(Debug, thiserror::Error)]
+pub enum HvError {
+    /// The backend cannot be used on this host.
+    #[error("the {backend} backend is not available on this host: {reason}")]
+    Unavailable {
+        /// Backend name.
+        backend: &'static str,
+        /// Why not.
+        reason: String,
+    },
+    /// A backend call failed.
+    #[error("{call} failed: {detail}")]
+    Call {
+        /// The call or operation that failed.
+        call: &'static str,
+        /// The backend's return code or message.
+        detail: String,
+    },
+    /// The guest did something the VMM cannot handle; the VM stops.
+    #[error("unhandled guest exit: {0}")]
+    Guest(String),
+}
+
+/// Result type of backend operations.
+pub type Result<T> = std::result::Result<T, HvError>;
+
+/// A general-purpose or special register of a vCPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reg {
+    /// `X0`..`X30` (the index must be at most 30).
+    X(u8),
+    /// Program counter.
+    Pc,
+    /// PSTATE as saved in SPSR format (NZCV, DAIF, EL and SP selection).
+    Pstate,
+}
+
+/// Access permissions of guest RAM pages as seen by the guest (stage 2 on
+/// HVF, the software TLB on `emu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prot {
+    /// Read, write and execute.
+    ReadWriteExec,
+    /// Read and execute: the first write faults, which dirty tracking uses.
+    ReadExec,
+}
+
+/// A handle that makes a running vCPU return from [`Vcpu::run`] with
+/// [`VcpuExit::Kicked`] at the next instruction boundary (or immediately if it
+/// is not running; the next `run` then returns at once). Safe to call from any
+/// thread.
+pub trait Kick: Send + Sync {
+    /// Requests the exit.
+    fn kick(&self);
+}
+
+/// Why [`Vcpu::run`] returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VcpuExit {
+    /// `HVC #imm`: PC already points past the instruction; arguments in X0..X3
+    /// (SMC Calling Convention), results go back in X0..X3.
+    Hvc {
+        /// The 16-bit immediate.
+        imm: u16,
+    },
+    /// `SMC #imm`, as for [`VcpuExit::Hvc`].
+    Smc {
+        /// The 16-bit immediate.
+        imm: u16,
+    },
+    /// `WFI`: PC already points past it. The vCPU should not run again until
+    /// its IRQ line is asserted or its virtual timer deadline passes.
+    Wfi,
+    /// `WFE`: a hint; the run loop may yield.
+    Wfe,
+    /// A [`Kick`] was requested.
+    Kicked,
+    /// An exception the VMM does not handle, reported with the syndrome, fault
+    /// address and PC. The VM stops with this as an error; it is never a panic.
+    Unhandled {
+        /// Exception syndrome (ESR_EL2 layout).
+        esr: u64,
+        /// Faulting virtual address, if known (0 otherwise).
+        far: u64,
+        /// Faulting guest-physical address, if known (0 otherwise).
+        ipa: u64,
+        /// PC of the faulting instruction.
+        pc: u64,
+    },
+}
+
+/// An MMIO access that no device can complete (unmapped address, bad size or
+/// alignment, device error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MMIO fault at GPA {gpa:#x} ({len} bytes): {reason}")]
+pub struct MmioFault {
+    /// Guest-physical address of the access.
+    pub gpa: u64,
+    /// Access size in bytes.
+    pub len: usize,
+    /// What went wrong.
+    pub reason: &'static str,
+}
+
+/// The VMM's side of a vCPU exit that the backend completes in place. The
+/// backend calls these from inside [`Vcpu::run`].
+pub trait VcpuIo {
+    /// A guest load of `data.len()` (1, 2, 4 or 8) bytes from device memory at
+    /// `gpa`; the device fills `data` little-endian. On `Err` the guest gets a
+    /// synchronous external abort.
+    fn mmio_read(
+        &mut self,
+        vcpu: VcpuId,
+        gpa: u64,
+        data: &mut [u8],
+    ) -> std::result::Result<(), MmioFault>;
+    /// A guest store to device memory, as for [`VcpuIo::mmio_read`].
+    fn mmio_write(
+        &mut self,
+        vcpu: VcpuId,
+        gpa: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), MmioFault>;
+    /// A trapped `MRS` of a register the backend does not implement itself
+    /// (the GIC CPU interface, the virtual timer on `emu`). `None` makes the
+    /// instruction UNDEFINED for the guest.
+    fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64>;
+    /// A trapped `MSR`; `false` makes the instruction UNDEFINED.
+    fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool;
+    /// Whether the vCPU's IRQ line is asserted now. Backends re-check it after
+    /// every MMIO and system-register access and before resuming the guest.
+    fn irq_line(&mut self, vcpu: VcpuId) -> bool;
+    /// The output of the vCPU's EL1 virtual timer changed: `level` is
+    /// `CNTV_CTL.ENABLE && !CNTV_CTL.IMASK && CNTV_CTL.ISTATUS` (Arm ARM
+    /// D11.2.4). The timer is part of the vCPU (hardware on HVF, emulated by
+    /// the `emu` backend); the VMM wires it to the timer PPI
+    /// ([`crate::arch::layout::VTIMER_INTID`]).
+    fn vtimer_level(&mut self, vcpu: VcpuId, level: bool);
+}
+
+/// A hypervisor backend.
+pub trait Hypervisor {
+    /// The VM type.
+    type Vm: Vm;
+    /// Backend name as used on the command line (`emu`, `hvf`).
+    const NAME: &'static str;
+    /// Creates a VM with `vcpus` vCPUs (not yet created) and maps `ram`.
+    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<Self::Vm>;
+}
+
+/// A virtual machine: guest RAM mapping, page protection, vCPU creation and
+/// the guest's counter.
+pub trait Vm: Send + Sync {
+    /// The vCPU type.
+    type Vcpu: Vcpu;
+    /// Creates vCPU `id` with affinity `mpidr` (MPIDR_EL1 value) in its reset
+    /// state (EL1h, MMU off). Must be called on the thread that will run it.
+    fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<Self::Vcpu>;
+    /// Changes guest access permissions of `size` bytes of RAM at `gpa`
+    /// (both multiples of [`crate::arch::layout::PAGE_SIZE`]).
+    fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()>;
+    /// Frequency of the guest's generic counter in Hz (CNTFRQ_EL0).
+    fn counter_frequency(&self) -> u64;
+    /// The physical count now (CNTPCT_EL0, in guest ticks). The virtual count
+    /// a vCPU sees is this minus its vtimer offset.
+    fn physical_count(&self) -> u64;
+}
+
+/// A virtual CPU. Not `Send`: it stays on the thread that created it.
+pub trait Vcpu {
+    /// This vCPU's index.
+    fn id(&self) -> VcpuId;
+    /// Runs the guest until an exit the run loop must handle.
+    fn run(&mut self, io: &mut dyn VcpuIo) -> Result<VcpuExit>;
+    /// Reads a general-purpose or special register.
+    fn reg(&mut self, reg: Reg) -> Result<u64>;
+    /// Writes a general-purpose or special register.
+    fn set_reg(&mut self, reg: Reg, value: u64) -> Result<()>;
+    /// Reads SIMD/FP register `V<n>` (`n < 32`).
+    fn vreg(&mut self, n: u8) -> Result<u128>;
+    /// Writes SIMD/FP register `V<n>` (`n < 32`).
+    fn set_vreg(&mut self, n: u8, value: u128) -> Result<()>;
+    /// Reads a system register held by the backend (including the virtual
+    /// timer's CNTV_CTL_EL0 and CNTV_CVAL_EL0).
+    fn sysreg(&mut self, reg: SysReg) -> Result<u64>;
+    /// Writes a system register held by the backend.
+    fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()>;
+    /// The vtimer offset in guest ticks (virtual count = physical count - offset).
+    fn vtimer_offset(&mut self) -> Result<u64>;
+    /// Sets the vtimer offset in guest ticks.
+    fn set_vtimer_offset(&mut self, offset: u64) -> Result<()>;
+    /// A handle to make this vCPU's `run` return from another thread.
+    fn kicker(&self) -> Arc<dyn Kick>;
+}

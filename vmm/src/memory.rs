@@ -1,0 +1,156 @@
+//! Guest RAM: one host mapping that the VMM owns, shared by the hypervisor
+//! backend (which maps it into the guest) and the devices (which reach it
+//! through vm-memory, so every VMM write is recorded in a dirty bitmap).
+
+use crate::arch::layout::{PAGE_SIZE, RAM_BASE, RAM_MAX};
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{GuestAddress, GuestRegionMmap, MmapRegion};
+
+/// Guest memory as devices see it: vm-memory over the VMM's own mapping, with
+/// a 16 KiB-granular bitmap of pages the VMM wrote.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+
+/// Errors creating guest RAM.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The requested size is zero, not a multiple of the page size, or too large.
+    #[error("guest RAM size {size} bytes must be a non-zero multiple of {PAGE_SIZE} bytes and at most {RAM_MAX} bytes")]
+    BadSize {
+        /// Requested size in bytes.
+        size: u64,
+    },
+    /// The host mapping could not be created.
+    #[error("cannot map {size} bytes of guest RAM: {source}")]
+    Map {
+        /// Requested size in bytes.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// vm-memory refused the region.
+    #[error("cannot describe guest RAM to vm-memory: {0}")]
+    Region(String),
+}
+
+/// Guest RAM at [`RAM_BASE`]: a page-aligned host mapping of `size` bytes.
+pub struct GuestRam {
+    map: memmap2::MmapMut,
+    region: Arc<MmapRegion<AtomicBitmap>>,
+    mem: GuestMemory,
+}
+
+impl GuestRam {
+    /// Allocates `size` bytes of zeroed anonymous memory (`size` a multiple of
+    /// [`PAGE_SIZE`]).
+    pub fn new_anonymous(size: u64) -> Result<Self, MemoryError> {
+        check_size(size)?;
+        let len = usize::try_from(size).map_err(|_| MemoryError::BadSize { size })?;
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .map_anon()
+            .map_err(|source| MemoryError::Map { size, source })?;
+        Self::from_mmap(map)
+    }
+
+    /// Wraps an existing writable mapping (e.g. a private copy-on-write map of
+    /// a snapshot's memory file). Its length must be a valid RAM size.
+    pub fn from_mmap(mut map: memmap2::MmapMut) -> Result<Self, MemoryError> {
+        let size = map.len() as u64;
+        check_size(size)?;
+        let page = NonZeroUsize::new(PAGE_SIZE as usize).expect("PAGE_SIZE is non-zero");
+        let bitmap = AtomicBitmap::new(map.len(), page);
+        // SAFETY: `map` is a live read/write mapping of `map.len()` bytes that
+        // this struct owns and keeps alive as long as the region (vm-memory
+        // does not unmap a region built from a raw pointer, and `GuestRam`
+        // hands out the region only by reference).
+        let region = unsafe {
+            MmapRegionBuilder::new_with_bitmap(map.len(), bitmap)
+                .with_raw_mmap_pointer(map.as_mut_ptr())
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(libc::MAP_ANONYMOUS | libc::MAP_PRIVATE)
+                .build()
+        }
+        .map_err(|e| MemoryError::Region(e.to_string()))?;
+        let region = Arc::new(region);
+        let guest_region = GuestRegionMmap::with_arc(region.clone(), GuestAddress(RAM_BASE))
+            .ok_or_else(|| MemoryError::Region("region wraps the address space".into()))?;
+        let mem = GuestMemory::from_regions(vec![guest_region])
+            .map_err(|e| MemoryError::Region(e.to_string()))?;
+        Ok(GuestRam { map, region, mem })
+    }
+
+    /// Guest-physical base address ([`RAM_BASE`]).
+    pub fn base(&self) -> u64 {
+        RAM_BASE
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether `[gpa, gpa+len)` lies inside RAM.
+    pub fn contains(&self, gpa: u64, len: u64) -> bool {
+        gpa >= RAM_BASE
+            && gpa
+                .checked_add(len)
+                .is_some_and(|end| end <= RAM_BASE + self.size())
+    }
+
+    /// Host address of the first byte of RAM, for mapping it into a backend.
+    /// The memory is shared with a running guest: access it only through
+    /// [`GuestRam::memory`] or volatile/atomic operations.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.map.as_ptr().cast_mut()
+    }
+
+    /// vm-memory's view, used by devices. Writes through it are recorded in
+    /// [`GuestRam::vmm_dirty`].
+    pub fn memory(&self) -> &GuestMemory {
+        &self.mem
+    }
+
+    /// Pages (16 KiB) the VMM itself wrote through [`GuestRam::memory`]
+    /// since the bitmap was last reset.
+    pub fn vmm_dirty(&self) -> &AtomicBitmap {
+        self.region.bitmap()
+    }
+}
+
+fn check_size(size: u64) -> Result<(), MemoryError> {
+    if size == 0 || size % PAGE_SIZE != 0 || size > RAM_MAX {
+        return Err(MemoryError::BadSize { size });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    #[test]
+    fn rejects_bad_sizes() {
+        assert!(GuestRam::new_anonymous(0).is_err());
+        assert!(GuestRam::new_anonymous(PAGE_SIZE + 4096).is_err());
+    }
+
+    #[test]
+    fn vmm_writes_are_recorded_per_16k_page() {
+        let ram = GuestRam::new_anonymous(4 * PAGE_SIZE).unwrap();
+        ram.memory()
+            .write_obj(0xabu8, GuestAddress(RAM_BASE + 2 * PAGE_SIZE + 5))
+            .unwrap();
+        let dirty = ram.vmm_dirty();
+        assert!(!dirty.is_bit_set(0));
+        assert!(dirty.is_bit_set(2));
+        assert!(!dirty.is_bit_set(3));
+        assert!(ram.contains(RAM_BASE, 4 * PAGE_SIZE));
+        assert!(!ram.contains(RAM_BASE, 4 * PAGE_SIZE + 1));
+        assert!(!ram.contains(u64::MAX - 1, 4));
+    }
+}
