@@ -4,6 +4,7 @@
 //! and guest memory through vm-memory.
 
 pub mod bus;
+pub mod gicv3;
 
 pub use bus::MmioBus;
 
