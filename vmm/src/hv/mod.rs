@@ -169,6 +169,9 @@ pub trait Hypervisor {
     type Vm: Vm;
     /// Backend name as used on the command line (`emu`, `hvf`).
     const NAME: &'static str;
+    /// Whether all vCPUs must run round-robin on one host thread (`emu`)
+    /// rather than one thread per vCPU (HVF binds a vCPU to its thread).
+    const ROUND_ROBIN: bool = false;
     /// Creates a VM with `vcpus` vCPUs (not yet created) and maps `ram`.
     fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<Self::Vm>;
 }

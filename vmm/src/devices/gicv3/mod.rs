@@ -49,13 +49,9 @@ const INTID_END: u32 = SPI_BASE_INTID + NUM_SPIS;
 /// acknowledged (IHI 0069H, "Special INTIDs").
 pub const INTID_SPURIOUS: u32 = 1023;
 
-/// The MPIDR_EL1 value of vCPU `vcpu`: Aff0 = `vcpu`, Aff1..Aff3 = 0, bit 31
-/// RES1 (Arm ARM, MPIDR_EL1), U = 0, MT = 0. The redistributor's
-/// GICR_TYPER.Affinity_Value, SGI targeting and IROUTER routing all use this
-/// affinity, so the FDT and the vCPUs must use this value too.
-pub fn mpidr(vcpu: usize) -> u64 {
-    (1 << 31) | (vcpu as u64 & 0xFF)
-}
+/// The MPIDR_EL1 rule (one definition, in PSCI): GICR_TYPER.Affinity_Value,
+/// SGI targeting and IROUTER routing all use this affinity.
+pub use crate::arch::psci::mpidr;
 
 /// A set of vCPU indices, bit `n` for vCPU `n`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
