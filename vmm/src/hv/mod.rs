@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 #[cfg(feature = "emu")]
 pub mod emu;
+pub mod exit_decision;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub mod hvf;
 
 /// Index of a vCPU, `0..vcpus`.
 pub type VcpuId = usize;
