@@ -19,6 +19,7 @@ use crate::devices::pl011::Pl011;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::VirtioMmio;
 use crate::devices::{IrqLine, MmioBus};
+use crate::hv::exit_decision::vtimer_deadline_ns;
 use crate::hv::{self, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
@@ -579,22 +580,14 @@ fn start_vcpu(vcpu: &mut impl Vcpu, entry: u64, x0: u64) -> hv::Result<()> {
 
 /// When a vCPU in WFI must wake for its virtual timer, if it is armed.
 fn wfi_deadline<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<Option<Instant>> {
-    let ctl = vcpu.sysreg(CNTV_CTL_EL0)?;
-    if ctl & 1 == 0 || ctl & 2 != 0 {
-        return Ok(None);
-    }
-    let cval = vcpu.sysreg(CNTV_CVAL_EL0)?;
-    let now_virtual = vm.physical_count().wrapping_sub(vcpu.vtimer_offset()?);
-    let ticks = cval.saturating_sub(now_virtual);
-    Ok(Some(
-        Instant::now() + ticks_to_duration(ticks, vm.counter_frequency()),
-    ))
-}
-
-/// Converts counter ticks at `hz` to a duration, exactly (no per-tick rounding).
-pub fn ticks_to_duration(ticks: u64, hz: u64) -> Duration {
-    let ns = u128::from(ticks) * 1_000_000_000 / u128::from(hz.max(1));
-    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    let ns = vtimer_deadline_ns(
+        vcpu.sysreg(CNTV_CTL_EL0)?,
+        vcpu.sysreg(CNTV_CVAL_EL0)?,
+        vcpu.vtimer_offset()?,
+        vm.physical_count(),
+        vm.counter_frequency(),
+    );
+    Ok(ns.map(|ns| Instant::now() + Duration::from_nanos(ns)))
 }
 
 /// What the vCPU does after a PSCI call.
@@ -689,24 +682,5 @@ impl Ticker {
 impl Drop for Ticker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tick_conversion_is_exact() {
-        // 24 MHz: 24 ticks are exactly 1 us (a per-tick 41 ns rounding would give 984 ns).
-        assert_eq!(ticks_to_duration(24, 24_000_000), Duration::from_micros(1));
-        assert_eq!(
-            ticks_to_duration(62_500_000, 62_500_000),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            ticks_to_duration(u64::MAX, 1),
-            Duration::from_nanos(u64::MAX)
-        );
     }
 }

@@ -118,9 +118,12 @@ fn run_emu(_: &MachineConfig) -> anyhow::Result<VmExit> {
     anyhow::bail!("this build of boot has no emu backend (built without the `emu` feature)")
 }
 
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
+    ignition_vmm::machine::run(ignition_vmm::hv::hvf::HvfHypervisor::new()?, cfg)
+}
+
+#[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]
 fn run_hvf(_: &MachineConfig) -> anyhow::Result<VmExit> {
-    if cfg!(all(target_os = "macos", target_arch = "aarch64")) {
-        anyhow::bail!("the hvf backend is not available in this build yet; use --backend emu")
-    }
     anyhow::bail!("the hvf backend needs macOS on Apple Silicon; use --backend emu on this host")
 }
