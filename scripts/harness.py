@@ -1,0 +1,166 @@
+"""Drive a guest's serial console over a pty with pexpect.
+
+Generic helpers for console tests and benchmarks: spawn a command (a VMM, QEMU,
+...) whose stdio is the guest console, log in, run shell commands and read their
+output. Nothing here knows about a particular VMM.
+
+    child = harness.spawn(["qemu-system-aarch64", ...], log_path="console.log")
+    harness.login(child, timeout=60)
+    print(harness.run(child, "uname -m"))        # -> "aarch64"
+    harness.paced_send(child, "poweroff\\n")
+    status = harness.wait_exit(child, timeout=30)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import time
+from typing import Sequence
+
+import pexpect
+
+# A shell prompt ends in "# " (root) or "$ ". Ignition's guest prints "ignition:~# ".
+PROMPT = r"[#$] "
+LOGIN = r"login: ?"
+PASSWORD = r"[Pp]assword: ?"
+
+_counter = itertools.count(1)
+
+
+class ConsoleError(Exception):
+    """The console did not show what was expected (timeout, EOF, failed command)."""
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    timeout: float = 30,
+    log_path: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    dimensions: tuple[int, int] = (24, 80),
+) -> pexpect.spawn:
+    """Start argv on a new pty (fixed window size, host-side echo off).
+
+    Output is decoded as UTF-8 with undecodable bytes replaced. With log_path,
+    everything read from the console is also written there.
+    """
+    child = pexpect.spawn(
+        argv[0],
+        list(argv[1:]),
+        timeout=timeout,
+        dimensions=dimensions,
+        encoding="utf-8",
+        codec_errors="replace",
+        env=env,
+        cwd=None if cwd is None else str(cwd),
+        echo=False,
+    )
+    child.delaybeforesend = None  # pexpect sleeps 50 ms per send() by default; paced_send paces instead
+    if log_path is not None:
+        child.logfile_read = open(log_path, "w", encoding="utf-8", errors="replace")
+    return child
+
+
+def _tail(child: pexpect.spawn, n: int = 600) -> str:
+    before = child.before if isinstance(child.before, str) else ""
+    return before[-n:]
+
+
+def expect(child: pexpect.spawn, patterns, timeout: float, what: str) -> int:
+    """child.expect(patterns), raising ConsoleError naming `what` on timeout or EOF."""
+    try:
+        return child.expect(patterns, timeout=timeout)
+    except pexpect.TIMEOUT:
+        raise ConsoleError(
+            f"timed out after {timeout:g}s waiting for {what}; last output:\n{_tail(child)}"
+        ) from None
+    except pexpect.EOF:
+        raise ConsoleError(
+            f"console closed (process exited) while waiting for {what}; last output:\n{_tail(child)}"
+        ) from None
+
+
+def paced_send(child: pexpect.spawn, text: str, chunk: int = 8, delay: float = 0.02) -> None:
+    """Type text in chunks of `chunk` bytes with `delay` seconds between them.
+
+    A PL011's RX FIFO holds 16 bytes; writing faster than the guest drains it
+    loses characters.
+    """
+    for i in range(0, len(text), chunk):
+        child.send(text[i : i + chunk])
+        if i + chunk < len(text):
+            time.sleep(delay)
+
+
+def login(
+    child: pexpect.spawn,
+    timeout: float = 60,
+    user: str = "root",
+    password: str = "",
+    prompt: str = PROMPT,
+) -> None:
+    """Wait for `login:`, log in as `user`, and wait for the shell prompt."""
+    expect(child, LOGIN, timeout, "the login: prompt")
+    paced_send(child, user + "\n")
+    if expect(child, [PASSWORD, prompt], timeout, "a password prompt or the shell prompt") == 0:
+        paced_send(child, password + "\n")
+        expect(child, prompt, timeout, "the shell prompt after the password")
+
+
+def run_status(
+    child: pexpect.spawn, cmd: str, timeout: float = 30, prompt: str = PROMPT
+) -> tuple[int, str]:
+    """Run a shell command at the prompt; return (exit status, output).
+
+    The command is bracketed by echoes of unique markers. The markers are typed
+    with a quote pair inside ('ab''cd'), so the terminal's echo of the typed
+    line never matches the printed marker. The command runs in a { } group on
+    its own line, so it may be a list, end in & or span lines. Line ends in
+    the output become "\\n" (a pty may add a \\r: QEMU's stdio keeps ONLCR on,
+    giving "\\r\\r\\n"), and the final one is removed.
+    """
+    tag = f"{next(_counter)}{secrets.token_hex(4)}"
+    begin_a, begin_b = f"@@B{tag}", "@@"
+    end_a, end_b = f"@@E{tag}", "@@"
+    begin, end = begin_a + begin_b, end_a + end_b
+    paced_send(child, f"echo '{begin_a}''{begin_b}'; {{\n{cmd}\n}}; echo '{end_a}''{end_b}' $?\n")
+    expect(child, re.escape(begin) + r"\r*\n", timeout, f"the start of output of {cmd!r}")
+    expect(child, r"(?:\r*\n)?" + re.escape(end) + r" (\d+)\r*\n", timeout, f"the end of output of {cmd!r}")
+    output = re.sub(r"\r+\n", "\n", child.before)
+    status = int(child.match.group(1))
+    expect(child, prompt, timeout, f"the prompt after {cmd!r}")
+    return status, output
+
+
+def run(child: pexpect.spawn, cmd: str, timeout: float = 30, prompt: str = PROMPT) -> str:
+    """Run a shell command; return its output. Raises ConsoleError if it exits non-zero."""
+    status, output = run_status(child, cmd, timeout, prompt)
+    if status != 0:
+        raise ConsoleError(f"{cmd!r} exited with status {status}; output:\n{output}")
+    return output
+
+
+def wait_exit(child: pexpect.spawn, timeout: float = 30) -> int:
+    """Wait for the process to exit; return its exit status (128+N if killed by signal N)."""
+    expect(child, pexpect.EOF, timeout, "the process to exit")
+    child.close()
+    if child.logfile_read is not None:
+        child.logfile_read.close()
+    if child.exitstatus is not None:
+        return child.exitstatus
+    return 128 + (child.signalstatus or 0)
+
+
+def terminate(child: pexpect.spawn) -> None:
+    """Kill the process if it is still running and close the pty and log file."""
+    try:
+        if child.isalive():
+            child.terminate(force=True)
+        child.close(force=True)
+    finally:
+        if child.logfile_read is not None and not child.logfile_read.closed:
+            child.logfile_read.close()

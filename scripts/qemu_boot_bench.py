@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): QEMU start -> `login:` wall time for the guest in guest/out.
+
+Runs N boots (default 5), prints median/min/max and writes
+bench-results/qemu_boot.json. Each run gets a fresh copy of the disk; the copy
+is made before the clock starts.
+
+time_to_login() is generic (any argv whose stdio is the guest console), so
+other benchmarks can time their own VMM with the same clock:
+
+    from qemu_boot_bench import time_to_login
+    seconds = time_to_login(["target/release/ignition", ...])
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import qemu_boot  # noqa: E402
+
+RESULTS_DIR = qemu_boot.REPO_ROOT / "bench-results"
+
+
+def time_to_login(
+    argv: Sequence[str],
+    timeout: float = 120,
+    pattern: str = harness.LOGIN,
+    log_path: os.PathLike | str | None = None,
+) -> float:
+    """Seconds from spawning argv to `pattern` (default `login:`) on its console.
+
+    The process is killed afterwards. Raises harness.ConsoleError on timeout or
+    if the process exits first.
+    """
+    start = time.perf_counter()
+    child = harness.spawn(argv, log_path=log_path)
+    try:
+        harness.expect(child, pattern, timeout, "the login: prompt")
+        return time.perf_counter() - start
+    finally:
+        harness.terminate(child)
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    return {
+        "median_s": round(statistics.median(samples), 4),
+        "min_s": round(min(samples), 4),
+        "max_s": round(max(samples), 4),
+        "samples_s": [round(s, 4) for s in samples],
+    }
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=5, help="number of boots (default: 5)")
+    p.add_argument("--kernel", type=Path, default=qemu_boot.GUEST_OUT / "Image")
+    p.add_argument("--disk", type=Path, default=qemu_boot.GUEST_OUT / "rootfs.ext4")
+    p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
+    p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
+    p.add_argument("--timeout", type=float, default=120, help="seconds allowed per boot (default: 120)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "qemu_boot.json",
+                   help="JSON results file (default: bench-results/qemu_boot.json)")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+
+    err = qemu_boot.check_inputs(args.kernel, args.disk)
+    if err:
+        print(f"qemu_boot_bench: {err}", file=sys.stderr)
+        return 1
+
+    samples = []
+    for i in range(args.runs):
+        with qemu_boot.disk_copy(args.disk) as disk:
+            qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
+            try:
+                t = time_to_login(qargv, timeout=args.timeout)
+            except harness.ConsoleError as e:
+                print(f"qemu_boot_bench: run {i + 1}: {e}", file=sys.stderr)
+                return 1
+        samples.append(t)
+        print(f"run {i + 1}/{args.runs}: {t:.3f} s")
+
+    qemu_version = subprocess.run([qemu_boot.QEMU, "--version"], capture_output=True, text=True,
+                                  check=True).stdout.splitlines()[0]
+    result = {
+        "benchmark": "qemu_boot_to_login",
+        "description": "wall time from spawning qemu-system-aarch64 to 'login:' on the console",
+        **summarize(samples),
+        "runs": args.runs,
+        "config": {
+            "qemu": qemu_version,
+            "argv": qemu_boot.qemu_argv(args.kernel, "<copy of disk>", args.cpus, args.mem),
+            "cpus": args.cpus,
+            "mem_mib": args.mem,
+            "kernel_sha256": sha256(args.kernel),
+            "disk_sha256": sha256(args.disk),
+        },
+        "host": {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()},
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
+          f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

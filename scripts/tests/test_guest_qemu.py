@@ -1,0 +1,116 @@
+"""Boot the built guest under QEMU over a pty and check each step of a session."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import harness
+import qemu_boot
+
+BOOT_TIMEOUT = 120  # TCG on a loaded 2-core CI runner
+CMD_TIMEOUT = 30
+
+
+@pytest.fixture(autouse=True)
+def qemu_installed(guest_out):
+    # A missing QEMU fails rather than skips: only an unbuilt guest may skip.
+    if shutil.which(qemu_boot.QEMU) is None:
+        pytest.fail(f"{qemu_boot.QEMU} not installed (Debian package qemu-system-arm)")
+
+
+def boot(guest_out, tmp_path, append=qemu_boot.DEFAULT_APPEND):
+    disk = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    argv = qemu_boot.qemu_argv(guest_out / "Image", disk, append=append)
+    return harness.spawn(argv, log_path=tmp_path / "console.log")
+
+
+def test_boot_login_run_poweroff(guest_out, tmp_path):
+    page_bytes = json.loads((guest_out / "guest.json").read_text())["page_size_bytes"]
+    child = boot(guest_out, tmp_path)
+    try:
+        harness.expect(child, harness.LOGIN, BOOT_TIMEOUT, "login:")
+        harness.paced_send(child, "root\n")
+        i = harness.expect(child, [harness.PROMPT, harness.PASSWORD], CMD_TIMEOUT, "shell prompt after 'root'")
+        assert i == 0, "root was asked for a password; it should log in without one"
+
+        assert harness.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
+        assert harness.run(child, "id -u", CMD_TIMEOUT) == "0"
+        assert harness.run(child, "hostname", CMD_TIMEOUT) == "ignition"
+        assert harness.run(child, "getconf PAGESIZE", CMD_TIMEOUT) == str(page_bytes)
+        assert harness.run(child, "getconf PAGE_SIZE", CMD_TIMEOUT) == str(page_bytes)
+
+        mounts = {}
+        for line in harness.run(child, "cat /proc/mounts", CMD_TIMEOUT).splitlines():
+            _dev, point, fstype, *_ = line.split()
+            mounts[point] = fstype
+        assert mounts.get("/dev/shm") == "tmpfs", mounts
+        assert mounts.get("/tmp") == "tmpfs", mounts
+        assert mounts.get("/dev") == "devtmpfs", mounts
+        assert mounts.get("/dev/pts") == "devpts", mounts
+        assert mounts.get("/proc") == "proc", mounts
+        assert mounts.get("/sys") == "sysfs", mounts
+        assert mounts.get("/") == "ext4", mounts
+
+        # The shell really runs in the guest: a failing command reports its status.
+        status, out = harness.run_status(child, "ls /nonexistent", CMD_TIMEOUT)
+        assert status != 0 and "nonexistent" in out
+
+        harness.paced_send(child, "poweroff\n")
+        assert harness.wait_exit(child, CMD_TIMEOUT) == 0, "QEMU should exit 0 after guest poweroff (PSCI SYSTEM_OFF)"
+    finally:
+        harness.terminate(child)
+
+
+def test_reboot_exits_qemu(guest_out, tmp_path):
+    # qemu_argv passes -no-reboot, so a guest reboot (PSCI SYSTEM_RESET) ends QEMU.
+    child = boot(guest_out, tmp_path)
+    try:
+        harness.login(child, BOOT_TIMEOUT)
+        harness.paced_send(child, "reboot\n")
+        harness.expect(child, r"reboot: Restarting system", CMD_TIMEOUT, "the kernel's restart message")
+        assert harness.wait_exit(child, CMD_TIMEOUT) == 0
+    finally:
+        harness.terminate(child)
+
+
+# mem=448M keeps the kernel out of the top 64 MiB of QEMU's RAM, so init's
+# boot-timer byte can land there and be read back through /dev/mem.
+@pytest.mark.parametrize("boottimer, expected", [("0x5f000000", "0x7B"), ("off", "0x00")])
+def test_boottimer_cmdline(guest_out, tmp_path, boottimer, expected):
+    append = f"console=ttyAMA0 root=/dev/vda rw mem=448M boottimer={boottimer}"
+    child = boot(guest_out, tmp_path, append=append)
+    try:
+        harness.login(child, BOOT_TIMEOUT)
+        assert harness.run(child, "devmem 0x5f000000 8", CMD_TIMEOUT) == expected
+        assert harness.run(child, "devmem 0x5f000001 8", CMD_TIMEOUT) == "0x00", "init must write one byte only"
+        harness.paced_send(child, "poweroff\n")
+        assert harness.wait_exit(child, CMD_TIMEOUT) == 0
+    finally:
+        harness.terminate(child)
+
+
+def test_qemu_boot_script(guest_out):
+    """scripts/qemu_boot.py end to end: runs the commands, prints output, exits 0, leaves guest/out alone."""
+    r = subprocess.run([sys.executable, qemu_boot.__file__, "--cmd", "echo hello-$((6*7))", "--cmd", "uname -m",
+                        "--cmd", "touch /written-by-test"],
+                       capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["# echo hello-$((6*7))", "hello-42", "# uname -m", "aarch64",
+                                     "# touch /written-by-test"]
+    manifest = json.loads((guest_out / "guest.json").read_text())
+    digest = hashlib.sha256((guest_out / "rootfs.ext4").read_bytes()).hexdigest()
+    assert digest == manifest["files"]["rootfs.ext4"]["sha256"], "qemu_boot.py modified guest/out/rootfs.ext4"
+
+
+def test_qemu_boot_script_reports_failed_command(guest_out):
+    r = subprocess.run([sys.executable, qemu_boot.__file__, "--cmd", "exit_code_test() { return 7; }; exit_code_test"],
+                       capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
+    assert r.returncode == 1
+    assert "exited with status 7" in r.stderr
