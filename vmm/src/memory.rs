@@ -108,6 +108,25 @@ impl GuestRam {
         self.map.as_ptr().cast_mut()
     }
 
+    /// All of RAM as a byte slice, for writing a snapshot.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write guest RAM while the slice is alive: every vCPU must
+    /// be stopped and no device may be processing a request.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// The page indices (16 KiB pages from the start of RAM, ascending) the
+    /// VMM wrote since [`GuestRam::vmm_dirty`] was last reset.
+    pub fn vmm_dirty_pages(&self) -> Vec<u64> {
+        let bitmap = self.vmm_dirty();
+        (0..self.size() / PAGE_SIZE)
+            .filter(|&p| bitmap.is_bit_set(p as usize))
+            .collect()
+    }
+
     /// vm-memory's view, used by devices. Writes through it are recorded in
     /// [`GuestRam::vmm_dirty`].
     pub fn memory(&self) -> &GuestMemory {

@@ -1057,6 +1057,10 @@ mod tests {
         fn set_vtimer_offset(&mut self, _offset: u64) -> hv::Result<()> {
             Ok(())
         }
+        fn state_sysregs(&self) -> &'static [SysReg] {
+            &[]
+        }
+
         fn kicker(&self) -> Arc<dyn Kick> {
             Arc::new(NoKick)
         }

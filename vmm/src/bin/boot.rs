@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ignition_vmm::arch::layout;
-use ignition_vmm::machine::{MachineConfig, VmExit};
+use ignition_vmm::machine::{BootSource, FreshBoot, MachineConfig, SnapshotOptions, VmExit};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,14 +30,28 @@ fn default_cmdline() -> String {
     )
 }
 
-/// Boot an aarch64 Linux guest (Image + raw ext4 root disk) to its console.
+/// Boot an aarch64 Linux guest (Image + raw ext4 root disk) to its console,
+/// or restore a snapshot.
 ///
 /// The console is this terminal (raw mode). Escapes: Ctrl-A x quits,
-/// Ctrl-A h lists the escapes, Ctrl-A a sends a literal Ctrl-A.
-/// `poweroff` in the guest ends `boot` with exit status 0.
+/// Ctrl-A s writes a snapshot, Ctrl-A h lists the escapes, Ctrl-A a sends a
+/// literal Ctrl-A. `poweroff` in the guest ends `boot` with exit status 0.
+///
+/// Snapshots (Ctrl-A s) go to the store (--store) under --name; a second
+/// Ctrl-A s in the same run writes NAME.2, then NAME.3, ... A fresh boot's
+/// first snapshot is a full layer; with --track-dirty, later ones (and the
+/// first after a restore) are diffs holding only the pages dirtied since
+/// their parent. Without --track-dirty every snapshot is full.
+///
+/// --restore SPEC: SPEC is NAME (that snapshot, with its ancestry) or NAME+N
+/// (the descendant N layers below NAME along a single-child chain). The
+/// restored VM runs on a private copy of the snapshot's disk, discarded at
+/// exit unless a snapshot is taken.
 ///
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
-/// first boot-timer write). Logs: set RUST_LOG (e.g. RUST_LOG=debug).
+/// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
+/// ms` (with a `Restore-stages:` breakdown). Logs: set RUST_LOG (e.g.
+/// RUST_LOG=debug).
 #[derive(Parser, Debug)]
 #[command(name = "boot", version, verbatim_doc_comment)]
 struct Args {
@@ -56,6 +70,18 @@ struct Args {
     /// Kernel command line [default: console=ttyAMA0 earlycon=pl011,mmio32,0x9000000 root=/dev/vda rw rootwait boottimer=0x9100000]
     #[arg(long)]
     cmdline: Option<String>,
+    /// Restore a snapshot chain: NAME or NAME+N (instead of booting a kernel).
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["kernel", "disk", "mem", "cpus", "cmdline"])]
+    restore: Option<String>,
+    /// Name of the snapshot Ctrl-A s writes (then NAME.2, NAME.3, ...).
+    #[arg(long)]
+    name: Option<String>,
+    /// Track dirty guest pages so snapshots can be diffs.
+    #[arg(long)]
+    track_dirty: bool,
+    /// Snapshot store directory.
+    #[arg(long, default_value = "vmstore")]
+    store: PathBuf,
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
     #[arg(long, value_enum)]
     backend: Option<Backend>,
@@ -86,21 +112,34 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<VmExit> {
-    for (what, path) in [("kernel", &args.kernel), ("disk image", &args.disk)] {
-        if !path.is_file() {
-            anyhow::bail!(
-                "{what} {} not found (build the guest with guest/build.sh, or pass --{})",
-                path.display(),
-                if what == "kernel" { "kernel" } else { "disk" }
-            );
+    let source = match args.restore {
+        Some(spec) => BootSource::Restore { spec },
+        None => {
+            for (what, path) in [("kernel", &args.kernel), ("disk image", &args.disk)] {
+                if !path.is_file() {
+                    anyhow::bail!(
+                        "{what} {} not found (build the guest with guest/build.sh, or pass --{})",
+                        path.display(),
+                        if what == "kernel" { "kernel" } else { "disk" }
+                    );
+                }
+            }
+            BootSource::Fresh(FreshBoot {
+                kernel: args.kernel,
+                disk: args.disk,
+                mem_bytes: args.mem * 1024 * 1024,
+                cpus: usize::try_from(args.cpus).context("--cpus")?,
+                cmdline: args.cmdline.unwrap_or_else(default_cmdline),
+            })
         }
-    }
+    };
     let cfg = MachineConfig {
-        kernel: args.kernel,
-        disk: args.disk,
-        mem_bytes: args.mem * 1024 * 1024,
-        cpus: usize::try_from(args.cpus).context("--cpus")?,
-        cmdline: args.cmdline.unwrap_or_else(default_cmdline),
+        source,
+        snapshots: SnapshotOptions {
+            store: args.store,
+            name: args.name,
+            track_dirty: args.track_dirty,
+        },
     };
     match args.backend.unwrap_or(DEFAULT_BACKEND) {
         Backend::Emu => run_emu(&cfg),

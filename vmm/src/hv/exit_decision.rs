@@ -696,16 +696,13 @@ impl DirtyPages {
         })
     }
 
-    /// Clears the bitmap and returns the marked page indices, ascending. Each
-    /// word is swapped atomically, so a concurrent [`DirtyPages::mark`] is
-    /// either returned now or kept for the next call, never lost.
-    pub fn take(&self) -> Vec<u64> {
+    /// The marked page indices, ascending, without clearing them.
+    pub fn marked(&self) -> Vec<u64> {
         let mut out = Vec::new();
         for (i, word) in self.words.iter().enumerate() {
-            let mut bits = word.swap(0, Ordering::AcqRel);
+            let mut bits = word.load(Ordering::Acquire);
             while bits != 0 {
-                let bit = u64::from(bits.trailing_zeros());
-                out.push(i as u64 * 64 + bit);
+                out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
                 bits &= bits - 1;
             }
         }
@@ -1123,6 +1120,10 @@ mod tests {
             self.vtimer_offset = offset;
             Ok(())
         }
+        fn state_sysregs(&self) -> &'static [SysReg] {
+            &[]
+        }
+
         fn kicker(&self) -> Arc<dyn Kick> {
             Arc::new(NoKick)
         }
@@ -1460,19 +1461,20 @@ mod tests {
     // ---- dirty pages ----
 
     #[test]
-    fn dirty_pages_take_and_bounds() {
+    fn dirty_pages_mark_peek_clear_and_bounds() {
         let d = DirtyPages::new(130);
         assert_eq!(d.pages(), 130);
         for p in [129, 0, 64, 63, 64, 500] {
             d.mark(p);
         }
         assert!(d.is_marked(63) && !d.is_marked(62) && !d.is_marked(500));
-        assert_eq!(d.take(), [0, 63, 64, 129]);
-        assert!(d.take().is_empty());
+        assert_eq!(d.marked(), [0, 63, 64, 129]);
+        // Peeking does not clear: a failed snapshot loses nothing.
+        assert_eq!(d.marked(), [0, 63, 64, 129]);
         d.mark(7);
         d.clear();
-        assert!(d.take().is_empty());
-        assert!(DirtyPages::new(0).take().is_empty());
+        assert!(d.marked().is_empty());
+        assert!(DirtyPages::new(0).marked().is_empty());
     }
 
     #[test]
@@ -1491,6 +1493,6 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        assert_eq!(d.take(), (0..4096).collect::<Vec<_>>());
+        assert_eq!(d.marked(), (0..4096).collect::<Vec<_>>());
     }
 }

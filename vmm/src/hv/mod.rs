@@ -190,6 +190,17 @@ pub trait Vm: Send + Sync {
     /// Changes guest access permissions of `size` bytes of RAM at `gpa`
     /// (both multiples of [`crate::arch::layout::PAGE_SIZE`]).
     fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()>;
+    /// Write-protects all of RAM and forgets the pages recorded so far, as one
+    /// operation over all of RAM (not a per-page loop). From then on, the
+    /// first guest write to each 16 KiB page is recorded and makes the page
+    /// writable; the faulting instruction completes exactly once. Used to
+    /// start dirty tracking and to re-arm it after a snapshot is on disk.
+    fn rearm_dirty_tracking(&self) -> Result<()>;
+    /// The 16 KiB pages (indices from the start of RAM, ascending) the guest
+    /// wrote since the last [`Vm::rearm_dirty_tracking`]. Does not clear them,
+    /// so a snapshot that fails loses nothing. Writes by the VMM itself are in
+    /// [`GuestRam::vmm_dirty`].
+    fn dirty_pages(&self) -> Result<Vec<u64>>;
     /// Frequency of the guest's generic counter in Hz (CNTFRQ_EL0).
     fn counter_frequency(&self) -> u64;
     /// The physical count now (CNTPCT_EL0, in guest ticks). The virtual count
@@ -220,6 +231,10 @@ pub trait Vcpu {
     fn vtimer_offset(&mut self) -> Result<u64>;
     /// Sets the vtimer offset in guest ticks.
     fn set_vtimer_offset(&mut self, offset: u64) -> Result<()>;
+    /// The system registers a snapshot saves for this backend (every register
+    /// a Linux guest relies on that the backend holds), excluding the virtual
+    /// timer's CNTV_CTL_EL0/CNTV_CVAL_EL0, which are saved separately.
+    fn state_sysregs(&self) -> &'static [SysReg];
     /// A handle to make this vCPU's `run` return from another thread.
     fn kicker(&self) -> Arc<dyn Kick>;
 }

@@ -238,7 +238,7 @@ impl Hypervisor for HvfHypervisor {
 /// State shared by the VM and its vCPUs. Dropped when the last of them is:
 /// RAM is unmapped from the guest before the VM handle and the RAM go.
 struct VmShared {
-    /// Pages the guest wrote since the last [`HvfVm::take_dirty_pages`].
+    /// Pages the guest wrote since the last [`Vm::dirty_pages`].
     dirty: DirtyPages,
     /// Sticky: RAM has been write-protected at least once, so permission
     /// faults in RAM are dirty-page faults (also those that arrive after
@@ -293,7 +293,7 @@ impl VmShared {
 
     /// Handles a guest write to write-protected page `page` (its GPA): marks
     /// it dirty, then makes it writable. In that order, so a concurrent
-    /// [`HvfVm::take_dirty_pages`] either sees the mark or re-protects the
+    /// [`Vm::dirty_pages`] either sees the mark or re-protects the
     /// page after it.
     fn write_fault(&self, page: u64) -> Result<()> {
         // `page` is in RAM (decided so); `mark` ignores anything else.
@@ -332,37 +332,6 @@ pub struct HvfVm {
 }
 
 impl HvfVm {
-    /// Starts dirty tracking: clears the bitmap and write-protects all RAM.
-    pub fn start_dirty_tracking(&self) -> Result<()> {
-        self.shared
-            .write_protect_armed
-            .store(true, Ordering::Release);
-        self.shared.tracking.store(true, Ordering::Release);
-        self.shared.dirty.clear();
-        self.shared.protect_all(Prot::ReadExec)
-    }
-
-    /// Stops dirty tracking and makes all RAM writable again. Pages marked
-    /// so far stay in the bitmap.
-    pub fn stop_dirty_tracking(&self) -> Result<()> {
-        self.shared.tracking.store(false, Ordering::Release);
-        self.shared.protect_all(Prot::ReadWriteExec)
-    }
-
-    /// The 16 KiB pages (indices from the start of RAM, ascending) the guest
-    /// wrote since the previous call or since tracking started; while
-    /// tracking is on, RAM is write-protected again for the next round.
-    /// The bitmap is taken before RAM is re-protected, so a write racing
-    /// with this call is reported now or next time, never lost. Pages the
-    /// VMM wrote are in [`GuestRam::vmm_dirty`], not here.
-    pub fn take_dirty_pages(&self) -> Result<Vec<u64>> {
-        let pages = self.shared.dirty.take();
-        if self.shared.tracking.load(Ordering::Acquire) {
-            self.shared.protect_all(Prot::ReadExec)?;
-        }
-        Ok(pages)
-    }
-
     /// Whether dirty tracking is on.
     pub fn dirty_tracking(&self) -> bool {
         self.shared.tracking.load(Ordering::Acquire)
@@ -398,7 +367,7 @@ impl Vm for HvfVm {
 
     /// `hv_vm_protect` on `[gpa, gpa + size)`, which must be a 16 KiB-aligned
     /// part of RAM. [`Prot::ReadExec`] also arms the write-fault path, so
-    /// the first write to each page is recorded by [`HvfVm::take_dirty_pages`].
+    /// the first write to each page is recorded for [`Vm::dirty_pages`].
     fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()> {
         if prot == Prot::ReadExec {
             self.shared
@@ -406,6 +375,20 @@ impl Vm for HvfVm {
                 .store(true, Ordering::Release);
         }
         self.shared.protect(gpa, size, flags(prot))
+    }
+
+    /// Clears the bitmap and write-protects all RAM with one `hv_vm_protect`.
+    fn rearm_dirty_tracking(&self) -> Result<()> {
+        self.shared
+            .write_protect_armed
+            .store(true, Ordering::Release);
+        self.shared.tracking.store(true, Ordering::Release);
+        self.shared.dirty.clear();
+        self.shared.protect_all(Prot::ReadExec)
+    }
+
+    fn dirty_pages(&self) -> Result<Vec<u64>> {
+        Ok(self.shared.dirty.marked())
     }
 
     /// The host timebase frequency (CNTFRQ_EL0 as the guest reads it).

@@ -308,9 +308,6 @@ pub const SNAPSHOT_SYSREGS: &[SysReg] = &[
     APDBKEYHI_EL1,
     APGAKEYLO_EL1,
     APGAKEYHI_EL1,
-    // Timer last; restore the vtimer offset before these.
-    sysreg::CNTV_CVAL_EL0,
-    sysreg::CNTV_CTL_EL0,
 ];
 
 macro_rules! same_encoding {

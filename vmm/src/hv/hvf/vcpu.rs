@@ -273,6 +273,10 @@ impl Vcpu for HvfVcpu {
             .map_err(call_err("hv_vcpu_set_vtimer_offset"))
     }
 
+    fn state_sysregs(&self) -> &'static [SysReg] {
+        super::SNAPSHOT_SYSREGS
+    }
+
     fn kicker(&self) -> Arc<dyn Kick> {
         self.kicker.clone()
     }

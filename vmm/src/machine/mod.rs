@@ -22,6 +22,7 @@ use crate::devices::{IrqLine, MmioBus};
 use crate::hv::exit_decision::vtimer_deadline_ns;
 use crate::hv::{self, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use crate::memory::GuestRam;
+use crate::snapshot::{self, MachineState, VcpuState};
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -37,9 +38,12 @@ const PSTATE_EL1H_DAIF: u64 = 0x3c5;
 /// Time slice of one vCPU when several share a host thread.
 const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);
 
-/// What to boot.
+mod restore;
+mod take;
+
+/// A fresh boot of a kernel.
 #[derive(Debug, Clone)]
-pub struct MachineConfig {
+pub struct FreshBoot {
     /// Linux arm64 `Image`.
     pub kernel: PathBuf,
     /// Raw disk image for `/dev/vda`, opened read-write.
@@ -50,6 +54,41 @@ pub struct MachineConfig {
     pub cpus: usize,
     /// Kernel command line.
     pub cmdline: String,
+}
+
+/// Where the VM comes from.
+#[derive(Debug, Clone)]
+pub enum BootSource {
+    /// Boot a kernel.
+    Fresh(FreshBoot),
+    /// Restore a snapshot chain: `NAME` or `NAME+N` (see
+    /// `snapshot_store::Spec`).
+    Restore {
+        /// The chain to restore.
+        spec: String,
+    },
+}
+
+/// Snapshot options.
+#[derive(Debug, Clone)]
+pub struct SnapshotOptions {
+    /// The snapshot store directory.
+    pub store: PathBuf,
+    /// Name of the first snapshot taken with Ctrl-A s; later ones in the same
+    /// run get `.2`, `.3`, ... appended. `None`: Ctrl-A s is refused.
+    pub name: Option<String>,
+    /// Track dirty pages (write-protect RAM), so snapshots after the first
+    /// (or after a restore) are diffs.
+    pub track_dirty: bool,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct MachineConfig {
+    /// A kernel or a snapshot.
+    pub source: BootSource,
+    /// Snapshot settings.
+    pub snapshots: SnapshotOptions,
 }
 
 /// How a VM ended.
@@ -83,6 +122,14 @@ struct Control {
     generation: u64,
     power: Vec<Power>,
     exit: Option<VmExit>,
+    /// A snapshot wants every vCPU thread parked.
+    pause: bool,
+    /// vCPU threads parked for `pause`.
+    parked: usize,
+    /// Each vCPU's state, captured by its own thread when it parks.
+    captured: Vec<Option<Result<VcpuState, String>>>,
+    /// vCPU threads whose vCPUs are created and ready to run.
+    ready: usize,
 }
 
 /// State shared by every thread of a running VM.
@@ -92,6 +139,10 @@ struct Shared {
     gic: Arc<Mutex<Gicv3>>,
     /// The console UART, fed by the console input thread.
     uart: Arc<Mutex<Pl011>>,
+    boot_timer: Arc<Mutex<BootTimer>>,
+    blk: Arc<Mutex<VirtioMmio<Block>>>,
+    /// Number of vCPU threads.
+    threads: usize,
     control: Mutex<Control>,
     wake: Condvar,
     kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
@@ -244,36 +295,61 @@ struct RunVcpu<V> {
     wfi: Option<Option<Instant>>,
 }
 
-/// Boots `cfg` on hypervisor `hv` and runs it until it ends.
+/// How the vCPUs start.
+enum Start {
+    /// The boot CPU at the kernel entry; the others wait for PSCI CPU_ON.
+    Boot(BootRegs),
+    /// Every vCPU from a snapshot.
+    Restore(Arc<Vec<VcpuState>>),
+}
+
+/// Everything a VM needs before its devices are built.
+struct Plan {
+    ram: Arc<GuestRam>,
+    cpus: usize,
+    disk: std::fs::File,
+    disk_path: PathBuf,
+    cmdline: String,
+    start: Start,
+    power: Vec<Power>,
+    /// Device states to apply (restore).
+    devices: Option<Box<MachineState>>,
+    /// The layer the next snapshot is a child of (restore with tracking).
+    parent: Option<snapshot_store::Layer>,
+    /// Keeps a restored VM's working disk alive until exit.
+    _work: Option<restore::WorkDir>,
+}
+
+/// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
 pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> anyhow::Result<VmExit>
 where
     H::Vm: 'static,
 {
-    if cfg.cpus == 0 || cfg.cpus > layout::MAX_VCPUS {
-        bail!(
-            "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
-            cfg.cpus,
-            layout::MAX_VCPUS
-        );
+    let t0 = Instant::now();
+    let mut stages = restore::Stages::default();
+    if let Some(name) = &cfg.snapshots.name {
+        snapshot_store::validate_name(name)?;
     }
-    let kernel = std::fs::read(&cfg.kernel)
-        .with_context(|| format!("cannot read kernel {}", cfg.kernel.display()))?;
-    let disk = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&cfg.disk)
-        .with_context(|| format!("cannot open disk image {} read-write", cfg.disk.display()))?;
+    let plan = match &cfg.source {
+        BootSource::Fresh(f) => plan_fresh(f)?,
+        BootSource::Restore { spec } => restore::plan::<H>(spec, &cfg.snapshots, &mut stages)?,
+    };
+    let cpus = plan.cpus;
+    let ram = plan.ram.clone();
 
-    let ram = Arc::new(GuestRam::new_anonymous(cfg.mem_bytes)?);
-    let loaded = image::load_image(&ram, &kernel)
-        .with_context(|| format!("cannot load kernel {}", cfg.kernel.display()))?;
+    let t = Instant::now();
+    let gic = match &plan.devices {
+        Some(st) => Gicv3::restore(cpus, &st.gic).context("cannot restore the GIC")?,
+        None => Gicv3::new(cpus),
+    };
+    let gic = Arc::new(Mutex::new(gic));
+    stages.gic = t.elapsed();
 
+    let t = Instant::now();
     let blk_region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
-    let blk = Block::new(disk, false, "ignition-vda")
-        .with_context(|| format!("cannot use disk image {}", cfg.disk.display()))?;
-    let gic = Arc::new(Mutex::new(Gicv3::new(cfg.cpus)));
+    let blk = Block::new(plan.disk, false, "ignition-vda")
+        .with_context(|| format!("cannot use disk image {}", plan.disk_path.display()))?;
     let vm_start = Instant::now();
-
     let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let spi = |intid: u32| -> Arc<dyn IrqLine> {
             Arc::new(SpiLine {
@@ -296,96 +372,117 @@ where
         add(
             "gicr",
             layout::GICR_BASE,
-            layout::GICR_STRIDE * cfg.cpus as u64,
+            layout::GICR_STRIDE * cpus as u64,
             Arc::new(Mutex::new(GicRedistMmio(gic.clone()))),
         );
-        let pl011 = Pl011::new(
+        let uart = Arc::new(Mutex::new(Pl011::new(
             Box::new(std::io::stdout()),
             spi(layout::PL011.intid.expect("PL011 has an interrupt")),
-        );
-        let uart = Arc::new(Mutex::new(pl011));
+        )));
         add(
             "pl011",
             layout::PL011.base,
             layout::PL011.size,
             uart.clone(),
         );
+        let boot_timer = Arc::new(Mutex::new(BootTimer::new(
+            vm_start,
+            Box::new(|elapsed: Duration| console::message(&BootTimer::message(elapsed))),
+        )));
         add(
             "boot-timer",
             layout::BOOT_TIMER.base,
             layout::BOOT_TIMER.size,
-            Arc::new(Mutex::new(BootTimer::new(
-                vm_start,
-                Box::new(|elapsed: Duration| console::message(&BootTimer::message(elapsed))),
-            ))),
+            boot_timer.clone(),
         );
-        add(
-            "virtio-blk",
-            blk_region.base,
-            blk_region.size,
-            Arc::new(Mutex::new(
-                VirtioMmio::new(
-                    blk,
-                    ram.clone(),
-                    spi(blk_region.intid.expect("virtio slots have interrupts")),
-                )
-                .expect("a fresh virtio-blk transport is valid"),
-            )),
-        );
-        let mut power = vec![Power::Off; cfg.cpus];
-        power[0] = Power::On;
+        let blk = Arc::new(Mutex::new(
+            VirtioMmio::new(
+                blk,
+                ram.clone(),
+                spi(blk_region.intid.expect("virtio slots have interrupts")),
+            )
+            .expect("a fresh virtio-blk transport is valid"),
+        ));
+        add("virtio-blk", blk_region.base, blk_region.size, blk.clone());
+        let threads = if H::ROUND_ROBIN { 1 } else { cpus };
         Shared {
             ram: ram.clone(),
             bus,
             gic: gic.clone(),
             uart,
+            boot_timer,
+            blk,
+            threads,
             control: Mutex::new(Control {
                 generation: 0,
-                power,
+                power: plan.power.clone(),
                 exit: None,
+                pause: false,
+                parked: 0,
+                captured: vec![None; cpus],
+                ready: 0,
             }),
             wake: Condvar::new(),
-            kicks: Mutex::new(vec![None; cfg.cpus]),
+            kicks: Mutex::new(vec![None; cpus]),
         }
     });
+    if let Some(st) = &plan.devices {
+        restore::apply_devices(&shared, st)?;
+    }
+    stages.devices = t.elapsed();
 
-    let dtb = fdt::build_fdt(&fdt::FdtConfig {
-        vcpus: cfg.cpus,
-        ram_size: ram.size(),
-        cmdline: cfg.cmdline.clone(),
-        rng_seed: Some(rng_seed()),
-        virtio_slots: vec![layout::VIRTIO_BLK_SLOT],
-    })?;
-    let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
-    ram.memory()
-        .write_slice(&dtb, GuestAddress(dtb_gpa))
-        .context("cannot write the device tree into guest RAM")?;
-    let boot = BootRegs {
-        entry: loaded.entry,
-        dtb: dtb_gpa,
-    };
+    let t = Instant::now();
+    let vm = Arc::new(hv.create_vm(ram.clone(), cpus)?);
+    if cfg.snapshots.track_dirty {
+        vm.rearm_dirty_tracking()
+            .context("cannot start dirty tracking")?;
+        ram.vmm_dirty().reset();
+    }
+    stages.vm_create = t.elapsed();
 
-    let vm = Arc::new(hv.create_vm(ram.clone(), cfg.cpus)?);
     let groups: Vec<Vec<VcpuId>> = if H::ROUND_ROBIN {
-        vec![(0..cfg.cpus).collect()]
+        vec![(0..cpus).collect()]
     } else {
-        (0..cfg.cpus).map(|v| vec![v]).collect()
+        (0..cpus).map(|v| vec![v]).collect()
     };
     let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
-    spawn_console_input(shared.clone());
+    let mut snapshotter = take::Snapshotter::new(
+        vm.clone(),
+        shared.clone(),
+        &cfg.snapshots,
+        plan.parent,
+        plan.disk_path.clone(),
+        plan.cmdline.clone(),
+        H::NAME,
+    );
+    spawn_console_input(shared.clone(), Box::new(move || snapshotter.take()));
+    let t = Instant::now();
     let mut threads = Vec::new();
     for ids in groups {
         let (shared, vm) = (shared.clone(), vm.clone());
+        let start = match &plan.start {
+            Start::Boot(b) => Start::Boot(*b),
+            Start::Restore(s) => Start::Restore(s.clone()),
+        };
         threads.push(
             std::thread::Builder::new()
                 .name(format!("vcpu{}", ids[0]))
                 .spawn(move || {
-                    if let Err(e) = vcpu_thread(&*vm, &shared, &ids, boot) {
+                    if let Err(e) = vcpu_thread(&*vm, &shared, &ids, start) {
                         shared.finish(VmExit::Error(format!("{e:#}")));
                     }
                 })
                 .context("cannot spawn a vCPU thread")?,
         );
+    }
+    if let BootSource::Restore { .. } = cfg.source {
+        let mut c = shared.lock();
+        while c.ready < shared.threads && c.exit.is_none() {
+            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(c);
+        stages.vcpus = t.elapsed();
+        stages.report(t0.elapsed());
     }
     let why = {
         let mut c = shared.lock();
@@ -399,6 +496,55 @@ where
     }
     let _ = std::io::stdout().flush();
     Ok(why)
+}
+
+/// Loads the kernel and device tree into fresh RAM.
+fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
+    if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
+        bail!(
+            "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
+            f.cpus,
+            layout::MAX_VCPUS
+        );
+    }
+    let kernel = std::fs::read(&f.kernel)
+        .with_context(|| format!("cannot read kernel {}", f.kernel.display()))?;
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f.disk)
+        .with_context(|| format!("cannot open disk image {} read-write", f.disk.display()))?;
+    let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
+    let loaded = image::load_image(&ram, &kernel)
+        .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
+    let dtb = fdt::build_fdt(&fdt::FdtConfig {
+        vcpus: f.cpus,
+        ram_size: ram.size(),
+        cmdline: f.cmdline.clone(),
+        rng_seed: Some(rng_seed()),
+        virtio_slots: vec![layout::VIRTIO_BLK_SLOT],
+    })?;
+    let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
+    ram.memory()
+        .write_slice(&dtb, GuestAddress(dtb_gpa))
+        .context("cannot write the device tree into guest RAM")?;
+    let mut power = vec![Power::Off; f.cpus];
+    power[0] = Power::On;
+    Ok(Plan {
+        ram,
+        cpus: f.cpus,
+        disk,
+        disk_path: f.disk.clone(),
+        cmdline: f.cmdline.clone(),
+        start: Start::Boot(BootRegs {
+            entry: loaded.entry,
+            dtb: dtb_gpa,
+        }),
+        power,
+        devices: None,
+        parent: None,
+        _work: None,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -416,8 +562,9 @@ fn rng_seed() -> [u8; 32] {
 }
 
 /// Reads the host's stdin, handles the escape keys, and feeds the guest UART
-/// at the pace its RX FIFO drains.
-fn spawn_console_input(shared: Arc<Shared>) {
+/// at the pace its RX FIFO drains. `Ctrl-A s` calls `snapshot` after the
+/// input typed before it has reached the guest.
+fn spawn_console_input(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
     let spawned = std::thread::Builder::new()
         .name("console".into())
         .spawn(move || {
@@ -438,24 +585,14 @@ fn spawn_console_input(shared: Arc<Shared>) {
                             return;
                         }
                         Key::Help => console::message(console::ESCAPE_HELP.trim_end()),
-                        Key::Snapshot => console::message(
-                            "[snapshot] not available: snapshots are not implemented in this build",
-                        ),
+                        Key::Snapshot => {
+                            feed_uart(&shared, &mut pending);
+                            snapshot();
+                        }
                         Key::None => {}
                     }
                 }
-                while !pending.is_empty() && !shared.finished() {
-                    let bytes = pending.make_contiguous();
-                    let taken = shared
-                        .uart
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .enqueue_rx(bytes);
-                    pending.drain(..taken);
-                    if !pending.is_empty() {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
+                feed_uart(&shared, &mut pending);
             }
         });
     if let Err(e) = spawned {
@@ -463,24 +600,45 @@ fn spawn_console_input(shared: Arc<Shared>) {
     }
 }
 
+/// Moves `pending` input into the UART's RX FIFO as space frees up.
+fn feed_uart(shared: &Shared, pending: &mut std::collections::VecDeque<u8>) {
+    while !pending.is_empty() && !shared.finished() {
+        let bytes = pending.make_contiguous();
+        let taken = shared
+            .uart
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .enqueue_rx(bytes);
+        pending.drain(..taken);
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 /// Runs vCPUs `ids` on the current thread until the VM ends.
-fn vcpu_thread<V: Vm>(
-    vm: &V,
-    shared: &Shared,
-    ids: &[VcpuId],
-    boot: BootRegs,
-) -> anyhow::Result<()> {
+fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> anyhow::Result<()> {
     let mut vcpus = Vec::with_capacity(ids.len());
     for &id in ids {
-        let vcpu = vm
+        let mut vcpu = vm
             .create_vcpu(id, psci::mpidr(id))
             .with_context(|| format!("cannot create vCPU {id}"))?;
+        match &start {
+            Start::Boot(boot) if id == 0 => start_vcpu(&mut vcpu, boot.entry, boot.dtb)?,
+            Start::Boot(_) => {}
+            Start::Restore(states) => {
+                let state = states
+                    .get(id)
+                    .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+                snapshot::apply_vcpu(vm, &mut vcpu, state)
+                    .with_context(|| format!("cannot restore vCPU {id}"))?;
+            }
+        }
         shared.kicks.lock().unwrap_or_else(|e| e.into_inner())[id] = Some(vcpu.kicker());
         vcpus.push(RunVcpu { vcpu, wfi: None });
     }
-    if let Some(v) = vcpus.iter_mut().find(|v| v.vcpu.id() == 0) {
-        start_vcpu(&mut v.vcpu, boot.entry, boot.dtb)?;
-    }
+    shared.lock().ready += 1;
+    shared.wake.notify_all();
     // Preempts the running vCPU when several share this thread.
     let running = Arc::new(AtomicUsize::new(usize::MAX));
     let _ticker = (vcpus.len() > 1).then(|| {
@@ -496,6 +654,11 @@ fn vcpu_thread<V: Vm>(
             let c = shared.lock();
             if c.exit.is_some() {
                 return Ok(());
+            }
+            if c.pause {
+                drop(c);
+                park(vm, shared, &mut vcpus);
+                continue;
             }
             c.generation
         };
@@ -565,6 +728,30 @@ fn vcpu_thread<V: Vm>(
             }
         }
     }
+}
+
+/// Snapshot rendezvous: captures this thread's vCPUs (on their own thread,
+/// as HVF requires) and waits until the snapshot is done.
+fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
+    let states: Vec<_> = vcpus
+        .iter_mut()
+        .map(|rv| {
+            let id = rv.vcpu.id();
+            let st =
+                snapshot::capture_vcpu(vm, &mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
+            (id, st)
+        })
+        .collect();
+    let mut c = shared.lock();
+    for (id, st) in states {
+        c.captured[id] = Some(st);
+    }
+    c.parked += 1;
+    shared.wake.notify_all();
+    while c.pause && c.exit.is_none() {
+        c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+    }
+    c.parked -= 1;
 }
 
 /// Puts a vCPU at `entry` in EL1h with interrupts masked and X0 = `x0`

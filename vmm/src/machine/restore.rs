@@ -1,0 +1,194 @@
+//! `boot --restore SPEC`: resolving and verifying a chain, mapping its memory,
+//! and turning its machine state back into devices and vCPUs.
+
+use super::{Plan, Power, Shared, SnapshotOptions, Start};
+use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
+use crate::console;
+use crate::hv::Hypervisor;
+use crate::memory::GuestRam;
+use crate::snapshot::{MachineState, PowerSnapshot, GIC_MODE_USERSPACE};
+use anyhow::{bail, Context};
+use snapshot_store::{clone_file, map_base_memory, overlay_diff, verify_chain, Store};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Time spent in each restore stage, for the `Restore-time` breakdown.
+#[derive(Debug, Default)]
+pub(super) struct Stages {
+    pub resolve_verify: Duration,
+    pub map_base: Duration,
+    pub overlay: Duration,
+    pub vm_create: Duration,
+    pub gic: Duration,
+    pub devices: Duration,
+    pub vcpus: Duration,
+}
+
+impl Stages {
+    /// Prints `Restore-time = N ms` and the per-stage breakdown (µs).
+    pub(super) fn report(&self, total: Duration) {
+        console::message(&format!("Restore-time = {} ms", total.as_millis()));
+        let us = |d: Duration| d.as_micros();
+        console::message(&format!(
+            "Restore-stages: resolve+verify {} us, map base {} us, overlay {} us, VM create {} us, GIC {} us, devices {} us, vCPUs {} us",
+            us(self.resolve_verify),
+            us(self.map_base),
+            us(self.overlay),
+            us(self.vm_create),
+            us(self.gic),
+            us(self.devices),
+            us(self.vcpus)
+        ));
+    }
+}
+
+/// A restored VM's working copy of its disk, in a `.tmp-run-PID-NONCE`
+/// directory of the store (removed on exit; `vmstore gc` removes it if the
+/// process died). The store's own files are never opened for writing.
+pub(super) struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Resolves `spec`, verifies the chain, maps its memory and decodes its state.
+pub(super) fn plan<H: Hypervisor>(
+    spec: &str,
+    opts: &SnapshotOptions,
+    stages: &mut Stages,
+) -> anyhow::Result<Plan> {
+    let t = Instant::now();
+    let store = Store::open(&opts.store)
+        .with_context(|| format!("cannot open the snapshot store {}", opts.store.display()))?;
+    let chain = store.resolve(spec)?;
+    verify_chain(&chain)?;
+    let top = chain.top();
+    let m = &top.manifest;
+    if m.backend != H::NAME {
+        bail!(
+            "snapshot '{}' was written by the {} backend; restore it with --backend {}",
+            top.name,
+            m.backend,
+            m.backend
+        );
+    }
+    if m.gic_mode != GIC_MODE_USERSPACE {
+        bail!(
+            "snapshot '{}' uses GIC mode '{}'; this VMM restores only '{GIC_MODE_USERSPACE}'",
+            top.name,
+            m.gic_mode
+        );
+    }
+    if m.page_size != PAGE_SIZE || m.ram_base_gpa != RAM_BASE {
+        bail!(
+            "snapshot '{}' has page size {} and RAM at {:#x}; this VMM uses {PAGE_SIZE} and {RAM_BASE:#x}",
+            top.name,
+            m.page_size,
+            m.ram_base_gpa
+        );
+    }
+    if let Some(name) = &opts.name {
+        if store.contains(name) {
+            bail!(
+                "snapshot '{name}' already exists in {}; choose another --name",
+                opts.store.display()
+            );
+        }
+    }
+    stages.resolve_verify = t.elapsed();
+
+    let t = Instant::now();
+    let mut mem = map_base_memory(chain.base())?;
+    stages.map_base = t.elapsed();
+    let t = Instant::now();
+    for layer in &chain.layers()[1..] {
+        overlay_diff(&mut mem, layer)?;
+    }
+    stages.overlay = t.elapsed();
+    let ram = Arc::new(GuestRam::from_mmap(mem)?);
+
+    let state_path = top.state_path();
+    let state = MachineState::decode(&top.read_state()?)
+        .with_context(|| format!("{}", state_path.display()))?;
+    let cpus = state.vcpus.len();
+    if u32::try_from(cpus).ok() != Some(m.vcpus) || state.ram_size != m.ram_size {
+        bail!(
+            "{}: {} vCPUs and {} bytes of RAM, but the manifest says {} and {}",
+            state_path.display(),
+            cpus,
+            state.ram_size,
+            m.vcpus,
+            m.ram_size
+        );
+    }
+
+    let src = top
+        .disk_path()
+        .with_context(|| format!("snapshot '{}' has no disk image", top.name))?;
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let dir = store
+        .root()
+        .join(format!(".tmp-run-{}-{nonce:016x}", std::process::id()));
+    std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let work = WorkDir(dir);
+    let disk_path = work.0.join("disk.img");
+    clone_file(&src, &disk_path)?;
+    let mut perms = std::fs::metadata(&disk_path)?.permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&disk_path, perms)?;
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&disk_path)
+        .with_context(|| format!("cannot open {}", disk_path.display()))?;
+
+    let power = state
+        .power
+        .iter()
+        .map(|p| match *p {
+            PowerSnapshot::Off => Power::Off,
+            PowerSnapshot::On => Power::On,
+            PowerSnapshot::OnPending { entry, context } => Power::OnPending { entry, context },
+        })
+        .collect();
+    Ok(Plan {
+        ram,
+        cpus,
+        disk,
+        disk_path,
+        cmdline: state.cmdline.clone(),
+        start: Start::Restore(Arc::new(state.vcpus.clone())),
+        power,
+        devices: Some(Box::new(state)),
+        parent: Some(chain.top().clone()),
+        _work: Some(work),
+    })
+}
+
+/// Applies the saved device states (the GIC is restored when it is built).
+pub(super) fn apply_devices(shared: &Shared, st: &MachineState) -> anyhow::Result<()> {
+    shared
+        .uart
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .restore(&st.pl011)
+        .context("cannot restore the PL011")?;
+    shared
+        .boot_timer
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .restore(&st.boot_timer);
+    shared
+        .blk
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .restore(&st.virtio_blk)
+        .context("cannot restore virtio-blk")?;
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! Ctrl-A s: stopping every vCPU at an instruction boundary, capturing the
+//! machine, and writing a layer to the snapshot store.
+//!
+//! Order (issue-level guarantees): vCPUs park and capture their own state;
+//! devices are idle (virtio requests complete inside the MMIO write that
+//! queued them, so none is in flight once every vCPU is parked); the layer
+//! is written into a temporary directory, fsynced and renamed by the store;
+//! only then are the dirty bitmaps cleared and write protection re-armed;
+//! then the vCPUs resume.
+
+use super::{Power, Shared};
+use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
+use crate::console;
+use crate::hv::Vm;
+use crate::snapshot::{
+    MachineState, PowerSnapshot, VcpuState, GIC_MODE_USERSPACE, MACHINE_STATE_VERSION,
+};
+use anyhow::Context;
+use snapshot_store::{Layer, LayerMeta, Store};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Takes snapshots for one running VM.
+pub(super) struct Snapshotter<V: Vm> {
+    vm: Arc<V>,
+    shared: Arc<Shared>,
+    store: PathBuf,
+    name: Option<String>,
+    /// Snapshots written in this run.
+    taken: u32,
+    track_dirty: bool,
+    /// The layer the next snapshot is a diff against, when tracking.
+    parent: Option<Layer>,
+    disk: PathBuf,
+    cmdline: String,
+    backend: &'static str,
+}
+
+impl<V: Vm> Snapshotter<V> {
+    pub(super) fn new(
+        vm: Arc<V>,
+        shared: Arc<Shared>,
+        opts: &super::SnapshotOptions,
+        parent: Option<Layer>,
+        disk: PathBuf,
+        cmdline: String,
+        backend: &'static str,
+    ) -> Self {
+        Snapshotter {
+            vm,
+            shared,
+            store: opts.store.clone(),
+            name: opts.name.clone(),
+            taken: 0,
+            track_dirty: opts.track_dirty,
+            parent: if opts.track_dirty { parent } else { None },
+            disk,
+            cmdline,
+            backend,
+        }
+    }
+
+    /// The name of the next snapshot: `NAME`, then `NAME.2`, `NAME.3`, ...
+    fn next_name(&self) -> Option<String> {
+        let base = self.name.as_ref()?;
+        Some(match self.taken {
+            0 => base.clone(),
+            n => format!("{base}.{}", n + 1),
+        })
+    }
+
+    /// Handles Ctrl-A s: writes a snapshot, or says on the console why not.
+    pub(super) fn take(&mut self) {
+        let Some(name) = self.next_name() else {
+            console::message("[snapshot] refused: no snapshot name (start boot with --name NAME)");
+            return;
+        };
+        let states = match pause(&self.shared) {
+            Ok(s) => s,
+            Err(e) => {
+                resume(&self.shared);
+                console::message(&format!("[snapshot] '{name}' failed: {e:#}"));
+                return;
+            }
+        };
+        let result = self.write(&name, states);
+        resume(&self.shared);
+        match result {
+            Ok(msg) => {
+                self.taken += 1;
+                console::message(&msg);
+            }
+            Err(e) => console::message(&format!(
+                "[snapshot] '{name}' failed, nothing was written: {e:#}"
+            )),
+        }
+    }
+
+    /// Writes the layer while every vCPU is parked; returns the console line.
+    fn write(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<String> {
+        let t = Instant::now();
+        let shared = &self.shared;
+        let ram = &shared.ram;
+        shared
+            .blk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .quiesce()
+            .context("cannot quiesce the block device")?;
+        let power = shared
+            .lock()
+            .power
+            .iter()
+            .map(|p| match *p {
+                Power::Off => PowerSnapshot::Off,
+                Power::On => PowerSnapshot::On,
+                Power::OnPending { entry, context } => PowerSnapshot::OnPending { entry, context },
+            })
+            .collect();
+        let state = MachineState {
+            version: MACHINE_STATE_VERSION,
+            backend: self.backend.to_string(),
+            ram_size: ram.size(),
+            cmdline: self.cmdline.clone(),
+            vcpus,
+            power,
+            gic: shared.gic.lock().unwrap_or_else(|e| e.into_inner()).save(),
+            pl011: shared.uart.lock().unwrap_or_else(|e| e.into_inner()).save(),
+            boot_timer: shared
+                .boot_timer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .save(),
+            virtio_blk: shared.blk.lock().unwrap_or_else(|e| e.into_inner()).save(),
+        };
+        let store = Store::create(&self.store)
+            .with_context(|| format!("cannot open the snapshot store {}", self.store.display()))?;
+        let meta = LayerMeta {
+            parent: self.parent.as_ref().map(Layer::parent_ref),
+            page_size: PAGE_SIZE,
+            ram_base_gpa: RAM_BASE,
+            ram_size: ram.size(),
+            vcpus: u32::try_from(state.vcpus.len()).expect("at most MAX_VCPUS"),
+            backend: self.backend.to_string(),
+            gic_mode: GIC_MODE_USERSPACE.to_string(),
+            creator: creator(),
+        };
+        let diff = meta.parent.is_some();
+        let mut w = store.begin(name, meta)?;
+        // SAFETY: every vCPU is parked (`pause` returned) and the block device
+        // is quiesced, so nothing writes guest RAM while `bytes` is alive.
+        let bytes = unsafe { ram.bytes() };
+        let pages = if diff {
+            let mut pages = self.vm.dirty_pages()?;
+            pages.extend(ram.vmm_dirty_pages());
+            pages.sort_unstable();
+            pages.dedup();
+            w.write_diff_from_ram(bytes, pages.iter().copied())?
+        } else {
+            w.write_full_memory(bytes)?;
+            ram.size() / PAGE_SIZE
+        };
+        w.write_state(&state.encode())?;
+        let clone = w.clone_disk(&self.disk)?;
+        let layer = w.commit()?;
+        let write_ms = t.elapsed().as_millis();
+        // The layer is durable: only now forget what was dirty.
+        if self.track_dirty {
+            self.vm.rearm_dirty_tracking()?;
+            ram.vmm_dirty().reset();
+            self.parent = Some(layer);
+        }
+        console::message(&format!("Snapshot-write-time = {write_ms} ms"));
+        console::message(&format!("Snapshot-disk-clone = {clone}"));
+        Ok(format!(
+            "[snapshot] {} '{name}' ({pages} pages, {:.1} MiB) written",
+            if diff { "diff" } else { "full" },
+            (pages * PAGE_SIZE) as f64 / (1024.0 * 1024.0)
+        ))
+    }
+}
+
+/// `ignition-vmm <version>`, recorded in manifests.
+fn creator() -> String {
+    format!("ignition-vmm {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Parks every vCPU thread and returns the vCPUs' states.
+fn pause(shared: &Shared) -> anyhow::Result<Vec<VcpuState>> {
+    {
+        let mut c = shared.lock();
+        if c.exit.is_some() {
+            anyhow::bail!("the VM is shutting down");
+        }
+        c.pause = true;
+        c.captured.iter_mut().for_each(|s| *s = None);
+        c.generation += 1;
+    }
+    shared.wake.notify_all();
+    shared.kick_where(|_| true);
+    let mut c = shared.lock();
+    while c.parked < shared.threads && c.exit.is_none() {
+        c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+    }
+    if c.exit.is_some() {
+        anyhow::bail!("the VM is shutting down");
+    }
+    c.captured
+        .iter_mut()
+        .enumerate()
+        .map(|(id, s)| match s.take() {
+            Some(Ok(st)) => Ok(st),
+            Some(Err(e)) => Err(anyhow::anyhow!("cannot capture {e}")),
+            None => Err(anyhow::anyhow!("vCPU {id} did not stop")),
+        })
+        .collect()
+}
+
+/// Lets the parked vCPU threads run again.
+fn resume(shared: &Shared) {
+    shared.lock().pause = false;
+    shared.wake.notify_all();
+}
