@@ -6,7 +6,9 @@
 //! run loop are backend-neutral and tested on any host.
 
 pub mod arch;
+pub mod console;
 pub mod devices;
 pub mod hv;
 pub mod logging;
+pub mod machine;
 pub mod memory;

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Per-call-site state of [`warn_ratelimited!`]: at most one warning per
+/// Per-call-site state of [`crate::warn_ratelimited`]: at most one warning per
 /// second per site, with a count of the ones suppressed in between.
 pub struct RateLimit {
     last_sec: AtomicU64,

@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn regions_do_not_overlap_and_sit_below_ram() {
-        let mut regions = vec![
+        let mut regions = [
             (GICD_BASE, GICD_SIZE),
             (GICR_BASE, GICR_SIZE),
             (PL011.base, PL011.size),

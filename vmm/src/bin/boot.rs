@@ -1,6 +1,129 @@
-//! `boot`: runs an aarch64 Linux guest.
+//! `boot`: runs an aarch64 Linux guest on Ignition.
 
-fn main() {
-    eprintln!("boot: not implemented yet");
-    std::process::exit(1);
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use ignition_vmm::arch::layout;
+use ignition_vmm::machine::{MachineConfig, VmExit};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Hypervisor backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// macOS Hypervisor.framework (Apple Silicon only).
+    Hvf,
+    /// Portable software vCPU (unicorn-engine), any host.
+    Emu,
+}
+
+const DEFAULT_BACKEND: Backend = if cfg!(all(target_os = "macos", target_arch = "aarch64")) {
+    Backend::Hvf
+} else {
+    Backend::Emu
+};
+
+fn default_cmdline() -> String {
+    format!(
+        "console=ttyAMA0 earlycon=pl011,mmio32,{:#x} root=/dev/vda rw rootwait boottimer={:#x}",
+        layout::PL011.base,
+        layout::BOOT_TIMER.base
+    )
+}
+
+/// Boot an aarch64 Linux guest (Image + raw ext4 root disk) to its console.
+///
+/// The console is this terminal (raw mode). Escapes: Ctrl-A x quits,
+/// Ctrl-A h lists the escapes, Ctrl-A a sends a literal Ctrl-A.
+/// `poweroff` in the guest ends `boot` with exit status 0.
+///
+/// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
+/// first boot-timer write). Logs: set RUST_LOG (e.g. RUST_LOG=debug).
+#[derive(Parser, Debug)]
+#[command(name = "boot", version, verbatim_doc_comment)]
+struct Args {
+    /// Linux arm64 Image to boot.
+    #[arg(long, default_value = "guest/out/Image")]
+    kernel: PathBuf,
+    /// Raw disk image for the root device /dev/vda (opened read-write).
+    #[arg(long, default_value = "guest/out/rootfs.ext4")]
+    disk: PathBuf,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(64..=65536))]
+    mem: u64,
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=layout::MAX_VCPUS as u64))]
+    cpus: u64,
+    /// Kernel command line [default: console=ttyAMA0 earlycon=pl011,mmio32,0x9000000 root=/dev/vda rw rootwait boottimer=0x9100000]
+    #[arg(long)]
+    cmdline: Option<String>,
+    /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(VmExit::PowerOff) | Ok(VmExit::Reset) | Ok(VmExit::Quit) => ExitCode::SUCCESS,
+        Ok(VmExit::Error(e)) => {
+            ignition_vmm::console::restore_terminal();
+            eprintln!("boot: the VM stopped: {e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            ignition_vmm::console::restore_terminal();
+            eprintln!("boot: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<VmExit> {
+    for (what, path) in [("kernel", &args.kernel), ("disk image", &args.disk)] {
+        if !path.is_file() {
+            anyhow::bail!(
+                "{what} {} not found (build the guest with guest/build.sh, or pass --{})",
+                path.display(),
+                if what == "kernel" { "kernel" } else { "disk" }
+            );
+        }
+    }
+    let cfg = MachineConfig {
+        kernel: args.kernel,
+        disk: args.disk,
+        mem_bytes: args.mem * 1024 * 1024,
+        cpus: usize::try_from(args.cpus).context("--cpus")?,
+        cmdline: args.cmdline.unwrap_or_else(default_cmdline),
+    };
+    match args.backend.unwrap_or(DEFAULT_BACKEND) {
+        Backend::Emu => run_emu(&cfg),
+        Backend::Hvf => run_hvf(&cfg),
+    }
+}
+
+#[cfg(feature = "emu")]
+fn run_emu(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
+    ignition_vmm::machine::run(ignition_vmm::hv::emu::EmuHypervisor::new(), cfg)
+}
+
+#[cfg(not(feature = "emu"))]
+fn run_emu(_: &MachineConfig) -> anyhow::Result<VmExit> {
+    anyhow::bail!("this build of boot has no emu backend (built without the `emu` feature)")
+}
+
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
+    ignition_vmm::machine::run(ignition_vmm::hv::hvf::HvfHypervisor::new()?, cfg)
+}
+
+#[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]
+fn run_hvf(_: &MachineConfig) -> anyhow::Result<VmExit> {
+    anyhow::bail!("the hvf backend needs macOS on Apple Silicon; use --backend emu on this host")
 }

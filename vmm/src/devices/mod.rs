@@ -3,7 +3,11 @@
 //! without a VM. Devices reach the interrupt controller through [`IrqLine`]
 //! and guest memory through vm-memory.
 
+pub mod boot_timer;
 pub mod bus;
+pub mod gicv3;
+pub mod pl011;
+pub mod virtio;
 
 pub use bus::MmioBus;
 

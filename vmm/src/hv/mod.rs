@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 #[cfg(feature = "emu")]
 pub mod emu;
+pub mod exit_decision;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub mod hvf;
 
 /// Index of a vCPU, `0..vcpus`.
 pub type VcpuId = usize;
@@ -169,6 +172,9 @@ pub trait Hypervisor {
     type Vm: Vm;
     /// Backend name as used on the command line (`emu`, `hvf`).
     const NAME: &'static str;
+    /// Whether all vCPUs must run round-robin on one host thread (`emu`)
+    /// rather than one thread per vCPU (HVF binds a vCPU to its thread).
+    const ROUND_ROBIN: bool = false;
     /// Creates a VM with `vcpus` vCPUs (not yet created) and maps `ram`.
     fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<Self::Vm>;
 }

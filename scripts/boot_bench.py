@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): Ignition's boot time against QEMU TCG, in one run.
+
+For each of N runs: spawn `boot` on the built guest and time (wall clock)
+spawn -> `login:` on the console, and read the VMM's own `Guest-boot-time`
+line (VM start -> the guest init's boot-timer write). Then the same Image and
+rootfs under `qemu-system-aarch64 -M virt,gic-version=3 -cpu max` (TCG), so
+both are measured on the same machine at the same time. Prints median, min
+and max, the emu/QEMU ratio (target: at most 1.5x; both use QEMU's TCG CPU),
+and writes bench-results/boot.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import qemu_boot  # noqa: E402
+from qemu_boot_bench import RESULTS_DIR, sha256, summarize, time_to_login  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_BOOT = REPO / "target" / "release" / "boot"
+RATIO_TARGET = 1.5
+
+
+def time_ignition(argv: Sequence[str], timeout: float, log_path: Path) -> tuple[float, int]:
+    """(seconds from spawn to login:, Guest-boot-time in ms) for one boot."""
+    start = time.perf_counter()
+    child = harness.spawn(argv, log_path=log_path)
+    try:
+        harness.expect(child, r"Guest-boot-time = (\d+) ms", timeout, "the Guest-boot-time line")
+        guest_ms = int(child.match.group(1))
+        harness.expect(child, harness.LOGIN, timeout, "the login: prompt")
+        return time.perf_counter() - start, guest_ms
+    finally:
+        harness.terminate(child)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=5, help="boots per VMM (default: 5)")
+    p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
+    p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")
+    p.add_argument("--kernel", type=Path, default=qemu_boot.GUEST_OUT / "Image")
+    p.add_argument("--disk", type=Path, default=qemu_boot.GUEST_OUT / "rootfs.ext4")
+    p.add_argument("--cpus", type=int, default=1)
+    p.add_argument("--mem", type=int, default=512, help="MiB (default: 512)")
+    p.add_argument("--timeout", type=float, default=120, help="seconds per boot (default: 120)")
+    p.add_argument("--no-qemu", action="store_true", help="skip the QEMU comparison")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "boot.json")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    if not args.boot.is_file():
+        print(f"boot_bench: {args.boot} not found: cargo build --release --bin boot", file=sys.stderr)
+        return 1
+    err = qemu_boot.check_inputs(args.kernel, args.disk)
+    if err and not (args.no_qemu and err.startswith(qemu_boot.QEMU)):
+        print(f"boot_bench: {err}", file=sys.stderr)
+        return 1
+
+    logs = RESULTS_DIR / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    wall, guest = [], []
+    for i in range(args.runs):
+        with qemu_boot.disk_copy(args.disk) as disk:
+            cmd = [str(args.boot), "--backend", args.backend, "--kernel", str(args.kernel), "--disk", str(disk),
+                   "--cpus", str(args.cpus), "--mem", str(args.mem)]
+            try:
+                t, g = time_ignition(cmd, args.timeout, logs / f"ignition-{i + 1}.log")
+            except harness.ConsoleError as e:
+                print(f"boot_bench: ignition run {i + 1}: {e}", file=sys.stderr)
+                return 1
+        wall.append(t)
+        guest.append(g / 1000)
+        print(f"ignition run {i + 1}/{args.runs}: login {t:.3f} s, Guest-boot-time {g} ms")
+
+    result = {
+        "benchmark": "boot_to_login",
+        "ignition": {"backend": args.backend, "login": summarize(wall), "guest_boot_time": summarize(guest)},
+        "config": {"cpus": args.cpus, "mem_mib": args.mem, "runs": args.runs,
+                   "kernel_sha256": sha256(args.kernel), "disk_sha256": sha256(args.disk)},
+        "host": {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()},
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if not args.no_qemu:
+        qemu = []
+        for i in range(args.runs):
+            with qemu_boot.disk_copy(args.disk) as disk:
+                qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
+                try:
+                    t = time_to_login(qargv, timeout=args.timeout, log_path=logs / f"qemu-{i + 1}.log")
+                except harness.ConsoleError as e:
+                    print(f"boot_bench: qemu run {i + 1}: {e}", file=sys.stderr)
+                    return 1
+            qemu.append(t)
+            print(f"qemu run {i + 1}/{args.runs}: login {t:.3f} s")
+        result["qemu_tcg"] = {"login": summarize(qemu)}
+        ratio = result["ignition"]["login"]["median_s"] / result["qemu_tcg"]["login"]["median_s"]
+        result["ratio_ignition_to_qemu"] = round(ratio, 3)
+        result["ratio_target"] = RATIO_TARGET
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    ig = result["ignition"]
+    print(f"ignition ({args.backend}): login median {ig['login']['median_s']:.3f} s "
+          f"(min {ig['login']['min_s']:.3f}, max {ig['login']['max_s']:.3f}); "
+          f"Guest-boot-time median {ig['guest_boot_time']['median_s'] * 1000:.0f} ms")
+    if "qemu_tcg" in result:
+        q = result["qemu_tcg"]["login"]
+        print(f"qemu tcg: login median {q['median_s']:.3f} s (min {q['min_s']:.3f}, max {q['max_s']:.3f}); "
+              f"ratio {result['ratio_ignition_to_qemu']:.2f}x (target <= {RATIO_TARGET}x)")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what building and testing Ignition needs on a Debian-based Linux
+# host: the C toolchain for unicorn-engine (cmake, libclang for bindgen),
+# QEMU (the reference boot), Python test tools, and the Rust targets and
+# components CI checks with. Idempotent; fast when everything is present.
+# The guest image's own packages are installed by guest/build.sh.
+set -euo pipefail
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if [ "$(uname -s)" != Linux ] || ! command -v apt-get >/dev/null; then
+    say "this script supports Debian-based Linux hosts; on macOS see README.md (Mac users)" >&2
+    exit 1
+fi
+
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+
+apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "apt: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+py_missing=()
+python3 -c 'import pytest' 2>/dev/null || py_missing+=(pytest)
+python3 -c 'import pexpect' 2>/dev/null || py_missing+=(pexpect)
+if [ ${#py_missing[@]} -gt 0 ]; then
+    say "pip: installing ${py_missing[*]}"
+    python3 -m pip install -q "${py_missing[@]}" 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages "${py_missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+    say "Rust is missing: install it with rustup (https://rustup.rs), then re-run" >&2
+    exit 1
+fi
+if command -v rustup >/dev/null; then
+    installed=$(rustup target list --installed)
+    grep -qx aarch64-apple-darwin <<<"$installed" || { say "rustup: adding target aarch64-apple-darwin"; rustup target add aarch64-apple-darwin >/dev/null; }
+    comps=$(rustup component list --installed)
+    for c in clippy rustfmt; do
+        grep -q "^$c" <<<"$comps" || { say "rustup: adding component $c"; rustup component add "$c" >/dev/null; }
+    done
+fi
+say "ok"

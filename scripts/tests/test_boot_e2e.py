@@ -1,0 +1,154 @@
+"""End-to-end: our `boot` runs the real guest over a pty.
+
+The backend is a parameter: `pytest --backend hvf` runs the same suite on a
+Mac (default: the platform default, emu on Linux). The binary is
+target/release/boot unless IGNITION_BOOT names another.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import harness
+
+REPO = Path(__file__).resolve().parents[2]
+BOOT = Path(os.environ.get("IGNITION_BOOT", REPO / "target" / "release" / "boot"))
+BOOT_TIMEOUT = 120  # software CPU on a loaded 2-core CI runner
+CMD_TIMEOUT = 60
+
+
+@pytest.fixture(scope="session")
+def boot_bin() -> Path:
+    if not BOOT.is_file():
+        pytest.fail(f"{BOOT} not built: run `cargo build --release --bin boot` (scripts/test.sh does)")
+    return BOOT
+
+
+@pytest.fixture
+def disk(guest_out, tmp_path) -> Path:
+    """A private copy of the root disk, so tests never change guest/out."""
+    d = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", d)
+    return d
+
+
+def start(boot_bin, guest_out, disk, backend, tmp_path, *extra, log="console.log"):
+    argv = [str(boot_bin), "--kernel", str(guest_out / "Image"), "--disk", str(disk), *extra]
+    if backend:
+        argv += ["--backend", backend]
+    return harness.spawn(argv, log_path=tmp_path / log, timeout=BOOT_TIMEOUT)
+
+
+def login(child):
+    harness.login(child, timeout=BOOT_TIMEOUT)
+
+
+def poweroff(child) -> int:
+    harness.paced_send(child, "poweroff\n")
+    return harness.wait_exit(child, CMD_TIMEOUT)
+
+
+def test_boot_login_uname_poweroff(boot_bin, guest_out, disk, backend, tmp_path):
+    child = start(boot_bin, guest_out, disk, backend, tmp_path)
+    try:
+        harness.expect(child, r"Guest-boot-time = (\d+) ms", BOOT_TIMEOUT, "the Guest-boot-time line")
+        assert int(child.match.group(1)) > 0
+        login(child)
+        assert harness.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
+        assert harness.run(child, "getconf PAGESIZE", CMD_TIMEOUT) == "16384"
+        assert harness.run(child, "cat /proc/cmdline", CMD_TIMEOUT).find("root=/dev/vda") >= 0
+        assert poweroff(child) == 0, "poweroff in the guest must end boot with status 0"
+    finally:
+        harness.terminate(child)
+
+
+def test_root_disk_persists_across_boots(boot_bin, guest_out, disk, backend, tmp_path):
+    child = start(boot_bin, guest_out, disk, backend, tmp_path, log="first.log")
+    try:
+        login(child)
+        harness.run(child, "echo persisted-$((6*7)) > /root/marker && sync", CMD_TIMEOUT)
+        assert poweroff(child) == 0
+    finally:
+        harness.terminate(child)
+    child = start(boot_bin, guest_out, disk, backend, tmp_path, log="second.log")
+    try:
+        login(child)
+        assert harness.run(child, "cat /root/marker", CMD_TIMEOUT) == "persisted-42"
+        assert poweroff(child) == 0
+    finally:
+        harness.terminate(child)
+
+
+def cpu_busy_ticks(child) -> dict[str, int]:
+    """user+system ticks per CPU from /proc/stat."""
+    ticks = {}
+    for line in harness.run(child, "grep '^cpu[0-9]' /proc/stat", CMD_TIMEOUT).splitlines():
+        name, user, nice, system, *_ = line.split()
+        ticks[name] = int(user) + int(nice) + int(system)
+    return ticks
+
+
+def test_two_vcpus_both_run(boot_bin, guest_out, disk, backend, tmp_path):
+    child = start(boot_bin, guest_out, disk, backend, tmp_path, "--cpus", "2")
+    try:
+        login(child)
+        assert harness.run(child, "nproc", CMD_TIMEOUT) == "2"
+        before = cpu_busy_ticks(child)
+        assert set(before) == {"cpu0", "cpu1"}
+        # Two busy loops; the scheduler spreads them over both CPUs.
+        harness.run(child, "for i in 1 2; do (while :; do :; done) & done", CMD_TIMEOUT)
+        time.sleep(3)
+        after = cpu_busy_ticks(child)
+        harness.run(child, "kill $(jobs -p)", CMD_TIMEOUT)
+        for cpu in ("cpu0", "cpu1"):
+            assert after[cpu] - before[cpu] >= 50, f"{cpu} did not run the busy loop: {before} -> {after}"
+        assert poweroff(child) == 0
+    finally:
+        harness.terminate(child)
+
+
+def test_ctrl_a_x_quits_promptly(boot_bin, guest_out, disk, backend, tmp_path):
+    child = start(boot_bin, guest_out, disk, backend, tmp_path)
+    try:
+        login(child)
+        child.send("\x01h")
+        harness.expect(child, r"Ctrl-A x\s+quit", CMD_TIMEOUT, "the escape help")
+        t0 = time.monotonic()
+        child.send("\x01x")
+        assert harness.wait_exit(child, 10) == 0
+        assert time.monotonic() - t0 < 5, "Ctrl-A x should quit within a few seconds"
+    finally:
+        harness.terminate(child)
+
+
+def run_boot(boot_bin, *args, timeout=30):
+    return subprocess.run([str(boot_bin), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
+    r = run_boot(boot_bin, "--kernel", str(tmp_path / "missing"), "--disk", str(guest_out / "rootfs.ext4"))
+    assert r.returncode != 0 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+    bad = tmp_path / "bad-image"
+    bad.write_bytes(b"\0" * 4096)
+    r = run_boot(boot_bin, "--kernel", str(bad), "--disk", str(guest_out / "rootfs.ext4"), "--backend", "emu")
+    assert r.returncode != 0 and "magic" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+    r = run_boot(boot_bin, "--cpus", "99")
+    assert r.returncode == 2 and "--cpus" in r.stderr, r.stderr
+    r = run_boot(boot_bin, "--backend", "kvm")
+    assert r.returncode == 2 and "--backend" in r.stderr, r.stderr
+
+    r = run_boot(boot_bin, "--help")
+    assert r.returncode == 0
+    for opt in ("--kernel", "--disk", "--mem", "--cpus", "--cmdline", "--backend"):
+        assert opt in r.stdout, opt

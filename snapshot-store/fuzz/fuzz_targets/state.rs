@@ -1,0 +1,19 @@
+//! Fuzz the `state.bin` envelope parsers: never panic, bounds respected,
+//! accepted files round-trip through the encoder.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use snapshot_store::{
+    encode_state_header, parse_state, parse_state_header, MAX_STATE_BYTES, STATE_HEADER_LEN,
+};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(h) = parse_state_header(data) {
+        assert!(h.payload_len <= MAX_STATE_BYTES);
+    }
+    if let Ok(payload) = parse_state(data) {
+        assert_eq!(payload.len() + STATE_HEADER_LEN, data.len());
+        let header = encode_state_header(payload).unwrap();
+        assert_eq!(&header[..], &data[..STATE_HEADER_LEN]);
+    }
+});

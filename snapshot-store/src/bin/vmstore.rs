@@ -1,0 +1,340 @@
+//! `vmstore`: manage an Ignition snapshot store.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use snapshot_store::{
+    LayerKind, Progress, Store, DEFAULT_STORE_DIR, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
+    STATE_FILE,
+};
+
+/// Manage an Ignition snapshot store: one directory per snapshot (layer),
+/// full layers holding all of RAM and diff layers holding the pages dirtied
+/// since their parent.
+///
+/// Snapshot specs: NAME is that snapshot with its whole ancestry; NAME+N is
+/// the snapshot N layers below NAME along a chain where every layer has a
+/// single child (NAME+0 = NAME).
+#[derive(Parser, Debug)]
+#[command(name = "vmstore", version)]
+struct Cli {
+    /// Store directory.
+    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_STORE_DIR)]
+    store: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List snapshots: name, kind, parent, creation time, logical and
+    /// physical size (st_blocks*512; blocks shared by clones count in each
+    /// layer), pages for diffs.
+    List {
+        /// One JSON array instead of a table (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a snapshot's manifest and derived facts (content hash, chain,
+    /// children, file sizes).
+    Inspect {
+        /// Snapshot name.
+        name: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify a chain (every file's size and sha256, headers, parent links)
+    /// or the whole store. Exits 1 if anything is wrong.
+    Verify {
+        /// Snapshot spec (NAME or NAME+N); its whole chain is verified.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        spec: Option<String>,
+        /// Verify every snapshot in the store (each file hashed once).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Remove a snapshot. Refuses if other snapshots build on it unless
+    /// --recursive.
+    Remove {
+        /// Snapshot name.
+        name: String,
+        /// Also remove every snapshot built on it.
+        #[arg(long)]
+        recursive: bool,
+    },
+    /// Remove work directories left by interrupted writes or removals whose
+    /// process is gone, and report what was removed or kept.
+    Gc,
+    /// Materialise a chain into a new full snapshot (memory overlaid, state
+    /// and disk from the top layer, no parent). The chain is verified first.
+    Squash {
+        /// Snapshot spec (NAME or NAME+N).
+        spec: String,
+        /// Name of the new full snapshot.
+        #[arg(long, value_name = "NEW")]
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("vmstore: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Human-readable size: B, KiB, MiB or GiB.
+fn mib(bytes: u64) -> String {
+    const K: f64 = 1024.0;
+    let b = bytes as f64;
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else if b < K * K {
+        format!("{:.1} KiB", b / K)
+    } else if b < K * K * K {
+        format!("{:.1} MiB", b / (K * K))
+    } else {
+        format!("{:.2} GiB", b / (K * K * K))
+    }
+}
+
+fn progress(p: Progress<'_>) {
+    match p {
+        Progress::Hashing { path, done, total } => eprintln!(
+            "vmstore: hashing {}: {} of {}",
+            path.display(),
+            mib(done),
+            mib(total)
+        ),
+        Progress::Stage(s) => eprintln!("vmstore: {s}"),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let store = Store::open(&cli.store)?;
+    let mut out = std::io::stdout().lock();
+    match cli.cmd {
+        Cmd::List { json } => {
+            let entries = store.list()?;
+            if json {
+                let v: Vec<serde_json::Value> = entries
+                    .iter()
+                    .map(|e| match &e.summary {
+                        Ok(s) => serde_json::json!({
+                            "name": e.name,
+                            "kind": s.kind.to_string(),
+                            "parent": s.parent,
+                            "created": s.created,
+                            "logical_bytes": s.logical_bytes,
+                            "physical_bytes": s.physical_bytes,
+                            "pages": s.pages,
+                            "ram_size": s.ram_size,
+                        }),
+                        Err(err) => serde_json::json!({"name": e.name, "error": err.to_string()}),
+                    })
+                    .collect();
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else if entries.is_empty() {
+                writeln!(out, "store {} is empty", store.root().display())?;
+            } else {
+                writeln!(
+                    out,
+                    "{:<20} {:<5} {:<20} {:<21} {:>12} {:>12} {:>7}",
+                    "NAME", "KIND", "PARENT", "CREATED", "LOGICAL", "PHYSICAL", "PAGES"
+                )?;
+                for e in &entries {
+                    match &e.summary {
+                        Ok(s) => writeln!(
+                            out,
+                            "{:<20} {:<5} {:<20} {:<21} {:>12} {:>12} {:>7}",
+                            e.name,
+                            s.kind.to_string(),
+                            s.parent.as_deref().unwrap_or("-"),
+                            s.created,
+                            mib(s.logical_bytes),
+                            mib(s.physical_bytes),
+                            s.pages.map_or("-".to_string(), |p| p.to_string())
+                        )?,
+                        Err(err) => writeln!(out, "{:<20} BROKEN: {err}", e.name)?,
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Inspect { name, json } => {
+            let layer = store.layer(&name)?;
+            let chain: Vec<String> = match store.resolve(&name) {
+                Ok(c) => c.layers().iter().map(|l| l.name.clone()).collect(),
+                Err(e) => vec![format!("(unresolvable: {e})")],
+            };
+            let children = store.children(&name).unwrap_or_default();
+            let mut files = Vec::new();
+            for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+                if let Ok(m) = std::fs::symlink_metadata(layer.dir.join(f)) {
+                    use std::os::unix::fs::MetadataExt;
+                    files.push((f, m.len(), m.blocks() * 512));
+                }
+            }
+            let m = &layer.manifest;
+            if json {
+                let v = serde_json::json!({
+                    "manifest": m,
+                    "content_sha256": layer.content_sha256,
+                    "dir": layer.dir,
+                    "chain": chain,
+                    "children": children,
+                    "files": files.iter().map(|(f, l, p)| serde_json::json!({
+                        "name": f, "logical_bytes": l, "physical_bytes": p
+                    })).collect::<Vec<_>>(),
+                });
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                writeln!(out, "snapshot:       {}", layer.name)?;
+                writeln!(out, "directory:      {}", layer.dir.display())?;
+                writeln!(out, "content hash:   {}", layer.content_sha256)?;
+                writeln!(out, "kind:           {}", m.kind)?;
+                if let Some(p) = &m.parent {
+                    writeln!(out, "parent:         {} ({})", p.name, p.sha256)?;
+                }
+                writeln!(out, "chain:          {}", chain.join(" -> "))?;
+                writeln!(
+                    out,
+                    "children:       {}",
+                    if children.is_empty() {
+                        "-".to_string()
+                    } else {
+                        children.join(", ")
+                    }
+                )?;
+                writeln!(out, "format:         {}", m.format)?;
+                writeln!(out, "created:        {} ({})", m.created, m.created_unix)?;
+                writeln!(out, "creator:        {}", m.creator)?;
+                writeln!(out, "backend:        {}", m.backend)?;
+                writeln!(out, "gic mode:       {}", m.gic_mode)?;
+                writeln!(out, "vcpus:          {}", m.vcpus)?;
+                writeln!(
+                    out,
+                    "ram:            {} at {:#x} ({} pages of {} bytes)",
+                    mib(m.ram_size),
+                    m.ram_base_gpa,
+                    m.ram_pages(),
+                    m.page_size
+                )?;
+                if let Some(p) = m.diff_pages {
+                    writeln!(
+                        out,
+                        "diff pages:     {p} ({} of RAM, {:.2}%)",
+                        mib(p * m.page_size),
+                        100.0 * p as f64 / m.ram_pages() as f64
+                    )?;
+                }
+                for (f, l, p) in &files {
+                    writeln!(
+                        out,
+                        "file:           {f:<14} {:>12} logical {:>12} physical",
+                        mib(*l),
+                        mib(*p)
+                    )?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Verify { spec, all } => {
+            let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
+            if all {
+                let results = store.verify_all(Some(p))?;
+                let mut bad = 0;
+                for (name, r) in &results {
+                    match r {
+                        Ok(rep) => writeln!(
+                            out,
+                            "ok   {name} ({} files, {})",
+                            rep.files,
+                            mib(rep.bytes_hashed)
+                        )?,
+                        Err(e) => {
+                            bad += 1;
+                            writeln!(out, "FAIL {name}: {e}")?;
+                        }
+                    }
+                }
+                if bad > 0 {
+                    writeln!(
+                        out,
+                        "{bad} of {} snapshot(s) failed verification",
+                        results.len()
+                    )?;
+                    return Ok(ExitCode::FAILURE);
+                }
+                writeln!(out, "all {} snapshot(s) verified", results.len())?;
+            } else {
+                let spec = spec.context("a snapshot spec or --all is required")?;
+                let chain = store.resolve(&spec)?;
+                let rep = snapshot_store::verify_chain_with_progress(&chain, Some(p))
+                    .with_context(|| format!("verifying '{spec}' ({})", chain.describe()))?;
+                writeln!(
+                    out,
+                    "ok {spec}: {} ({} layers, {} files, {})",
+                    chain.describe(),
+                    rep.layers,
+                    rep.files,
+                    mib(rep.bytes_hashed)
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Remove { name, recursive } => {
+            let removed = match store.remove(&name, recursive) {
+                Err(e @ snapshot_store::Error::HasChildren { .. }) => {
+                    anyhow::bail!("{e} (vmstore remove --recursive {name})")
+                }
+                r => r?,
+            };
+            for n in removed {
+                writeln!(out, "removed {n}")?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Gc => {
+            let r = store.gc()?;
+            for (n, bytes) in &r.removed {
+                writeln!(out, "removed {n} ({})", mib(*bytes))?;
+            }
+            for (n, why) in &r.kept {
+                writeln!(out, "kept {n}: {why}")?;
+            }
+            writeln!(
+                out,
+                "gc: removed {} work director{}, kept {}",
+                r.removed.len(),
+                if r.removed.len() == 1 { "y" } else { "ies" },
+                r.kept.len()
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Squash { spec, name } => {
+            let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
+            let layer = store.squash(&spec, &name, Some(p))?;
+            writeln!(
+                out,
+                "squashed {spec} into full snapshot '{}' ({}, {})",
+                layer.name,
+                match layer.manifest.kind {
+                    LayerKind::Full => "full",
+                    LayerKind::Diff => "diff",
+                },
+                mib(layer.manifest.ram_size)
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Copy-on-write file clones with a sparse-aware fallback.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::error::{Error, IoContext, Result};
+
+/// How [`clone_file`] produced the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneMethod {
+    /// APFS `clonefile(2)` (macOS): shares blocks until written.
+    Clonefile,
+    /// `ioctl(FICLONE)` (Linux btrfs, XFS, ...): shares extents until written.
+    Ficlone,
+    /// Byte copy of the data regions found with `SEEK_DATA`/`SEEK_HOLE`;
+    /// holes stay holes.
+    SparseCopy,
+}
+
+impl std::fmt::Display for CloneMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CloneMethod::Clonefile => "clonefile",
+            CloneMethod::Ficlone => "FICLONE",
+            CloneMethod::SparseCopy => "sparse copy",
+        })
+    }
+}
+
+/// `true` for errors that mean "this filesystem or pair of files cannot be
+/// cloned", after which a copy is the right answer. Anything else (ENOSPC,
+/// EACCES, EIO, ...) is a real failure and is reported.
+fn clone_unsupported(e: &io::Error) -> bool {
+    // ENOTSUP and EOPNOTSUPP are the same value on Linux, not on macOS.
+    const CODES: [i32; 6] = [
+        libc::ENOTSUP,
+        libc::EOPNOTSUPP,
+        libc::EXDEV,
+        libc::EINVAL,
+        libc::ENOTTY,
+        libc::ENOSYS,
+    ];
+    e.raw_os_error().is_some_and(|c| CODES.contains(&c))
+}
+
+/// Copy the regular file `src` to the new path `dst` (which must not
+/// exist), copy-on-write if the filesystem can: `clonefile` on macOS,
+/// `FICLONE` on Linux, otherwise [`sparse_copy`]. Falls back only when
+/// cloning is unsupported (ENOTSUP, EOPNOTSUPP, EXDEV, EINVAL, ENOTTY,
+/// ENOSYS). Returns the method used so the caller can log it. On error
+/// `dst` is removed if this call created it.
+pub fn clone_file(src: &Path, dst: &Path) -> Result<CloneMethod> {
+    let meta = std::fs::metadata(src).ctx(src, "stat")?;
+    if !meta.is_file() {
+        return Err(Error::Usage(format!(
+            "{}: not a regular file; only regular files can be cloned",
+            src.display()
+        )));
+    }
+    match native_clone(src, dst) {
+        Ok(Some(method)) => Ok(method),
+        Ok(None) => sparse_copy(src, dst).map(|()| CloneMethod::SparseCopy),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(target_os = "macos")]
+fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
+    use std::os::unix::ffi::OsStrExt;
+    let to_c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+            Error::io(
+                p,
+                "clone",
+                io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
+            )
+        })
+    };
+    let (s, d) = (to_c(src)?, to_c(dst)?);
+    // SAFETY: both pointers are NUL-terminated strings that outlive the
+    // call; flags 0 follows a symlinked source and never overwrites `dst`.
+    let r = unsafe { libc::clonefile(s.as_ptr(), d.as_ptr(), 0) };
+    if r == 0 {
+        return Ok(Some(CloneMethod::Clonefile));
+    }
+    let e = io::Error::last_os_error();
+    if clone_unsupported(&e) {
+        Ok(None)
+    } else {
+        Err(Error::io(dst, "clonefile", e))
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
+    use std::os::fd::AsRawFd;
+    let s = File::open(src).ctx(src, "open")?;
+    let d = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .ctx(dst, "create")?;
+    // SAFETY: FICLONE takes the source descriptor as its integer argument;
+    // both descriptors are open for the duration of the call.
+    let r = unsafe { libc::ioctl(d.as_raw_fd(), libc::FICLONE, s.as_raw_fd()) };
+    if r == 0 {
+        return Ok(Some(CloneMethod::Ficlone));
+    }
+    let e = io::Error::last_os_error();
+    drop(d);
+    // Remove the empty target either way: sparse_copy creates its own.
+    let _ = std::fs::remove_file(dst);
+    if clone_unsupported(&e) {
+        Ok(None)
+    } else {
+        Err(Error::io(dst, "FICLONE", e))
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn native_clone(_src: &Path, _dst: &Path) -> Result<Option<CloneMethod>> {
+    Ok(None)
+}
+
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Copy `src` to the new file `dst`, reading only the data regions that
+/// `SEEK_DATA`/`SEEK_HOLE` report and leaving holes unwritten, then setting
+/// the length; the result reads identically and keeps the source's holes.
+/// If the filesystem does not report holes the whole file is copied. On
+/// error `dst` is removed.
+pub fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
+    let s = File::open(src).ctx(src, "open")?;
+    let d = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .ctx(dst, "create")?;
+    let r = sparse_copy_fds(&s, src, &d, dst);
+    if r.is_err() {
+        drop(d);
+        let _ = std::fs::remove_file(dst);
+    }
+    r
+}
+
+fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path) -> Result<()> {
+    use nix::unistd::{lseek, Whence};
+    let len = s.metadata().ctx(src, "stat")?.len();
+    let mut buf = vec![0u8; COPY_CHUNK.min(len.max(1) as usize)];
+    let mut pos: u64 = 0;
+    while pos < len {
+        let data = match lseek(s, pos as libc::off_t, Whence::SeekData) {
+            Ok(off) => off as u64,
+            // No data after pos: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => break,
+            // SEEK_DATA unsupported: treat everything as data.
+            Err(nix::errno::Errno::EINVAL) => pos,
+            Err(e) => return Err(Error::io(src, "lseek(SEEK_DATA)", e.into())),
+        };
+        if data >= len {
+            break;
+        }
+        let mut hole = match lseek(s, data as libc::off_t, Whence::SeekHole) {
+            Ok(off) => (off as u64).min(len),
+            Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENXIO) => len,
+            Err(e) => return Err(Error::io(src, "lseek(SEEK_HOLE)", e.into())),
+        };
+        if hole <= data {
+            // Nonsense from the filesystem: copy the rest as data.
+            hole = len;
+        }
+        let mut off = data;
+        while off < hole {
+            let want = (hole - off).min(buf.len() as u64) as usize;
+            let n = match s.read_at(&mut buf[..want], off) {
+                Ok(0) => {
+                    return Err(Error::corrupt(
+                        src,
+                        format!("file shrank while being copied (at offset {off})"),
+                    ))
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(src, "read", e)),
+            };
+            d.write_all_at(&buf[..n], off).ctx(dst, "write")?;
+            off += n as u64;
+        }
+        pos = hole;
+    }
+    d.set_len(len).ctx(dst, "set length")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn sparse_copy_keeps_content_and_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.img");
+        let f = File::create(&src).unwrap();
+        // 64 MiB file: data at 0, at 20 MiB and the last byte; holes between.
+        f.write_all_at(&[1u8; 8192], 0).unwrap();
+        f.write_all_at(&[2u8; 100_000], 20 << 20).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[3u8], (64 << 20) - 1).unwrap();
+        drop(f);
+        let dst = dir.path().join("dst.img");
+        sparse_copy(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        let (sm, dm) = (src.metadata().unwrap(), dst.metadata().unwrap());
+        assert_eq!(sm.len(), dm.len());
+        // The copy allocates about as much as the source, far below 64 MiB.
+        assert!(
+            dm.blocks() * 512 < 4 << 20,
+            "copy not sparse: {} blocks",
+            dm.blocks()
+        );
+        // dst must not exist beforehand.
+        assert!(sparse_copy(&src, &dst).is_err());
+    }
+
+    #[test]
+    fn clone_reports_method_and_is_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("disk.img");
+        let f = File::create(&src).unwrap();
+        f.set_len(32 << 20).unwrap();
+        f.write_all_at(b"superblock", 1024).unwrap();
+        f.write_all_at(&[9u8; 5000], 16 << 20).unwrap();
+        drop(f);
+        let dst = dir.path().join("clone.img");
+        let m = clone_file(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        let dm = dst.metadata().unwrap();
+        assert!(dm.blocks() * 512 < 4 << 20, "{m}: clone not sparse");
+        assert!(!m.to_string().is_empty());
+        // Refuses to overwrite, and leaves the existing file alone.
+        assert!(clone_file(&src, &dst).is_err());
+        assert_eq!(std::fs::read(&dst).unwrap().len(), 32 << 20);
+        // Not a regular file.
+        assert!(clone_file(dir.path(), &dir.path().join("x")).is_err());
+        // Empty file.
+        let empty = dir.path().join("empty");
+        File::create(&empty).unwrap();
+        clone_file(&empty, &dir.path().join("empty2")).unwrap();
+        assert_eq!(
+            std::fs::metadata(dir.path().join("empty2")).unwrap().len(),
+            0
+        );
+    }
+}

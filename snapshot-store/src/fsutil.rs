@@ -1,0 +1,183 @@
+//! Small filesystem helpers: durable syncs, no-replace rename, pids.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{IoContext, Result};
+
+/// fsync a file (on macOS `sync_all` is `F_FULLFSYNC`).
+pub(crate) fn sync_file(path: &Path) -> Result<()> {
+    File::open(path)
+        .ctx(path, "open")?
+        .sync_all()
+        .ctx(path, "fsync")
+}
+
+/// fsync a directory, so that entries created or renamed in it are durable.
+pub(crate) fn sync_dir(path: &Path) -> Result<()> {
+    let d = File::open(path).ctx(path, "open directory")?;
+    match d.sync_all() {
+        Ok(()) => Ok(()),
+        // Some filesystems refuse F_FULLFSYNC on a directory; plain fsync
+        // still orders the directory update.
+        Err(e)
+            if cfg!(target_os = "macos")
+                && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOTSUP)) =>
+        {
+            nix::unistd::fsync(&d)
+                .map_err(io::Error::from)
+                .ctx(path, "fsync directory")
+        }
+        Err(e) => Err(crate::Error::io(path, "fsync directory", e)),
+    }
+}
+
+/// Rename `from` to `to`, failing with `AlreadyExists` if `to` exists.
+/// Atomic where the OS offers it (`renameat2(RENAME_NOREPLACE)` on Linux,
+/// `renamex_np(RENAME_EXCL)` on macOS); elsewhere, or where the filesystem
+/// refuses the flag, an existence check precedes a plain rename (which
+/// still cannot replace a non-empty directory).
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    match rename_excl_native(from, to) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) => {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, e));
+        }
+        Err(e) => return Err(e),
+    }
+    if to.symlink_metadata().is_ok() {
+        return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+    }
+    std::fs::rename(from, to).map_err(|e| {
+        if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) {
+            io::Error::new(io::ErrorKind::AlreadyExists, e)
+        } else {
+            e
+        }
+    })
+}
+
+fn cstr(p: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+#[cfg(target_os = "linux")]
+fn rename_excl_native(from: &Path, to: &Path) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both pointers are NUL-terminated strings that outlive the
+    // call; AT_FDCWD makes them relative to the working directory.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Old kernels (ENOSYS) or filesystems without the flag (EINVAL).
+        Some(libc::ENOSYS) | Some(libc::EINVAL) => Err(io::Error::from(io::ErrorKind::Unsupported)),
+        _ => Err(e),
+    }
+}
+
+#[cfg(target_os = "macos")]
+fn rename_excl_native(from: &Path, to: &Path) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both pointers are NUL-terminated strings that outlive the call.
+    let r = unsafe { libc::renamex_np(f.as_ptr(), t.as_ptr(), libc::RENAME_EXCL) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOTSUP) | Some(libc::EINVAL) => {
+            Err(io::Error::from(io::ErrorKind::Unsupported))
+        }
+        _ => Err(e),
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn rename_excl_native(from: &Path, to: &Path) -> io::Result<()> {
+    let _ = (from, to, cstr);
+    Err(io::Error::from(io::ErrorKind::Unsupported))
+}
+
+/// Make a file read-only (mode 0444): committed layer files are immutable.
+pub(crate) fn set_readonly(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444)).ctx(path, "chmod")
+}
+
+/// `true` unless the process `pid` certainly does not exist (ESRCH).
+pub(crate) fn pid_alive(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::ESRCH) => false,
+        Err(_) => true,
+    }
+}
+
+/// A value unlikely to repeat across processes and calls, for temp names.
+pub(crate) fn nonce() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // splitmix64 finaliser over time, pid and counter.
+    let mut z = t ^ (u64::from(std::process::id()) << 32) ^ c.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rename_never_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a");
+        let b = d.path().join("b");
+        std::fs::create_dir(&a).unwrap();
+        std::fs::write(a.join("f"), b"1").unwrap();
+        std::fs::create_dir(&b).unwrap();
+        // Even an empty target directory is not replaced.
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(a.join("f").exists());
+        std::fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.join("f").exists() && !a.exists());
+        sync_dir(d.path()).unwrap();
+        sync_file(&b.join("f")).unwrap();
+    }
+
+    #[test]
+    fn pids() {
+        assert!(pid_alive(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(!pid_alive(0));
+        assert_ne!(nonce(), nonce());
+    }
+}

@@ -1,0 +1,236 @@
+//! `state.bin`: the VMM's opaque machine state in a bounded, checksummed
+//! envelope.
+//!
+//! ```text
+//! 0   8  magic "IGNSTATE"
+//! 8   2  format major      10  2  format minor
+//! 12  4  header length = 56
+//! 16  8  payload length L (bytes, <= MAX_STATE_BYTES)
+//! 24 32  sha256(payload)
+//! 56  L  payload
+//! ```
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{Error, IoContext, ParseError, Result};
+use crate::hash::sha256;
+use crate::manifest::{FormatVersion, FORMAT_VERSION};
+
+/// Magic bytes at offset 0 of `state.bin`.
+pub const STATE_MAGIC: [u8; 8] = *b"IGNSTATE";
+/// Length of the `state.bin` header, in bytes.
+pub const STATE_HEADER_LEN: usize = 56;
+/// Largest accepted state payload, in bytes (64 MiB).
+pub const MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// The decoded `state.bin` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateHeader {
+    /// Format version of the file.
+    pub version: FormatVersion,
+    /// Payload length in bytes.
+    pub payload_len: u64,
+    /// sha256 of the payload.
+    pub payload_sha256: [u8; 32],
+}
+
+/// Parse and bound-check the 56-byte header at the start of `bytes`
+/// (untrusted). The payload is not looked at.
+pub fn parse_state_header(bytes: &[u8]) -> Result<StateHeader, ParseError> {
+    if bytes.len() < STATE_HEADER_LEN {
+        return Err(ParseError::new(format!(
+            "truncated state header: {} bytes, need {STATE_HEADER_LEN}",
+            bytes.len()
+        )));
+    }
+    if bytes[..8] != STATE_MAGIC {
+        return Err(ParseError::new("bad magic: not a state file"));
+    }
+    let version = FormatVersion {
+        major: u16::from_le_bytes([bytes[8], bytes[9]]),
+        minor: u16::from_le_bytes([bytes[10], bytes[11]]),
+    };
+    version.check_readable()?;
+    let header_len = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    if header_len as usize != STATE_HEADER_LEN {
+        return Err(ParseError::new(format!(
+            "header length {header_len}, expected {STATE_HEADER_LEN}"
+        )));
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[16..24]);
+    let payload_len = u64::from_le_bytes(len);
+    if payload_len > MAX_STATE_BYTES {
+        return Err(ParseError::new(format!(
+            "payload length {payload_len} exceeds the {MAX_STATE_BYTES}-byte limit"
+        )));
+    }
+    let mut payload_sha256 = [0u8; 32];
+    payload_sha256.copy_from_slice(&bytes[24..56]);
+    Ok(StateHeader {
+        version,
+        payload_len,
+        payload_sha256,
+    })
+}
+
+/// Parse a whole `state.bin` held in memory (untrusted) and return the
+/// payload: header checks, exact length, payload digest.
+pub fn parse_state(bytes: &[u8]) -> Result<&[u8], ParseError> {
+    let h = parse_state_header(bytes)?;
+    let payload = &bytes[STATE_HEADER_LEN..];
+    if payload.len() as u64 != h.payload_len {
+        return Err(ParseError::new(format!(
+            "payload is {} bytes, header says {}",
+            payload.len(),
+            h.payload_len
+        )));
+    }
+    if sha256(payload) != h.payload_sha256 {
+        return Err(ParseError::new(
+            "payload digest mismatch: state is corrupted",
+        ));
+    }
+    Ok(payload)
+}
+
+/// The `state.bin` header for `payload`. Errors if it exceeds
+/// [`MAX_STATE_BYTES`].
+pub fn encode_state_header(payload: &[u8]) -> Result<[u8; STATE_HEADER_LEN], ParseError> {
+    if payload.len() as u64 > MAX_STATE_BYTES {
+        return Err(ParseError::new(format!(
+            "state of {} bytes exceeds the {MAX_STATE_BYTES}-byte limit",
+            payload.len()
+        )));
+    }
+    let mut h = [0u8; STATE_HEADER_LEN];
+    h[..8].copy_from_slice(&STATE_MAGIC);
+    h[8..10].copy_from_slice(&FORMAT_VERSION.major.to_le_bytes());
+    h[10..12].copy_from_slice(&FORMAT_VERSION.minor.to_le_bytes());
+    h[12..16].copy_from_slice(&(STATE_HEADER_LEN as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    h[24..56].copy_from_slice(&sha256(payload));
+    Ok(h)
+}
+
+/// Read `state.bin` at `path` with bounded reads: the header first, then
+/// exactly the payload it announces (never more than [`MAX_STATE_BYTES`]).
+pub(crate) fn read_state_file(path: &Path) -> Result<Vec<u8>> {
+    let mut f = File::open(path).ctx(path, "open")?;
+    let file_len = f.metadata().ctx(path, "stat")?.len();
+    let mut head = [0u8; STATE_HEADER_LEN];
+    let got = read_up_to(&mut f, &mut head).ctx(path, "read")?;
+    let h = parse_state_header(&head[..got]).map_err(|e| Error::corrupt(path, e.0))?;
+    if file_len != STATE_HEADER_LEN as u64 + h.payload_len {
+        return Err(Error::corrupt(
+            path,
+            format!(
+                "file is {file_len} bytes, header announces {} + {}",
+                STATE_HEADER_LEN, h.payload_len
+            ),
+        ));
+    }
+    let mut file = head.to_vec();
+    file.resize(STATE_HEADER_LEN + h.payload_len as usize, 0);
+    let got = read_up_to(&mut f, &mut file[STATE_HEADER_LEN..]).ctx(path, "read")?;
+    if got as u64 != h.payload_len {
+        return Err(Error::corrupt(path, "truncated while reading"));
+    }
+    let payload = parse_state(&file).map_err(|e| Error::corrupt(path, e.0))?;
+    Ok(payload.to_vec())
+}
+
+/// Fill as much of `buf` as the reader provides; returns the bytes read.
+pub(crate) fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(payload: &[u8]) -> Vec<u8> {
+        let mut b = encode_state_header(payload).unwrap().to_vec();
+        b.extend_from_slice(payload);
+        b
+    }
+
+    #[test]
+    fn round_trip() {
+        for p in [&b""[..], b"x", &[7u8; 5000]] {
+            assert_eq!(parse_state(&file(p)).unwrap(), p);
+        }
+    }
+
+    fn expect(b: &[u8], needle: &str) {
+        let e = parse_state(b).unwrap_err().0;
+        assert!(e.contains(needle), "expected {needle:?} in {e:?}");
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        let good = file(b"vcpu state");
+        expect(&good[..55], "truncated");
+        let mut b = good.clone();
+        b[3] ^= 1;
+        expect(&b, "bad magic");
+        let mut b = good.clone();
+        b[8] = 2;
+        expect(&b, "format version");
+        let mut b = good.clone();
+        b[12] = 64;
+        expect(&b, "header length");
+        let mut b = good.clone();
+        b[16..24].copy_from_slice(&(MAX_STATE_BYTES + 1).to_le_bytes());
+        expect(&b, "limit");
+        let mut b = good.clone();
+        b[16] += 1;
+        expect(&b, "header says");
+        let mut b = good.clone();
+        b.push(0);
+        expect(&b, "header says");
+        let mut b = good.clone();
+        *b.last_mut().unwrap() ^= 0x40;
+        expect(&b, "digest");
+        let mut b = good.clone();
+        b[30] ^= 1;
+        expect(&b, "digest");
+    }
+
+    #[test]
+    fn oversized_payload_refused() {
+        let big = vec![0u8; MAX_STATE_BYTES as usize + 1];
+        assert!(encode_state_header(&big).is_err());
+    }
+
+    #[test]
+    fn file_reader_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.bin");
+        std::fs::write(&p, file(b"abc")).unwrap();
+        assert_eq!(read_state_file(&p).unwrap(), b"abc");
+        // Header claims more than the file has.
+        let mut b = file(b"abc");
+        b[16] = 200;
+        std::fs::write(&p, &b).unwrap();
+        let e = read_state_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("state.bin") && e.contains("header announces"),
+            "{e}"
+        );
+        std::fs::write(&p, b"IGN").unwrap();
+        let e = read_state_file(&p).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+    }
+}

@@ -1,0 +1,731 @@
+//! The store directory: layers, chain resolution, listing, removal, gc,
+//! squash.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{nonce, pid_alive, sync_dir};
+use crate::hash::{hex, sha256};
+use crate::manifest::{parse_manifest, LayerKind, Manifest, ParentRef, MAX_MANIFEST_BYTES};
+use crate::name::{validate_name, Spec};
+use crate::writer::LayerMeta;
+use crate::{
+    map_chain_memory, verify_chain_with_progress, Progress, ProgressFn, DISK_FILE, MANIFEST_FILE,
+    MEMORY_FILE, STATE_FILE,
+};
+
+/// Default store directory, relative to the working directory.
+pub const DEFAULT_STORE_DIR: &str = "vmstore";
+/// Longest chain (layers, base included) that is resolved.
+pub const MAX_CHAIN_DEPTH: usize = 1000;
+
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
+pub(crate) const DEL_PREFIX: &str = ".del-";
+
+/// A snapshot store rooted at a directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// One layer whose manifest has been read and checked (its other files have
+/// not; see [`crate::verify_chain`]).
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// Snapshot name (= directory name = `manifest.name`).
+    pub name: String,
+    /// The layer directory.
+    pub dir: PathBuf,
+    /// The parsed manifest.
+    pub manifest: Manifest,
+    /// Content hash: sha256 of the `manifest.json` bytes, lower-case hex.
+    pub content_sha256: String,
+}
+
+impl Layer {
+    /// Read and check `dir/manifest.json` of the layer `name` (bounded read).
+    pub(crate) fn load(dir: PathBuf, name: &str) -> Result<Layer> {
+        let path = dir.join(MANIFEST_FILE);
+        let mut f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::corrupt(&path, "missing"))
+            }
+            Err(e) => return Err(Error::io(&path, "open", e)),
+        };
+        let mut bytes = Vec::new();
+        (&mut f)
+            .take(MAX_MANIFEST_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .ctx(&path, "read")?;
+        let manifest = parse_manifest(&bytes).map_err(|e| Error::corrupt(&path, e.0))?;
+        if manifest.name != name {
+            return Err(Error::corrupt(
+                &path,
+                format!(
+                    "describes snapshot '{}' but lives in directory '{name}'",
+                    manifest.name
+                ),
+            ));
+        }
+        Ok(Layer {
+            name: name.to_string(),
+            dir,
+            manifest,
+            content_sha256: hex(&sha256(&bytes)),
+        })
+    }
+
+    /// Path of `manifest.json`.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.dir.join(MANIFEST_FILE)
+    }
+
+    /// Path of `memory.bin`.
+    pub fn memory_path(&self) -> PathBuf {
+        self.dir.join(MEMORY_FILE)
+    }
+
+    /// Path of `state.bin`.
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Path of `disk.img`, if the layer has a disk. The store's copy is
+    /// immutable: clone it ([`crate::clone_file`]) to get a writable disk.
+    pub fn disk_path(&self) -> Option<PathBuf> {
+        self.manifest
+            .disk
+            .as_ref()
+            .map(|_| self.dir.join(DISK_FILE))
+    }
+
+    /// Full or diff.
+    pub fn kind(&self) -> LayerKind {
+        self.manifest.kind
+    }
+
+    /// The link a child of this layer records.
+    pub fn parent_ref(&self) -> ParentRef {
+        ParentRef {
+            name: self.name.clone(),
+            sha256: self.content_sha256.clone(),
+        }
+    }
+
+    /// Metadata for a diff layer on top of this one: same geometry,
+    /// backend and GIC mode, this layer as parent, and `creator`.
+    pub fn child_meta(&self, creator: &str) -> LayerMeta {
+        let m = &self.manifest;
+        LayerMeta {
+            parent: Some(self.parent_ref()),
+            page_size: m.page_size,
+            ram_base_gpa: m.ram_base_gpa,
+            ram_size: m.ram_size,
+            vcpus: m.vcpus,
+            backend: m.backend.clone(),
+            gic_mode: m.gic_mode.clone(),
+            creator: creator.to_string(),
+        }
+    }
+
+    /// The machine state payload written by the VMM, read with bounded
+    /// reads and checked (envelope, length, payload digest, size in the
+    /// manifest).
+    pub fn read_state(&self) -> Result<Vec<u8>> {
+        let path = self.state_path();
+        let payload = crate::state::read_state_file(&path)?;
+        let size = (crate::STATE_HEADER_LEN + payload.len()) as u64;
+        if size != self.manifest.state.size {
+            return Err(Error::corrupt(
+                &path,
+                format!(
+                    "is {size} bytes, {} says {}",
+                    MANIFEST_FILE, self.manifest.state.size
+                ),
+            ));
+        }
+        Ok(payload)
+    }
+}
+
+/// A resolved chain of layers, base (full) first, each layer's parent
+/// immediately before it. Links (names, content hashes) and geometry are
+/// checked on construction; file contents are not (see
+/// [`crate::verify_chain`]).
+#[derive(Debug, Clone)]
+pub struct Chain {
+    layers: Vec<Layer>,
+}
+
+impl Chain {
+    /// Build a chain from layers ordered base first, checking that the base
+    /// is full, each other layer is a diff whose parent (name and content
+    /// hash) is the layer before it, and that page size, RAM base and size,
+    /// vCPU count, backend and GIC mode agree along the chain.
+    pub fn new(layers: Vec<Layer>) -> Result<Chain> {
+        let Some(base) = layers.first() else {
+            return Err(Error::Usage("a chain needs at least one layer".into()));
+        };
+        if base.manifest.kind != LayerKind::Full {
+            let p = base.manifest.parent.as_ref().map(|p| p.name.as_str());
+            return Err(Error::Chain(format!(
+                "'{}' is a diff layer, so it cannot be the base of a chain (its parent is '{}')",
+                base.name,
+                p.unwrap_or("?")
+            )));
+        }
+        for w in layers.windows(2) {
+            check_link(&w[0], &w[1])?;
+        }
+        Ok(Chain { layers })
+    }
+
+    /// The layers, base first.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// The full layer at the bottom.
+    pub fn base(&self) -> &Layer {
+        &self.layers[0]
+    }
+
+    /// The layer that was asked for (the top of the chain).
+    pub fn top(&self) -> &Layer {
+        &self.layers[self.layers.len() - 1]
+    }
+
+    /// Number of layers (at least 1).
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Always `false`: a chain has a base.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// `golden -> d1 -> d2`.
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = self.layers.iter().map(|l| l.name.as_str()).collect();
+        names.join(" -> ")
+    }
+}
+
+/// Check that `child` is a diff on top of `parent`: name and content hash
+/// link, same geometry, backend and GIC mode.
+pub(crate) fn check_link(parent: &Layer, child: &Layer) -> Result<()> {
+    let Some(link) = &child.manifest.parent else {
+        return Err(Error::Chain(format!(
+            "'{}' is a full layer and cannot sit on top of '{}'",
+            child.name, parent.name
+        )));
+    };
+    if link.name != parent.name {
+        return Err(Error::Chain(format!(
+            "'{}' has parent '{}', not '{}'",
+            child.name, link.name, parent.name
+        )));
+    }
+    if link.sha256 != parent.content_sha256 {
+        return Err(Error::Chain(format!(
+            "parent '{}' of '{}' has changed since '{}' was taken: expected content hash {}, found {} ({})",
+            parent.name,
+            child.name,
+            child.name,
+            link.sha256,
+            parent.content_sha256,
+            parent.manifest_path().display()
+        )));
+    }
+    check_same_machine(&parent.manifest, &child.manifest, &parent.name, &child.name)
+}
+
+/// Geometry, backend and GIC mode of `b` must equal those of `a`.
+pub(crate) fn check_same_machine(a: &Manifest, b: &Manifest, an: &str, bn: &str) -> Result<()> {
+    let fields: [(&str, String, String); 6] = [
+        (
+            "page_size",
+            a.page_size.to_string(),
+            b.page_size.to_string(),
+        ),
+        (
+            "ram_base_gpa",
+            format!("{:#x}", a.ram_base_gpa),
+            format!("{:#x}", b.ram_base_gpa),
+        ),
+        ("ram_size", a.ram_size.to_string(), b.ram_size.to_string()),
+        ("vcpus", a.vcpus.to_string(), b.vcpus.to_string()),
+        ("backend", a.backend.clone(), b.backend.clone()),
+        ("gic_mode", a.gic_mode.clone(), b.gic_mode.clone()),
+    ];
+    for (field, va, vb) in fields {
+        if va != vb {
+            return Err(Error::Chain(format!(
+                "'{bn}' does not match its parent '{an}': {field} is {vb} in '{bn}' but {va} in '{an}'"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One row of [`Store::list`].
+#[derive(Debug)]
+pub struct ListEntry {
+    /// Directory (snapshot) name.
+    pub name: String,
+    /// The summary, or why the layer could not be read.
+    pub summary: Result<LayerSummary>,
+}
+
+/// What `vmstore list` shows for a readable layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSummary {
+    /// Full or diff.
+    pub kind: LayerKind,
+    /// Parent name, for diffs.
+    pub parent: Option<String>,
+    /// Creation time, RFC 3339 UTC.
+    pub created: String,
+    /// Sum of `st_size` of the regular files in the layer directory (bytes).
+    pub logical_bytes: u64,
+    /// Sum of `st_blocks * 512` of those files (bytes). Blocks shared with
+    /// clones are counted in each layer.
+    pub physical_bytes: u64,
+    /// Pages in a diff layer.
+    pub pages: Option<u64>,
+    /// Guest RAM size (bytes).
+    pub ram_size: u64,
+}
+
+/// What [`Store::gc`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GcReport {
+    /// Work directories removed, with the bytes they occupied (`st_blocks * 512`).
+    pub removed: Vec<(String, u64)>,
+    /// Work directories left alone, with the reason.
+    pub kept: Vec<(String, String)>,
+}
+
+/// `(logical, physical)` bytes of the regular files directly in `dir`.
+pub(crate) fn dir_usage(dir: &Path) -> Result<(u64, u64)> {
+    let mut logical = 0;
+    let mut physical = 0;
+    for entry in std::fs::read_dir(dir).ctx(dir, "read directory")? {
+        let entry = entry.ctx(dir, "read directory")?;
+        let m = entry.metadata().ctx(entry.path(), "stat")?;
+        if m.is_file() {
+            logical += m.len();
+            physical += m.blocks() * 512;
+        } else if m.is_dir() {
+            let (l, p) = dir_usage(&entry.path())?;
+            logical += l;
+            physical += p;
+        }
+    }
+    Ok((logical, physical))
+}
+
+impl Store {
+    /// Open an existing store directory.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
+        let root = root.into();
+        match std::fs::metadata(&root) {
+            Ok(m) if m.is_dir() => Ok(Store { root }),
+            Ok(_) => Err(Error::corrupt(&root, "store path is not a directory")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::io(
+                &root,
+                "open store",
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such store directory (it is created by the first snapshot)",
+                ),
+            )),
+            Err(e) => Err(Error::io(&root, "open store", e)),
+        }
+    }
+
+    /// Open a store, creating the directory (and its parents) if needed.
+    pub fn create(root: impl Into<PathBuf>) -> Result<Store> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).ctx(&root, "create store")?;
+        Store::open(root)
+    }
+
+    /// The store directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Names of the layer directories, sorted. Entries that are not
+    /// directories or whose names are not valid snapshot names (work
+    /// directories `.tmp-*`, `.del-*`, stray files) are skipped.
+    pub fn layer_names(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.root).ctx(&self.root, "read store")? {
+            let entry = entry.ctx(&self.root, "read store")?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if validate_name(&name).is_err() {
+                continue;
+            }
+            let ft = entry.file_type().ctx(entry.path(), "stat")?;
+            if ft.is_dir() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// `true` if a layer directory called `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        validate_name(name).is_ok()
+            && self
+                .root
+                .join(name)
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_dir())
+    }
+
+    fn not_found(&self, name: &str) -> Error {
+        Error::NotFound {
+            name: name.to_string(),
+            store: self.root.clone(),
+            existing: self.layer_names().unwrap_or_default(),
+        }
+    }
+
+    /// Load one layer's manifest (checked); not its parents or files.
+    pub fn layer(&self, name: &str) -> Result<Layer> {
+        validate_name(name)?;
+        if !self.contains(name) {
+            return Err(self.not_found(name));
+        }
+        Layer::load(self.root.join(name), name)
+    }
+
+    /// Direct children of every layer (`parent name -> child names`, sorted).
+    /// Fails if any layer's manifest cannot be read, because that layer
+    /// might be a child; `skip` names a layer not to read.
+    fn children_map(&self, skip: Option<&str>) -> Result<BTreeMap<String, Vec<String>>> {
+        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for name in self.layer_names()? {
+            if Some(name.as_str()) == skip {
+                continue;
+            }
+            let layer = self.layer(&name).map_err(|e| {
+                Error::Chain(format!(
+                    "cannot tell which snapshots build on which: layer '{name}' is unreadable: {e}"
+                ))
+            })?;
+            if let Some(p) = layer.manifest.parent {
+                map.entry(p.name).or_default().push(name);
+            }
+        }
+        Ok(map)
+    }
+
+    /// Direct children of `name`, sorted.
+    pub fn children(&self, name: &str) -> Result<Vec<String>> {
+        Ok(self
+            .children_map(Some(name))?
+            .remove(name)
+            .unwrap_or_default())
+    }
+
+    /// Resolve a restore spec to a chain, base first.
+    ///
+    /// `NAME` is that layer with its whole ancestry; `NAME+N` is the layer
+    /// `N` generations below `NAME`, following the only child at each step
+    /// (`NAME+0` is `NAME`). If a layer on the way has several children or
+    /// the chain ends early, the error lists what exists. Parent links are
+    /// checked by name and content hash, and geometry, backend and GIC mode
+    /// must agree along the chain; file contents are not read (call
+    /// [`crate::verify_chain`] before running a guest).
+    pub fn resolve(&self, spec: &str) -> Result<Chain> {
+        let spec = Spec::parse(spec)?;
+        let start = self.layer(&spec.name)?;
+        let target = if spec.descend == 0 {
+            start.name
+        } else {
+            let children = self
+                .children_map(None)
+                .map_err(|e| Error::Chain(format!("cannot follow '{spec}': {e}")))?;
+            let mut path = vec![start.name.clone()];
+            for step in 0..spec.descend {
+                let cur = &path[path.len() - 1];
+                let kids = children.get(cur).map(Vec::as_slice).unwrap_or(&[]);
+                match kids {
+                    [] => {
+                        return Err(Error::Chain(format!(
+                            "'{spec}' is too short: only {step} layer(s) below '{}': {}",
+                            spec.name,
+                            path.join(" -> ")
+                        )))
+                    }
+                    [only] => path.push(only.clone()),
+                    many => {
+                        return Err(Error::Chain(format!(
+                            "'{spec}' is ambiguous: '{cur}' has {} children ({}); restore one of them by name{}",
+                            many.len(),
+                            many.join(", "),
+                            if step == 0 {
+                                String::new()
+                            } else {
+                                format!(" (path so far: {})", path.join(" -> "))
+                            }
+                        )))
+                    }
+                }
+            }
+            path.pop().unwrap_or_default()
+        };
+        self.ancestry(&target)
+    }
+
+    /// The chain ending at `name`, base first.
+    fn ancestry(&self, name: &str) -> Result<Chain> {
+        let mut layers = vec![self.layer(name)?];
+        loop {
+            let cur = &layers[layers.len() - 1];
+            let Some(link) = cur.manifest.parent.clone() else {
+                break;
+            };
+            if layers.len() >= MAX_CHAIN_DEPTH {
+                return Err(Error::Chain(format!(
+                    "chain below '{name}' is deeper than {MAX_CHAIN_DEPTH} layers; squash it"
+                )));
+            }
+            if layers.iter().any(|l| l.name == link.name) {
+                return Err(Error::Chain(format!(
+                    "parent links of '{name}' form a cycle through '{}'",
+                    link.name
+                )));
+            }
+            if !self.contains(&link.name) {
+                return Err(Error::Chain(format!(
+                    "'{}' needs its parent '{}', which is not in store {}",
+                    cur.name,
+                    link.name,
+                    self.root.display()
+                )));
+            }
+            let parent = Layer::load(self.root.join(&link.name), &link.name)?;
+            layers.push(parent);
+        }
+        layers.reverse();
+        Chain::new(layers)
+    }
+
+    /// Every layer with a summary or the error that prevents reading it.
+    pub fn list(&self) -> Result<Vec<ListEntry>> {
+        let mut out = Vec::new();
+        for name in self.layer_names()? {
+            let summary = self.layer(&name).and_then(|l| {
+                let (logical_bytes, physical_bytes) = dir_usage(&l.dir)?;
+                let m = l.manifest;
+                Ok(LayerSummary {
+                    kind: m.kind,
+                    parent: m.parent.map(|p| p.name),
+                    created: m.created,
+                    logical_bytes,
+                    physical_bytes,
+                    pages: m.diff_pages,
+                    ram_size: m.ram_size,
+                })
+            });
+            out.push(ListEntry { name, summary });
+        }
+        Ok(out)
+    }
+
+    /// Remove the layer `name`. Refuses if other layers build on it, unless
+    /// `recursive`, in which case its descendants go too (deepest first, so
+    /// no layer is ever left without its parent). Each layer leaves the
+    /// namespace atomically (renamed to a `.del-*` work directory, then
+    /// deleted). Returns the names removed, in order. Works on layers whose
+    /// own files are damaged; fails if another layer is unreadable, since
+    /// that layer might be a child.
+    pub fn remove(&self, name: &str, recursive: bool) -> Result<Vec<String>> {
+        validate_name(name)?;
+        if !self.contains(name) {
+            return Err(self.not_found(name));
+        }
+        let children = self.children_map(Some(name))?;
+        let direct = children.get(name).cloned().unwrap_or_default();
+        if !direct.is_empty() && !recursive {
+            return Err(Error::HasChildren {
+                name: name.to_string(),
+                children: direct,
+            });
+        }
+        // Post-order walk: descendants before ancestors.
+        let mut order = Vec::new();
+        let mut stack = vec![(name.to_string(), false)];
+        while let Some((n, expanded)) = stack.pop() {
+            if expanded {
+                order.push(n);
+                continue;
+            }
+            if order.len() + stack.len() > MAX_CHAIN_DEPTH * 16 {
+                return Err(Error::Chain(format!(
+                    "too many descendants below '{name}' (or a cycle)"
+                )));
+            }
+            stack.push((n.clone(), true));
+            for c in children.get(&n).into_iter().flatten() {
+                if !order.contains(c) {
+                    stack.push((c.clone(), false));
+                }
+            }
+        }
+        for n in &order {
+            self.remove_one(n)?;
+        }
+        Ok(order)
+    }
+
+    fn remove_one(&self, name: &str) -> Result<()> {
+        let dir = self.root.join(name);
+        let doomed = self.root.join(format!(
+            "{DEL_PREFIX}{name}-{}-{:016x}",
+            std::process::id(),
+            nonce()
+        ));
+        std::fs::rename(&dir, &doomed).ctx(&dir, "rename for removal")?;
+        sync_dir(&self.root)?;
+        std::fs::remove_dir_all(&doomed).ctx(&doomed, "remove")?;
+        Ok(())
+    }
+
+    /// Remove stale work directories (`.tmp-*` from interrupted snapshot
+    /// writes, `.del-*` from interrupted removals) whose owning process is
+    /// gone. Directories of live processes, including this one, are kept.
+    pub fn gc(&self) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&self.root).ctx(&self.root, "read store")? {
+            let entry = entry.ctx(&self.root, "read store")?;
+            if let Ok(n) = entry.file_name().into_string() {
+                if n.starts_with(TMP_PREFIX) || n.starts_with(DEL_PREFIX) {
+                    entries.push(n);
+                }
+            }
+        }
+        entries.sort();
+        for n in entries {
+            let path = self.root.join(&n);
+            let pid = n
+                .rsplit('-')
+                .nth(1)
+                .and_then(|p| p.parse::<i32>().ok())
+                .filter(|&p| p > 0);
+            let Some(pid) = pid else {
+                report.kept.push((
+                    n,
+                    "name not in the .tmp-NAME-PID-NONCE form; left alone".into(),
+                ));
+                continue;
+            };
+            if pid_alive(pid) {
+                report
+                    .kept
+                    .push((n, format!("process {pid} is still running")));
+                continue;
+            }
+            let (_, bytes) = if path.is_dir() {
+                dir_usage(&path).unwrap_or((0, 0))
+            } else {
+                (0, 0)
+            };
+            let r = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            r.ctx(&path, "remove")?;
+            report.removed.push((n, bytes));
+        }
+        if !report.removed.is_empty() {
+            sync_dir(&self.root)?;
+        }
+        Ok(report)
+    }
+
+    /// Materialise the chain `spec` into a new full layer `new_name`:
+    /// memory is the chain's overlay result, state and disk come from the
+    /// top layer, no parent. The chain is verified first; the write is
+    /// atomic like any snapshot. `progress` receives stage and hashing
+    /// events.
+    pub fn squash(
+        &self,
+        spec: &str,
+        new_name: &str,
+        progress: Option<ProgressFn<'_>>,
+    ) -> Result<Layer> {
+        validate_name(new_name)?;
+        if self.root.join(new_name).symlink_metadata().is_ok() {
+            return Err(Error::Exists {
+                name: new_name.to_string(),
+                store: self.root.clone(),
+            });
+        }
+        let stage = |s: &str| {
+            if let Some(p) = progress {
+                p(Progress::Stage(s));
+            }
+        };
+        stage(&format!("resolving and verifying '{spec}'"));
+        let chain = self.resolve(spec)?;
+        verify_chain_with_progress(&chain, progress)?;
+        stage(&format!(
+            "overlaying {} layer(s): {}",
+            chain.len(),
+            chain.describe()
+        ));
+        let memory = map_chain_memory(&chain)?;
+        let top = chain.top();
+        let mut meta = top.child_meta(&top.manifest.creator);
+        meta.parent = None;
+        let state = top.read_state()?;
+        let mut w = self.begin(new_name, meta)?;
+        stage(&format!(
+            "writing '{new_name}' ({} MiB of memory)",
+            top.manifest.ram_size >> 20
+        ));
+        w.write_full_memory(&memory)?;
+        w.write_state(&state)?;
+        if let Some(disk) = top.disk_path() {
+            let method = w.clone_disk(&disk)?;
+            stage(&format!("disk cloned by {method}"));
+        }
+        stage("committing");
+        w.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_missing_store_is_clear() {
+        let d = tempfile::tempdir().unwrap();
+        let e = Store::open(d.path().join("nope")).unwrap_err().to_string();
+        assert!(e.contains("nope") && e.contains("no such store"), "{e}");
+        let f = d.path().join("file");
+        std::fs::write(&f, b"").unwrap();
+        assert!(Store::open(&f).is_err());
+        let s = Store::create(d.path().join("a/b")).unwrap();
+        assert!(s.layer_names().unwrap().is_empty());
+        let e = s.layer("x").unwrap_err().to_string();
+        assert!(e.contains("'x' not found") && e.contains("empty"), "{e}");
+    }
+}

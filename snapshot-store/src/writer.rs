@@ -1,0 +1,573 @@
+//! Writing a layer: a work directory inside the store, then an atomic,
+//! durable commit.
+
+use std::fs::{File, OpenOptions};
+use std::io::{IoSlice, Write};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use sha2::{Digest, Sha256};
+
+use crate::clone::{clone_file, CloneMethod};
+use crate::diff::encode_diff_prefix;
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
+use crate::hash::{hex, sha256, sha256_file};
+use crate::manifest::{FileEntry, LayerKind, Manifest, ParentRef, FORMAT_VERSION};
+use crate::name::validate_name;
+use crate::state::encode_state_header;
+use crate::store::{check_same_machine, Layer, Store, DEL_PREFIX, TMP_PREFIX};
+use crate::{DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+
+/// What the VMM knows about the layer it is about to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerMeta {
+    /// The parent layer ([`Layer::parent_ref`]): `Some` writes a diff
+    /// layer, `None` a full one.
+    pub parent: Option<ParentRef>,
+    /// Page size in bytes (Ignition: 16384).
+    pub page_size: u64,
+    /// Guest-physical address of the start of RAM.
+    pub ram_base_gpa: u64,
+    /// Guest RAM size in bytes.
+    pub ram_size: u64,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Backend name, e.g. `emu` or `hvf`.
+    pub backend: String,
+    /// GIC mode, e.g. `userspace` or `hvf`.
+    pub gic_mode: String,
+    /// Program and version writing the state, e.g. `ignition-vmm 0.1.0`.
+    pub creator: String,
+}
+
+impl LayerMeta {
+    fn kind(&self) -> LayerKind {
+        if self.parent.is_some() {
+            LayerKind::Diff
+        } else {
+            LayerKind::Full
+        }
+    }
+
+    /// A manifest with this metadata and the given files; not sealed.
+    fn manifest(
+        &self,
+        name: &str,
+        memory: FileEntry,
+        diff_pages: Option<u64>,
+        state: FileEntry,
+        disk: Option<FileEntry>,
+        created_unix: u64,
+    ) -> Manifest {
+        Manifest {
+            format: FORMAT_VERSION,
+            kind: self.kind(),
+            name: name.to_string(),
+            parent: self.parent.clone(),
+            page_size: self.page_size,
+            ram_base_gpa: self.ram_base_gpa,
+            ram_size: self.ram_size,
+            vcpus: self.vcpus,
+            backend: self.backend.clone(),
+            gic_mode: self.gic_mode.clone(),
+            creator: self.creator.clone(),
+            created_unix,
+            created: crate::time::rfc3339(created_unix),
+            memory,
+            diff_pages,
+            state,
+            disk,
+            manifest_sha256: String::new(),
+        }
+    }
+
+    /// Check the values by validating a manifest with placeholder files.
+    fn validate(&self, name: &str) -> Result<()> {
+        let zero = "0".repeat(64);
+        let entry = |size| FileEntry {
+            size,
+            sha256: zero.clone(),
+        };
+        let (memory, pages) = match self.kind() {
+            LayerKind::Full => (entry(self.ram_size), None),
+            LayerKind::Diff => (
+                entry(crate::diff_file_size(self.page_size, 0).unwrap_or(0)),
+                Some(0),
+            ),
+        };
+        let mut m = self.manifest(
+            name,
+            memory,
+            pages,
+            entry(crate::STATE_HEADER_LEN as u64),
+            None,
+            0,
+        );
+        m.manifest_sha256 = zero.clone();
+        m.validate()
+            .map_err(|e| Error::Usage(format!("invalid metadata for snapshot '{name}': {e}")))
+    }
+}
+
+/// Check that `meta.parent` exists with the recorded content hash and
+/// describes the same machine.
+fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
+    let Some(p) = &meta.parent else {
+        return Ok(());
+    };
+    if p.name == name {
+        return Err(Error::Usage(format!(
+            "snapshot name '{name}' is the name of its parent; choose a new name"
+        )));
+    }
+    if !store.contains(&p.name) {
+        return Err(Error::Chain(format!(
+            "parent '{}' of new snapshot '{name}' is not in store {}",
+            p.name,
+            store.root().display()
+        )));
+    }
+    let parent = store.layer(&p.name)?;
+    if parent.content_sha256 != p.sha256 {
+        return Err(Error::Chain(format!(
+            "parent '{}' has changed (content hash {} in the store, {} expected); refusing to write a diff on top of it",
+            p.name, parent.content_sha256, p.sha256
+        )));
+    }
+    let probe = meta.manifest(
+        name,
+        FileEntry {
+            size: 0,
+            sha256: String::new(),
+        },
+        None,
+        FileEntry {
+            size: 0,
+            sha256: String::new(),
+        },
+        None,
+        0,
+    );
+    check_same_machine(&parent.manifest, &probe, &p.name, name)
+}
+
+/// A layer being written into a work directory `.tmp-NAME-PID-NONCE`
+/// inside the store. Nothing is visible under `NAME` until
+/// [`SnapshotWriter::commit`] succeeds; dropping the writer (or any error
+/// in `commit`) removes the work directory.
+///
+/// Order: memory (full or diff, once), state (once), disk (optional, once),
+/// then `commit`.
+pub struct SnapshotWriter {
+    root: PathBuf,
+    name: String,
+    meta: LayerMeta,
+    tmp: PathBuf,
+    memory: Option<(FileEntry, Option<u64>)>,
+    state: Option<FileEntry>,
+    disk: Option<JoinHandle<Result<FileEntry>>>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for SnapshotWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotWriter")
+            .field("name", &self.name)
+            .field("tmp", &self.tmp)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Start writing snapshot `name` described by `meta`.
+    ///
+    /// Refuses up front an invalid or existing name, a name equal to the
+    /// parent's, a parent that is missing or whose content hash differs,
+    /// and a parent of another geometry, backend or GIC mode.
+    pub fn begin(&self, name: &str, meta: LayerMeta) -> Result<SnapshotWriter> {
+        validate_name(name)?;
+        if meta.parent.as_ref().is_some_and(|p| p.name == name) {
+            return Err(Error::Usage(format!(
+                "snapshot name '{name}' is the name of its parent; choose a new name"
+            )));
+        }
+        meta.validate(name)?;
+        check_parent(self, name, &meta)?;
+        if self.root().join(name).symlink_metadata().is_ok() {
+            return Err(Error::Exists {
+                name: name.to_string(),
+                store: self.root().to_path_buf(),
+            });
+        }
+        let pid = std::process::id();
+        let mut tries = 0;
+        let tmp = loop {
+            let tmp = self
+                .root()
+                .join(format!("{TMP_PREFIX}{name}-{pid}-{:016x}", nonce()));
+            match std::fs::create_dir(&tmp) {
+                Ok(()) => break tmp,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
+                Err(e) => return Err(Error::io(&tmp, "create work directory", e)),
+            }
+        };
+        Ok(SnapshotWriter {
+            root: self.root().to_path_buf(),
+            name: name.to_string(),
+            meta,
+            tmp,
+            memory: None,
+            state: None,
+            disk: None,
+            finished: false,
+        })
+    }
+}
+
+/// Write all of `bufs` with vectored writes.
+fn write_all_vectored(f: &mut File, path: &Path, bufs: &[&[u8]]) -> Result<()> {
+    const BATCH: usize = 512;
+    for batch in bufs.chunks(BATCH) {
+        let mut slices: Vec<IoSlice<'_>> = batch.iter().map(|b| IoSlice::new(b)).collect();
+        let mut cur: &mut [IoSlice<'_>] = &mut slices;
+        while !cur.is_empty() {
+            match f.write_vectored(cur) {
+                Ok(0) => {
+                    return Err(Error::io(
+                        path,
+                        "write",
+                        std::io::Error::from(std::io::ErrorKind::WriteZero),
+                    ))
+                }
+                Ok(n) => IoSlice::advance_slices(&mut cur, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, "write", e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+impl SnapshotWriter {
+    /// The snapshot name being written.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The work directory (removed on drop unless committed).
+    pub fn work_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    fn create(&self, file: &str) -> Result<(File, PathBuf)> {
+        let path = self.tmp.join(file);
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .ctx(&path, "create")?;
+        Ok((f, path))
+    }
+
+    fn check_no_memory(&self) -> Result<()> {
+        if self.memory.is_some() {
+            return Err(Error::Usage(format!(
+                "memory of snapshot '{}' was already written",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Write the full RAM image: `ram` is all of guest RAM (`ram_size`
+    /// bytes). Only for layers without a parent. The sha256 is computed on
+    /// a second thread while the file is written.
+    pub fn write_full_memory(&mut self, ram: &[u8]) -> Result<()> {
+        self.check_no_memory()?;
+        if self.meta.parent.is_some() {
+            return Err(Error::Usage(format!(
+                "snapshot '{}' has a parent, so it is a diff layer: use write_diff_memory",
+                self.name
+            )));
+        }
+        if ram.len() as u64 != self.meta.ram_size {
+            return Err(Error::Usage(format!(
+                "RAM buffer is {} bytes, the layer's RAM size is {}",
+                ram.len(),
+                self.meta.ram_size
+            )));
+        }
+        let (mut f, path) = self.create(MEMORY_FILE)?;
+        let digest = std::thread::scope(|s| {
+            let hasher = s.spawn(|| sha256(ram));
+            let written = f.write_all(ram).ctx(&path, "write");
+            let digest = hasher.join();
+            written?;
+            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+        })?;
+        self.memory = Some((
+            FileEntry {
+                size: ram.len() as u64,
+                sha256: hex(&digest),
+            },
+            None,
+        ));
+        Ok(())
+    }
+
+    /// Write a packed diff of `pages`: `(page number, page bytes)` pairs,
+    /// page numbers strictly increasing and below `ram_size / page_size`,
+    /// each slice exactly `page_size` bytes. Only for layers with a parent.
+    /// Returns the number of pages written.
+    pub fn write_diff_memory<'a, I>(&mut self, pages: I) -> Result<u64>
+    where
+        I: IntoIterator<Item = (u64, &'a [u8])>,
+    {
+        self.check_no_memory()?;
+        if self.meta.parent.is_none() {
+            return Err(Error::Usage(format!(
+                "snapshot '{}' has no parent, so it is a full layer: use write_full_memory",
+                self.name
+            )));
+        }
+        let ps = self.meta.page_size;
+        let pages: Vec<(u64, &[u8])> = pages.into_iter().collect();
+        let mut index = Vec::with_capacity(pages.len());
+        for &(p, data) in &pages {
+            if data.len() as u64 != ps {
+                return Err(Error::Usage(format!(
+                    "page {p} is {} bytes, the page size is {ps}",
+                    data.len()
+                )));
+            }
+            index.push(p);
+        }
+        let prefix = encode_diff_prefix(ps, self.meta.ram_size, &index)
+            .map_err(|e| Error::Usage(format!("diff of snapshot '{}': {e}", self.name)))?;
+        let (mut f, path) = self.create(MEMORY_FILE)?;
+        let mut bufs: Vec<&[u8]> = Vec::with_capacity(pages.len() + 1);
+        bufs.push(&prefix);
+        bufs.extend(pages.iter().map(|&(_, d)| d));
+        let digest = std::thread::scope(|s| {
+            let hasher = s.spawn(|| {
+                let mut h = Sha256::new();
+                for b in &bufs {
+                    h.update(b);
+                }
+                <[u8; 32]>::from(h.finalize())
+            });
+            let written = write_all_vectored(&mut f, &path, &bufs);
+            let digest = hasher.join();
+            written?;
+            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+        })?;
+        let size = prefix.len() as u64 + index.len() as u64 * ps;
+        self.memory = Some((
+            FileEntry {
+                size,
+                sha256: hex(&digest),
+            },
+            Some(index.len() as u64),
+        ));
+        Ok(index.len() as u64)
+    }
+
+    /// Write a packed diff of the pages numbered `dirty` (strictly
+    /// increasing) taken from `ram`, all of guest RAM (`ram_size` bytes).
+    /// Returns the number of pages written.
+    pub fn write_diff_from_ram(
+        &mut self,
+        ram: &[u8],
+        dirty: impl IntoIterator<Item = u64>,
+    ) -> Result<u64> {
+        if ram.len() as u64 != self.meta.ram_size {
+            return Err(Error::Usage(format!(
+                "RAM buffer is {} bytes, the layer's RAM size is {}",
+                ram.len(),
+                self.meta.ram_size
+            )));
+        }
+        let ps = self.meta.page_size as usize;
+        let pages = ram.len() / ps;
+        let mut v = Vec::new();
+        for p in dirty {
+            let Some(i) = usize::try_from(p).ok().filter(|&i| i < pages) else {
+                return Err(Error::Usage(format!(
+                    "dirty page {p} is beyond the {pages} pages of RAM"
+                )));
+            };
+            v.push((p, &ram[i * ps..(i + 1) * ps]));
+        }
+        self.write_diff_memory(v)
+    }
+
+    /// Write the VMM's machine state (opaque bytes, at most
+    /// [`crate::MAX_STATE_BYTES`]), wrapped in the `state.bin` envelope.
+    pub fn write_state(&mut self, payload: &[u8]) -> Result<()> {
+        if self.state.is_some() {
+            return Err(Error::Usage(format!(
+                "state of snapshot '{}' was already written",
+                self.name
+            )));
+        }
+        let header = encode_state_header(payload)
+            .map_err(|e| Error::Usage(format!("state of snapshot '{}': {e}", self.name)))?;
+        let (mut f, path) = self.create(STATE_FILE)?;
+        f.write_all(&header).ctx(&path, "write")?;
+        f.write_all(payload).ctx(&path, "write")?;
+        let mut h = Sha256::new();
+        h.update(header);
+        h.update(payload);
+        self.state = Some(FileEntry {
+            size: (header.len() + payload.len()) as u64,
+            sha256: hex(&h.finalize()),
+        });
+        Ok(())
+    }
+
+    /// Clone the disk image `src` into the layer (copy-on-write where the
+    /// filesystem allows; see [`clone_file`]) and start hashing the clone
+    /// on a background thread (joined by `commit`). `src` must not change
+    /// until this returns. Returns the clone method, for the log.
+    pub fn clone_disk(&mut self, src: &Path) -> Result<CloneMethod> {
+        if self.disk.is_some() {
+            return Err(Error::Usage(format!(
+                "disk of snapshot '{}' was already written",
+                self.name
+            )));
+        }
+        let dst = self.tmp.join(DISK_FILE);
+        let method = clone_file(src, &dst)?;
+        let size = std::fs::metadata(&dst).ctx(&dst, "stat")?.len();
+        let handle = std::thread::Builder::new()
+            .name("vmstore-disk-hash".into())
+            .spawn(move || {
+                sha256_file(&dst, size, None).map(|d| FileEntry {
+                    size,
+                    sha256: hex(&d),
+                })
+            })
+            .map_err(|e| Error::io(&self.tmp, "spawn hashing thread", e))?;
+        self.disk = Some(handle);
+        Ok(method)
+    }
+
+    /// Make the layer durable and visible: write `manifest.json`, make the
+    /// files read-only, fsync every file and the work directory, rename the
+    /// work directory to `NAME` (never replacing anything), fsync the store
+    /// directory. On any error nothing is left under `NAME` and the work
+    /// directory is removed. Memory and state must have been written.
+    pub fn commit(mut self) -> Result<Layer> {
+        let Some((memory, diff_pages)) = self.memory.take() else {
+            return Err(Error::Usage(format!(
+                "snapshot '{}': no memory written",
+                self.name
+            )));
+        };
+        let Some(state) = self.state.take() else {
+            return Err(Error::Usage(format!(
+                "snapshot '{}': no state written",
+                self.name
+            )));
+        };
+        let disk = match self.disk.take() {
+            None => None,
+            Some(h) => Some(
+                h.join()
+                    .map_err(|_| Error::Usage("disk hashing thread panicked".into()))??,
+            ),
+        };
+        let has_disk = disk.is_some();
+        let mut m = self.meta.manifest(
+            &self.name,
+            memory,
+            diff_pages,
+            state,
+            disk,
+            crate::time::now_unix(),
+        );
+        m.seal();
+        m.validate()
+            .map_err(|e| Error::Usage(format!("snapshot '{}': {e}", self.name)))?;
+        let bytes = m.to_bytes();
+        let (mut f, path) = self.create(MANIFEST_FILE)?;
+        f.write_all(&bytes).ctx(&path, "write")?;
+        drop(f);
+
+        let mut files = vec![MEMORY_FILE, STATE_FILE, MANIFEST_FILE];
+        if has_disk {
+            files.push(DISK_FILE);
+        }
+        for file in files {
+            let p = self.tmp.join(file);
+            set_readonly(&p)?;
+            sync_file(&p)?;
+        }
+        sync_dir(&self.tmp)?;
+
+        // The parent may have been removed while we were writing.
+        let store = Store::open(&self.root)?;
+        check_parent(&store, &self.name, &self.meta)?;
+
+        let dst = self.root.join(&self.name);
+        match rename_noreplace(&self.tmp, &dst) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::Exists {
+                    name: self.name.clone(),
+                    store: self.root.clone(),
+                })
+            }
+            Err(e) => return Err(Error::io(&self.tmp, "rename into place", e)),
+        }
+        self.finished = true;
+        if let Err(e) = sync_dir(&self.root) {
+            // Not known to be durable: take it back out rather than leave a
+            // layer that may vanish on power loss.
+            let doomed = self.root.join(format!(
+                "{DEL_PREFIX}{}-{}-{:016x}",
+                self.name,
+                std::process::id(),
+                nonce()
+            ));
+            if std::fs::rename(&dst, &doomed).is_ok() {
+                let _ = std::fs::remove_dir_all(&doomed);
+            }
+            return Err(e);
+        }
+        Ok(Layer {
+            name: self.name.clone(),
+            dir: dst,
+            manifest: m,
+            content_sha256: hex(&sha256(&bytes)),
+        })
+    }
+
+    /// Give up: remove the work directory now and report failure to do so.
+    pub fn abort(mut self) -> Result<()> {
+        self.finished = true;
+        if let Some(h) = self.disk.take() {
+            let _ = h.join();
+        }
+        std::fs::remove_dir_all(&self.tmp).ctx(&self.tmp, "remove work directory")
+    }
+}
+
+impl Drop for SnapshotWriter {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let Some(h) = self.disk.take() {
+            let _ = h.join();
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.tmp) {
+            tracing::warn!(
+                "snapshot '{}': could not remove work directory {}: {e} (vmstore gc removes it later)",
+                self.name,
+                self.tmp.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The write/commit path, removal, gc and listing.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use snapshot_store::{
+    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
+    STATE_FILE,
+};
+
+fn store() -> (tempfile::TempDir, Store) {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::create(d.path().join("vmstore")).unwrap();
+    (d, s)
+}
+
+/// Entries of the store directory whose names start with '.'.
+fn work_dirs(s: &Store) -> Vec<String> {
+    std::fs::read_dir(s.root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn commit_writes_a_complete_readonly_layer() {
+    let (d, s) = store();
+    let disk = d.path().join("disk.img");
+    disk_image(&disk, 1);
+    let mut ram = vec![0u8; 16 * PS as usize];
+    Rng(1).fill(&mut ram);
+    let mut w = s.begin("golden", meta(ram.len() as u64)).unwrap();
+    assert!(w.work_dir().starts_with(s.root()));
+    let tmp_name = w
+        .work_dir()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        tmp_name.starts_with(&format!(".tmp-golden-{}-", std::process::id())),
+        "{tmp_name}"
+    );
+    w.write_full_memory(&ram).unwrap();
+    w.write_state(b"vcpu+gic+devices").unwrap();
+    let method = w.clone_disk(&disk).unwrap();
+    assert!(matches!(
+        method,
+        CloneMethod::Clonefile | CloneMethod::Ficlone | CloneMethod::SparseCopy
+    ));
+    let layer = w.commit().unwrap();
+    assert!(work_dirs(&s).is_empty(), "{:?}", work_dirs(&s));
+    assert_eq!(layer.kind(), LayerKind::Full);
+    for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+        let m = std::fs::metadata(layer.dir.join(f)).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o444, "{f}");
+    }
+    assert_eq!(std::fs::read(layer.memory_path()).unwrap(), ram);
+    assert_eq!(
+        std::fs::read(layer.disk_path().unwrap()).unwrap(),
+        std::fs::read(&disk).unwrap()
+    );
+    assert_eq!(layer.read_state().unwrap(), b"vcpu+gic+devices");
+    // What commit returned is what the store reads back.
+    let again = s.layer("golden").unwrap();
+    assert_eq!(again.manifest, layer.manifest);
+    assert_eq!(again.content_sha256, layer.content_sha256);
+    assert_eq!(
+        layer.content_sha256,
+        snapshot_store::hex(&snapshot_store::sha256(
+            &std::fs::read(layer.manifest_path()).unwrap()
+        ))
+    );
+    let chain = s.resolve("golden").unwrap();
+    let rep = verify_chain(&chain).unwrap();
+    assert_eq!((rep.layers, rep.files), (1, 4));
+}
+
+#[test]
+fn existing_name_is_refused_and_untouched() {
+    let (_d, s) = store();
+    let ram = vec![7u8; 4 * PS as usize];
+    let golden = full(&s, "golden", &ram, b"s", None);
+    let before = fingerprint(s.root());
+    let e = s.begin("golden", meta(ram.len() as u64)).unwrap_err();
+    assert!(matches!(e, Error::Exists { .. }), "{e}");
+    assert!(e.to_string().contains("already exists"), "{e}");
+    // A race: two writers of the same name; the second commit loses.
+    let mut a = s.begin("x", meta(ram.len() as u64)).unwrap();
+    let mut b = s.begin("x", meta(ram.len() as u64)).unwrap();
+    for w in [&mut a, &mut b] {
+        w.write_full_memory(&ram).unwrap();
+        w.write_state(b"s").unwrap();
+    }
+    let first = a.commit().unwrap();
+    let e = b.commit().unwrap_err();
+    assert!(matches!(e, Error::Exists { .. }), "{e}");
+    assert_eq!(s.layer("x").unwrap().content_sha256, first.content_sha256);
+    assert!(work_dirs(&s).is_empty());
+    let _ = golden;
+    let after: Vec<_> = fingerprint(s.root())
+        .into_iter()
+        .filter(|f| !f.0.starts_with('x'))
+        .collect();
+    assert_eq!(before, after);
+}
+
+#[test]
+fn name_equal_to_parent_is_refused() {
+    let (_d, s) = store();
+    let ram = vec![1u8; 4 * PS as usize];
+    let golden = full(&s, "golden", &ram, b"s", None);
+    let e = s.begin("golden", golden.child_meta("t")).unwrap_err();
+    assert!(e.to_string().contains("name of its parent"), "{e}");
+    assert!(work_dirs(&s).is_empty());
+}
+
+#[test]
+fn parent_checks_at_begin() {
+    let (_d, s) = store();
+    let ram = vec![1u8; 4 * PS as usize];
+    let golden = full(&s, "golden", &ram, b"s", None);
+    // Missing parent.
+    let mut m = golden.child_meta("t");
+    m.parent.as_mut().unwrap().name = "ghost".into();
+    let e = s.begin("d1", m).unwrap_err().to_string();
+    assert!(e.contains("'ghost'") && e.contains("not in store"), "{e}");
+    // Wrong parent hash.
+    let mut m = golden.child_meta("t");
+    m.parent.as_mut().unwrap().sha256 = "0".repeat(64);
+    let e = s.begin("d1", m).unwrap_err().to_string();
+    assert!(e.contains("has changed"), "{e}");
+    // Another GIC mode.
+    let mut m = golden.child_meta("t");
+    m.gic_mode = "hvf".into();
+    let e = s.begin("d1", m).unwrap_err().to_string();
+    assert!(e.contains("gic_mode"), "{e}");
+    // Another RAM size.
+    let mut m = golden.child_meta("t");
+    m.ram_size *= 2;
+    let e = s.begin("d1", m).unwrap_err().to_string();
+    assert!(e.contains("ram_size"), "{e}");
+    // Bad metadata.
+    let mut m = meta(ram.len() as u64);
+    m.vcpus = 0;
+    assert!(s.begin("z", m).unwrap_err().to_string().contains("vcpus"));
+    let mut m = meta(ram.len() as u64);
+    m.page_size = 1000;
+    assert!(s.begin("z", m).is_err());
+    assert!(matches!(
+        s.begin("a+1", meta(4096)).unwrap_err(),
+        Error::InvalidName { .. }
+    ));
+    assert!(work_dirs(&s).is_empty());
+}
+
+#[test]
+fn work_dir_is_removed_on_every_error() {
+    let (d, s) = store();
+    let ram = vec![3u8; 8 * PS as usize];
+    let golden = full(&s, "golden", &ram, b"s", None);
+
+    // Wrong RAM size, then dropped.
+    let mut w = s.begin("a", meta(ram.len() as u64)).unwrap();
+    let tmp = w.work_dir().to_path_buf();
+    assert!(tmp.is_dir());
+    assert!(w.write_full_memory(&ram[..PS as usize]).is_err());
+    drop(w);
+    assert!(!tmp.exists());
+
+    // Commit without state.
+    let mut w = s.begin("a", meta(ram.len() as u64)).unwrap();
+    let tmp = w.work_dir().to_path_buf();
+    w.write_full_memory(&ram).unwrap();
+    let e = w.commit().unwrap_err();
+    assert!(e.to_string().contains("no state"), "{e}");
+    assert!(!tmp.exists());
+
+    // Commit without memory.
+    let mut w = s.begin("a", meta(ram.len() as u64)).unwrap();
+    w.write_state(b"s").unwrap();
+    assert!(w.commit().unwrap_err().to_string().contains("no memory"));
+
+    // Disk clone of a missing file.
+    let mut w = s.begin("a", meta(ram.len() as u64)).unwrap();
+    let tmp = w.work_dir().to_path_buf();
+    w.write_full_memory(&ram).unwrap();
+    let e = w.clone_disk(&d.path().join("missing.img")).unwrap_err();
+    assert!(e.to_string().contains("missing.img"), "{e}");
+    drop(w);
+    assert!(!tmp.exists());
+
+    // Diff misuse: unsorted pages, short page, full memory on a diff.
+    let mut w = s.begin("b", golden.child_meta("t")).unwrap();
+    assert!(w.write_full_memory(&ram).is_err());
+    let p = &ram[..PS as usize];
+    assert!(w.write_diff_memory([(3, p), (1, p)]).is_err());
+    assert!(w.write_diff_memory([(1, p), (1, p)]).is_err());
+    assert!(w.write_diff_memory([(8, p)]).is_err());
+    assert!(w.write_diff_memory([(1, &p[1..])]).is_err());
+    assert!(w.write_diff_from_ram(&ram, [9]).is_err());
+    w.abort().unwrap();
+
+    // Parent removed between begin and commit.
+    let mut w = s.begin("c", golden.child_meta("t")).unwrap();
+    let tmp = w.work_dir().to_path_buf();
+    w.write_diff_from_ram(&ram, [0, 5]).unwrap();
+    w.write_state(b"s").unwrap();
+    s.remove("golden", false).unwrap();
+    let e = w.commit().unwrap_err();
+    assert!(e.to_string().contains("'golden'"), "{e}");
+    assert!(!tmp.exists());
+    assert!(!s.contains("c"));
+
+    assert!(work_dirs(&s).is_empty(), "{:?}", work_dirs(&s));
+    assert!(s.layer_names().unwrap().is_empty());
+}
+
+#[test]
+fn state_size_is_bounded() {
+    let (_d, s) = store();
+    let mut w = s.begin("a", meta(4 * PS)).unwrap();
+    let big = vec![0u8; snapshot_store::MAX_STATE_BYTES as usize + 1];
+    let e = w.write_state(&big).unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    w.write_state(b"ok").unwrap();
+    assert!(w.write_state(b"twice").is_err());
+}
+
+#[test]
+fn gc_removes_stale_work_dirs_only() {
+    let (_d, s) = store();
+    let ram = vec![3u8; 4 * PS as usize];
+    full(&s, "golden", &ram, b"s", None);
+    let dead = dead_pid();
+    let stale = s.root().join(format!(".tmp-d1-{dead}-00000000deadbeef"));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join(MEMORY_FILE), vec![1u8; 10_000]).unwrap();
+    let stale_del = s.root().join(format!(".del-old-{dead}-0000000000000001"));
+    std::fs::create_dir(&stale_del).unwrap();
+    let odd = s.root().join(".tmp-garbage");
+    std::fs::create_dir(&odd).unwrap();
+    // A writer in progress in this (live) process.
+    let w = s.begin("d2", meta(ram.len() as u64)).unwrap();
+    let live = w.work_dir().to_path_buf();
+
+    let r = s.gc().unwrap();
+    let removed: Vec<&str> = r.removed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(removed.len(), 2, "{r:?}");
+    assert!(removed.iter().any(|n| n.starts_with(".tmp-d1-")));
+    assert!(removed.iter().any(|n| n.starts_with(".del-old-")));
+    assert!(r.removed.iter().any(|(_, b)| *b >= 10_000));
+    assert!(!stale.exists() && !stale_del.exists());
+    assert!(live.is_dir() && odd.is_dir());
+    assert_eq!(r.kept.len(), 2, "{r:?}");
+    assert!(r.kept.iter().any(|(_, why)| why.contains("still running")));
+    assert!(s.contains("golden"));
+    drop(w);
+    assert!(!live.exists());
+}
+
+#[test]
+fn remove_refuses_parents_unless_recursive() {
+    let (_d, s) = store();
+    let mut ram = vec![0u8; 8 * PS as usize];
+    let g = full(&s, "golden", &ram, b"s", None);
+    ram[0] = 1;
+    let d1 = diff(&s, "d1", &g, &ram, &[0], b"s", None);
+    let d2a = diff(&s, "d2a", &d1, &ram, &[0], b"s", None);
+    let _d3 = diff(&s, "d3", &d2a, &ram, &[1], b"s", None);
+    let _d2b = diff(&s, "d2b", &d1, &ram, &[2], b"s", None);
+    let other = full(&s, "other", &ram, b"s", None);
+
+    let e = s.remove("d1", false).unwrap_err();
+    assert!(
+        matches!(&e, Error::HasChildren { children, .. } if children == &["d2a", "d2b"]),
+        "{e}"
+    );
+    let e = s.remove("nope", false).unwrap_err().to_string();
+    assert!(e.contains("not found") && e.contains("golden"), "{e}");
+    assert_eq!(s.remove("d3", false).unwrap(), vec!["d3"]);
+    let removed = s.remove("d1", true).unwrap();
+    assert_eq!(removed.len(), 3);
+    assert_eq!(removed.last().unwrap(), "d1");
+    assert_eq!(s.layer_names().unwrap(), vec!["golden", "other"]);
+    assert!(work_dirs(&s).is_empty());
+    let _ = other;
+    // A broken layer can still be removed.
+    common::make_writable(&s.root().join("golden"));
+    std::fs::write(s.root().join("golden").join(MANIFEST_FILE), b"junk").unwrap();
+    assert_eq!(s.remove("golden", false).unwrap(), vec!["golden"]);
+}
+
+#[test]
+fn list_reports_sizes_and_broken_layers() {
+    let (d, s) = store();
+    let disk = d.path().join("disk.img");
+    disk_image(&disk, 2);
+    let ram = vec![5u8; 16 * PS as usize];
+    let g = full(&s, "golden", &ram, b"state", Some(&disk));
+    diff(&s, "d1", &g, &ram, &[1, 2, 3], b"state", Some(&disk));
+    std::fs::create_dir(s.root().join("broken")).unwrap();
+    let l = s.list().unwrap();
+    let names: Vec<&str> = l.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["broken", "d1", "golden"]);
+    let e = l[0].summary.as_ref().unwrap_err().to_string();
+    assert!(e.contains("manifest.json") && e.contains("missing"), "{e}");
+    let d1 = l[1].summary.as_ref().unwrap();
+    assert_eq!(d1.kind, LayerKind::Diff);
+    assert_eq!(d1.parent.as_deref(), Some("golden"));
+    assert_eq!(d1.pages, Some(3));
+    let g = l[2].summary.as_ref().unwrap();
+    assert!(g.logical_bytes >= ram.len() as u64 + 64 * 1024);
+    assert!(g.physical_bytes > 0);
+    // The disk clone is sparse, so fewer bytes are allocated than listed.
+    assert!(g.physical_bytes < g.logical_bytes, "{g:?}");
+}

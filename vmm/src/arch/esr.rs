@@ -1,0 +1,1217 @@
+//! Exception syndromes (ESR_EL2 / ESR_EL1): typed decoding, encoders for
+//! synthesised guest exceptions, and completion of trapped MMIO and
+//! system-register accesses.
+//!
+//! Layout (Arm ARM DDI 0487, D24.2.41 "ESR_EL2"; ESR_EL1 is the same):
+//!
+//! ```text
+//! 63      37 36  32 31   26 25  24                     0
+//! | RES0    | ISS2 |  EC   | IL |         ISS          |
+//! ```
+//!
+//! EC is the exception class, IL the instruction length (1 = 32-bit; it is
+//! also 1 for every syndrome that is not a trapped instruction) and ISS the
+//! class-specific syndrome. ISS2 is ignored.
+//!
+//! Decoding never fails: every 64-bit value maps to some [`Syndrome`], unknown
+//! classes to [`Syndrome::Other`].
+
+use crate::arch::sysreg::SysReg;
+use crate::hv::{self, HvError, Reg, Vcpu};
+
+/// Bit position of EC in an ESR.
+const EC_SHIFT: u32 = 26;
+/// IL: the trapped instruction is 32 bits (always set for A64).
+const IL_BIT: u64 = 1 << 25;
+/// Mask of the 25-bit ISS.
+const ISS_MASK: u64 = (1 << 25) - 1;
+
+/// Exception class: ESR bits `[31:26]` (Arm ARM D24.2.41, table "EC").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExceptionClass {
+    /// 0x00: unknown reason (e.g. an UNDEFINED instruction).
+    Unknown,
+    /// 0x01: trapped WFI/WFE (and WFIT/WFET).
+    Wfx,
+    /// 0x07: trapped access to SVE, Advanced SIMD or floating point.
+    FpAccess,
+    /// 0x0E: illegal execution state.
+    IllegalState,
+    /// 0x15: SVC in AArch64 state.
+    Svc64,
+    /// 0x16: HVC in AArch64 state.
+    Hvc64,
+    /// 0x17: trapped SMC in AArch64 state.
+    Smc64,
+    /// 0x18: trapped MSR, MRS or system instruction in AArch64 state.
+    SysReg,
+    /// 0x20: instruction abort from a lower exception level.
+    InstrAbortLower,
+    /// 0x21: instruction abort taken without a change of exception level.
+    InstrAbortSame,
+    /// 0x22: PC alignment fault.
+    PcAlign,
+    /// 0x24: data abort from a lower exception level.
+    DataAbortLower,
+    /// 0x25: data abort taken without a change of exception level.
+    DataAbortSame,
+    /// 0x26: SP alignment fault.
+    SpAlign,
+    /// 0x2F: SError exception.
+    SError,
+    /// 0x3C: BRK instruction in AArch64 state.
+    Brk,
+    /// Any other 6-bit class.
+    Other(u8),
+}
+
+impl ExceptionClass {
+    /// The class of a 6-bit EC value (higher bits are ignored).
+    pub const fn from_code(ec: u8) -> Self {
+        match ec & 0x3f {
+            0x00 => Self::Unknown,
+            0x01 => Self::Wfx,
+            0x07 => Self::FpAccess,
+            0x0E => Self::IllegalState,
+            0x15 => Self::Svc64,
+            0x16 => Self::Hvc64,
+            0x17 => Self::Smc64,
+            0x18 => Self::SysReg,
+            0x20 => Self::InstrAbortLower,
+            0x21 => Self::InstrAbortSame,
+            0x22 => Self::PcAlign,
+            0x24 => Self::DataAbortLower,
+            0x25 => Self::DataAbortSame,
+            0x26 => Self::SpAlign,
+            0x2F => Self::SError,
+            0x3C => Self::Brk,
+            other => Self::Other(other),
+        }
+    }
+
+    /// The 6-bit EC value.
+    pub const fn code(self) -> u8 {
+        match self {
+            Self::Unknown => 0x00,
+            Self::Wfx => 0x01,
+            Self::FpAccess => 0x07,
+            Self::IllegalState => 0x0E,
+            Self::Svc64 => 0x15,
+            Self::Hvc64 => 0x16,
+            Self::Smc64 => 0x17,
+            Self::SysReg => 0x18,
+            Self::InstrAbortLower => 0x20,
+            Self::InstrAbortSame => 0x21,
+            Self::PcAlign => 0x22,
+            Self::DataAbortLower => 0x24,
+            Self::DataAbortSame => 0x25,
+            Self::SpAlign => 0x26,
+            Self::SError => 0x2F,
+            Self::Brk => 0x3C,
+            Self::Other(ec) => ec & 0x3f,
+        }
+    }
+
+    /// The class of an ESR value.
+    pub const fn of(esr: u64) -> Self {
+        Self::from_code(((esr >> EC_SHIFT) & 0x3f) as u8)
+    }
+}
+
+/// DFSC/IFSC base for a translation fault; OR in the level (0..=3).
+pub const FSC_TRANSLATION: u8 = 0b00_0100;
+/// DFSC/IFSC base for an access flag fault; OR in the level (0..=3).
+pub const FSC_ACCESS_FLAG: u8 = 0b00_1000;
+/// DFSC/IFSC base for a permission fault; OR in the level (0..=3).
+pub const FSC_PERMISSION: u8 = 0b00_1100;
+/// DFSC/IFSC: synchronous external abort, not on a translation table walk.
+pub const FSC_SYNC_EXTERNAL: u8 = 0b01_0000;
+/// DFSC: alignment fault.
+pub const FSC_ALIGNMENT: u8 = 0b10_0001;
+
+/// What a fault status code reports (Arm ARM D24.2.41, ISS "DFSC"/"IFSC").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Address size fault.
+    AddressSize,
+    /// Translation fault (no valid descriptor).
+    Translation,
+    /// Access flag fault.
+    AccessFlag,
+    /// Permission fault.
+    Permission,
+    /// Synchronous external abort, not on a table walk.
+    SyncExternal,
+    /// Synchronous external abort on a translation table walk.
+    SyncExternalOnWalk,
+    /// Synchronous tag check fault (MTE).
+    TagCheck,
+    /// Synchronous parity or ECC error, not on a table walk.
+    Parity,
+    /// Synchronous parity or ECC error on a translation table walk.
+    ParityOnWalk,
+    /// Alignment fault.
+    Alignment,
+    /// Granule protection fault.
+    GranuleProtection,
+    /// TLB conflict abort.
+    TlbConflict,
+    /// Unsupported atomic hardware update.
+    UnsupportedAtomicUpdate,
+    /// A code this decoder does not name (IMPLEMENTATION DEFINED or reserved).
+    Other,
+}
+
+/// A 6-bit data or instruction fault status code (DFSC/IFSC, ISS bits `[5:0]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FaultStatus(pub u8);
+
+impl FaultStatus {
+    /// A translation fault at `level` (0..=3; higher bits are masked off).
+    pub const fn translation(level: u8) -> Self {
+        Self(FSC_TRANSLATION | (level & 3))
+    }
+
+    /// A permission fault at `level` (0..=3; higher bits are masked off).
+    pub const fn permission(level: u8) -> Self {
+        Self(FSC_PERMISSION | (level & 3))
+    }
+
+    /// An access flag fault at `level` (0..=3; higher bits are masked off).
+    pub const fn access_flag(level: u8) -> Self {
+        Self(FSC_ACCESS_FLAG | (level & 3))
+    }
+
+    /// The raw 6-bit code.
+    pub const fn code(self) -> u8 {
+        self.0 & 0x3f
+    }
+
+    /// The kind of fault. Codes with a level: `0b0000LL` address size,
+    /// `0b0001LL` translation, `0b0010LL` access flag, `0b0011LL` permission,
+    /// `0b0101LL` external abort on walk, `0b0111LL` ECC on walk, `0b1001LL`
+    /// granule protection on walk, plus the FEAT_LPA2 level -1 forms.
+    pub const fn kind(self) -> FaultKind {
+        match self.code() {
+            0b00_0000..=0b00_0011 | 0b10_1001 => FaultKind::AddressSize,
+            0b00_0100..=0b00_0111 | 0b10_1011 => FaultKind::Translation,
+            0b00_1000..=0b00_1011 => FaultKind::AccessFlag,
+            0b00_1100..=0b00_1111 => FaultKind::Permission,
+            0b01_0000 => FaultKind::SyncExternal,
+            0b01_0001 => FaultKind::TagCheck,
+            // Level -1 (0b010011) then levels 0-3.
+            0b01_0011..=0b01_0111 => FaultKind::SyncExternalOnWalk,
+            0b01_1000 => FaultKind::Parity,
+            0b01_1011..=0b01_1111 => FaultKind::ParityOnWalk,
+            0b10_0001 => FaultKind::Alignment,
+            // On walk at level -1, levels 0-3, then not on a walk.
+            0b10_0011..=0b10_1000 => FaultKind::GranuleProtection,
+            0b11_0000 => FaultKind::TlbConflict,
+            0b11_0001 => FaultKind::UnsupportedAtomicUpdate,
+            _ => FaultKind::Other,
+        }
+    }
+
+    /// The translation table level the fault is reported at (-1..=3), for the
+    /// kinds that carry one.
+    pub const fn level(self) -> Option<i8> {
+        match self.code() {
+            // FEAT_LPA2 level -1 encodings.
+            0b10_1001 | 0b10_1011 | 0b01_0011 | 0b01_1011 | 0b10_0011 => Some(-1),
+            c @ (0b00_0000..=0b00_1111
+            | 0b01_0100..=0b01_0111
+            | 0b01_1100..=0b01_1111
+            | 0b10_0100..=0b10_0111) => Some((c & 3) as i8),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a permission fault (any level).
+    pub const fn is_permission_fault(self) -> bool {
+        matches!(self.kind(), FaultKind::Permission)
+    }
+
+    /// Whether this is a translation fault (any level).
+    pub const fn is_translation_fault(self) -> bool {
+        matches!(self.kind(), FaultKind::Translation)
+    }
+
+    /// Whether this is an access flag fault (any level).
+    pub const fn is_access_flag_fault(self) -> bool {
+        matches!(self.kind(), FaultKind::AccessFlag)
+    }
+}
+
+/// ISS of a data abort (EC 0x24/0x25; Arm ARM D24.2.41, "ISS encoding for an
+/// exception from a Data Abort"). `size`, `sse`, `srt`, `sf` and `ar` are
+/// meaningful only when `isv` is set (they are RES0 otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataAbort {
+    /// Taken without a change of exception level (EC 0x25) rather than from a
+    /// lower one (EC 0x24).
+    pub same_el: bool,
+    /// IL: the faulting instruction is 32 bits (always for A64).
+    pub il: bool,
+    /// ISV, bit 24: bits `[23:14]` hold a valid instruction syndrome.
+    pub isv: bool,
+    /// Access size in bytes (1, 2, 4 or 8), from SAS, bits `[23:22]`.
+    pub size: u8,
+    /// SSE, bit 21: the load sign-extends.
+    pub sse: bool,
+    /// SRT, bits `[20:16]`: the transfer register Rt (0..=31; 31 is XZR/WZR).
+    pub srt: u8,
+    /// SF, bit 15: Rt is a 64-bit (X) register rather than a W register.
+    pub sf: bool,
+    /// AR, bit 14: acquire/release semantics.
+    pub ar: bool,
+    /// VNCR, bit 13: the fault came from a VNCR_EL2 access.
+    pub vncr: bool,
+    /// FnV, bit 10: FAR is not valid.
+    pub fnv: bool,
+    /// EA, bit 9: external abort type (IMPLEMENTATION DEFINED).
+    pub ea: bool,
+    /// CM, bit 8: caused by a cache maintenance or address translation
+    /// instruction.
+    pub cm: bool,
+    /// S1PTW, bit 7: stage-2 fault on a stage-1 translation table walk.
+    pub s1ptw: bool,
+    /// WnR, bit 6: the access was a write.
+    pub wnr: bool,
+    /// DFSC, bits `[5:0]`.
+    pub dfsc: FaultStatus,
+}
+
+impl DataAbort {
+    /// Decodes the ISS of a data abort.
+    pub const fn from_iss(iss: u32, same_el: bool, il: bool) -> Self {
+        DataAbort {
+            same_el,
+            il,
+            isv: iss & (1 << 24) != 0,
+            size: 1 << ((iss >> 22) & 3),
+            sse: iss & (1 << 21) != 0,
+            srt: ((iss >> 16) & 0x1f) as u8,
+            sf: iss & (1 << 15) != 0,
+            ar: iss & (1 << 14) != 0,
+            vncr: iss & (1 << 13) != 0,
+            fnv: iss & (1 << 10) != 0,
+            ea: iss & (1 << 9) != 0,
+            cm: iss & (1 << 8) != 0,
+            s1ptw: iss & (1 << 7) != 0,
+            wnr: iss & (1 << 6) != 0,
+            dfsc: FaultStatus((iss & 0x3f) as u8),
+        }
+    }
+
+    /// Encodes this abort as an ESR value (inverse of [`decode`]). A `size`
+    /// that is not 1, 2, 4 or 8 is encoded as the next smaller power of two
+    /// (at most 8; 0 as 1).
+    pub const fn to_esr(&self) -> u64 {
+        let sas = match self.size {
+            0..=1 => 0,
+            2..=3 => 1,
+            4..=7 => 2,
+            _ => 3,
+        };
+        let iss = (self.isv as u32) << 24
+            | sas << 22
+            | (self.sse as u32) << 21
+            | ((self.srt as u32) & 0x1f) << 16
+            | (self.sf as u32) << 15
+            | (self.ar as u32) << 14
+            | (self.vncr as u32) << 13
+            | (self.fnv as u32) << 10
+            | (self.ea as u32) << 9
+            | (self.cm as u32) << 8
+            | (self.s1ptw as u32) << 7
+            | (self.wnr as u32) << 6
+            | self.dfsc.code() as u32;
+        let ec = if self.same_el {
+            ExceptionClass::DataAbortSame
+        } else {
+            ExceptionClass::DataAbortLower
+        };
+        encode(ec, self.il, iss)
+    }
+}
+
+/// ISS of an instruction abort (EC 0x20/0x21; Arm ARM D24.2.41, "ISS encoding
+/// for an exception from an Instruction Abort").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstrAbort {
+    /// Taken without a change of exception level (EC 0x21).
+    pub same_el: bool,
+    /// FnV, bit 10: FAR is not valid.
+    pub fnv: bool,
+    /// EA, bit 9: external abort type.
+    pub ea: bool,
+    /// S1PTW, bit 7: stage-2 fault on a stage-1 translation table walk.
+    pub s1ptw: bool,
+    /// IFSC, bits `[5:0]`.
+    pub ifsc: FaultStatus,
+}
+
+/// A trapped `MRS`/`MSR` (EC 0x18; Arm ARM D24.2.41, "ISS encoding for an
+/// exception from MSR, MRS, or System instruction execution in AArch64
+/// state"): Op0 `[21:20]`, Op2 `[19:17]`, Op1 `[16:14]`, CRn `[13:10]`, Rt `[9:5]`,
+/// CRm `[4:1]`, Direction (bit 0; 1 = read, i.e. `MRS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SysRegAccess {
+    /// The register, from (op0, op1, CRn, CRm, op2).
+    pub reg: SysReg,
+    /// The general-purpose register Rt (0..=31; 31 is XZR).
+    pub rt: u8,
+    /// `MRS` (read into Rt) rather than `MSR` (write from Rt).
+    pub read: bool,
+}
+
+impl SysRegAccess {
+    /// Decodes the ISS of a trapped system-register access.
+    pub const fn from_iss(iss: u32) -> Self {
+        let op0 = ((iss >> 20) & 3) as u8;
+        let op2 = ((iss >> 17) & 7) as u8;
+        let op1 = ((iss >> 14) & 7) as u8;
+        let crn = ((iss >> 10) & 0xf) as u8;
+        let crm = ((iss >> 1) & 0xf) as u8;
+        SysRegAccess {
+            reg: SysReg::new(op0, op1, crn, crm, op2),
+            rt: ((iss >> 5) & 0x1f) as u8,
+            read: iss & 1 != 0,
+        }
+    }
+
+    /// The ISS encoding of this access.
+    pub const fn to_iss(&self) -> u32 {
+        let (op0, op1, crn, crm, op2) = self.reg.fields();
+        (op0 as u32) << 20
+            | (op2 as u32) << 17
+            | (op1 as u32) << 14
+            | (crn as u32) << 10
+            | ((self.rt as u32) & 0x1f) << 5
+            | (crm as u32) << 1
+            | self.read as u32
+    }
+}
+
+/// A decoded exception syndrome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syndrome {
+    /// Data abort (EC 0x24/0x25).
+    DataAbort(DataAbort),
+    /// Instruction abort (EC 0x20/0x21).
+    InstrAbort(InstrAbort),
+    /// Trapped `MRS`/`MSR` (EC 0x18).
+    SysReg(SysRegAccess),
+    /// `HVC #imm` (EC 0x16). The preferred return address is the next
+    /// instruction: PC needs no adjustment.
+    Hvc {
+        /// ISS bits `[15:0]`.
+        imm: u16,
+    },
+    /// Trapped `SMC #imm` (EC 0x17). Unlike HVC, ELR points at the SMC
+    /// itself: the handler must advance PC by 4.
+    Smc {
+        /// ISS bits `[15:0]`.
+        imm: u16,
+    },
+    /// `SVC #imm` (EC 0x15); the return address is the next instruction.
+    Svc {
+        /// ISS bits `[15:0]`.
+        imm: u16,
+    },
+    /// `BRK #imm` (EC 0x3C); ELR points at the BRK.
+    Brk {
+        /// ISS bits `[15:0]` (the comment field).
+        imm: u16,
+    },
+    /// Trapped WFI/WFE/WFIT/WFET (EC 0x01; ISS: TI `[1:0]`, RV (bit 2), Rn `[9:5]`).
+    Wfx {
+        /// TI bit 0: WFE(T) rather than WFI(T).
+        wfe: bool,
+        /// TI bit 1: the timeout form (WFIT/WFET, FEAT_WFxT).
+        timeout: bool,
+        /// Rn holding the timeout, when RV (bit 2) is set.
+        rn: Option<u8>,
+    },
+    /// Any other class, undecoded.
+    Other {
+        /// The exception class.
+        ec: ExceptionClass,
+        /// The 25-bit ISS.
+        iss: u32,
+        /// IL, bit 25.
+        il: bool,
+    },
+}
+
+/// Decodes an ESR_EL2 or ESR_EL1 value. Never fails; classes this module does
+/// not decode become [`Syndrome::Other`].
+pub fn decode(esr: u64) -> Syndrome {
+    let ec = ExceptionClass::of(esr);
+    let il = esr & IL_BIT != 0;
+    let iss = (esr & ISS_MASK) as u32;
+    let imm = (iss & 0xffff) as u16;
+    match ec {
+        ExceptionClass::DataAbortLower | ExceptionClass::DataAbortSame => Syndrome::DataAbort(
+            DataAbort::from_iss(iss, ec == ExceptionClass::DataAbortSame, il),
+        ),
+        ExceptionClass::InstrAbortLower | ExceptionClass::InstrAbortSame => {
+            Syndrome::InstrAbort(InstrAbort {
+                same_el: ec == ExceptionClass::InstrAbortSame,
+                fnv: iss & (1 << 10) != 0,
+                ea: iss & (1 << 9) != 0,
+                s1ptw: iss & (1 << 7) != 0,
+                ifsc: FaultStatus((iss & 0x3f) as u8),
+            })
+        }
+        ExceptionClass::SysReg => Syndrome::SysReg(SysRegAccess::from_iss(iss)),
+        ExceptionClass::Hvc64 => Syndrome::Hvc { imm },
+        ExceptionClass::Smc64 => Syndrome::Smc { imm },
+        ExceptionClass::Svc64 => Syndrome::Svc { imm },
+        ExceptionClass::Brk => Syndrome::Brk { imm },
+        ExceptionClass::Wfx => Syndrome::Wfx {
+            wfe: iss & 1 != 0,
+            timeout: iss & 2 != 0,
+            rn: if iss & 4 != 0 {
+                Some(((iss >> 5) & 0x1f) as u8)
+            } else {
+                None
+            },
+        },
+        _ => Syndrome::Other { ec, iss, il },
+    }
+}
+
+/// Builds an ESR value from its class, IL and ISS (ISS is masked to 25 bits).
+pub const fn encode(ec: ExceptionClass, il: bool, iss: u32) -> u64 {
+    ((ec.code() as u64) << EC_SHIFT) | if il { IL_BIT } else { 0 } | (iss as u64 & ISS_MASK)
+}
+
+/// ESR of a data abort to inject into an A64 guest: ISV = 0 (no instruction
+/// syndrome), IL = 1 (as the Arm ARM requires when ISV is 0), WnR and DFSC
+/// (6 bits, e.g. [`FSC_TRANSLATION`]` | level`) as given. `same_el` selects EC
+/// 0x25 (fault at EL1) over 0x24 (fault at EL0).
+pub const fn data_abort_esr(same_el: bool, wnr: bool, dfsc: u8) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::DataAbortSame
+    } else {
+        ExceptionClass::DataAbortLower
+    };
+    encode(ec, true, (wnr as u32) << 6 | (dfsc as u32 & 0x3f))
+}
+
+/// ESR of an instruction abort to inject: IL = 1, IFSC (6 bits) as given;
+/// `same_el` selects EC 0x21 over 0x20.
+pub const fn instr_abort_esr(same_el: bool, ifsc: u8) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::InstrAbortSame
+    } else {
+        ExceptionClass::InstrAbortLower
+    };
+    encode(ec, true, ifsc as u32 & 0x3f)
+}
+
+/// ESR of `SVC #imm` from AArch64 state.
+pub const fn svc_esr(imm: u16) -> u64 {
+    encode(ExceptionClass::Svc64, true, imm as u32)
+}
+
+/// ESR of `HVC #imm` from AArch64 state.
+pub const fn hvc_esr(imm: u16) -> u64 {
+    encode(ExceptionClass::Hvc64, true, imm as u32)
+}
+
+/// ESR of a trapped `SMC #imm` from AArch64 state.
+pub const fn smc_esr(imm: u16) -> u64 {
+    encode(ExceptionClass::Smc64, true, imm as u32)
+}
+
+/// ESR of `BRK #imm`.
+pub const fn brk_esr(imm: u16) -> u64 {
+    encode(ExceptionClass::Brk, true, imm as u32)
+}
+
+/// ESR of an exception with an unknown reason (an UNDEFINED instruction):
+/// EC 0, IL 1, ISS 0.
+pub const fn unknown_esr() -> u64 {
+    encode(ExceptionClass::Unknown, true, 0)
+}
+
+/// ESR of a PC alignment fault (EC 0x22, IL 1).
+pub const fn pc_align_esr() -> u64 {
+    encode(ExceptionClass::PcAlign, true, 0)
+}
+
+/// ESR of an SP alignment fault (EC 0x26, IL 1).
+pub const fn sp_align_esr() -> u64 {
+    encode(ExceptionClass::SpAlign, true, 0)
+}
+
+/// ESR of a trapped `MRS`/`MSR` (EC 0x18, IL 1).
+pub const fn sysreg_esr(access: SysRegAccess) -> u64 {
+    encode(ExceptionClass::SysReg, true, access.to_iss())
+}
+
+/// ESR of a trapped WFI (`wfe` false) or WFE (EC 0x01, IL 1, TI as given).
+pub const fn wfx_esr(wfe: bool) -> u64 {
+    encode(ExceptionClass::Wfx, true, wfe as u32)
+}
+
+/// Sign- or zero-extends a `size_bytes`-byte little-endian load result as the
+/// load instruction would write it to Rt: sign-extended from the access size
+/// when `sse`, then truncated to 32 bits (upper half zero) unless `sf`.
+/// `value`'s bits above the access size are ignored. Sizes of 8 or more are
+/// treated as 8; size 0 yields 0.
+pub const fn extend(value: u64, size_bytes: u8, sse: bool, sf: bool) -> u64 {
+    let v = if size_bytes >= 8 {
+        value
+    } else if size_bytes == 0 {
+        0
+    } else {
+        let bits = size_bytes as u32 * 8;
+        let v = value & ((1u64 << bits) - 1);
+        if sse {
+            let shift = 64 - bits;
+            (((v << shift) as i64) >> shift) as u64
+        } else {
+            v
+        }
+    };
+    if sf {
+        v
+    } else {
+        v & 0xffff_ffff
+    }
+}
+
+/// Reads general-purpose register `rt` for a store or `MSR`: 0..=30 are
+/// X0..X30, 31 is XZR (reads as 0). Values above 31 are an error.
+pub fn read_xt(vcpu: &mut dyn Vcpu, rt: u8) -> hv::Result<u64> {
+    match rt {
+        0..=30 => vcpu.reg(Reg::X(rt)),
+        31 => Ok(0),
+        _ => Err(HvError::Guest(format!("register index {rt} out of range"))),
+    }
+}
+
+/// Writes general-purpose register `rt` for a load or `MRS`: 0..=30 are
+/// X0..X30, 31 is XZR (the value is discarded). Values above 31 are an error.
+pub fn write_xt(vcpu: &mut dyn Vcpu, rt: u8, value: u64) -> hv::Result<()> {
+    match rt {
+        0..=30 => vcpu.set_reg(Reg::X(rt), value),
+        31 => Ok(()),
+        _ => Err(HvError::Guest(format!("register index {rt} out of range"))),
+    }
+}
+
+/// Advances PC past the trapped instruction: 4 bytes, or 2 if `il` is clear
+/// (a 16-bit T32 instruction).
+pub fn advance_pc(vcpu: &mut dyn Vcpu, il: bool) -> hv::Result<()> {
+    let pc = vcpu.reg(Reg::Pc)?;
+    vcpu.set_reg(Reg::Pc, pc.wrapping_add(if il { 4 } else { 2 }))
+}
+
+fn check_mmio(da: &DataAbort, write: bool) -> hv::Result<()> {
+    if !da.isv {
+        return Err(HvError::Guest(format!(
+            "data abort without a valid instruction syndrome (ISV=0, ESR {:#x}): \
+             the access cannot be emulated",
+            da.to_esr()
+        )));
+    }
+    if !matches!(da.size, 1 | 2 | 4 | 8) {
+        return Err(HvError::Guest(format!(
+            "data abort with invalid access size {} bytes",
+            da.size
+        )));
+    }
+    if da.wnr != write {
+        return Err(HvError::Guest(format!(
+            "data abort (ESR {:#x}) is a {} but was completed as a {}",
+            da.to_esr(),
+            if da.wnr { "write" } else { "read" },
+            if write { "write" } else { "read" },
+        )));
+    }
+    Ok(())
+}
+
+/// Finishes an emulated MMIO load: writes the `data` a device returned
+/// (little-endian, `da.size` bytes) to Rt, sign-extended per SSE to 32 or
+/// 64 bits per SF ([`extend`]); Rt = 31 discards it. Then advances PC.
+///
+/// Errors (leaving the vCPU unchanged): ISV = 0, the abort is a write, a size
+/// other than 1, 2, 4 or 8, or `data.len() != da.size`.
+pub fn complete_mmio_read(vcpu: &mut dyn Vcpu, da: &DataAbort, data: &[u8]) -> hv::Result<()> {
+    check_mmio(da, false)?;
+    if data.len() != usize::from(da.size) {
+        return Err(HvError::Guest(format!(
+            "MMIO read of {} bytes completed with {} bytes",
+            da.size,
+            data.len()
+        )));
+    }
+    let mut buf = [0u8; 8];
+    buf[..data.len()].copy_from_slice(data);
+    let value = extend(u64::from_le_bytes(buf), da.size, da.sse, da.sf);
+    write_xt(vcpu, da.srt, value)?;
+    advance_pc(vcpu, da.il)
+}
+
+/// The bytes of an emulated MMIO store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioWrite {
+    buf: [u8; 8],
+    len: u8,
+}
+
+impl MmioWrite {
+    /// The stored bytes, little-endian (1, 2, 4 or 8 of them).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The stored value, zero-extended.
+    pub fn value(&self) -> u64 {
+        u64::from_le_bytes(self.buf)
+    }
+}
+
+/// The data of an emulated MMIO store: Rt (XZR reads 0) truncated to
+/// `da.size` bytes. Does not advance PC: call [`complete_mmio_write`] once the
+/// device accepted the write.
+///
+/// Errors: ISV = 0, the abort is a read, or a size other than 1, 2, 4 or 8.
+pub fn mmio_write_value(vcpu: &mut dyn Vcpu, da: &DataAbort) -> hv::Result<MmioWrite> {
+    check_mmio(da, true)?;
+    let value = read_xt(vcpu, da.srt)?;
+    let mut buf = value.to_le_bytes();
+    buf[usize::from(da.size)..].fill(0);
+    Ok(MmioWrite { buf, len: da.size })
+}
+
+/// Finishes an emulated MMIO store: advances PC. Errors as
+/// [`mmio_write_value`].
+pub fn complete_mmio_write(vcpu: &mut dyn Vcpu, da: &DataAbort) -> hv::Result<()> {
+    check_mmio(da, true)?;
+    advance_pc(vcpu, da.il)
+}
+
+/// Finishes a trapped `MRS`: writes `value` to Rt (XZR discards) and advances
+/// PC by 4. Errors if the access is an `MSR`.
+pub fn complete_sysreg_read(
+    vcpu: &mut dyn Vcpu,
+    access: &SysRegAccess,
+    value: u64,
+) -> hv::Result<()> {
+    if !access.read {
+        return Err(HvError::Guest(format!(
+            "MSR {:?} completed as a read",
+            access.reg
+        )));
+    }
+    write_xt(vcpu, access.rt, value)?;
+    advance_pc(vcpu, true)
+}
+
+/// The value of a trapped `MSR` (Rt; XZR reads 0). Does not advance PC: call
+/// [`advance_pc`] once the write is accepted. Errors if the access is an `MRS`.
+pub fn sysreg_write_value(vcpu: &mut dyn Vcpu, access: &SysRegAccess) -> hv::Result<u64> {
+    if access.read {
+        return Err(HvError::Guest(format!(
+            "MRS {:?} completed as a write",
+            access.reg
+        )));
+    }
+    read_xt(vcpu, access.rt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::sysreg::{ICC_EOIR1_EL1, ICC_IAR1_EL1};
+    use crate::hv::{Kick, VcpuExit, VcpuId, VcpuIo};
+    use std::sync::Arc;
+
+    // Hand-assembled ESR values. Field positions (Arm ARM D24.2.41):
+    // EC [31:26], IL [25]; data abort ISS: ISV [24], SAS [23:22], SSE [21],
+    // SRT [20:16], SF [15], AR [14], WnR [6], DFSC [5:0].
+
+    /// `ldr w1, [x0]` (EL1 -> EL2), stage-2 translation fault level 2:
+    /// EC 0x24 (0x9000_0000) | IL (0x0200_0000) | ISV (0x0100_0000) |
+    /// SAS=0b10 (0x0080_0000) | SRT=1 (0x0001_0000) | DFSC 0b000110.
+    const LDR_W1: u64 = 0x9381_0006;
+    /// `strb w3, [x0]`: SAS=0b00, SRT=3 (0x0003_0000), WnR (0x40), DFSC
+    /// translation level 3 (0b000111).
+    const STRB_W3: u64 = 0x9303_0047;
+    /// `ldrsh x2, [x0]`: SAS=0b01 (0x0040_0000), SSE (0x0020_0000), SRT=2
+    /// (0x0002_0000), SF (0x8000), DFSC 0b000110.
+    const LDRSH_X2: u64 = 0x9362_8006;
+    /// `ldp x0, x1, [x2]`: no single Rt, so ISV=0; IL=1, DFSC 0b000110.
+    const LDP_NO_ISV: u64 = 0x9200_0006;
+    /// `str x1, [x0]` to a write-protected page: SAS=0b11 (0x00C0_0000),
+    /// SRT=1, SF, WnR, DFSC permission fault level 3 (0b001111).
+    const STR_X1_PERM: u64 = 0x93C1_804F;
+    /// ESR_EL1 of a kernel write hitting a read-only mapping: EC 0x25
+    /// (0x9400_0000) | IL | WnR | DFSC 0b001111, ISV=0.
+    const EL1_PERM_WRITE: u64 = 0x9600_004F;
+    /// `msr icc_eoir1_el1, x3`: EC 0x18 (0x6000_0000) | IL; ISS Op0=3
+    /// (0x30_0000), Op2=1 (0x2_0000), Op1=0, CRn=12 (0x3000), Rt=3 (0x60),
+    /// CRm=12 (0x18), Direction=0 (write).
+    const MSR_EOIR1_X3: u64 = 0x6232_3078;
+    /// `mrs x5, icc_iar1_el1`: Op0=3, Op2=0, Op1=0, CRn=12, Rt=5 (0xA0),
+    /// CRm=12, Direction=1 (read).
+    const MRS_X5_IAR1: u64 = 0x6230_30B9;
+    /// `hvc #0`: EC 0x16 (0x5800_0000) | IL.
+    const HVC_0: u64 = 0x5A00_0000;
+    /// `wfi`: EC 0x01 (0x0400_0000) | IL, TI=0b00.
+    const WFI: u64 = 0x0600_0000;
+    /// `wfe`: as WFI with TI=0b01.
+    const WFE: u64 = 0x0600_0001;
+    /// `svc #0` from EL0 as Linux reports it: EC 0x15 (0x5400_0000) | IL.
+    const SVC_0: u64 = 0x5600_0000;
+    /// Linux `BUG()` is `brk #0x800`: EC 0x3C (0xF000_0000) | IL | 0x800.
+    const BRK_BUG: u64 = 0xF200_0800;
+    /// UNDEFINED instruction: EC 0 | IL.
+    const UNDEF: u64 = 0x0200_0000;
+    /// Kernel instruction fetch from an unmapped address: EC 0x21
+    /// (0x8400_0000) | IL | IFSC translation level 3.
+    const IABT_EL1_L3: u64 = 0x8600_0007;
+
+    fn da(esr: u64) -> DataAbort {
+        match decode(esr) {
+            Syndrome::DataAbort(d) => d,
+            other => panic!("{esr:#x} decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decodes_ldr_w1() {
+        let d = da(LDR_W1);
+        assert!(d.isv && !d.wnr && !d.sse && !d.sf && !d.same_el && d.il);
+        assert_eq!((d.size, d.srt), (4, 1));
+        assert!(d.dfsc.is_translation_fault());
+        assert_eq!(d.dfsc.level(), Some(2));
+        assert_eq!(d.to_esr(), LDR_W1);
+    }
+
+    #[test]
+    fn decodes_strb_w3() {
+        let d = da(STRB_W3);
+        assert!(d.isv && d.wnr && !d.sf);
+        assert_eq!((d.size, d.srt), (1, 3));
+        assert_eq!(d.dfsc, FaultStatus::translation(3));
+        assert_eq!(d.to_esr(), STRB_W3);
+    }
+
+    #[test]
+    fn decodes_ldrsh_x2() {
+        let d = da(LDRSH_X2);
+        assert!(d.isv && !d.wnr && d.sse && d.sf);
+        assert_eq!((d.size, d.srt), (2, 2));
+        assert_eq!(d.to_esr(), LDRSH_X2);
+    }
+
+    #[test]
+    fn decodes_isv_zero() {
+        let d = da(LDP_NO_ISV);
+        assert!(!d.isv);
+        assert!(d.dfsc.is_translation_fault());
+        assert_eq!(
+            ExceptionClass::of(LDP_NO_ISV),
+            ExceptionClass::DataAbortLower
+        );
+    }
+
+    #[test]
+    fn decodes_permission_faults_with_wnr() {
+        let d = da(STR_X1_PERM);
+        assert!(d.isv && d.wnr && d.sf);
+        assert_eq!((d.size, d.srt), (8, 1));
+        assert!(d.dfsc.is_permission_fault() && !d.dfsc.is_translation_fault());
+        assert_eq!(d.dfsc.level(), Some(3));
+
+        let d = da(EL1_PERM_WRITE);
+        assert!(d.same_el && !d.isv && d.wnr && d.dfsc.is_permission_fault());
+        assert_eq!(
+            data_abort_esr(true, true, FSC_PERMISSION | 3),
+            EL1_PERM_WRITE
+        );
+    }
+
+    #[test]
+    fn decodes_sysreg_traps() {
+        let Syndrome::SysReg(w) = decode(MSR_EOIR1_X3) else {
+            panic!("not a sysreg trap");
+        };
+        assert_eq!(
+            w,
+            SysRegAccess {
+                reg: ICC_EOIR1_EL1,
+                rt: 3,
+                read: false
+            }
+        );
+        assert_eq!(sysreg_esr(w), MSR_EOIR1_X3);
+
+        let Syndrome::SysReg(r) = decode(MRS_X5_IAR1) else {
+            panic!("not a sysreg trap");
+        };
+        assert_eq!(
+            r,
+            SysRegAccess {
+                reg: ICC_IAR1_EL1,
+                rt: 5,
+                read: true
+            }
+        );
+        assert_eq!(sysreg_esr(r), MRS_X5_IAR1);
+    }
+
+    #[test]
+    fn decodes_calls_and_wfx() {
+        assert_eq!(decode(HVC_0), Syndrome::Hvc { imm: 0 });
+        assert_eq!(decode(0x5A00_1234), Syndrome::Hvc { imm: 0x1234 });
+        assert_eq!(decode(SVC_0), Syndrome::Svc { imm: 0 });
+        assert_eq!(decode(0x5E00_0000), Syndrome::Smc { imm: 0 });
+        assert_eq!(decode(BRK_BUG), Syndrome::Brk { imm: 0x800 });
+        assert_eq!(
+            decode(WFI),
+            Syndrome::Wfx {
+                wfe: false,
+                timeout: false,
+                rn: None
+            }
+        );
+        assert_eq!(
+            decode(WFE),
+            Syndrome::Wfx {
+                wfe: true,
+                timeout: false,
+                rn: None
+            }
+        );
+        // WFIT x7: TI=0b10, RV=1, Rn=7.
+        assert_eq!(
+            decode(0x0600_0000 | 7 << 5 | 0b110),
+            Syndrome::Wfx {
+                wfe: false,
+                timeout: true,
+                rn: Some(7)
+            }
+        );
+    }
+
+    #[test]
+    fn decodes_other_classes() {
+        assert_eq!(
+            decode(UNDEF),
+            Syndrome::Other {
+                ec: ExceptionClass::Unknown,
+                iss: 0,
+                il: true
+            }
+        );
+        let Syndrome::InstrAbort(i) = decode(IABT_EL1_L3) else {
+            panic!("not an instruction abort");
+        };
+        assert!(i.same_el && i.ifsc.is_translation_fault());
+        assert_eq!(i.ifsc.level(), Some(3));
+        assert_eq!(ExceptionClass::of(0xBE00_0000), ExceptionClass::SError);
+        // EC 0x3F is reserved; bits above 31 (ISS2) do not disturb decoding.
+        assert_eq!(
+            decode(0xFFFF_FFFF_FE00_0001),
+            Syndrome::Other {
+                ec: ExceptionClass::Other(0x3f),
+                iss: 1,
+                il: true
+            }
+        );
+        for ec in 0..64u8 {
+            assert_eq!(ExceptionClass::from_code(ec).code(), ec);
+        }
+    }
+
+    #[test]
+    fn encoders_match_linux_reported_values() {
+        assert_eq!(svc_esr(0), SVC_0);
+        assert_eq!(hvc_esr(0), HVC_0);
+        assert_eq!(smc_esr(0), 0x5E00_0000);
+        assert_eq!(brk_esr(0x800), BRK_BUG);
+        assert_eq!(unknown_esr(), UNDEF);
+        assert_eq!(wfx_esr(false), WFI);
+        assert_eq!(wfx_esr(true), WFE);
+        assert_eq!(instr_abort_esr(true, FSC_TRANSLATION | 3), IABT_EL1_L3);
+        // EL0 read of an unmapped page, as in Linux "esr 0x92000007".
+        assert_eq!(
+            data_abort_esr(false, false, FSC_TRANSLATION | 3),
+            0x9200_0007
+        );
+        assert_eq!(data_abort_esr(true, false, FSC_SYNC_EXTERNAL), 0x9600_0010);
+        assert_eq!(pc_align_esr(), 0x8A00_0000);
+        assert_eq!(sp_align_esr(), 0x9A00_0000);
+    }
+
+    #[test]
+    fn fault_status_kinds_and_levels() {
+        assert!(FaultStatus::access_flag(1).is_access_flag_fault());
+        assert_eq!(FaultStatus::access_flag(1).level(), Some(1));
+        assert_eq!(
+            FaultStatus(FSC_SYNC_EXTERNAL).kind(),
+            FaultKind::SyncExternal
+        );
+        assert_eq!(FaultStatus(FSC_SYNC_EXTERNAL).level(), None);
+        assert_eq!(FaultStatus(0b01_0101).kind(), FaultKind::SyncExternalOnWalk);
+        assert_eq!(FaultStatus(0b01_0101).level(), Some(1));
+        assert_eq!(FaultStatus(0b10_1011).kind(), FaultKind::Translation);
+        assert_eq!(FaultStatus(0b10_1011).level(), Some(-1));
+        assert_eq!(FaultStatus(FSC_ALIGNMENT).kind(), FaultKind::Alignment);
+        assert_eq!(FaultStatus(0b11_0000).kind(), FaultKind::TlbConflict);
+        assert_eq!(FaultStatus(0b11_1111).kind(), FaultKind::Other);
+        // Masking, no panic.
+        assert_eq!(FaultStatus::permission(7), FaultStatus::permission(3));
+    }
+
+    // ---- MMIO completion against a fake vCPU ----
+
+    struct NoKick;
+    impl Kick for NoKick {
+        fn kick(&self) {}
+    }
+
+    /// A register file with no CPU behind it.
+    struct FakeVcpu {
+        x: [u64; 31],
+        pc: u64,
+        fail_writes: bool,
+    }
+
+    impl FakeVcpu {
+        fn new() -> Self {
+            let mut x = [0u64; 31];
+            for (i, r) in x.iter_mut().enumerate() {
+                *r = 0xdead_beef_0000_0000 | i as u64;
+            }
+            FakeVcpu {
+                x,
+                pc: 0x4008_0000,
+                fail_writes: false,
+            }
+        }
+    }
+
+    impl Vcpu for FakeVcpu {
+        fn id(&self) -> VcpuId {
+            0
+        }
+        fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
+            Err(HvError::Call {
+                call: "run",
+                detail: "fake vCPU".into(),
+            })
+        }
+        fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
+            match reg {
+                Reg::X(n) if n <= 30 => Ok(self.x[usize::from(n)]),
+                Reg::Pc => Ok(self.pc),
+                _ => Err(HvError::Call {
+                    call: "reg",
+                    detail: format!("{reg:?}"),
+                }),
+            }
+        }
+        fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
+            if self.fail_writes {
+                return Err(HvError::Call {
+                    call: "set_reg",
+                    detail: "injected".into(),
+                });
+            }
+            match reg {
+                Reg::X(n) if n <= 30 => self.x[usize::from(n)] = value,
+                Reg::Pc => self.pc = value,
+                _ => {
+                    return Err(HvError::Call {
+                        call: "set_reg",
+                        detail: format!("{reg:?}"),
+                    })
+                }
+            }
+            Ok(())
+        }
+        fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
+            Ok(0)
+        }
+        fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
+            Ok(())
+        }
+        fn sysreg(&mut self, _reg: SysReg) -> hv::Result<u64> {
+            Ok(0)
+        }
+        fn set_sysreg(&mut self, _reg: SysReg, _value: u64) -> hv::Result<()> {
+            Ok(())
+        }
+        fn vtimer_offset(&mut self) -> hv::Result<u64> {
+            Ok(0)
+        }
+        fn set_vtimer_offset(&mut self, _offset: u64) -> hv::Result<()> {
+            Ok(())
+        }
+        fn kicker(&self) -> Arc<dyn Kick> {
+            Arc::new(NoKick)
+        }
+    }
+
+    fn load(size: u8, sse: bool, sf: bool, srt: u8) -> DataAbort {
+        let mut d = da(LDR_W1);
+        d.size = size;
+        d.sse = sse;
+        d.sf = sf;
+        d.srt = srt;
+        d
+    }
+
+    /// The architectural result, computed with Rust's integer casts.
+    fn reference(bytes: &[u8], sse: bool, sf: bool) -> u64 {
+        let mut b = [0u8; 8];
+        b[..bytes.len()].copy_from_slice(bytes);
+        let raw = u64::from_le_bytes(b);
+        let v = match (bytes.len(), sse) {
+            (1, true) => raw as u8 as i8 as i64 as u64,
+            (2, true) => raw as u16 as i16 as i64 as u64,
+            (4, true) => raw as u32 as i32 as i64 as u64,
+            _ => raw,
+        };
+        if sf {
+            v
+        } else {
+            v as u32 as u64
+        }
+    }
+
+    #[test]
+    fn mmio_read_every_size_sign_and_width() {
+        let patterns: [&[u8]; 8] = [
+            &[0x7f],
+            &[0x80],
+            &[0xff, 0x7f],
+            &[0x00, 0x80],
+            &[0x78, 0x56, 0x34, 0x12],
+            &[0x00, 0x00, 0x00, 0x80],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &[0xf0, 0xde, 0xbc, 0x9a, 0x78, 0x56, 0x34, 0xf2],
+        ];
+        for data in patterns {
+            let size = data.len() as u8;
+            for sse in [false, true] {
+                for sf in [false, true] {
+                    for rt in [0u8, 7, 30, 31] {
+                        let mut v = FakeVcpu::new();
+                        let before = v.x;
+                        complete_mmio_read(&mut v, &load(size, sse, sf, rt), data).unwrap();
+                        assert_eq!(v.pc, 0x4008_0004);
+                        let mut expected = before;
+                        if rt < 31 {
+                            expected[usize::from(rt)] = reference(data, sse, sf);
+                        }
+                        assert_eq!(v.x, expected, "{data:x?} sse={sse} sf={sf} rt={rt}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extend_known_values() {
+        // ldrsb w0 / ldrsb x0 / ldrb w0 of 0x80.
+        assert_eq!(extend(0x80, 1, true, false), 0xffff_ff80);
+        assert_eq!(extend(0x80, 1, true, true), 0xffff_ffff_ffff_ff80);
+        assert_eq!(extend(0x80, 1, false, false), 0x80);
+        // ldrh w0 ignores garbage above the access size.
+        assert_eq!(extend(0xffff_8000, 2, false, false), 0x8000);
+        // ldrsw x0.
+        assert_eq!(extend(0x8000_0000, 4, true, true), 0xffff_ffff_8000_0000);
+        // ldr w0 drops the upper half; ldr x0 keeps everything.
+        assert_eq!(extend(u64::MAX, 4, false, false), 0xffff_ffff);
+        assert_eq!(extend(u64::MAX, 8, true, true), u64::MAX);
+        // Out-of-range sizes do not panic.
+        assert_eq!(extend(u64::MAX, 0, true, true), 0);
+        assert_eq!(extend(u64::MAX, 200, false, true), u64::MAX);
+    }
+
+    #[test]
+    fn mmio_read_rejects_bad_completions() {
+        let mut v = FakeVcpu::new();
+        let before = (v.x, v.pc);
+        let mut no_isv = load(4, false, false, 1);
+        no_isv.isv = false;
+        assert!(complete_mmio_read(&mut v, &no_isv, &[0; 4]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(4, false, false, 1), &[0; 2]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(16, false, true, 1), &[0; 16]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(3, false, true, 1), &[0; 3]).is_err());
+        assert!(complete_mmio_read(&mut v, &da(STRB_W3), &[0; 1]).is_err());
+        assert_eq!((v.x, v.pc), before);
+        v.fail_writes = true;
+        assert!(complete_mmio_read(&mut v, &load(4, false, false, 1), &[0; 4]).is_err());
+    }
+
+    #[test]
+    fn mmio_write_truncates_and_reads_xzr_as_zero() {
+        let mut v = FakeVcpu::new();
+        v.x[3] = 0x1122_3344_5566_7788;
+        let mut st = da(STRB_W3);
+        for (size, expected) in [
+            (1u8, &[0x88u8][..]),
+            (2, &[0x88, 0x77]),
+            (4, &[0x88, 0x77, 0x66, 0x55]),
+            (8, &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]),
+        ] {
+            st.size = size;
+            let w = mmio_write_value(&mut v, &st).unwrap();
+            assert_eq!(w.bytes(), expected);
+            assert_eq!(w.value().to_le_bytes()[..usize::from(size)], *expected);
+        }
+        st.srt = 31;
+        let w = mmio_write_value(&mut v, &st).unwrap();
+        assert_eq!(w.bytes(), &[0u8; 8]);
+        assert_eq!(v.pc, 0x4008_0000, "reading the value must not move PC");
+        complete_mmio_write(&mut v, &st).unwrap();
+        assert_eq!(v.pc, 0x4008_0004);
+        // A 16-bit T32 instruction (IL=0) advances by 2.
+        st.il = false;
+        complete_mmio_write(&mut v, &st).unwrap();
+        assert_eq!(v.pc, 0x4008_0006);
+
+        assert!(mmio_write_value(&mut v, &da(LDR_W1)).is_err());
+        assert!(complete_mmio_write(&mut v, &da(LDR_W1)).is_err());
+        st.size = 9;
+        assert!(mmio_write_value(&mut v, &st).is_err());
+        st.size = 4;
+        st.isv = false;
+        assert!(mmio_write_value(&mut v, &st).is_err());
+    }
+
+    #[test]
+    fn sysreg_completion() {
+        let Syndrome::SysReg(mrs) = decode(MRS_X5_IAR1) else {
+            unreachable!()
+        };
+        let Syndrome::SysReg(msr) = decode(MSR_EOIR1_X3) else {
+            unreachable!()
+        };
+        let mut v = FakeVcpu::new();
+        v.x[3] = 27;
+        assert_eq!(sysreg_write_value(&mut v, &msr).unwrap(), 27);
+        assert!(sysreg_write_value(&mut v, &mrs).is_err());
+        complete_sysreg_read(&mut v, &mrs, 0x1b).unwrap();
+        assert_eq!((v.x[5], v.pc), (0x1b, 0x4008_0004));
+        assert!(complete_sysreg_read(&mut v, &msr, 0).is_err());
+        let xzr = SysRegAccess { rt: 31, ..mrs };
+        let before = v.x;
+        complete_sysreg_read(&mut v, &xzr, 5).unwrap();
+        assert_eq!(v.x, before);
+        assert_eq!(read_xt(&mut v, 31).unwrap(), 0);
+        assert!(read_xt(&mut v, 32).is_err());
+        assert!(write_xt(&mut v, 255, 0).is_err());
+    }
+}

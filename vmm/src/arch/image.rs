@@ -1,0 +1,357 @@
+//! Loading a Linux arm64 `Image` and placing the DTB, per the kernel's
+//! `Documentation/arch/arm64/booting.rst`.
+//!
+//! We parse the header ourselves: linux-loader's PE/Image loader is compiled
+//! only when the *host* is aarch64 (`cfg(target_arch = "aarch64")`), and the
+//! `emu` backend must boot the same Image on x86_64 hosts.
+//!
+//! Header (64 bytes, little-endian):
+//!
+//! ```text
+//! 0x00 u32 code0        0x08 u64 text_offset   0x10 u64 image_size
+//! 0x04 u32 code1        0x18 u64 flags         0x20..0x38 reserved
+//! 0x38 u32 magic = 0x644d5241 ("ARM\x64")      0x3c u32 PE header offset
+//! ```
+
+use crate::arch::layout::KERNEL_ALIGN;
+use crate::memory::GuestRam;
+use vm_memory::{Bytes, GuestAddress};
+
+/// `"ARM\x64"` read as a little-endian u32 at offset 0x38.
+pub const IMAGE_MAGIC: u32 = 0x644d_5241;
+/// Size of the Image header in bytes.
+pub const HEADER_SIZE: usize = 64;
+/// `text_offset` to assume when `image_size` is 0 (kernels before 3.17).
+pub const LEGACY_TEXT_OFFSET: u64 = 0x8_0000;
+/// Largest DTB the boot protocol allows, in bytes.
+pub const DTB_MAX_SIZE: u64 = 2 * 1024 * 1024;
+/// Alignment used for the DTB (the protocol requires 8 bytes; we use 2 MiB so
+/// it never shares a 2 MiB block with the kernel).
+pub const DTB_ALIGN: u64 = 2 * 1024 * 1024;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Errors loading a kernel Image or placing the DTB.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// Shorter than the header.
+    #[error("not an arm64 Image: {len} bytes is shorter than the {HEADER_SIZE}-byte header")]
+    TooShort {
+        /// File length in bytes.
+        len: usize,
+    },
+    /// Wrong magic number.
+    #[error("not an arm64 Image (bad magic {found:#010x} at offset 0x38, expected {IMAGE_MAGIC:#010x} \"ARM\\x64\")")]
+    BadMagic {
+        /// The value found.
+        found: u32,
+    },
+    /// Header flags bit 0 is set.
+    #[error("big-endian kernel (Image header flags {flags:#x}, bit 0 set): only little-endian kernels boot")]
+    BigEndian {
+        /// The header's flags field.
+        flags: u64,
+    },
+    /// The kernel and its BSS do not fit in RAM.
+    #[error("kernel ({size} bytes incl. BSS, at offset {offset:#x} into RAM) does not fit in {} of RAM", fmt_size(*.ram_size))]
+    DoesNotFit {
+        /// Bytes the kernel occupies: max(image_size, file length).
+        size: u64,
+        /// Load offset from the start of RAM (2 MiB alignment + text_offset).
+        offset: u64,
+        /// RAM size in bytes.
+        ram_size: u64,
+    },
+    /// The DTB is larger than the boot protocol allows.
+    #[error("device tree is {len} bytes; the arm64 boot protocol allows at most 2 MiB")]
+    DtbTooLarge {
+        /// DTB length in bytes.
+        len: u64,
+    },
+    /// No room for the DTB above the kernel.
+    #[error("no room for the {len}-byte device tree above the kernel (ends at {image_end:#x}) in {} of RAM", fmt_size(*.ram_size))]
+    DtbDoesNotFit {
+        /// DTB length in bytes.
+        len: u64,
+        /// Guest-physical end of the kernel.
+        image_end: u64,
+        /// RAM size in bytes.
+        ram_size: u64,
+    },
+    /// Writing guest memory failed.
+    #[error("cannot write the kernel to guest RAM at {gpa:#x}: {source}")]
+    Write {
+        /// Where.
+        gpa: u64,
+        /// vm-memory's error.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+fn fmt_size(bytes: u64) -> String {
+    if bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// The parsed 64-byte Image header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageHeader {
+    /// Offset of the image from a 2 MiB-aligned base ([`LEGACY_TEXT_OFFSET`]
+    /// when `image_size` is 0).
+    pub text_offset: u64,
+    /// Bytes the kernel needs from its start, including BSS; 0 if unknown
+    /// (pre-3.17 kernels).
+    pub image_size: u64,
+    /// Header flags: bit 0 big-endian, bits 1-2 page size, bit 3 placement.
+    pub flags: u64,
+}
+
+impl ImageHeader {
+    /// Parses and checks the header: length, magic, little-endian.
+    pub fn parse(image: &[u8]) -> Result<Self, ImageError> {
+        let header = image
+            .get(..HEADER_SIZE)
+            .ok_or(ImageError::TooShort { len: image.len() })?;
+        let u64_at = |off: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&header[off..off + 8]);
+            u64::from_le_bytes(b)
+        };
+        let mut m = [0u8; 4];
+        m.copy_from_slice(&header[0x38..0x3c]);
+        let magic = u32::from_le_bytes(m);
+        if magic != IMAGE_MAGIC {
+            return Err(ImageError::BadMagic { found: magic });
+        }
+        let image_size = u64_at(0x10);
+        // "Where image_size is zero, text_offset can be assumed to be 0x80000"
+        // (its endianness was unspecified before 3.17).
+        let text_offset = if image_size == 0 {
+            LEGACY_TEXT_OFFSET
+        } else {
+            u64_at(0x08)
+        };
+        let flags = if image_size == 0 { 0 } else { u64_at(0x18) };
+        if flags & 1 != 0 {
+            return Err(ImageError::BigEndian { flags });
+        }
+        Ok(ImageHeader {
+            text_offset,
+            image_size,
+            flags,
+        })
+    }
+
+    /// The kernel's page size from flags bits 1-2 (informational), if given.
+    pub fn page_size(&self) -> Option<u64> {
+        match (self.flags >> 1) & 3 {
+            1 => Some(4 * 1024),
+            2 => Some(16 * 1024),
+            3 => Some(64 * 1024),
+            _ => None,
+        }
+    }
+}
+
+/// Where a kernel was loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedImage {
+    /// Guest-physical address of the first byte of the Image: the entry point
+    /// (boot CPU starts here with X0 = DTB address, X1..X3 = 0).
+    pub entry: u64,
+    /// Guest-physical address just past the kernel's footprint
+    /// (`entry + max(image_size, file length)`): free memory starts here.
+    pub image_end: u64,
+    /// The kernel's page size from the header, if it says.
+    pub page_size: Option<u64>,
+}
+
+/// Copies `image` into RAM at the first 2 MiB-aligned address of RAM plus
+/// `text_offset`, after checking the header and that `image_size` bytes (the
+/// whole footprint including BSS) fit in RAM.
+pub fn load_image(ram: &GuestRam, image: &[u8]) -> Result<LoadedImage, ImageError> {
+    let header = ImageHeader::parse(image)?;
+    let ram_base = ram.base();
+    let ram_size = ram.size();
+    let file_len = image.len() as u64;
+    let size = header.image_size.max(file_len);
+    // RAM_BASE is 2 MiB aligned; round anyway so a different base stays correct.
+    let base = ram_base.next_multiple_of(KERNEL_ALIGN);
+    let offset = (base - ram_base).saturating_add(header.text_offset);
+    let end_offset = offset
+        .checked_add(size)
+        .filter(|&end| end <= ram_size)
+        .ok_or(ImageError::DoesNotFit {
+            size,
+            offset,
+            ram_size,
+        })?;
+    let entry = ram_base + offset;
+    ram.memory()
+        .write_slice(image, GuestAddress(entry))
+        .map_err(|source| ImageError::Write { gpa: entry, source })?;
+    Ok(LoadedImage {
+        entry,
+        image_end: ram_base + end_offset,
+        page_size: header.page_size(),
+    })
+}
+
+/// Guest-physical address for a DTB of `dtb_len` bytes: the first
+/// [`DTB_ALIGN`] boundary at or above `image_end`, so it overlaps neither the
+/// kernel nor its BSS and sits in its own 2 MiB block. Checks the 2 MiB size
+/// limit and that it ends inside RAM.
+pub fn dtb_address(ram: &GuestRam, image_end: u64, dtb_len: u64) -> Result<u64, ImageError> {
+    if dtb_len > DTB_MAX_SIZE {
+        return Err(ImageError::DtbTooLarge { len: dtb_len });
+    }
+    let no_room = || ImageError::DtbDoesNotFit {
+        len: dtb_len,
+        image_end,
+        ram_size: ram.size(),
+    };
+    let addr = image_end
+        .max(ram.base())
+        .checked_next_multiple_of(DTB_ALIGN)
+        .ok_or_else(no_room)?;
+    if !ram.contains(addr, dtb_len) {
+        return Err(no_room());
+    }
+    Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::layout::RAM_BASE;
+
+    /// A synthetic Image: header fields as given, then `body` bytes of 0xAA.
+    fn image(text_offset: u64, image_size: u64, flags: u64, body: usize) -> Vec<u8> {
+        let mut v = vec![0u8; HEADER_SIZE + body];
+        v[0..4].copy_from_slice(&0x9100_0000u32.to_le_bytes()); // code0: an A64 `add`
+        v[4..8].copy_from_slice(&0x1400_0010u32.to_le_bytes()); // code1: `b` over the header
+        v[0x08..0x10].copy_from_slice(&text_offset.to_le_bytes());
+        v[0x10..0x18].copy_from_slice(&image_size.to_le_bytes());
+        v[0x18..0x20].copy_from_slice(&flags.to_le_bytes());
+        v[0x38..0x3c].copy_from_slice(&IMAGE_MAGIC.to_le_bytes());
+        v[HEADER_SIZE..].fill(0xaa);
+        v
+    }
+
+    const RAM: u64 = 16 * MIB;
+
+    #[test]
+    fn loads_modern_image_with_bss() {
+        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        // text_offset 0 (Linux >= 5.8), 16K pages (flags bits 1-2 = 2),
+        // image_size larger than the file because of BSS.
+        let img = image(0, 3 * MIB, 2 << 1 | 1 << 3, 4096);
+        let loaded = load_image(&ram, &img).unwrap();
+        assert_eq!(loaded.entry, RAM_BASE);
+        assert_eq!(loaded.image_end, RAM_BASE + 3 * MIB);
+        assert_eq!(loaded.page_size, Some(16 * 1024));
+        let mut back = vec![0u8; img.len()];
+        ram.memory()
+            .read_slice(&mut back, GuestAddress(RAM_BASE))
+            .unwrap();
+        assert_eq!(back, img);
+        let dtb = dtb_address(&ram, loaded.image_end, 1800).unwrap();
+        assert_eq!(dtb, RAM_BASE + 4 * MIB);
+        assert_eq!(dtb % 8, 0);
+    }
+
+    #[test]
+    fn honours_text_offset_and_legacy_header() {
+        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        let loaded = load_image(&ram, &image(0x8_0000, MIB, 0, 64)).unwrap();
+        assert_eq!(loaded.entry, RAM_BASE + 0x8_0000);
+        assert_eq!(loaded.image_end, RAM_BASE + 0x8_0000 + MIB);
+        assert_eq!(loaded.page_size, None);
+        // image_size 0: text_offset is taken as 0x80000 whatever the field
+        // says, flags are ignored and the file size is the footprint.
+        let old = image(0xdead_beef, 0, 1, 1000);
+        let loaded = load_image(&ram, &old).unwrap();
+        assert_eq!(loaded.entry, RAM_BASE + LEGACY_TEXT_OFFSET);
+        assert_eq!(loaded.image_end, loaded.entry + old.len() as u64);
+        // The DTB goes at the next 2 MiB boundary.
+        assert_eq!(
+            dtb_address(&ram, loaded.image_end, 100).unwrap(),
+            RAM_BASE + 2 * MIB
+        );
+        // image_end already aligned: no gap.
+        assert_eq!(
+            dtb_address(&ram, RAM_BASE + 2 * MIB, 100).unwrap(),
+            RAM_BASE + 2 * MIB
+        );
+    }
+
+    #[test]
+    fn rejects_bad_headers_with_one_line_messages() {
+        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        let e = load_image(&ram, &[0u8; 10]).unwrap_err();
+        assert!(matches!(e, ImageError::TooShort { len: 10 }));
+        assert!(e.to_string().starts_with("not an arm64 Image"));
+
+        let mut elf = image(0, MIB, 0, 100);
+        elf[0x38..0x3c].copy_from_slice(b"\x7fELF");
+        let e = load_image(&ram, &elf).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not an arm64 Image (bad magic 0x464c457f at offset 0x38, expected 0x644d5241 \"ARM\\x64\")"
+        );
+
+        let e = load_image(&ram, &image(0, MIB, 1, 100)).unwrap_err();
+        assert!(matches!(e, ImageError::BigEndian { flags: 1 }));
+        assert!(e.to_string().starts_with("big-endian kernel"));
+    }
+
+    #[test]
+    fn rejects_kernels_that_do_not_fit() {
+        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        // The file fits but its BSS does not.
+        let e = load_image(&ram, &image(0, 17 * MIB, 0, 100)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "kernel ({} bytes incl. BSS, at offset 0x0 into RAM) does not fit in 16 MiB of RAM",
+                17 * MIB
+            )
+        );
+        // Exactly full is fine.
+        assert!(load_image(&ram, &image(0, 16 * MIB, 0, 100)).is_ok());
+        // text_offset pushes it out.
+        assert!(matches!(
+            load_image(&ram, &image(MIB, 16 * MIB, 0, 100)),
+            Err(ImageError::DoesNotFit {
+                offset: 0x10_0000,
+                ..
+            })
+        ));
+        // Overflowing header values do not panic.
+        assert!(load_image(&ram, &image(u64::MAX, u64::MAX, 0, 100)).is_err());
+        assert!(load_image(&ram, &image(0, u64::MAX, 0, 100)).is_err());
+    }
+
+    #[test]
+    fn dtb_placement_limits() {
+        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        assert!(matches!(
+            dtb_address(&ram, RAM_BASE + MIB, DTB_MAX_SIZE + 1),
+            Err(ImageError::DtbTooLarge { .. })
+        ));
+        assert_eq!(
+            dtb_address(&ram, RAM_BASE + 13 * MIB, DTB_MAX_SIZE).unwrap(),
+            RAM_BASE + 14 * MIB
+        );
+        let e = dtb_address(&ram, RAM_BASE + 14 * MIB + 1, 4096).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("no room for the 4096-byte device tree"));
+        assert!(dtb_address(&ram, u64::MAX - 5, 16).is_err());
+        assert!(dtb_address(&ram, RAM_BASE + 15 * MIB, DTB_MAX_SIZE).is_err());
+    }
+}

@@ -1,0 +1,1144 @@
+//! The virtio-mmio transport, version 2 (virtio 1.2 §4.2.2), over one
+//! [`VirtioDevice`].
+//!
+//! - Control registers (0x000..0x100) take only aligned 32-bit accesses
+//!   (§4.2.2.2); others are [`AccessError::Size`]/[`AccessError::Alignment`].
+//!   Configuration space (0x100..) takes naturally aligned 1/2/4/8-byte
+//!   accesses.
+//! - Device status follows §3.1.1 (ACKNOWLEDGE → DRIVER → FEATURES_OK →
+//!   DRIVER_OK; FAILED at any time; 0 resets). Writes that break the order
+//!   or clear bits are ignored with a warning. FEATURES_OK is refused unless
+//!   VIRTIO_F_VERSION_1 is negotiated and every driver feature was offered.
+//!   Queue set-up registers are accepted only between FEATURES_OK and
+//!   DRIVER_OK, and only while the selected queue is not ready (§4.2.2.3).
+//! - A QueueNotify write processes the queue synchronously on the writing
+//!   vCPU, so a request completes before the guest's store retires.
+//! - InterruptStatus bit 0 (used buffer) / bit 1 (configuration change);
+//!   the level-triggered line is high while InterruptStatus != 0.
+//! - If the device fails (broken ring, failed activation) the transport sets
+//!   DEVICE_NEEDS_RESET and raises a configuration-change interrupt (§2.1.2).
+
+use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
+use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice};
+use crate::memory::{GuestMemory, GuestRam};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+    VIRTIO_F_VERSION_1,
+};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{Queue, QueueState, QueueT};
+use vm_memory::GuestAddress;
+
+/// MagicValue: "virt" little-endian.
+pub const MAGIC_VALUE: u32 = 0x7472_6976;
+/// Transport version (2 = virtio 1.x, non-legacy).
+pub const MMIO_VERSION: u32 = 2;
+/// VendorID: "IGNT" little-endian.
+pub const VENDOR_ID: u32 = u32::from_le_bytes(*b"IGNT");
+/// InterruptStatus bit: a buffer was used.
+pub const INT_VRING: u32 = 1;
+/// InterruptStatus bit: the configuration changed (or DEVICE_NEEDS_RESET).
+pub const INT_CONFIG: u32 = 2;
+/// Offset of the device configuration space.
+pub const CONFIG_OFFSET: u64 = 0x100;
+
+// Register offsets, virtio 1.2 §4.2.2 table 4.1.
+const MAGIC: u64 = 0x000;
+const VERSION: u64 = 0x004;
+const DEVICE_ID: u64 = 0x008;
+const VENDOR: u64 = 0x00c;
+const DEVICE_FEATURES: u64 = 0x010;
+const DEVICE_FEATURES_SEL: u64 = 0x014;
+const DRIVER_FEATURES: u64 = 0x020;
+const DRIVER_FEATURES_SEL: u64 = 0x024;
+const QUEUE_SEL: u64 = 0x030;
+const QUEUE_NUM_MAX: u64 = 0x034;
+const QUEUE_NUM: u64 = 0x038;
+const QUEUE_READY: u64 = 0x044;
+const QUEUE_NOTIFY: u64 = 0x050;
+const INTERRUPT_STATUS: u64 = 0x060;
+const INTERRUPT_ACK: u64 = 0x064;
+const STATUS: u64 = 0x070;
+const QUEUE_DESC_LOW: u64 = 0x080;
+const QUEUE_DESC_HIGH: u64 = 0x084;
+const QUEUE_DRIVER_LOW: u64 = 0x090;
+const QUEUE_DRIVER_HIGH: u64 = 0x094;
+const QUEUE_DEVICE_LOW: u64 = 0x0a0;
+const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
+const SHM_SEL: u64 = 0x0ac;
+const SHM_LEN_LOW: u64 = 0x0b0;
+const SHM_BASE_HIGH: u64 = 0x0bc;
+const CONFIG_GENERATION: u64 = 0x0fc;
+
+const ACKNOWLEDGE: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;
+const DRIVER: u32 = VIRTIO_CONFIG_S_DRIVER;
+const FEATURES_OK: u32 = VIRTIO_CONFIG_S_FEATURES_OK;
+const DRIVER_OK: u32 = VIRTIO_CONFIG_S_DRIVER_OK;
+const NEEDS_RESET: u32 = VIRTIO_CONFIG_S_NEEDS_RESET;
+const FAILED: u32 = VIRTIO_CONFIG_S_FAILED;
+const STATUS_BITS: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK | NEEDS_RESET | FAILED;
+
+const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+
+/// Rounds of "process, re-enable notifications, re-check" per QueueNotify
+/// before giving the vCPU back (bounds the time a busy driver can hold it).
+const MAX_NOTIFY_ROUNDS: usize = 64;
+
+/// A virtio-mmio transport slot holding device `D`.
+pub struct VirtioMmio<D: VirtioDevice> {
+    device: D,
+    ram: Arc<GuestRam>,
+    irq: Arc<dyn IrqLine>,
+    irq_level: bool,
+    queues: Vec<Queue>,
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    interrupt_status: u32,
+    config_generation: u32,
+}
+
+/// Saved state of one split virtqueue: a serializable mirror of
+/// virtio-queue's [`QueueState`]. Untrusted; validated on restore.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSnapshot {
+    /// Maximum size offered by the device (QueueNumMax).
+    pub max_size: u16,
+    /// Next available-ring entry the device will read.
+    pub next_avail: u16,
+    /// Next used-ring entry the device will write.
+    pub next_used: u16,
+    /// Whether VIRTIO_F_RING_EVENT_IDX is in effect.
+    pub event_idx_enabled: bool,
+    /// Queue size chosen by the driver (QueueNum).
+    pub size: u16,
+    /// QueueReady.
+    pub ready: bool,
+    /// Guest-physical address of the descriptor table.
+    pub desc_table: u64,
+    /// Guest-physical address of the driver (available) ring.
+    pub avail_ring: u64,
+    /// Guest-physical address of the device (used) ring.
+    pub used_ring: u64,
+}
+
+impl From<QueueState> for QueueSnapshot {
+    fn from(s: QueueState) -> Self {
+        QueueSnapshot {
+            max_size: s.max_size,
+            next_avail: s.next_avail,
+            next_used: s.next_used,
+            event_idx_enabled: s.event_idx_enabled,
+            size: s.size,
+            ready: s.ready,
+            desc_table: s.desc_table,
+            avail_ring: s.avail_ring,
+            used_ring: s.used_ring,
+        }
+    }
+}
+
+impl From<QueueSnapshot> for QueueState {
+    fn from(s: QueueSnapshot) -> Self {
+        QueueState {
+            max_size: s.max_size,
+            next_avail: s.next_avail,
+            next_used: s.next_used,
+            event_idx_enabled: s.event_idx_enabled,
+            size: s.size,
+            ready: s.ready,
+            desc_table: s.desc_table,
+            avail_ring: s.avail_ring,
+            used_ring: s.used_ring,
+        }
+    }
+}
+
+/// Saved transport state plus the device's own. Untrusted: validated by
+/// [`VirtioMmio::restore`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VirtioMmioState<S> {
+    /// Device status register.
+    pub status: u32,
+    /// Features the driver accepted (64 bits).
+    pub driver_features: u64,
+    /// DeviceFeaturesSel.
+    pub device_features_sel: u32,
+    /// DriverFeaturesSel.
+    pub driver_features_sel: u32,
+    /// QueueSel.
+    pub queue_sel: u32,
+    /// InterruptStatus.
+    pub interrupt_status: u32,
+    /// ConfigGeneration.
+    pub config_generation: u32,
+    /// One entry per device queue.
+    pub queues: Vec<QueueSnapshot>,
+    /// The device's state.
+    pub device: S,
+}
+
+impl<D: VirtioDevice> VirtioMmio<D> {
+    /// Wraps `device`. Guest memory is reached through `ram` (vm-memory, so
+    /// device writes are dirty-tracked); `irq` is the slot's SPI. Fails if
+    /// the device reports an invalid queue size.
+    pub fn new(device: D, ram: Arc<GuestRam>, irq: Arc<dyn IrqLine>) -> Result<Self, VirtioError> {
+        let queues = device
+            .queue_max_sizes()
+            .iter()
+            .map(|&max| Queue::new(max))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(VirtioMmio {
+            device,
+            ram,
+            irq,
+            irq_level: false,
+            queues,
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            interrupt_status: 0,
+            config_generation: 0,
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The device, mutably.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    /// The device status register.
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    /// Tells the driver the configuration space changed: bumps
+    /// ConfigGeneration and raises InterruptStatus bit 1.
+    pub fn signal_config_change(&mut self) {
+        self.config_generation = self.config_generation.wrapping_add(1);
+        self.raise(INT_CONFIG);
+    }
+
+    /// Waits until the device has no request in flight (before a snapshot).
+    pub fn quiesce(&mut self) -> std::io::Result<()> {
+        self.device.quiesce()
+    }
+
+    /// The current state, for a snapshot (call [`VirtioMmio::quiesce`] first).
+    pub fn save(&self) -> VirtioMmioState<D::State> {
+        VirtioMmioState {
+            status: self.status,
+            driver_features: self.driver_features,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            queue_sel: self.queue_sel,
+            interrupt_status: self.interrupt_status,
+            config_generation: self.config_generation,
+            queues: self.queues.iter().map(|q| q.state().into()).collect(),
+            device: self.device.save(),
+        }
+    }
+
+    /// Loads a saved state after validating it against this device and the
+    /// guest memory, then drives the interrupt line to the restored level.
+    /// On error the transport is unchanged (the device may not be, if its
+    /// own restore failed).
+    pub fn restore(&mut self, state: &VirtioMmioState<D::State>) -> Result<(), VirtioError> {
+        let bad = |m: String| Err(VirtioError::InvalidState(m));
+        let s = state.status;
+        if s & !STATUS_BITS != 0 || !status_order_ok(s) {
+            return bad(format!("device status {s:#x}"));
+        }
+        if state.driver_features & !self.offered_features() != 0 {
+            return bad(format!(
+                "driver features {:#x} not offered",
+                state.driver_features
+            ));
+        }
+        if s & FEATURES_OK != 0 && state.driver_features & VERSION_1 == 0 {
+            return bad("FEATURES_OK without VIRTIO_F_VERSION_1".into());
+        }
+        if state.interrupt_status & !(INT_VRING | INT_CONFIG) != 0 {
+            return bad(format!("interrupt status {:#x}", state.interrupt_status));
+        }
+        let max_sizes = self.device.queue_max_sizes();
+        if state.queues.len() != max_sizes.len() {
+            return bad(format!(
+                "{} queues, device has {}",
+                state.queues.len(),
+                max_sizes.len()
+            ));
+        }
+        let event_idx = s & DRIVER_OK != 0 && state.driver_features & EVENT_IDX != 0;
+        let running = s & (DRIVER_OK | NEEDS_RESET | FAILED) == DRIVER_OK;
+        let mut queues = Vec::with_capacity(max_sizes.len());
+        for (i, (snap, &max)) in state.queues.iter().zip(max_sizes).enumerate() {
+            if snap.max_size != max {
+                return bad(format!("queue {i} max size {} != {max}", snap.max_size));
+            }
+            if snap.event_idx_enabled != event_idx {
+                return bad(format!("queue {i} event-idx flag disagrees with features"));
+            }
+            let q = Queue::try_from(QueueState::from(*snap))
+                .map_err(|e| VirtioError::InvalidState(format!("queue {i}: {e}")))?;
+            if running && q.ready() && !q.is_valid(self.ram.memory()) {
+                return bad(format!("queue {i} rings lie outside guest RAM"));
+            }
+            queues.push(q);
+        }
+        self.device.restore(&state.device)?;
+        self.queues = queues;
+        self.status = s;
+        self.driver_features = state.driver_features;
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.queue_sel = state.queue_sel;
+        self.interrupt_status = state.interrupt_status;
+        self.config_generation = state.config_generation;
+        self.irq_level = self.interrupt_status != 0;
+        self.irq.set_level(self.irq_level);
+        Ok(())
+    }
+
+    fn offered_features(&self) -> u64 {
+        self.device.features() | TRANSPORT_FEATURES
+    }
+
+    fn raise(&mut self, bits: u32) {
+        self.interrupt_status |= bits;
+        self.update_irq();
+    }
+
+    fn update_irq(&mut self) {
+        let level = self.interrupt_status != 0;
+        if level != self.irq_level {
+            self.irq_level = level;
+            self.irq.set_level(level);
+        }
+    }
+
+    /// Marks the device broken (§2.1.2): DEVICE_NEEDS_RESET, and a
+    /// configuration-change notification once the driver is running.
+    fn set_needs_reset(&mut self) {
+        self.status |= NEEDS_RESET;
+        if self.status & DRIVER_OK != 0 {
+            self.raise(INT_CONFIG);
+        }
+    }
+
+    fn reset(&mut self) {
+        self.device.reset();
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.status = 0;
+        self.driver_features = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.queue_sel = 0;
+        self.interrupt_status = 0;
+        self.update_irq();
+    }
+
+    fn write_status(&mut self, value: u32) {
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        // DEVICE_NEEDS_RESET belongs to the device: keep ours, ignore theirs.
+        let new = (value & !NEEDS_RESET) | (self.status & NEEDS_RESET);
+        if value & !STATUS_BITS != 0 || new & self.status != self.status || !status_order_ok(new) {
+            crate::warn_ratelimited!(
+                "virtio-mmio: status write {value:#x} over {:#x} breaks the init sequence; ignored",
+                self.status
+            );
+            return;
+        }
+        let added = new & !self.status;
+        let mut accepted = new;
+        if added & FEATURES_OK != 0 {
+            let offered = self.offered_features();
+            let f = self.driver_features;
+            if f & VERSION_1 == 0 || f & !offered != 0 {
+                crate::warn_ratelimited!(
+                    "virtio-mmio: refusing FEATURES_OK for driver features {f:#x} (offered {offered:#x}, VERSION_1 required)"
+                );
+                accepted &= !(FEATURES_OK | DRIVER_OK);
+            }
+        }
+        self.status = accepted;
+        if added & accepted & DRIVER_OK != 0 {
+            self.activate();
+        }
+    }
+
+    fn activate(&mut self) {
+        let event_idx = self.driver_features & EVENT_IDX != 0;
+        for q in &mut self.queues {
+            q.set_event_idx(event_idx);
+        }
+        let mem = self.ram.memory();
+        if let Some(i) = self
+            .queues
+            .iter()
+            .position(|q| q.ready() && !q.is_valid(mem))
+        {
+            crate::warn_ratelimited!(
+                "virtio-mmio: queue {i} rings lie outside guest RAM; device needs reset"
+            );
+            self.set_needs_reset();
+            return;
+        }
+        if let Err(e) = self.device.activate(self.driver_features) {
+            crate::warn_ratelimited!("virtio-mmio: device activation failed: {e}");
+            self.set_needs_reset();
+        }
+    }
+
+    fn write_driver_features(&mut self, value: u32) {
+        if self.status & (DRIVER | FEATURES_OK | FAILED) != DRIVER {
+            crate::warn_ratelimited!(
+                "virtio-mmio: DriverFeatures write in status {:#x}; ignored",
+                self.status
+            );
+            return;
+        }
+        let v = u64::from(value);
+        match self.driver_features_sel {
+            0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
+            1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32),
+            // No features above bit 63: only zero is a valid acceptance.
+            sel if value != 0 => crate::warn_ratelimited!(
+                "virtio-mmio: driver accepted unoffered features {value:#x} in word {sel}; ignored"
+            ),
+            _ => {}
+        }
+    }
+
+    /// The selected queue if its configuration may be written now.
+    fn queue_for_setup(&mut self, reg: &str) -> Option<&mut Queue> {
+        let status = self.status;
+        let sel = self.queue_sel;
+        if status & (FEATURES_OK | DRIVER_OK | FAILED) != FEATURES_OK {
+            crate::warn_ratelimited!(
+                "virtio-mmio: {reg} write outside queue set-up (status {status:#x}); ignored"
+            );
+            return None;
+        }
+        match self.queues.get_mut(sel as usize) {
+            None => {
+                crate::warn_ratelimited!(
+                    "virtio-mmio: {reg} write for absent queue {sel}; ignored"
+                );
+                None
+            }
+            Some(q) if q.ready() => {
+                crate::warn_ratelimited!(
+                    "virtio-mmio: {reg} write while queue {sel} is ready; ignored"
+                );
+                None
+            }
+            Some(q) => Some(q),
+        }
+    }
+
+    fn write_queue_address(&mut self, reg: u64, value: u32) {
+        let name = match reg {
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH => "QueueDesc",
+            QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH => "QueueDriver",
+            _ => "QueueDevice",
+        };
+        let Some(q) = self.queue_for_setup(name) else {
+            return;
+        };
+        let old = match reg {
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH => q.desc_table(),
+            QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH => q.avail_ring(),
+            _ => q.used_ring(),
+        };
+        let v = u64::from(value);
+        let addr = GuestAddress(if reg & 4 == 0 {
+            (old & !0xffff_ffff) | v
+        } else {
+            (old & 0xffff_ffff) | (v << 32)
+        });
+        let result = match reg {
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH => q.try_set_desc_table_address(addr),
+            QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH => q.try_set_avail_ring_address(addr),
+            _ => q.try_set_used_ring_address(addr),
+        };
+        if let Err(e) = result {
+            crate::warn_ratelimited!("virtio-mmio: {name} {:#x}: {e}; ignored", addr.0);
+        }
+    }
+
+    fn write_queue_num(&mut self, value: u32) {
+        let Some(q) = self.queue_for_setup("QueueNum") else {
+            return;
+        };
+        let max = q.max_size();
+        match u16::try_from(value) {
+            Ok(n) if q.try_set_size(n).is_ok() => {}
+            _ => crate::warn_ratelimited!(
+                "virtio-mmio: QueueNum {value} is not a power of two in 1..={max}; ignored"
+            ),
+        }
+    }
+
+    fn write_queue_ready(&mut self, value: u32) {
+        if value == 0 {
+            // Stopping a queue is allowed at any time.
+            if let Some(q) = self.queues.get_mut(self.queue_sel as usize) {
+                q.set_ready(false);
+            }
+            return;
+        }
+        if let Some(q) = self.queue_for_setup("QueueReady") {
+            q.set_ready(true);
+        }
+    }
+
+    fn notify(&mut self, value: u32) {
+        if self.status & (DRIVER_OK | NEEDS_RESET | FAILED) != DRIVER_OK {
+            crate::warn_ratelimited!(
+                "virtio-mmio: QueueNotify in status {:#x}; ignored",
+                self.status
+            );
+            return;
+        }
+        let index = value as usize;
+        let mem = self.ram.memory();
+        let Some(queue) = self.queues.get_mut(index).filter(|q| q.ready()) else {
+            crate::warn_ratelimited!(
+                "virtio-mmio: QueueNotify for absent or stopped queue {value}"
+            );
+            return;
+        };
+        match run_queue(&mut self.device, index, queue, mem) {
+            Ok(true) => self.raise(INT_VRING),
+            Ok(false) => {}
+            Err(e) => {
+                crate::warn_ratelimited!(
+                    "virtio-mmio: queue {index} failed: {e}; device needs reset"
+                );
+                self.set_needs_reset();
+            }
+        }
+    }
+
+    fn read_reg(&self, reg: u64) -> Result<u32, AccessError> {
+        let queue = self.queues.get(self.queue_sel as usize);
+        Ok(match reg {
+            MAGIC => MAGIC_VALUE,
+            VERSION => MMIO_VERSION,
+            DEVICE_ID => self.device.device_type(),
+            VENDOR => VENDOR_ID,
+            DEVICE_FEATURES => match self.device_features_sel {
+                0 => self.offered_features() as u32,
+                1 => (self.offered_features() >> 32) as u32,
+                _ => 0,
+            },
+            QUEUE_NUM_MAX => queue.map_or(0, |q| u32::from(q.max_size())),
+            QUEUE_READY => queue.map_or(0, |q| u32::from(q.ready())),
+            INTERRUPT_STATUS => self.interrupt_status,
+            STATUS => self.status,
+            // No shared memory regions: every length reads as -1 (§4.2.2).
+            SHM_LEN_LOW..=SHM_BASE_HIGH => u32::MAX,
+            CONFIG_GENERATION => self.config_generation,
+            DEVICE_FEATURES_SEL | DRIVER_FEATURES | DRIVER_FEATURES_SEL | QUEUE_SEL | QUEUE_NUM
+            | QUEUE_NOTIFY | INTERRUPT_ACK | QUEUE_DESC_LOW | QUEUE_DESC_HIGH
+            | QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH | QUEUE_DEVICE_LOW | QUEUE_DEVICE_HIGH
+            | SHM_SEL => return Err(AccessError::WriteOnly),
+            _ => return Err(AccessError::NoRegister),
+        })
+    }
+
+    fn write_reg(&mut self, reg: u64, value: u32) -> Result<(), AccessError> {
+        match reg {
+            DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            DRIVER_FEATURES => self.write_driver_features(value),
+            DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            QUEUE_SEL => self.queue_sel = value,
+            QUEUE_NUM => self.write_queue_num(value),
+            QUEUE_READY => self.write_queue_ready(value),
+            QUEUE_NOTIFY => self.notify(value),
+            INTERRUPT_ACK => {
+                self.interrupt_status &= !value;
+                self.update_irq();
+            }
+            STATUS => self.write_status(value),
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH | QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH
+            | QUEUE_DEVICE_LOW | QUEUE_DEVICE_HIGH => self.write_queue_address(reg, value),
+            // There are no shared memory regions to select.
+            SHM_SEL => {}
+            MAGIC
+            | VERSION
+            | DEVICE_ID
+            | VENDOR
+            | DEVICE_FEATURES
+            | QUEUE_NUM_MAX
+            | INTERRUPT_STATUS
+            | SHM_LEN_LOW..=SHM_BASE_HIGH
+            | CONFIG_GENERATION => return Err(AccessError::ReadOnly),
+            _ => return Err(AccessError::NoRegister),
+        }
+        Ok(())
+    }
+}
+
+/// Whether every set status bit has its prerequisites (§3.1.1).
+fn status_order_ok(s: u32) -> bool {
+    let needs = |bit: u32, prereq: u32| s & bit == 0 || s & prereq == prereq;
+    needs(DRIVER, ACKNOWLEDGE) && needs(FEATURES_OK, DRIVER) && needs(DRIVER_OK, FEATURES_OK)
+}
+
+/// Processes `queue` until the driver has nothing more for it, with driver
+/// notifications suppressed meanwhile; returns whether to interrupt.
+fn run_queue<D: VirtioDevice>(
+    device: &mut D,
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemory,
+) -> Result<bool, VirtioError> {
+    let mut used = false;
+    for _ in 0..MAX_NOTIFY_ROUNDS {
+        queue.disable_notification(mem)?;
+        used |= device.process_queue(index, queue, mem)?;
+        if !queue.enable_notification(mem)? {
+            break;
+        }
+    }
+    Ok(used && queue.needs_notification(mem)?)
+}
+
+fn check_config_access(offset: u64, len: usize) -> Result<u64, AccessError> {
+    if offset % len as u64 != 0 {
+        return Err(AccessError::Alignment);
+    }
+    Ok(offset - CONFIG_OFFSET)
+}
+
+impl<D: VirtioDevice> MmioDevice for VirtioMmio<D> {
+    fn read(&mut self, _vcpu: usize, offset: u64, data: &mut [u8]) -> Result<(), AccessError> {
+        if offset >= CONFIG_OFFSET {
+            let off = check_config_access(offset, data.len())?;
+            self.device.read_config(off, data);
+            return Ok(());
+        }
+        if data.len() != 4 {
+            return Err(AccessError::Size);
+        }
+        if offset % 4 != 0 {
+            return Err(AccessError::Alignment);
+        }
+        let value = self.read_reg(offset)?;
+        set_le_value(data, u64::from(value));
+        Ok(())
+    }
+
+    fn write(&mut self, _vcpu: usize, offset: u64, data: &[u8]) -> Result<(), AccessError> {
+        if offset >= CONFIG_OFFSET {
+            let off = check_config_access(offset, data.len())?;
+            self.device.write_config(off, data);
+            return Ok(());
+        }
+        if data.len() != 4 {
+            return Err(AccessError::Size);
+        }
+        if offset % 4 != 0 {
+            return Err(AccessError::Alignment);
+        }
+        self.write_reg(offset, le_value(data) as u32)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
+    use crate::devices::pl011::tests::TestIrq;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::QueueOwnedT;
+    use vm_memory::Bytes;
+
+    /// A device with one 16-entry queue that uses every buffer with length 0.
+    #[derive(Default)]
+    struct Sink {
+        activated: Option<u64>,
+        resets: usize,
+        used: usize,
+        config: [u8; 8],
+    }
+
+    impl VirtioDevice for Sink {
+        type State = (Option<u64>, usize);
+        fn device_type(&self) -> u32 {
+            42
+        }
+        fn features(&self) -> u64 {
+            1 << 3
+        }
+        fn queue_max_sizes(&self) -> &[u16] {
+            &[16]
+        }
+        fn read_config(&self, offset: u64, data: &mut [u8]) {
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = self.config.get(offset as usize + i).copied().unwrap_or(0);
+            }
+        }
+        fn write_config(&mut self, offset: u64, data: &[u8]) {
+            self.config[offset as usize..][..data.len()].copy_from_slice(data);
+        }
+        fn activate(&mut self, features: u64) -> Result<(), VirtioError> {
+            self.activated = Some(features);
+            Ok(())
+        }
+        fn process_queue(
+            &mut self,
+            _index: usize,
+            queue: &mut Queue,
+            mem: &GuestMemory,
+        ) -> Result<bool, VirtioError> {
+            let mut any = false;
+            loop {
+                let chain = queue.iter(mem)?.next();
+                let Some(chain) = chain else { break };
+                queue.add_used(mem, chain.head_index(), 0)?;
+                self.used += 1;
+                any = true;
+            }
+            Ok(any)
+        }
+        fn reset(&mut self) {
+            self.activated = None;
+            self.resets += 1;
+        }
+        fn quiesce(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn save(&self) -> Self::State {
+            (self.activated, self.used)
+        }
+        fn restore(&mut self, state: &Self::State) -> Result<(), VirtioError> {
+            (self.activated, self.used) = *state;
+            Ok(())
+        }
+    }
+
+    pub(crate) fn ram() -> Arc<GuestRam> {
+        Arc::new(GuestRam::new_anonymous(64 * PAGE_SIZE).unwrap())
+    }
+
+    fn sink() -> (VirtioMmio<Sink>, Arc<GuestRam>, Arc<TestIrq>) {
+        let ram = ram();
+        let irq = Arc::new(TestIrq::default());
+        let dev = VirtioMmio::new(Sink::default(), ram.clone(), irq.clone()).unwrap();
+        (dev, ram, irq)
+    }
+
+    pub(crate) fn r<D: VirtioDevice>(d: &mut VirtioMmio<D>, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        d.read(0, off, &mut b).unwrap();
+        u32::from_le_bytes(b)
+    }
+
+    pub(crate) fn w<D: VirtioDevice>(d: &mut VirtioMmio<D>, off: u64, v: u32) {
+        d.write(0, off, &v.to_le_bytes()).unwrap();
+    }
+
+    /// ACKNOWLEDGE, DRIVER, write `features`, FEATURES_OK.
+    pub(crate) fn negotiate<D: VirtioDevice>(d: &mut VirtioMmio<D>, features: u64) {
+        w(d, STATUS, ACKNOWLEDGE);
+        w(d, STATUS, ACKNOWLEDGE | DRIVER);
+        w(d, DRIVER_FEATURES_SEL, 0);
+        w(d, DRIVER_FEATURES, features as u32);
+        w(d, DRIVER_FEATURES_SEL, 1);
+        w(d, DRIVER_FEATURES, (features >> 32) as u32);
+        w(d, STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
+    }
+
+    /// Where tests put the used ring. (MockSplitQueue's own used ring
+    /// overlaps the end of its available ring, so it is not used.)
+    pub(crate) const USED_RING: u64 = RAM_BASE + 0x800;
+
+    /// The used ring's index field.
+    pub(crate) fn used_idx(ram: &GuestRam) -> u16 {
+        ram.memory().read_obj(GuestAddress(USED_RING + 2)).unwrap()
+    }
+
+    /// Used-ring entry `i`: (descriptor head, length).
+    pub(crate) fn used_elem(ram: &GuestRam, i: u16) -> (u32, u32) {
+        let at = USED_RING + 4 + 8 * u64::from(i);
+        let id: u32 = ram.memory().read_obj(GuestAddress(at)).unwrap();
+        let len: u32 = ram.memory().read_obj(GuestAddress(at + 4)).unwrap();
+        (id, len)
+    }
+
+    /// Programs queue 0 from a mock driver queue (size at most 64, used
+    /// ring at [`USED_RING`]) and marks it ready.
+    pub(crate) fn setup_queue<D: VirtioDevice>(
+        d: &mut VirtioMmio<D>,
+        vq: &MockSplitQueue<'_, GuestMemory>,
+        size: u16,
+    ) {
+        w(d, QUEUE_SEL, 0);
+        w(d, QUEUE_NUM, u32::from(size));
+        for (lo, addr) in [
+            (QUEUE_DESC_LOW, vq.desc_table_addr().0),
+            (QUEUE_DRIVER_LOW, vq.avail_addr().0),
+            (QUEUE_DEVICE_LOW, USED_RING),
+        ] {
+            w(d, lo, addr as u32);
+            w(d, lo + 4, (addr >> 32) as u32);
+        }
+        w(d, QUEUE_READY, 1);
+    }
+
+    pub(crate) const RUNNING: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
+
+    /// Adds a one-descriptor chain at descriptor `index`.
+    fn add_buffer(vq: &MockSplitQueue<'_, GuestMemory>, index: u16) {
+        let desc = RawDescriptor::from(SplitDescriptor::new(RAM_BASE + 0x8000, 16, 0, 0));
+        vq.add_desc_chains(&[desc], index).unwrap();
+    }
+
+    #[test]
+    fn identification_registers() {
+        let (mut d, _, _) = sink();
+        assert_eq!(r(&mut d, MAGIC), 0x7472_6976);
+        assert_eq!(r(&mut d, VERSION), 2);
+        assert_eq!(r(&mut d, DEVICE_ID), 42);
+        assert_eq!(r(&mut d, VENDOR), u32::from_le_bytes(*b"IGNT"));
+        assert_eq!(r(&mut d, QUEUE_NUM_MAX), 16);
+        assert_eq!(r(&mut d, CONFIG_GENERATION), 0);
+        assert_eq!(r(&mut d, SHM_LEN_LOW), u32::MAX);
+        w(&mut d, QUEUE_SEL, 1);
+        assert_eq!(r(&mut d, QUEUE_NUM_MAX), 0, "absent queue");
+        // Access rules.
+        assert_eq!(d.read(0, MAGIC, &mut [0u8; 2]), Err(AccessError::Size));
+        assert_eq!(d.read(0, MAGIC, &mut [0u8; 8]), Err(AccessError::Size));
+        assert_eq!(d.read(0, 0x002, &mut [0u8; 4]), Err(AccessError::Alignment));
+        assert_eq!(d.write(0, MAGIC, &[0; 4]), Err(AccessError::ReadOnly));
+        assert_eq!(
+            d.read(0, QUEUE_SEL, &mut [0u8; 4]),
+            Err(AccessError::WriteOnly)
+        );
+        assert_eq!(
+            d.read(0, 0x028, &mut [0u8; 4]),
+            Err(AccessError::NoRegister)
+        );
+        assert_eq!(
+            d.read(0, 0x040, &mut [0u8; 4]),
+            Err(AccessError::NoRegister)
+        );
+    }
+
+    #[test]
+    fn config_space_is_byte_addressable() {
+        let (mut d, _, _) = sink();
+        d.write(0, 0x104, &[0xaa, 0xbb]).unwrap();
+        let mut b = [0u8; 1];
+        d.read(0, 0x105, &mut b).unwrap();
+        assert_eq!(b[0], 0xbb);
+        let mut q = [0u8; 8];
+        d.read(0, 0x100, &mut q).unwrap();
+        assert_eq!(q, [0, 0, 0, 0, 0xaa, 0xbb, 0, 0]);
+        assert_eq!(d.read(0, 0x102, &mut [0u8; 4]), Err(AccessError::Alignment));
+    }
+
+    #[test]
+    fn features_require_version_1() {
+        let (mut d, _, _) = sink();
+        w(&mut d, DEVICE_FEATURES_SEL, 0);
+        assert_eq!(r(&mut d, DEVICE_FEATURES), (1 << 3) | (1 << 28) | (1 << 29));
+        w(&mut d, DEVICE_FEATURES_SEL, 1);
+        assert_eq!(r(&mut d, DEVICE_FEATURES), 1, "VERSION_1 is bit 32");
+        w(&mut d, DEVICE_FEATURES_SEL, 2);
+        assert_eq!(r(&mut d, DEVICE_FEATURES), 0);
+
+        // Without VERSION_1 FEATURES_OK does not stick.
+        negotiate(&mut d, 1 << 3);
+        assert_eq!(r(&mut d, STATUS), ACKNOWLEDGE | DRIVER);
+        // A feature that was not offered is refused too.
+        negotiate(&mut d, VERSION_1 | (1 << 4));
+        assert_eq!(r(&mut d, STATUS), ACKNOWLEDGE | DRIVER);
+        w(&mut d, STATUS, 0);
+        negotiate(&mut d, VERSION_1 | (1 << 3));
+        assert_eq!(r(&mut d, STATUS), ACKNOWLEDGE | DRIVER | FEATURES_OK);
+        // Features are frozen after FEATURES_OK.
+        w(&mut d, DRIVER_FEATURES_SEL, 0);
+        w(&mut d, DRIVER_FEATURES, 0);
+        w(&mut d, STATUS, RUNNING);
+        assert_eq!(d.device().activated, Some(VERSION_1 | (1 << 3)));
+    }
+
+    #[test]
+    fn status_state_machine_and_reset() {
+        let (mut d, ram, irq) = sink();
+        w(&mut d, STATUS, DRIVER);
+        assert_eq!(r(&mut d, STATUS), 0, "DRIVER before ACKNOWLEDGE");
+        w(&mut d, STATUS, ACKNOWLEDGE | DRIVER);
+        w(&mut d, STATUS, ACKNOWLEDGE | DRIVER | DRIVER_OK);
+        assert_eq!(
+            r(&mut d, STATUS),
+            ACKNOWLEDGE | DRIVER,
+            "DRIVER_OK before FEATURES_OK"
+        );
+        w(&mut d, STATUS, ACKNOWLEDGE);
+        assert_eq!(
+            r(&mut d, STATUS),
+            ACKNOWLEDGE | DRIVER,
+            "bits cannot be cleared"
+        );
+        w(&mut d, STATUS, ACKNOWLEDGE | DRIVER | 0x10);
+        assert_eq!(r(&mut d, STATUS), ACKNOWLEDGE | DRIVER, "reserved bit");
+        w(&mut d, STATUS, 0);
+        negotiate(&mut d, VERSION_1);
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, STATUS, RUNNING);
+        assert_eq!(r(&mut d, STATUS), RUNNING);
+        add_buffer(&vq, 0);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert!(irq.level());
+        w(&mut d, STATUS, RUNNING | FAILED);
+        assert_eq!(r(&mut d, STATUS), RUNNING | FAILED, "FAILED any time");
+
+        w(&mut d, STATUS, 0);
+        assert_eq!(r(&mut d, STATUS), 0);
+        assert_eq!(r(&mut d, QUEUE_READY), 0);
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), 0);
+        assert!(!irq.level());
+        assert_eq!(d.device().resets, 2);
+        assert_eq!(d.device().activated, None);
+        assert_eq!(d.queues[0].next_avail(), 0);
+    }
+
+    #[test]
+    fn queue_setup_rules() {
+        let (mut d, ram, _) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 8);
+        // Before FEATURES_OK nothing sticks.
+        w(&mut d, STATUS, ACKNOWLEDGE | DRIVER);
+        w(&mut d, QUEUE_NUM, 8);
+        w(&mut d, QUEUE_READY, 1);
+        assert_eq!(r(&mut d, QUEUE_READY), 0);
+        assert_eq!(d.queues[0].size(), 16);
+        w(&mut d, STATUS, 0);
+
+        negotiate(&mut d, VERSION_1);
+        w(&mut d, QUEUE_NUM, 12);
+        assert_eq!(d.queues[0].size(), 16, "not a power of two");
+        w(&mut d, QUEUE_NUM, 32);
+        assert_eq!(d.queues[0].size(), 16, "above QueueNumMax");
+        w(&mut d, QUEUE_NUM, 1 << 16);
+        assert_eq!(d.queues[0].size(), 16);
+        w(&mut d, QUEUE_DESC_LOW, 0x1008);
+        assert_eq!(d.queues[0].desc_table(), 0, "misaligned descriptor table");
+        setup_queue(&mut d, &vq, 8);
+        assert_eq!(r(&mut d, QUEUE_READY), 1);
+        let q = &d.queues[0];
+        assert_eq!(
+            (q.size(), q.desc_table(), q.avail_ring(), q.used_ring()),
+            (8, vq.desc_table_addr().0, vq.avail_addr().0, USED_RING)
+        );
+        // No changes while ready.
+        w(&mut d, QUEUE_NUM, 4);
+        w(&mut d, QUEUE_DESC_HIGH, 1);
+        assert_eq!(d.queues[0].size(), 8);
+        assert_eq!(d.queues[0].desc_table(), vq.desc_table_addr().0);
+        // Stopping and changing again is fine.
+        w(&mut d, QUEUE_READY, 0);
+        w(&mut d, QUEUE_NUM, 4);
+        assert_eq!(d.queues[0].size(), 4);
+        // An absent queue ignores set-up.
+        w(&mut d, QUEUE_SEL, 3);
+        w(&mut d, QUEUE_READY, 1);
+        assert_eq!(r(&mut d, QUEUE_READY), 0);
+    }
+
+    #[test]
+    fn used_buffer_interrupt_and_ack() {
+        let (mut d, ram, irq) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        negotiate(&mut d, VERSION_1);
+        setup_queue(&mut d, &vq, 16);
+        add_buffer(&vq, 0);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(d.device().used, 0, "no processing before DRIVER_OK");
+        w(&mut d, STATUS, RUNNING);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(d.device().used, 1);
+        assert_eq!(used_idx(&ram), 1);
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), INT_VRING);
+        assert!(irq.level());
+        w(&mut d, INTERRUPT_ACK, INT_VRING);
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), 0);
+        assert!(!irq.level());
+        // Nothing new: no interrupt.
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert!(!irq.level());
+        // Config change: bit 1 and a new generation.
+        d.signal_config_change();
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), INT_CONFIG);
+        assert_eq!(r(&mut d, CONFIG_GENERATION), 1);
+        add_buffer(&vq, 1);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), INT_VRING | INT_CONFIG);
+        w(&mut d, INTERRUPT_ACK, INT_CONFIG);
+        assert!(irq.level(), "still high while bit 0 is set");
+        w(&mut d, INTERRUPT_ACK, INT_VRING);
+        assert!(!irq.level());
+        assert_eq!(irq.changes(), [true, false, true, false]);
+        // Without EVENT_IDX the device re-enabled notifications.
+        assert_eq!(
+            ram.memory()
+                .read_obj::<u16>(GuestAddress(USED_RING))
+                .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn event_idx_suppresses_interrupts() {
+        let (mut d, ram, irq) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        negotiate(&mut d, VERSION_1 | EVENT_IDX);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, STATUS, RUNNING);
+        // used_event (after the 16 avail entries) = 1: interrupt once the
+        // used index passes 1, i.e. at the second buffer.
+        let used_event = GuestAddress(vq.avail_addr().0 + 4 + 2 * 16);
+        ram.memory().write_obj(1u16, used_event).unwrap();
+        add_buffer(&vq, 0);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(d.device().used, 1);
+        assert!(!irq.level(), "used_event not reached");
+        add_buffer(&vq, 1);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert!(irq.level());
+        // avail_event (after the 16 used entries) tells the driver where to kick.
+        let avail_event = GuestAddress(USED_RING + 4 + 8 * 16);
+        assert_eq!(ram.memory().read_obj::<u16>(avail_event).unwrap(), 2);
+    }
+
+    #[test]
+    fn broken_rings_need_reset() {
+        let (mut d, ram, irq) = sink();
+        negotiate(&mut d, VERSION_1);
+        // Rings beyond the end of RAM.
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, QUEUE_READY, 0);
+        w(&mut d, QUEUE_DEVICE_LOW, 0);
+        w(&mut d, QUEUE_DEVICE_HIGH, 0x10);
+        w(&mut d, QUEUE_READY, 1);
+        w(&mut d, STATUS, RUNNING);
+        assert_eq!(r(&mut d, STATUS), RUNNING | NEEDS_RESET);
+        assert_eq!(r(&mut d, INTERRUPT_STATUS), INT_CONFIG);
+        assert!(irq.level());
+        assert_eq!(d.device().activated, None);
+        // The driver's write-back of NEEDS_RESET is harmless; notify is ignored.
+        w(&mut d, STATUS, RUNNING | NEEDS_RESET | FAILED);
+        add_buffer(&vq, 0);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(d.device().used, 0);
+        w(&mut d, STATUS, 0);
+        assert_eq!(r(&mut d, STATUS), 0);
+
+        // An available index running more than a queue ahead breaks the ring.
+        let (mut d, ram, _) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        negotiate(&mut d, VERSION_1);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, STATUS, RUNNING);
+        vq.avail().idx().store(100);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        assert_eq!(r(&mut d, STATUS), RUNNING | NEEDS_RESET);
+    }
+
+    #[test]
+    fn save_restore_round_trip() {
+        let (mut d, ram, _) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        negotiate(&mut d, VERSION_1 | EVENT_IDX);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, STATUS, RUNNING);
+        add_buffer(&vq, 0);
+        w(&mut d, QUEUE_NOTIFY, 0);
+        let state = d.save();
+        let json = serde_json::to_string(&state).unwrap();
+        let state: VirtioMmioState<(Option<u64>, usize)> = serde_json::from_str(&json).unwrap();
+
+        let irq = Arc::new(TestIrq::default());
+        let mut e = VirtioMmio::new(Sink::default(), ram.clone(), irq.clone()).unwrap();
+        e.restore(&state).unwrap();
+        assert_eq!(e.save(), state);
+        assert!(irq.level(), "pending interrupt restored");
+        assert_eq!(e.queues[0].next_avail(), 1);
+        add_buffer(&vq, 1);
+        w(&mut e, QUEUE_NOTIFY, 0);
+        assert_eq!(used_idx(&ram), 2);
+        assert_eq!(e.device().used, 2);
+    }
+
+    #[test]
+    fn restore_rejects_bad_state() {
+        let (mut d, ram, _) = sink();
+        let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+        negotiate(&mut d, VERSION_1);
+        setup_queue(&mut d, &vq, 16);
+        w(&mut d, STATUS, RUNNING);
+        let good = d.save();
+        let (mut e, _, _) = sink();
+        type St = VirtioMmioState<(Option<u64>, usize)>;
+        type Breaker = Box<dyn Fn(&mut St)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("queue size", Box::new(|s: &mut St| s.queues[0].size = 12)),
+            ("max size", Box::new(|s: &mut St| s.queues[0].max_size = 32)),
+            ("queue count", Box::new(|s: &mut St| s.queues.clear())),
+            (
+                "alignment",
+                Box::new(|s: &mut St| s.queues[0].used_ring += 2),
+            ),
+            (
+                "outside RAM",
+                Box::new(|s: &mut St| s.queues[0].desc_table = 0),
+            ),
+            (
+                "event idx",
+                Box::new(|s: &mut St| s.queues[0].event_idx_enabled = true),
+            ),
+            ("no VERSION_1", Box::new(|s: &mut St| s.driver_features = 0)),
+            (
+                "unoffered",
+                Box::new(|s: &mut St| s.driver_features |= 1 << 40),
+            ),
+            ("status order", Box::new(|s: &mut St| s.status = DRIVER_OK)),
+            ("status bits", Box::new(|s: &mut St| s.status |= 0x20)),
+            ("interrupt", Box::new(|s: &mut St| s.interrupt_status = 4)),
+        ];
+        for (what, break_it) in cases {
+            let mut s = good.clone();
+            break_it(&mut s);
+            assert!(e.restore(&s).is_err(), "{what} accepted");
+        }
+        assert_eq!(e.status(), 0, "failed restores change nothing");
+        e.restore(&good).unwrap();
+        assert_eq!(e.status(), RUNNING);
+    }
+}

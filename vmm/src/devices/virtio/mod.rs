@@ -1,0 +1,101 @@
+//! Virtio 1.2 devices: the MMIO transport ([`mmio`]) and device models
+//! ([`block`]). A device implements [`VirtioDevice`]; the transport owns the
+//! queues (virtio-queue's split [`Queue`]), the feature negotiation, the
+//! device-status state machine and the interrupt.
+
+pub mod block;
+pub mod mmio;
+
+pub use block::Block;
+pub use mmio::{QueueSnapshot, VirtioMmio, VirtioMmioState};
+
+use crate::memory::GuestMemory;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::Queue;
+
+/// Feature bits the transport offers for every device (virtio 1.2 §6):
+/// VIRTIO_F_VERSION_1 (32, required), VIRTIO_F_RING_EVENT_IDX (29) and
+/// VIRTIO_F_RING_INDIRECT_DESC (28), all handled by virtio-queue.
+pub const TRANSPORT_FEATURES: u64 =
+    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX) | (1 << VIRTIO_RING_F_INDIRECT_DESC);
+
+/// Errors from a device or the transport.
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioError {
+    /// The virtqueue is unusable (bad ring index, bad address, ...).
+    #[error("virtqueue: {0}")]
+    Queue(#[source] virtio_queue::Error),
+    /// A saved state failed validation.
+    #[error("invalid saved state: {0}")]
+    InvalidState(String),
+    /// The device could not start.
+    #[error("activation failed: {0}")]
+    Activate(String),
+}
+
+impl From<virtio_queue::Error> for VirtioError {
+    fn from(e: virtio_queue::Error) -> Self {
+        VirtioError::Queue(e)
+    }
+}
+
+/// A virtio device model behind a transport.
+///
+/// The transport calls these from the vCPU thread that performed the MMIO
+/// access, with the device lock held: queue notifications are processed
+/// synchronously inside the guest's QueueNotify write.
+pub trait VirtioDevice: Send {
+    /// Serializable device-specific state for snapshots.
+    type State: Serialize + DeserializeOwned + Clone + std::fmt::Debug + PartialEq;
+
+    /// Virtio device ID (virtio 1.2 §5, e.g. 2 for block).
+    fn device_type(&self) -> u32;
+
+    /// Device-specific feature bits offered; the transport adds
+    /// [`TRANSPORT_FEATURES`].
+    fn features(&self) -> u64;
+
+    /// Maximum size of each queue (powers of two, 1..=32768); the slice
+    /// length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// Reads `data.len()` bytes of device configuration space at `offset`
+    /// (relative to the start of the config space). Bytes past the end of
+    /// the device's configuration read as 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+
+    /// A driver write to configuration space at `offset`.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+
+    /// The driver set DRIVER_OK with the negotiated `features` (all 64 bits,
+    /// transport bits included).
+    fn activate(&mut self, features: u64) -> Result<(), VirtioError>;
+
+    /// Processes the available buffers of queue `queue_index` (a ready,
+    /// validated queue), adding each to the used ring. Returns whether any
+    /// buffer was used (the transport then decides on an interrupt, honouring
+    /// VIRTIO_F_RING_EVENT_IDX). An error means the queue itself is broken;
+    /// per-request problems are reported to the driver in the request.
+    fn process_queue(
+        &mut self,
+        queue_index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemory,
+    ) -> Result<bool, VirtioError>;
+
+    /// Device reset (status 0 written): drop negotiated state.
+    fn reset(&mut self);
+
+    /// Waits until no request is in flight, before a snapshot.
+    fn quiesce(&mut self) -> std::io::Result<()>;
+
+    /// The device state, for a snapshot.
+    fn save(&self) -> Self::State;
+
+    /// Loads a saved state; it is untrusted and must be validated. The
+    /// transport does not call [`VirtioDevice::activate`] again.
+    fn restore(&mut self, state: &Self::State) -> Result<(), VirtioError>;
+}

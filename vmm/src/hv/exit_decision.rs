@@ -1,0 +1,1496 @@
+//! Backend-neutral exit handling: what to do with a vCPU exit, decided by
+//! pure functions and completed through the [`Vcpu`]/[`VcpuIo`] traits, so it
+//! is unit-tested on any host. Hypervisor.framework cannot run on Linux CI;
+//! the `hvf` backend keeps only its FFI calls outside this module.
+//!
+//! * [`decide`]: exit record (reason, ESR, FAR, IPA) → [`Action`].
+//! * [`complete`]: carries out a [`GuestAction`] on a vCPU (MMIO through
+//!   the device bus with register write-back and PC advance before the guest
+//!   runs again, trapped system registers, PC adjustment of HVC/SMC/WFx,
+//!   injection of UNDEFINED and synchronous external aborts).
+//! * [`exception_entry`]: the architectural entry into a synchronous
+//!   exception at EL1, for any backend that injects exceptions.
+//! * [`vtimer_asserted`], [`vtimer_deadline_ns`]: virtual timer output and
+//!   the WFI wake-up deadline in exact integer arithmetic.
+//! * [`DirtyPages`]: the 16 KiB-page bitmap filled by write-protect faults.
+//!
+//! Spec references are to the Arm ARM (DDI 0487): D1.3 (exception entry),
+//! C5.2 (PSTATE/SPSR), D24.2.41 (ESR), D11.2 (generic timer).
+
+use crate::arch::esr::{
+    self, data_abort_esr, unknown_esr, DataAbort, FaultKind, Syndrome, SysRegAccess,
+    FSC_SYNC_EXTERNAL,
+};
+use crate::arch::layout::PAGE_SIZE;
+use crate::arch::sysreg::{SysReg, ELR_EL1, ESR_EL1, FAR_EL1, SCTLR_EL1, SPSR_EL1, VBAR_EL1};
+use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+// ---------------------------------------------------------------------------
+// Exit records and decisions
+// ---------------------------------------------------------------------------
+
+/// Why the hypervisor returned control (Hypervisor.framework's
+/// `hv_exit_reason_t`; other backends map onto the same four).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// A kick (`hv_vcpus_exit`) made the vCPU leave the guest.
+    Canceled,
+    /// A synchronous exception to EL2: the ESR says which.
+    Exception,
+    /// The virtual timer's output became asserted; the hypervisor masked it.
+    VtimerActivated,
+    /// Anything else the hypervisor reports.
+    Unknown,
+}
+
+/// One vCPU exit as the hypervisor reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitRecord {
+    /// Exit reason.
+    pub reason: ExitReason,
+    /// Exception syndrome (ESR_EL2 layout); meaningful for
+    /// [`ExitReason::Exception`].
+    pub esr: u64,
+    /// Faulting virtual address (FAR_EL2), for aborts.
+    pub far: u64,
+    /// Faulting intermediate physical (guest-physical) address, for aborts.
+    pub ipa: u64,
+}
+
+/// Guest RAM as seen by the decision: a guest-physical range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamRange {
+    /// Guest-physical base (page aligned).
+    pub base: u64,
+    /// Size in bytes (a multiple of [`PAGE_SIZE`]).
+    pub size: u64,
+}
+
+impl RamRange {
+    /// Whether `gpa` lies in RAM.
+    pub fn contains(&self, gpa: u64) -> bool {
+        gpa >= self.base && gpa - self.base < self.size
+    }
+}
+
+/// A system register the backend completes itself: ones a hypervisor may
+/// trap although no device owns them (on HVF, the set QEMU's hvf backend
+/// also handles: PMU, OS lock, CNTPCT_EL0, unallocated ID registers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalSysReg {
+    /// `MRS` reads 0 (PMU, OS double lock, unallocated ID registers).
+    ReadZero,
+    /// `MSR` is ignored (PMU, OS double lock).
+    IgnoreWrite,
+    /// `MRS OSLSR_EL1`: OSLM = 0b10 (lock implemented) and the vCPU's OSLK.
+    ReadOsLockStatus,
+    /// `MSR OSLAR_EL1`: OSLK = bit 0 of the value.
+    WriteOsLock,
+    /// `MRS CNTPCT_EL0`: the guest's physical count, which the VMM presents
+    /// equal to its virtual count (physical count minus the vtimer offset).
+    ReadVirtualCount,
+}
+
+/// An action the backend carries out with its own hypervisor calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Return [`VcpuExit::Kicked`] if a kick was requested, else resume (a
+    /// cancel left over from a kick that was already reported).
+    Kicked,
+    /// Raise the vtimer level through [`VcpuIo::vtimer_level`] and keep the
+    /// hypervisor's vtimer mask until the guest has handled it.
+    VtimerActivated,
+    /// A guest write hit write-protected RAM: mark the page dirty, make it
+    /// writable and resume without advancing PC (the store is retried).
+    WriteProtectFault {
+        /// Guest-physical address of the 16 KiB page.
+        page: u64,
+    },
+    /// Completed on the vCPU state through [`complete`].
+    Guest(GuestAction),
+}
+
+/// An action that [`complete`] carries out through the [`Vcpu`] and
+/// [`VcpuIo`] traits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestAction {
+    /// A device load or store with a valid instruction syndrome.
+    Mmio {
+        /// Guest-physical address of the access.
+        gpa: u64,
+        /// The decoded abort (size, sign extension, register, direction).
+        abort: DataAbort,
+    },
+    /// A trapped `MRS`/`MSR` for the VMM ([`VcpuIo::sysreg_read`] /
+    /// [`VcpuIo::sysreg_write`]).
+    SysReg(SysRegAccess),
+    /// A trapped `MRS`/`MSR` the backend completes itself.
+    LocalSysReg {
+        /// The access.
+        access: SysRegAccess,
+        /// What it does.
+        op: LocalSysReg,
+    },
+    /// Make the trapped instruction UNDEFINED for the guest.
+    InjectUndef,
+    /// Skip the trapped instruction (cache maintenance by VA on device
+    /// memory, which nothing caches).
+    SkipInstruction,
+    /// `HVC #imm`: PC already points past it.
+    Hvc {
+        /// The immediate.
+        imm: u16,
+    },
+    /// `SMC #imm`: PC still points at it and must be advanced.
+    Smc {
+        /// The immediate.
+        imm: u16,
+    },
+    /// `WFI`: advance PC, let the run loop wait.
+    Wfi,
+    /// `WFE`, or a WFIT/WFET whose timeout the run loop would not honour:
+    /// advance PC, let the run loop yield (waking early is architecturally
+    /// allowed for all of them).
+    Wfe,
+    /// An exit the VMM cannot handle; the VM stops with
+    /// [`VcpuExit::Unhandled`].
+    Unhandled {
+        /// Why, for the log.
+        reason: &'static str,
+    },
+}
+
+/// Decides what to do with `exit`. `ram` is guest RAM; `write_protect` says
+/// whether RAM may be write-protected for dirty tracking (a stage-2
+/// permission fault inside RAM is then a dirty-page fault, whatever its ISV,
+/// S1PTW or CM bits say: the page-table walker's own access-flag and dirty
+/// updates write RAM too).
+///
+/// Data aborts outside RAM are MMIO when they are translation or access-flag
+/// faults with a valid syndrome (ISV = 1) and not on a stage-1 table walk.
+pub fn decide(exit: &ExitRecord, ram: RamRange, write_protect: bool) -> Action {
+    match exit.reason {
+        ExitReason::Canceled => return Action::Kicked,
+        ExitReason::VtimerActivated => return Action::VtimerActivated,
+        ExitReason::Unknown => {
+            return Action::Guest(GuestAction::Unhandled {
+                reason: "the hypervisor reported an unknown exit reason",
+            })
+        }
+        ExitReason::Exception => {}
+    }
+    let unhandled = |reason| Action::Guest(GuestAction::Unhandled { reason });
+    match esr::decode(exit.esr) {
+        Syndrome::DataAbort(da) if ram.contains(exit.ipa) => {
+            if da.dfsc.is_permission_fault() && write_protect {
+                Action::WriteProtectFault {
+                    page: exit.ipa & !(PAGE_SIZE - 1),
+                }
+            } else if da.dfsc.is_permission_fault() {
+                unhandled("stage-2 permission fault in RAM while RAM is not write-protected")
+            } else {
+                unhandled("stage-2 fault inside guest RAM (RAM is fully mapped)")
+            }
+        }
+        Syndrome::DataAbort(da) => {
+            if !matches!(
+                da.dfsc.kind(),
+                FaultKind::Translation | FaultKind::AccessFlag
+            ) {
+                unhandled("data abort outside RAM that is not a translation fault")
+            } else if da.cm {
+                Action::Guest(GuestAction::SkipInstruction)
+            } else if da.s1ptw {
+                unhandled("stage-1 page-table walk outside RAM")
+            } else if !da.isv {
+                unhandled(
+                    "device access without a valid instruction syndrome (ISV=0: load/store \
+                     pair, writeback or SIMD access to MMIO) cannot be emulated",
+                )
+            } else {
+                Action::Guest(GuestAction::Mmio {
+                    gpa: exit.ipa,
+                    abort: da,
+                })
+            }
+        }
+        Syndrome::SysReg(access) => Action::Guest(sysreg_action(access)),
+        Syndrome::Hvc { imm } => Action::Guest(GuestAction::Hvc { imm }),
+        Syndrome::Smc { imm } => Action::Guest(GuestAction::Smc { imm }),
+        Syndrome::Wfx {
+            wfe: false,
+            timeout: false,
+            ..
+        } => Action::Guest(GuestAction::Wfi),
+        Syndrome::Wfx { .. } => Action::Guest(GuestAction::Wfe),
+        Syndrome::InstrAbort(_) => unhandled("instruction abort at stage 2"),
+        _ => unhandled("exception class not handled by the VMM"),
+    }
+}
+
+/// PMUv3 registers: op0 = 3, CRn = 9, CRm = 12..=14 (PMCR_EL0 to
+/// PMOVSSET_EL0, PMINTEN*_EL1), and PMEVCNTR<n>/PMEVTYPER<n>/PMCCFILTR_EL0
+/// (op0 = 3, op1 = 3, CRn = 14, CRm = 8..=15). Arm ARM D24.5.
+fn is_pmu(reg: SysReg) -> bool {
+    let (op0, op1, crn, crm, _) = reg.fields();
+    op0 == 3
+        && ((crn == 9 && (12..=14).contains(&crm) && (op1 == 0 || op1 == 3))
+            || (op1 == 3 && crn == 14 && crm >= 8))
+}
+
+/// OSLAR_EL1 (write-only).
+pub const OSLAR_EL1: SysReg = SysReg::new(2, 0, 1, 0, 4);
+/// OSLSR_EL1 (read-only).
+pub const OSLSR_EL1: SysReg = SysReg::new(2, 0, 1, 1, 4);
+/// OSDLR_EL1.
+pub const OSDLR_EL1: SysReg = SysReg::new(2, 0, 1, 3, 4);
+
+fn sysreg_action(access: SysRegAccess) -> GuestAction {
+    use crate::arch::sysreg::CNTPCT_EL0;
+    let local = |op| GuestAction::LocalSysReg { access, op };
+    let reg = access.reg;
+    let (op0, op1, crn, crm, _) = reg.fields();
+    if is_pmu(reg) || reg == OSDLR_EL1 {
+        local(if access.read {
+            LocalSysReg::ReadZero
+        } else {
+            LocalSysReg::IgnoreWrite
+        })
+    } else if reg == OSLAR_EL1 {
+        if access.read {
+            GuestAction::InjectUndef
+        } else {
+            local(LocalSysReg::WriteOsLock)
+        }
+    } else if reg == OSLSR_EL1 {
+        if access.read {
+            local(LocalSysReg::ReadOsLockStatus)
+        } else {
+            GuestAction::InjectUndef
+        }
+    } else if reg == CNTPCT_EL0 {
+        if access.read {
+            local(LocalSysReg::ReadVirtualCount)
+        } else {
+            GuestAction::InjectUndef
+        }
+    } else if op0 == 3 && op1 == 0 && crn == 0 && (1..=7).contains(&crm) {
+        // The AArch64 ID register space: trapped ones are unallocated (RAZ).
+        if access.read {
+            local(LocalSysReg::ReadZero)
+        } else {
+            GuestAction::InjectUndef
+        }
+    } else {
+        GuestAction::SysReg(access)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Completion through the Vcpu trait
+// ---------------------------------------------------------------------------
+
+/// What the backend does after [`complete`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Resume the guest.
+    Resume,
+    /// Return this from [`Vcpu::run`].
+    Exit(VcpuExit),
+}
+
+/// Per-vCPU state of the registers in [`LocalSysReg`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalState {
+    /// OSLSR_EL1.OSLK: the OS lock (set on cold reset, Arm ARM D2.5).
+    pub os_lock: bool,
+}
+
+impl Default for LocalState {
+    fn default() -> Self {
+        LocalState { os_lock: true }
+    }
+}
+
+/// OSLSR_EL1.OSLM = 0b10 (bits 3 and 0): the OS lock is implemented.
+const OSLSR_OSLM_IMPLEMENTED: u64 = 1 << 3;
+
+/// Carries out `action` for `exit` on `vcpu`, calling `io` for the devices
+/// and system registers the VMM owns. The instruction is finished (register
+/// write-back, sign extension, PC advance) before this returns, so nothing is
+/// left pending across a snapshot. `physical_count` returns the guest's
+/// physical count (for CNTPCT_EL0).
+///
+/// A device error ([`crate::hv::MmioFault`]) becomes a synchronous external
+/// abort in the guest; a system register the VMM refuses becomes UNDEFINED.
+/// PC moves past trapped instructions by 4 bytes, or 2 when the syndrome's IL
+/// bit is clear.
+pub fn complete(
+    vcpu: &mut dyn Vcpu,
+    io: &mut dyn VcpuIo,
+    exit: &ExitRecord,
+    action: GuestAction,
+    local: &mut LocalState,
+    physical_count: fn() -> u64,
+) -> hv::Result<Step> {
+    let id = vcpu.id();
+    let il = exit.esr & IL_BIT != 0;
+    match action {
+        GuestAction::Mmio { gpa, abort } => {
+            complete_mmio(vcpu, io, exit, gpa, &abort)?;
+        }
+        GuestAction::SysReg(access) if access.read => match io.sysreg_read(id, access.reg) {
+            Some(value) => esr::complete_sysreg_read(vcpu, &access, value)?,
+            None => inject_exception(vcpu, undefined())?,
+        },
+        GuestAction::SysReg(access) => {
+            let value = esr::sysreg_write_value(vcpu, &access)?;
+            if io.sysreg_write(id, access.reg, value) {
+                esr::advance_pc(vcpu, il)?;
+            } else {
+                inject_exception(vcpu, undefined())?;
+            }
+        }
+        GuestAction::LocalSysReg { access, op } => match op {
+            LocalSysReg::ReadZero => esr::complete_sysreg_read(vcpu, &access, 0)?,
+            LocalSysReg::IgnoreWrite => {
+                esr::sysreg_write_value(vcpu, &access)?;
+                esr::advance_pc(vcpu, il)?;
+            }
+            LocalSysReg::ReadOsLockStatus => {
+                let value = OSLSR_OSLM_IMPLEMENTED | u64::from(local.os_lock) << 1;
+                esr::complete_sysreg_read(vcpu, &access, value)?;
+            }
+            LocalSysReg::WriteOsLock => {
+                local.os_lock = esr::sysreg_write_value(vcpu, &access)? & 1 != 0;
+                esr::advance_pc(vcpu, il)?;
+            }
+            LocalSysReg::ReadVirtualCount => {
+                let count = physical_count().wrapping_sub(vcpu.vtimer_offset()?);
+                esr::complete_sysreg_read(vcpu, &access, count)?;
+            }
+        },
+        GuestAction::InjectUndef => inject_exception(vcpu, undefined())?,
+        GuestAction::SkipInstruction => esr::advance_pc(vcpu, il)?,
+        GuestAction::Hvc { imm } => return Ok(Step::Exit(VcpuExit::Hvc { imm })),
+        GuestAction::Smc { imm } => {
+            esr::advance_pc(vcpu, il)?;
+            return Ok(Step::Exit(VcpuExit::Smc { imm }));
+        }
+        GuestAction::Wfi => {
+            esr::advance_pc(vcpu, il)?;
+            return Ok(Step::Exit(VcpuExit::Wfi));
+        }
+        GuestAction::Wfe => {
+            esr::advance_pc(vcpu, il)?;
+            return Ok(Step::Exit(VcpuExit::Wfe));
+        }
+        GuestAction::Unhandled { reason } => {
+            let pc = vcpu.reg(Reg::Pc)?;
+            tracing::error!(
+                vcpu = id,
+                esr = format_args!("{:#x}", exit.esr),
+                far = format_args!("{:#x}", exit.far),
+                ipa = format_args!("{:#x}", exit.ipa),
+                pc = format_args!("{pc:#x}"),
+                "unhandled guest exit: {reason}"
+            );
+            return Ok(Step::Exit(VcpuExit::Unhandled {
+                esr: exit.esr,
+                far: exit.far,
+                ipa: exit.ipa,
+                pc,
+            }));
+        }
+    }
+    Ok(Step::Resume)
+}
+
+/// ESR IL bit: the trapped instruction is 32 bits.
+const IL_BIT: u64 = 1 << 25;
+
+fn complete_mmio(
+    vcpu: &mut dyn Vcpu,
+    io: &mut dyn VcpuIo,
+    exit: &ExitRecord,
+    gpa: u64,
+    abort: &DataAbort,
+) -> hv::Result<()> {
+    let id = vcpu.id();
+    let result = if abort.wnr {
+        let data = esr::mmio_write_value(vcpu, abort)?;
+        match io.mmio_write(id, gpa, data.bytes()) {
+            Ok(()) => return esr::complete_mmio_write(vcpu, abort),
+            Err(fault) => fault,
+        }
+    } else {
+        let mut buf = [0u8; 8];
+        let data = buf
+            .get_mut(..usize::from(abort.size))
+            .ok_or_else(|| HvError::Guest(format!("MMIO read of {} bytes", abort.size)))?;
+        match io.mmio_read(id, gpa, data) {
+            Ok(()) => return esr::complete_mmio_read(vcpu, abort, data),
+            Err(fault) => fault,
+        }
+    };
+    // Guest-triggered and repeatable: keep it out of the default log level.
+    tracing::debug!(vcpu = id, %result, "external abort injected");
+    let pstate = vcpu.reg(Reg::Pstate)?;
+    inject_exception(vcpu, external_abort(abort, exit.far, pstate))
+}
+
+// ---------------------------------------------------------------------------
+// Exception entry (Arm ARM D1.3, pseudocode AArch64.TakeException)
+// ---------------------------------------------------------------------------
+
+/// PSTATE.M\[4\] (nRW): the interrupted state was AArch32.
+const PSTATE_NRW: u64 = 1 << 4;
+/// PSTATE.SP (M\[0\] in AArch64 state): SP_ELx selected.
+const PSTATE_SP: u64 = 1 << 0;
+/// PSTATE.{D,A,I,F}, bits 9..6.
+pub const PSTATE_DAIF: u64 = 0xf << 6;
+/// PSTATE.BTYPE, bits 11..10.
+const PSTATE_BTYPE: u64 = 0b11 << 10;
+/// PSTATE.SSBS, bit 12.
+const PSTATE_SSBS: u64 = 1 << 12;
+/// PSTATE.IL, bit 20.
+const PSTATE_IL: u64 = 1 << 20;
+/// PSTATE.SS, bit 21.
+const PSTATE_SS: u64 = 1 << 21;
+/// PSTATE.PAN, bit 22.
+const PSTATE_PAN: u64 = 1 << 22;
+/// PSTATE.UAO, bit 23.
+const PSTATE_UAO: u64 = 1 << 23;
+/// PSTATE.M\[4:0\] = EL1h (AArch64, EL1, SP_EL1).
+pub const PSTATE_EL1H: u64 = 0b0_0101;
+/// SCTLR_EL1.SPAN, bit 23: when 0, PSTATE.PAN is set on exception entry.
+const SCTLR_SPAN: u64 = 1 << 23;
+/// SCTLR_EL1.DSSBS, bit 44: PSTATE.SSBS on exception entry.
+const SCTLR_DSSBS: u64 = 1 << 44;
+
+/// The exception level of a PSTATE value in SPSR format (AArch32 state is
+/// always EL0 for a guest on AArch64-only hardware).
+pub const fn current_el(pstate: u64) -> u8 {
+    if pstate & PSTATE_NRW != 0 {
+        0
+    } else {
+        ((pstate >> 2) & 3) as u8
+    }
+}
+
+/// A synchronous exception to deliver to the guest's EL1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestException {
+    /// ESR_EL1 value.
+    pub esr: u64,
+    /// FAR_EL1 value, for aborts (FAR is UNKNOWN for other classes and left
+    /// unchanged).
+    pub far: Option<u64>,
+}
+
+/// An UNDEFINED instruction (EC 0x00, IL = 1).
+pub const fn undefined() -> GuestException {
+    GuestException {
+        esr: unknown_esr(),
+        far: None,
+    }
+}
+
+/// A synchronous external abort on the data access `abort` at virtual
+/// address `far`, taken from the exception level in `pstate`: EC 0x25 from
+/// EL1 or 0x24 from EL0, ISV = 0, WnR as the access, DFSC 0b010000.
+pub const fn external_abort(abort: &DataAbort, far: u64, pstate: u64) -> GuestException {
+    GuestException {
+        esr: data_abort_esr(current_el(pstate) == 1, abort.wnr, FSC_SYNC_EXTERNAL),
+        far: Some(far),
+    }
+}
+
+/// The register values after taking a synchronous exception to EL1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExceptionEntry {
+    /// ESR_EL1.
+    pub esr_el1: u64,
+    /// FAR_EL1, if the exception sets it.
+    pub far_el1: Option<u64>,
+    /// ELR_EL1: the preferred return address (the faulting instruction).
+    pub elr_el1: u64,
+    /// SPSR_EL1: PSTATE before the exception.
+    pub spsr_el1: u64,
+    /// PSTATE after entry (SPSR format).
+    pub pstate: u64,
+    /// PC after entry: VBAR_EL1 plus the vector offset.
+    pub pc: u64,
+}
+
+/// Computes the entry into a synchronous exception taken to EL1 from the
+/// state (`pc`, `pstate`) with the guest's VBAR_EL1 and SCTLR_EL1 (Arm ARM
+/// D1.3.1, AArch64.TakeException).
+///
+/// Vector offset: 0x000 from EL1 on SP_EL0, 0x200 from EL1 on SP_EL1, 0x400
+/// from EL0 in AArch64, 0x600 from EL0 in AArch32. New PSTATE: EL1h, D/A/I/F
+/// set, SS, IL, BTYPE and UAO cleared, PAN set when SCTLR_EL1.SPAN is 0,
+/// SSBS = SCTLR_EL1.DSSBS, NZCV and DIT kept. (No MTE or NMI on the CPUs we
+/// run: TCO and ALLINT are left alone.) Returns `None` from EL2 or EL3,
+/// which an EL1 guest never runs at. The caller switches the banked stack
+/// pointer if its backend does not do so on a PSTATE write.
+pub const fn exception_entry(
+    exc: GuestException,
+    pc: u64,
+    pstate: u64,
+    vbar: u64,
+    sctlr: u64,
+) -> Option<ExceptionEntry> {
+    let offset = if pstate & PSTATE_NRW != 0 {
+        0x600
+    } else {
+        match current_el(pstate) {
+            0 => 0x400,
+            1 if pstate & PSTATE_SP != 0 => 0x200,
+            1 => 0x000,
+            _ => return None,
+        }
+    };
+    let mut new =
+        pstate & !(0x1f | PSTATE_SS | PSTATE_IL | PSTATE_BTYPE | PSTATE_UAO | PSTATE_SSBS);
+    new |= PSTATE_EL1H | PSTATE_DAIF;
+    if sctlr & SCTLR_SPAN == 0 {
+        new |= PSTATE_PAN;
+    }
+    if sctlr & SCTLR_DSSBS != 0 {
+        new |= PSTATE_SSBS;
+    }
+    Some(ExceptionEntry {
+        esr_el1: exc.esr,
+        far_el1: exc.far,
+        elr_el1: pc,
+        spsr_el1: pstate,
+        pstate: new,
+        pc: vbar.wrapping_add(offset),
+    })
+}
+
+/// Delivers `exc` to the guest through the [`Vcpu`] register interface:
+/// reads PC, PSTATE, VBAR_EL1 and SCTLR_EL1, writes ESR_EL1, FAR_EL1 (for
+/// aborts), ELR_EL1, SPSR_EL1, PSTATE and PC ([`exception_entry`]).
+pub fn inject_exception(vcpu: &mut dyn Vcpu, exc: GuestException) -> hv::Result<()> {
+    let pc = vcpu.reg(Reg::Pc)?;
+    let pstate = vcpu.reg(Reg::Pstate)?;
+    let vbar = vcpu.sysreg(VBAR_EL1)?;
+    let sctlr = vcpu.sysreg(SCTLR_EL1)?;
+    let entry = exception_entry(exc, pc, pstate, vbar, sctlr).ok_or_else(|| {
+        HvError::Guest(format!(
+            "cannot deliver an exception to EL1 from PSTATE {pstate:#x} (PC {pc:#x})"
+        ))
+    })?;
+    vcpu.set_sysreg(ESR_EL1, entry.esr_el1)?;
+    if let Some(far) = entry.far_el1 {
+        vcpu.set_sysreg(FAR_EL1, far)?;
+    }
+    vcpu.set_sysreg(ELR_EL1, entry.elr_el1)?;
+    vcpu.set_sysreg(SPSR_EL1, entry.spsr_el1)?;
+    vcpu.set_reg(Reg::Pstate, entry.pstate)?;
+    vcpu.set_reg(Reg::Pc, entry.pc)
+}
+
+// ---------------------------------------------------------------------------
+// Virtual timer (Arm ARM D11.2.4, CNTV_CTL_EL0)
+// ---------------------------------------------------------------------------
+
+/// CNTV_CTL_EL0.ENABLE.
+pub const CNTV_CTL_ENABLE: u64 = 1 << 0;
+/// CNTV_CTL_EL0.IMASK.
+pub const CNTV_CTL_IMASK: u64 = 1 << 1;
+/// CNTV_CTL_EL0.ISTATUS.
+pub const CNTV_CTL_ISTATUS: u64 = 1 << 2;
+
+/// The virtual timer's interrupt output: ENABLE && !IMASK && ISTATUS.
+pub const fn vtimer_asserted(cntv_ctl: u64) -> bool {
+    cntv_ctl & (CNTV_CTL_ENABLE | CNTV_CTL_IMASK | CNTV_CTL_ISTATUS)
+        == CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS
+}
+
+/// `ticks` of a `freq_hz` counter in nanoseconds, rounded up so a sleep of
+/// that length never ends before the counter has advanced by `ticks`. Exact
+/// (128-bit intermediate), saturating at `u64::MAX`; `freq_hz == 0` gives
+/// `u64::MAX`.
+pub const fn ticks_to_ns(ticks: u64, freq_hz: u64) -> u64 {
+    if freq_hz == 0 {
+        return u64::MAX;
+    }
+    let ns = (ticks as u128 * 1_000_000_000).div_ceil(freq_hz as u128);
+    if ns > u64::MAX as u128 {
+        u64::MAX
+    } else {
+        ns as u64
+    }
+}
+
+/// How long a vCPU in WFI may sleep before its virtual timer fires, in
+/// nanoseconds from the moment `physical_count` was read.
+///
+/// The guest's virtual count is `physical_count - vtimer_offset` (CNTVOFF);
+/// the timer condition is `CNTVCT >= CNTV_CVAL` (unsigned). Returns `None`
+/// when the timer cannot fire (ENABLE clear or IMASK set: sleep until an
+/// interrupt), `Some(0)` when it is already due, otherwise the remaining
+/// ticks in nanoseconds ([`ticks_to_ns`], rounded up).
+pub const fn vtimer_deadline_ns(
+    cntv_ctl: u64,
+    cntv_cval: u64,
+    vtimer_offset: u64,
+    physical_count: u64,
+    freq_hz: u64,
+) -> Option<u64> {
+    if cntv_ctl & CNTV_CTL_ENABLE == 0 || cntv_ctl & CNTV_CTL_IMASK != 0 {
+        return None;
+    }
+    let now = physical_count.wrapping_sub(vtimer_offset);
+    if cntv_cval <= now {
+        return Some(0);
+    }
+    Some(ticks_to_ns(cntv_cval - now, freq_hz))
+}
+
+// ---------------------------------------------------------------------------
+// Dirty pages
+// ---------------------------------------------------------------------------
+
+/// A bitmap of guest RAM pages ([`PAGE_SIZE`], 16 KiB) written by the guest,
+/// set from any vCPU thread without locks.
+#[derive(Debug)]
+pub struct DirtyPages {
+    words: Box<[AtomicU64]>,
+    pages: u64,
+}
+
+impl DirtyPages {
+    /// A clean bitmap for `pages` pages.
+    pub fn new(pages: u64) -> Self {
+        let words = pages.div_ceil(64);
+        DirtyPages {
+            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            pages,
+        }
+    }
+
+    /// Number of pages covered.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Marks page `page` (index from the start of RAM); out-of-range indices
+    /// are ignored.
+    pub fn mark(&self, page: u64) {
+        if page < self.pages {
+            if let Some(word) = self.words.get((page / 64) as usize) {
+                word.fetch_or(1 << (page % 64), Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Whether page `page` is marked.
+    pub fn is_marked(&self, page: u64) -> bool {
+        self.words.get((page / 64) as usize).is_some_and(|w| {
+            page < self.pages && w.load(Ordering::Acquire) & (1 << (page % 64)) != 0
+        })
+    }
+
+    /// Clears the bitmap and returns the marked page indices, ascending. Each
+    /// word is swapped atomically, so a concurrent [`DirtyPages::mark`] is
+    /// either returned now or kept for the next call, never lost.
+    pub fn take(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (i, word) in self.words.iter().enumerate() {
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let bit = u64::from(bits.trailing_zeros());
+                out.push(i as u64 * 64 + bit);
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
+    /// Clears the bitmap.
+    pub fn clear(&self) {
+        for word in self.words.iter() {
+            word.store(0, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::esr::FaultStatus;
+    use crate::arch::layout::RAM_BASE;
+    use crate::arch::sysreg::{CNTPCT_EL0, ICC_EOIR1_EL1, ICC_IAR1_EL1, ID_AA64MMFR0_EL1};
+    use crate::hv::{Kick, MmioFault, VcpuId};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    // Recorded ESR_EL2 values, hand-assembled from the Arm ARM (DDI 0487)
+    // D24.2.41 field layout: EC [31:26], IL [25], ISS [24:0].
+    // Data abort ISS: ISV [24], SAS [23:22] (size 1 << SAS), SSE [21],
+    // SRT [20:16], SF [15], AR [14], CM [8], S1PTW [7], WnR [6], DFSC [5:0].
+    // EC 0x24 (data abort from a lower EL: the guest) = 0x9000_0000, IL =
+    // 0x0200_0000, ISV = 0x0100_0000. DFSC 0b000111 = translation fault at
+    // level 3 (MMIO holes are unmapped at stage 2), 0b001111 = permission
+    // fault at level 3 (a write-protected RAM page).
+
+    /// `ldrb w1, [x0]`: SAS=0, SRT=1 (0x1_0000).
+    const LDRB_W1: u64 = 0x9301_0007;
+    /// `ldrh w2, [x0]`: SAS=1 (0x40_0000), SRT=2.
+    const LDRH_W2: u64 = 0x9342_0007;
+    /// `ldr w3, [x0]`: SAS=2 (0x80_0000), SRT=3.
+    const LDR_W3: u64 = 0x9383_0007;
+    /// `ldr x4, [x0]`: SAS=3 (0xC0_0000), SRT=4, SF (0x8000).
+    const LDR_X4: u64 = 0x93C4_8007;
+    /// `ldrsb x5, [x0]`: SAS=0, SSE (0x20_0000), SRT=5, SF.
+    const LDRSB_X5: u64 = 0x9325_8007;
+    /// `ldrsb w8, [x0]`: SAS=0, SSE, SRT=8, SF=0.
+    const LDRSB_W8: u64 = 0x9328_0007;
+    /// `ldrsh w6, [x0]`: SAS=1, SSE, SRT=6, SF=0.
+    const LDRSH_W6: u64 = 0x9366_0007;
+    /// `ldrsw x7, [x0]`: SAS=2, SSE, SRT=7, SF.
+    const LDRSW_X7: u64 = 0x93A7_8007;
+    /// `strb w1, [x0]`: as LDRB_W1 plus WnR (0x40).
+    const STRB_W1: u64 = 0x9301_0047;
+    /// `strh w2, [x0]`.
+    const STRH_W2: u64 = 0x9342_0047;
+    /// `str w3, [x0]`.
+    const STR_W3: u64 = 0x9383_0047;
+    /// `str x4, [x0]`: SF set.
+    const STR_X4: u64 = 0x93C4_8047;
+    /// `str xzr, [x0]`: SAS=3, SRT=31 (0x1F_0000), SF, WnR.
+    const STR_XZR: u64 = 0x93DF_8047;
+    /// `ldp x0, x1, [x2]` on MMIO: no single transfer register, ISV=0; DFSC
+    /// translation level 2 (0b000110).
+    const LDP_NO_ISV: u64 = 0x9200_0006;
+    /// `str x1, [x0]` on a write-protected RAM page: SAS=3, SRT=1, SF, WnR,
+    /// DFSC permission level 3.
+    const STR_X1_PERM: u64 = 0x93C1_804F;
+    /// `stp x0, x1, [x2]` on a write-protected page: ISV=0, WnR, permission
+    /// level 3.
+    const STP_PERM: u64 = 0x9200_004F;
+    /// Hardware access-flag update by the stage-1 walker on a protected page
+    /// table: S1PTW (0x80), WnR, permission level 3.
+    const S1PTW_PERM: u64 = 0x9200_00CF;
+    /// A stage-1 walk reading an unmapped IPA: S1PTW, translation level 3.
+    const S1PTW_TRANSLATION: u64 = 0x9200_0087;
+    /// `dc civac, x0` on MMIO: CM (0x100) and WnR (cache maintenance reports
+    /// WnR=1), ISV=0, translation level 3.
+    const DC_CIVAC_MMIO: u64 = 0x9200_0147;
+    /// A data abort with an external abort status (DFSC 0b010000).
+    const SEA_MMIO: u64 = 0x9200_0010;
+    /// Instruction fetch from an unmapped IPA: EC 0x20 (0x8000_0000) | IL |
+    /// IFSC translation level 3.
+    const IABT_L3: u64 = 0x8200_0007;
+
+    // EC 0x18 (0x6000_0000) | IL; ISS: Op0 [21:20], Op2 [19:17], Op1
+    // [16:14], CRn [13:10], Rt [9:5], CRm [4:1], Direction [0] (1 = MRS).
+
+    /// `mrs x5, icc_iar1_el1`: Op0=3, Op1=0, CRn=12, CRm=12, Op2=0, Rt=5.
+    const MRS_X5_IAR1: u64 = 0x6230_30B9;
+    /// `msr icc_eoir1_el1, x3`: Op2=1, Rt=3, Direction=0.
+    const MSR_EOIR1_X3: u64 = 0x6232_3078;
+    /// `msr pmuserenr_el0, xzr` (Linux `__cpu_setup`): Op0=3 (0x30_0000),
+    /// Op1=3 (0xC000), CRn=9 (0x2400), Rt=31 (0x3E0), CRm=14 (0x1C).
+    const MSR_PMUSERENR_XZR: u64 = 0x6230_E7FC;
+    /// `mrs x2, pmcr_el0`: Op1=3, CRn=9, CRm=12 (0x18), Rt=2 (0x40), read.
+    const MRS_X2_PMCR: u64 = 0x6230_E459;
+    /// `msr oslar_el1, x0`: Op0=2 (0x20_0000), Op2=4 (0x8_0000), CRn=1
+    /// (0x400), CRm=0.
+    const MSR_OSLAR_X0: u64 = 0x6228_0400;
+    /// `mrs x1, oslar_el1` (write-only register): Rt=1 (0x20), read.
+    const MRS_X1_OSLAR: u64 = 0x6228_0421;
+    /// `mrs x1, oslsr_el1`: CRm=1 (0x2), Rt=1, read.
+    const MRS_X1_OSLSR: u64 = 0x6228_0423;
+    /// `msr osdlr_el1, x0`: CRm=3 (0x6).
+    const MSR_OSDLR_X0: u64 = 0x6228_0406;
+    /// `mrs x0, cntpct_el0`: Op0=3, Op2=1 (0x2_0000), Op1=3, CRn=14
+    /// (0x3800), CRm=0, Rt=0, read.
+    const MRS_X0_CNTPCT: u64 = 0x6232_F801;
+    /// `mrs x2, id_aa64isar2_el1` (3,0,0,6,2): Op2=2 (0x4_0000), Rt=2, CRm=6
+    /// (0xC), read.
+    const MRS_X2_ISAR2: u64 = 0x6234_004D;
+    /// `msr id_aa64mmfr0_el1, x2` (read-only register): CRm=7 (0xE), Rt=2.
+    const MSR_MMFR0_X2: u64 = 0x6230_004E;
+
+    /// `hvc #0` (PSCI call): EC 0x16 (0x5800_0000) | IL.
+    const HVC_0: u64 = 0x5A00_0000;
+    /// `smc #0`: EC 0x17 (0x5C00_0000) | IL.
+    const SMC_0: u64 = 0x5E00_0000;
+    /// `wfi`: EC 0x01 (0x0400_0000) | IL, TI=0b00.
+    const WFI: u64 = 0x0600_0000;
+    /// `wfe`: TI=0b01.
+    const WFE: u64 = 0x0600_0001;
+    /// `wfit x7`: TI=0b10, RV (0x4), Rn=7 (0xE0).
+    const WFIT_X7: u64 = 0x0600_00E6;
+    /// `brk #0x800` (Linux BUG()): EC 0x3C (0xF000_0000) | IL | 0x800.
+    const BRK_BUG: u64 = 0xF200_0800;
+
+    const RAM: RamRange = RamRange {
+        base: RAM_BASE,
+        size: 64 * PAGE_SIZE,
+    };
+    const UART: u64 = 0x0900_0018;
+
+    fn exception(esr: u64, ipa: u64) -> ExitRecord {
+        ExitRecord {
+            reason: ExitReason::Exception,
+            esr,
+            far: 0xffff_0000_0900_0018,
+            ipa,
+        }
+    }
+
+    fn guest(action: Action) -> GuestAction {
+        match action {
+            Action::Guest(g) => g,
+            other => panic!("not a guest action: {other:?}"),
+        }
+    }
+
+    fn mmio(esr: u64) -> (u64, DataAbort) {
+        match guest(decide(&exception(esr, UART), RAM, false)) {
+            GuestAction::Mmio { gpa, abort } => (gpa, abort),
+            other => panic!("{esr:#x}: {other:?}"),
+        }
+    }
+
+    fn sysreg(esr: u64) -> GuestAction {
+        guest(decide(&exception(esr, 0), RAM, false))
+    }
+
+    fn is_unhandled(action: Action) -> bool {
+        matches!(action, Action::Guest(GuestAction::Unhandled { .. }))
+    }
+
+    // ---- decide ----
+
+    #[test]
+    fn mmio_reads_of_every_size_and_extension() {
+        // (esr, size, sse, sf, rt)
+        for (esr, size, sse, sf, rt) in [
+            (LDRB_W1, 1, false, false, 1),
+            (LDRH_W2, 2, false, false, 2),
+            (LDR_W3, 4, false, false, 3),
+            (LDR_X4, 8, false, true, 4),
+            (LDRSB_X5, 1, true, true, 5),
+            (LDRSB_W8, 1, true, false, 8),
+            (LDRSH_W6, 2, true, false, 6),
+            (LDRSW_X7, 4, true, true, 7),
+        ] {
+            let (gpa, da) = mmio(esr);
+            assert_eq!(gpa, UART);
+            assert!(!da.wnr, "{esr:#x}");
+            assert_eq!(
+                (da.size, da.sse, da.sf, da.srt),
+                (size, sse, sf, rt),
+                "{esr:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn mmio_writes_of_every_size() {
+        for (esr, size, rt) in [
+            (STRB_W1, 1, 1),
+            (STRH_W2, 2, 2),
+            (STR_W3, 4, 3),
+            (STR_X4, 8, 4),
+            (STR_XZR, 8, 31),
+        ] {
+            let (_, da) = mmio(esr);
+            assert!(da.wnr);
+            assert_eq!((da.size, da.srt), (size, rt), "{esr:#x}");
+        }
+    }
+
+    #[test]
+    fn write_protect_fault_marks_the_16k_page() {
+        let ipa = RAM_BASE + 5 * PAGE_SIZE + 0x1234;
+        for esr in [STR_X1_PERM, STP_PERM, S1PTW_PERM] {
+            assert_eq!(
+                decide(&exception(esr, ipa), RAM, true),
+                Action::WriteProtectFault {
+                    page: RAM_BASE + 5 * PAGE_SIZE
+                },
+                "{esr:#x}"
+            );
+            // Without write protection the same fault is a bug, not a retry.
+            assert!(is_unhandled(decide(&exception(esr, ipa), RAM, false)));
+        }
+        // The last byte of RAM is in the last page; one past it is MMIO space.
+        let last = RAM_BASE + RAM.size - 1;
+        assert_eq!(
+            decide(&exception(STR_X1_PERM, last), RAM, true),
+            Action::WriteProtectFault {
+                page: RAM_BASE + RAM.size - PAGE_SIZE
+            }
+        );
+        assert!(is_unhandled(decide(
+            &exception(STR_X1_PERM, RAM_BASE + RAM.size),
+            RAM,
+            true
+        )));
+    }
+
+    #[test]
+    fn aborts_that_cannot_be_emulated_are_unhandled_not_panics() {
+        for esr in [LDP_NO_ISV, S1PTW_TRANSLATION, SEA_MMIO, IABT_L3, BRK_BUG] {
+            assert!(
+                is_unhandled(decide(&exception(esr, UART), RAM, true)),
+                "{esr:#x}"
+            );
+        }
+        // A translation fault inside RAM means RAM was not mapped.
+        assert!(is_unhandled(decide(
+            &exception(LDR_W3, RAM_BASE),
+            RAM,
+            true
+        )));
+        // Cache maintenance on device memory is a no-op.
+        assert_eq!(
+            decide(&exception(DC_CIVAC_MMIO, UART), RAM, false),
+            Action::Guest(GuestAction::SkipInstruction)
+        );
+        // Every ESR decodes to some action.
+        for ec in 0..64u64 {
+            let _ = decide(&exception(ec << 26 | 0x3ff_ffff, UART), RAM, true);
+        }
+    }
+
+    #[test]
+    fn sysreg_traps_go_to_the_vmm() {
+        assert_eq!(
+            sysreg(MRS_X5_IAR1),
+            GuestAction::SysReg(SysRegAccess {
+                reg: ICC_IAR1_EL1,
+                rt: 5,
+                read: true
+            })
+        );
+        assert_eq!(
+            sysreg(MSR_EOIR1_X3),
+            GuestAction::SysReg(SysRegAccess {
+                reg: ICC_EOIR1_EL1,
+                rt: 3,
+                read: false
+            })
+        );
+    }
+
+    #[test]
+    fn hypervisor_artifact_sysregs_are_completed_locally() {
+        let op = |esr| match sysreg(esr) {
+            GuestAction::LocalSysReg { op, .. } => Some(op),
+            GuestAction::InjectUndef => None,
+            other => panic!("{esr:#x}: {other:?}"),
+        };
+        assert_eq!(op(MSR_PMUSERENR_XZR), Some(LocalSysReg::IgnoreWrite));
+        assert_eq!(op(MRS_X2_PMCR), Some(LocalSysReg::ReadZero));
+        assert_eq!(op(MSR_OSLAR_X0), Some(LocalSysReg::WriteOsLock));
+        assert_eq!(op(MRS_X1_OSLAR), None);
+        assert_eq!(op(MRS_X1_OSLSR), Some(LocalSysReg::ReadOsLockStatus));
+        assert_eq!(op(MSR_OSDLR_X0), Some(LocalSysReg::IgnoreWrite));
+        assert_eq!(op(MRS_X0_CNTPCT), Some(LocalSysReg::ReadVirtualCount));
+        assert_eq!(op(MRS_X2_ISAR2), Some(LocalSysReg::ReadZero));
+        assert_eq!(op(MSR_MMFR0_X2), None);
+        assert_eq!(
+            SysRegAccess::from_iss((MSR_MMFR0_X2 & 0x1ff_ffff) as u32).reg,
+            ID_AA64MMFR0_EL1
+        );
+        assert_eq!(
+            SysRegAccess::from_iss((MRS_X0_CNTPCT & 0x1ff_ffff) as u32).reg,
+            CNTPCT_EL0
+        );
+        // PMCCFILTR_EL0 and PMEVTYPER0_EL0 are PMU registers; CNTV_CTL is not.
+        assert!(is_pmu(SysReg::new(3, 3, 14, 15, 7)));
+        assert!(is_pmu(SysReg::new(3, 3, 14, 12, 0)));
+        assert!(is_pmu(SysReg::new(3, 0, 9, 14, 2)));
+        assert!(!is_pmu(crate::arch::sysreg::CNTV_CTL_EL0));
+        assert!(!is_pmu(crate::arch::sysreg::ICC_PMR_EL1));
+    }
+
+    #[test]
+    fn calls_waits_and_reasons() {
+        let d = |esr| guest(decide(&exception(esr, 0), RAM, false));
+        assert_eq!(d(HVC_0), GuestAction::Hvc { imm: 0 });
+        assert_eq!(d(0x5A00_1234), GuestAction::Hvc { imm: 0x1234 });
+        assert_eq!(d(SMC_0), GuestAction::Smc { imm: 0 });
+        assert_eq!(d(WFI), GuestAction::Wfi);
+        assert_eq!(d(WFE), GuestAction::Wfe);
+        assert_eq!(d(WFIT_X7), GuestAction::Wfe);
+        let other = |reason| ExitRecord {
+            reason,
+            esr: 0,
+            far: 0,
+            ipa: 0,
+        };
+        assert_eq!(
+            decide(&other(ExitReason::Canceled), RAM, true),
+            Action::Kicked
+        );
+        assert_eq!(
+            decide(&other(ExitReason::VtimerActivated), RAM, true),
+            Action::VtimerActivated
+        );
+        assert!(is_unhandled(decide(&other(ExitReason::Unknown), RAM, true)));
+    }
+
+    // ---- complete, against a fake vCPU and device bus ----
+
+    struct NoKick;
+    impl Kick for NoKick {
+        fn kick(&self) {}
+    }
+
+    const PC: u64 = 0xffff_8000_1000_0000;
+    const VBAR: u64 = 0xffff_8000_0801_0000;
+    /// EL1h with interrupts enabled and Z set.
+    const PSTATE_EL1H_Z: u64 = 0x4000_0005;
+
+    struct FakeVcpu {
+        x: [u64; 31],
+        pc: u64,
+        pstate: u64,
+        sys: HashMap<SysReg, u64>,
+        vtimer_offset: u64,
+    }
+
+    impl FakeVcpu {
+        fn new() -> Self {
+            let mut x = [0u64; 31];
+            for (i, r) in x.iter_mut().enumerate() {
+                *r = 0xdead_beef_0000_0000 | i as u64;
+            }
+            let mut sys = HashMap::new();
+            sys.insert(VBAR_EL1, VBAR);
+            // SPAN set (PAN unchanged on entry), DSSBS clear.
+            sys.insert(SCTLR_EL1, 0x30d0_1805 | SCTLR_SPAN);
+            FakeVcpu {
+                x,
+                pc: PC,
+                pstate: PSTATE_EL1H_Z,
+                sys,
+                vtimer_offset: 1000,
+            }
+        }
+    }
+
+    impl Vcpu for FakeVcpu {
+        fn id(&self) -> VcpuId {
+            2
+        }
+        fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
+            Ok(VcpuExit::Kicked)
+        }
+        fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
+            Ok(match reg {
+                Reg::X(n) => self.x[usize::from(n)],
+                Reg::Pc => self.pc,
+                Reg::Pstate => self.pstate,
+            })
+        }
+        fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
+            match reg {
+                Reg::X(n) => self.x[usize::from(n)] = value,
+                Reg::Pc => self.pc = value,
+                Reg::Pstate => self.pstate = value,
+            }
+            Ok(())
+        }
+        fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
+            Ok(0)
+        }
+        fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
+            Ok(())
+        }
+        fn sysreg(&mut self, reg: SysReg) -> hv::Result<u64> {
+            Ok(self.sys.get(&reg).copied().unwrap_or(0))
+        }
+        fn set_sysreg(&mut self, reg: SysReg, value: u64) -> hv::Result<()> {
+            self.sys.insert(reg, value);
+            Ok(())
+        }
+        fn vtimer_offset(&mut self) -> hv::Result<u64> {
+            Ok(self.vtimer_offset)
+        }
+        fn set_vtimer_offset(&mut self, offset: u64) -> hv::Result<()> {
+            self.vtimer_offset = offset;
+            Ok(())
+        }
+        fn kicker(&self) -> Arc<dyn Kick> {
+            Arc::new(NoKick)
+        }
+    }
+
+    /// A device bus that records every call.
+    #[derive(Default)]
+    struct FakeIo {
+        read_data: Vec<u8>,
+        fail: bool,
+        sysreg_value: Option<u64>,
+        accept_sysreg_write: bool,
+        calls: Vec<String>,
+    }
+
+    impl VcpuIo for FakeIo {
+        fn mmio_read(&mut self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
+            self.calls
+                .push(format!("read {vcpu} {gpa:#x} {}", data.len()));
+            if self.fail {
+                return Err(MmioFault {
+                    gpa,
+                    len: data.len(),
+                    reason: "test",
+                });
+            }
+            data.copy_from_slice(&self.read_data[..data.len()]);
+            Ok(())
+        }
+        fn mmio_write(&mut self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
+            self.calls.push(format!("write {vcpu} {gpa:#x} {data:x?}"));
+            if self.fail {
+                return Err(MmioFault {
+                    gpa,
+                    len: data.len(),
+                    reason: "test",
+                });
+            }
+            Ok(())
+        }
+        fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+            self.calls.push(format!("mrs {vcpu} {reg:?}"));
+            self.sysreg_value
+        }
+        fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+            self.calls.push(format!("msr {vcpu} {reg:?} {value:#x}"));
+            self.accept_sysreg_write
+        }
+        fn irq_line(&mut self, _vcpu: VcpuId) -> bool {
+            false
+        }
+        fn vtimer_level(&mut self, _vcpu: VcpuId, _level: bool) {}
+    }
+
+    fn physical_count() -> u64 {
+        51_000
+    }
+
+    /// Decides and completes `esr` at `ipa` on `v` with `io`.
+    fn run(v: &mut FakeVcpu, io: &mut FakeIo, esr: u64, ipa: u64) -> Step {
+        let exit = exception(esr, ipa);
+        let action = guest(decide(&exit, RAM, true));
+        complete(
+            v,
+            io,
+            &exit,
+            action,
+            &mut LocalState::default(),
+            physical_count,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn mmio_read_writes_back_extends_and_advances_pc() {
+        // (esr, device bytes, register, expected value)
+        for (esr, bytes, rt, expected) in [
+            (LDRB_W1, &[0x80u8][..], 1, 0x80),
+            (LDRH_W2, &[0x34, 0x82], 2, 0x8234),
+            (LDR_W3, &[0x78, 0x56, 0x34, 0x92], 3, 0x9234_5678),
+            (
+                LDR_X4,
+                &[1, 2, 3, 4, 5, 6, 7, 0x88],
+                4,
+                0x8807_0605_0403_0201,
+            ),
+            (LDRSB_X5, &[0x80], 5, 0xffff_ffff_ffff_ff80),
+            (LDRSB_W8, &[0x80], 8, 0xffff_ff80),
+            (LDRSH_W6, &[0x00, 0x80], 6, 0xffff_8000),
+            (LDRSW_X7, &[0, 0, 0, 0x80], 7, 0xffff_ffff_8000_0000),
+            (LDRSW_X7, &[0, 0, 0, 0x7f], 7, 0x7f00_0000),
+        ] {
+            let mut v = FakeVcpu::new();
+            let mut io = FakeIo {
+                read_data: bytes.to_vec(),
+                ..Default::default()
+            };
+            let mut expected_x = v.x;
+            expected_x[rt] = expected;
+            assert_eq!(run(&mut v, &mut io, esr, UART), Step::Resume);
+            assert_eq!(io.calls, [format!("read 2 {UART:#x} {}", bytes.len())]);
+            assert_eq!(v.x, expected_x, "{esr:#x}");
+            assert_eq!(v.pc, PC + 4, "PC advanced before the guest runs again");
+        }
+    }
+
+    #[test]
+    fn mmio_write_sends_truncated_register_and_advances_pc() {
+        for (esr, expected) in [
+            (STRB_W1, "[1]"),
+            (STRH_W2, "[2, 0]"),
+            (STR_W3, "[3, 0, 0, 0]"),
+            (STR_X4, "[4, 0, 0, 0, ef, be, ad, de]"),
+            (STR_XZR, "[0, 0, 0, 0, 0, 0, 0, 0]"),
+        ] {
+            let mut v = FakeVcpu::new();
+            let before = v.x;
+            let mut io = FakeIo::default();
+            assert_eq!(run(&mut v, &mut io, esr, UART), Step::Resume);
+            assert_eq!(io.calls, [format!("write 2 {UART:#x} {expected}")]);
+            assert_eq!(v.x, before);
+            assert_eq!(v.pc, PC + 4);
+        }
+    }
+
+    #[test]
+    fn mmio_fault_injects_a_synchronous_external_abort() {
+        for (esr, wnr) in [(LDR_W3, false), (STR_W3, true)] {
+            let mut v = FakeVcpu::new();
+            let before = v.x;
+            let mut io = FakeIo {
+                fail: true,
+                ..Default::default()
+            };
+            assert_eq!(run(&mut v, &mut io, esr, UART), Step::Resume);
+            assert_eq!(v.x, before, "no write-back on a fault");
+            assert_eq!(v.pc, VBAR + 0x200, "current EL with SP_EL1");
+            assert_eq!(v.sys[&ELR_EL1], PC, "return to the faulting access");
+            assert_eq!(v.sys[&SPSR_EL1], PSTATE_EL1H_Z);
+            assert_eq!(v.sys[&FAR_EL1], 0xffff_0000_0900_0018);
+            // EC 0x25 (0x9400_0000) | IL | WnR? | DFSC 0b010000.
+            let expected = 0x9600_0010 | if wnr { 0x40 } else { 0 };
+            assert_eq!(v.sys[&ESR_EL1], expected);
+            assert_eq!(v.pstate, 0x4000_03c5, "EL1h, DAIF masked, Z kept");
+        }
+    }
+
+    #[test]
+    fn sysreg_read_write_and_refusal() {
+        let mut v = FakeVcpu::new();
+        let mut io = FakeIo {
+            sysreg_value: Some(27),
+            accept_sysreg_write: true,
+            ..Default::default()
+        };
+        run(&mut v, &mut io, MRS_X5_IAR1, 0);
+        assert_eq!((v.x[5], v.pc), (27, PC + 4));
+        v.x[3] = 27;
+        run(&mut v, &mut io, MSR_EOIR1_X3, 0);
+        assert_eq!(v.pc, PC + 8);
+        assert_eq!(io.calls, ["mrs 2 ICC_IAR1_EL1", "msr 2 ICC_EOIR1_EL1 0x1b"]);
+
+        // Refused: UNDEFINED at the MRS/MSR itself, Rt untouched.
+        for esr in [MRS_X5_IAR1, MSR_EOIR1_X3] {
+            let mut v = FakeVcpu::new();
+            let before = v.x;
+            let mut io = FakeIo::default();
+            run(&mut v, &mut io, esr, 0);
+            assert_eq!(v.x, before);
+            assert_eq!(v.sys[&ESR_EL1], 0x0200_0000, "EC 0, IL 1");
+            assert_eq!(v.sys[&ELR_EL1], PC);
+            assert_eq!(v.pc, VBAR + 0x200);
+            assert!(!v.sys.contains_key(&FAR_EL1));
+        }
+    }
+
+    #[test]
+    fn local_sysregs() {
+        let exit = |esr| exception(esr, 0);
+        let mut v = FakeVcpu::new();
+        let mut io = FakeIo::default();
+        let mut local = LocalState::default();
+        let mut go = |v: &mut FakeVcpu, esr| {
+            let e = exit(esr);
+            let a = guest(decide(&e, RAM, false));
+            complete(v, &mut io, &e, a, &mut local, physical_count).unwrap()
+        };
+        v.x[1] = 5;
+        go(&mut v, MRS_X1_OSLSR);
+        assert_eq!(v.x[1], 0b1010, "OSLM=0b10, locked at reset");
+        v.x[0] = 0;
+        go(&mut v, MSR_OSLAR_X0);
+        go(&mut v, MRS_X1_OSLSR);
+        assert_eq!(v.x[1], 0b1000, "unlocked");
+        go(&mut v, MRS_X0_CNTPCT);
+        assert_eq!(v.x[0], 50_000, "physical count minus the vtimer offset");
+        v.x[2] = 7;
+        go(&mut v, MRS_X2_PMCR);
+        assert_eq!(v.x[2], 0);
+        go(&mut v, MSR_PMUSERENR_XZR);
+        assert_eq!(v.pc, PC + 24, "six instructions completed");
+        go(&mut v, MRS_X1_OSLAR);
+        assert_eq!(
+            v.pc,
+            VBAR + 0x200,
+            "reading a write-only register is UNDEFINED"
+        );
+        assert!(io.calls.is_empty(), "none of these reach the VMM");
+    }
+
+    #[test]
+    fn calls_and_waits_leave_pc_past_the_instruction() {
+        for (esr, exit, advance) in [
+            (HVC_0, VcpuExit::Hvc { imm: 0 }, 0),
+            (SMC_0, VcpuExit::Smc { imm: 0 }, 4),
+            (WFI, VcpuExit::Wfi, 4),
+            (WFE, VcpuExit::Wfe, 4),
+            (WFIT_X7, VcpuExit::Wfe, 4),
+        ] {
+            let mut v = FakeVcpu::new();
+            // HVF reports HVC with PC already past it (preferred return
+            // address of HVC is the next instruction), SMC and WFx at them.
+            let mut io = FakeIo::default();
+            assert_eq!(run(&mut v, &mut io, esr, 0), Step::Exit(exit));
+            assert_eq!(v.pc, PC + advance, "{esr:#x}");
+        }
+        let mut v = FakeVcpu::new();
+        let mut io = FakeIo::default();
+        assert_eq!(run(&mut v, &mut io, DC_CIVAC_MMIO, UART), Step::Resume);
+        assert_eq!(v.pc, PC + 4);
+        assert_eq!(
+            run(&mut v, &mut io, LDP_NO_ISV, UART),
+            Step::Exit(VcpuExit::Unhandled {
+                esr: LDP_NO_ISV,
+                far: 0xffff_0000_0900_0018,
+                ipa: UART,
+                pc: PC + 4,
+            })
+        );
+        assert!(io.calls.is_empty());
+    }
+
+    // ---- exception entry ----
+
+    #[test]
+    fn vector_offsets_and_pstate() {
+        let exc = undefined();
+        let sctlr = SCTLR_SPAN;
+        let entry = |pstate| exception_entry(exc, 0x1000, pstate, VBAR, sctlr).unwrap();
+        assert_eq!(entry(0x3c5).pc, VBAR + 0x200, "EL1h");
+        assert_eq!(entry(0x3c4).pc, VBAR, "EL1t");
+        assert_eq!(entry(0x0).pc, VBAR + 0x400, "EL0 AArch64");
+        assert_eq!(entry(0x10).pc, VBAR + 0x600, "EL0 AArch32");
+        assert_eq!(exception_entry(exc, 0, 0x9, VBAR, sctlr), None, "EL2h");
+        // From EL0 with SS, IL, UAO, BTYPE and SSBS set: all cleared; NZCV,
+        // DIT (bit 24) and PAN kept.
+        let from = 0xf000_0000
+            | 1 << 24
+            | PSTATE_PAN
+            | PSTATE_SS
+            | PSTATE_IL
+            | PSTATE_UAO
+            | PSTATE_BTYPE
+            | PSTATE_SSBS;
+        let e = entry(from);
+        assert_eq!(e.pstate, 0xf000_0000 | 1 << 24 | PSTATE_PAN | 0x3c5);
+        assert_eq!(
+            (e.spsr_el1, e.elr_el1, e.esr_el1),
+            (from, 0x1000, 0x0200_0000)
+        );
+        // SPAN = 0 sets PAN; DSSBS sets SSBS.
+        let e = exception_entry(exc, 0, 0, VBAR, SCTLR_DSSBS).unwrap();
+        assert_eq!(e.pstate, PSTATE_PAN | PSTATE_SSBS | 0x3c5);
+        // External abort from EL0 uses EC 0x24 and keeps FAR.
+        let da = match esr::decode(STR_W3) {
+            Syndrome::DataAbort(d) => d,
+            _ => unreachable!(),
+        };
+        let sea = external_abort(&da, 0x1234, 0);
+        assert_eq!(sea.esr, 0x9200_0050);
+        assert_eq!(sea.far, Some(0x1234));
+        assert_eq!(
+            FaultStatus((sea.esr & 0x3f) as u8).kind(),
+            FaultKind::SyncExternal
+        );
+        assert_eq!(current_el(0x3c5), 1);
+        assert_eq!(current_el(0x10), 0);
+    }
+
+    // ---- virtual timer ----
+
+    #[test]
+    fn vtimer_output() {
+        assert!(vtimer_asserted(CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS));
+        assert!(!vtimer_asserted(
+            CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS | CNTV_CTL_IMASK
+        ));
+        assert!(!vtimer_asserted(CNTV_CTL_ISTATUS));
+        assert!(!vtimer_asserted(CNTV_CTL_ENABLE));
+    }
+
+    #[test]
+    fn wfi_deadline_is_exact_and_applies_the_offset() {
+        const HZ: u64 = 24_000_000;
+        let on = CNTV_CTL_ENABLE;
+        // 24 ticks at 24 MHz is exactly 1 µs; 1 tick is 41.67 ns, rounded up.
+        assert_eq!(vtimer_deadline_ns(on, 1024, 1000, 2000, HZ), Some(1000));
+        assert_eq!(vtimer_deadline_ns(on, 1001, 1000, 2000, HZ), Some(42));
+        // 24M ticks is one second; libkrun's 41 ns/tick would give 0.984 s.
+        assert_eq!(
+            vtimer_deadline_ns(on, 24_000_000, 0, 0, HZ),
+            Some(1_000_000_000)
+        );
+        // The offset matters: without it the same CVAL is already due, with
+        // a larger one it is 1024 ticks (42 666.67 ns) away.
+        assert_eq!(vtimer_deadline_ns(on, 1024, 0, 2000, HZ), Some(0));
+        assert_eq!(vtimer_deadline_ns(on, 1024, 2000, 2000, HZ), Some(42_667));
+        assert_eq!(vtimer_deadline_ns(on, 0, 1000, 2000, HZ), Some(0));
+        // A restored offset larger than the host count wraps like CNTVOFF.
+        assert_eq!(vtimer_deadline_ns(on, 48, u64::MAX - 23, 0, HZ), Some(1000));
+        assert_eq!(vtimer_deadline_ns(0, 1 << 40, 0, 0, HZ), None, "disabled");
+        assert_eq!(
+            vtimer_deadline_ns(on | CNTV_CTL_IMASK, 1 << 40, 0, 0, HZ),
+            None,
+            "masked"
+        );
+        // Far deadlines saturate rather than overflow.
+        assert_eq!(vtimer_deadline_ns(on, u64::MAX, 0, 0, 1), Some(u64::MAX));
+        assert_eq!(ticks_to_ns(5, 0), u64::MAX);
+        assert_eq!(ticks_to_ns(u64::MAX, HZ), u64::MAX);
+        // 2^64 - 1 ticks at 2^40 Hz: 16 777 215.99... s, rounded up to the ns.
+        assert_eq!(ticks_to_ns(u64::MAX, 1 << 40), 16_777_216_000_000_000);
+    }
+
+    // ---- dirty pages ----
+
+    #[test]
+    fn dirty_pages_take_and_bounds() {
+        let d = DirtyPages::new(130);
+        assert_eq!(d.pages(), 130);
+        for p in [129, 0, 64, 63, 64, 500] {
+            d.mark(p);
+        }
+        assert!(d.is_marked(63) && !d.is_marked(62) && !d.is_marked(500));
+        assert_eq!(d.take(), [0, 63, 64, 129]);
+        assert!(d.take().is_empty());
+        d.mark(7);
+        d.clear();
+        assert!(d.take().is_empty());
+        assert!(DirtyPages::new(0).take().is_empty());
+    }
+
+    #[test]
+    fn dirty_pages_from_many_threads() {
+        let d = Arc::new(DirtyPages::new(4096));
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for p in (t..4096).step_by(4) {
+                        d.mark(p);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(d.take(), (0..4096).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,420 @@
+//! The `hvf` backend: macOS Hypervisor.framework on Apple Silicon, through
+//! the `applevisor` crate (VM, vCPUs, registers) and `applevisor-sys` where
+//! the safe API does not reach (mapping the VMM's own RAM, write-protecting
+//! page ranges).
+//!
+//! The exit decisions and their completion live in
+//! [`crate::hv::exit_decision`], which is tested on every host; this module
+//! holds only the hypervisor calls.
+//!
+//! # Processes and threads
+//! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
+//! belongs to the thread that created it, so [`HvfVcpu`] is not `Send`: the
+//! run loop creates each vCPU on its own thread (one thread per vCPU) and
+//! only the [`Kick`](crate::hv::Kick) handle (`hv_vcpus_exit`) crosses threads.
+//!
+//! # macOS versions
+//! Every Hypervisor.framework symbol this backend calls exists since macOS
+//! 11.0, so the binary starts on every supported macOS (13 and later):
+//! `hv_vm_create`/`destroy`, `hv_vm_map`/`unmap`/`protect`, the vCPU calls
+//! (`create`, `run`, registers, pending interrupts, vtimer mask and offset,
+//! debug traps) and `hv_vcpus_exit`. Not used yet, with the release that
+//! introduced them: the IPA-size configuration (`hv_vm_config_*`, macOS 13),
+//! the in-kernel GICv3 (`hv_gic_*`, macOS 15.0), nested EL2 (15.0), SME
+//! state (15.2) and a 4 KiB stage-2 granule (`hv_vm_config_set_ipa_granule`,
+//! macOS 26). Whoever adds one must look it up at run time (`dlsym`) or gate
+//! it on the matching applevisor feature, so older systems still start.
+//!
+//! # Time
+//! The guest's counter runs on the host timebase: its physical count is
+//! `mach_absolute_time()` and its virtual count that minus the vCPU's vtimer
+//! offset (CNTVOFF_EL2). The frequency is the host's timebase frequency
+//! (`hw.tbfrequency`, 24 MHz on M1 to M3), which is the CNTFRQ_EL0 the guest
+//! reads.
+//!
+//! # Dirty tracking
+//! Guest RAM is mapped read/write/execute. Arming write protection maps it
+//! read/execute at stage 2 (one `hv_vm_protect` over all RAM); the first
+//! guest write to each 16 KiB page faults, the vCPU marks the page in a
+//! bitmap, makes it writable and retries the store. VMM writes (virtio DMA)
+//! do not fault: they are in [`GuestRam::vmm_dirty`].
+
+mod regs;
+mod vcpu;
+
+pub use regs::{
+    APDAKEYHI_EL1, APDAKEYLO_EL1, APDBKEYHI_EL1, APDBKEYLO_EL1, APGAKEYHI_EL1, APGAKEYLO_EL1,
+    APIAKEYHI_EL1, APIAKEYLO_EL1, APIBKEYHI_EL1, APIBKEYLO_EL1, HVF_SYSREGS, SNAPSHOT_SYSREGS,
+};
+pub use vcpu::{HvfKicker, HvfVcpu};
+
+use crate::arch::layout::{MAX_VCPUS, PAGE_SIZE};
+use crate::hv::exit_decision::{DirtyPages, RamRange};
+use crate::hv::{HvError, Hypervisor, Prot, Result, VcpuId, Vm};
+use crate::memory::GuestRam;
+use applevisor::error::HypervisorError;
+use applevisor::vm::{GicDisabled, VirtualMachine, VirtualMachineInstance};
+use applevisor_sys::{
+    hv_error_t, hv_memory_flags_t, hv_vm_map, hv_vm_protect, hv_vm_unmap, HV_MEMORY_EXEC,
+    HV_MEMORY_READ, HV_MEMORY_WRITE,
+};
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What to do when Hypervisor.framework answers `HV_DENIED`.
+pub const SIGN_HINT: &str = "Hypervisor.framework denied access (HV_DENIED): the binary needs the \
+     com.apple.security.hypervisor entitlement. Sign it with `scripts/sign.sh target/release/boot` \
+     (ad-hoc signature, no developer account needed) and run it again";
+
+/// Maps an applevisor error of `call` to [`HvError::Call`].
+fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
+    move |e| HvError::Call {
+        call,
+        detail: e.to_string(),
+    }
+}
+
+/// Checks a raw `hv_return_t`.
+fn check(call: &'static str, ret: i32) -> Result<()> {
+    if ret == hv_error_t::HV_SUCCESS as i32 {
+        Ok(())
+    } else {
+        Err(call_err(call)(HypervisorError::from(ret)))
+    }
+}
+
+/// Reads an integer sysctl (4 or 8 bytes).
+fn sysctl_u64(name: &CStr) -> Option<u64> {
+    let mut buf = [0u8; 8];
+    let mut len = buf.len();
+    // SAFETY: `name` is NUL-terminated; `buf` is writable for `len` bytes and
+    // `len` is updated with the size written; no new value is set.
+    let ret = unsafe {
+        libc::sysctlbyname(
+            name.as_ptr(),
+            buf.as_mut_ptr().cast::<c_void>(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    match (ret, len) {
+        (0, 4) => Some(u64::from(u32::from_ne_bytes([
+            buf[0], buf[1], buf[2], buf[3],
+        ]))),
+        (0, 8) => Some(u64::from_ne_bytes(buf)),
+        _ => None,
+    }
+}
+
+/// The host timebase frequency in Hz: `hw.tbfrequency`, or else derived from
+/// `mach_timebase_info` (ns per tick = numer / denom).
+// libc deprecates its mach bindings in favour of the mach2 crate; the
+// symbols themselves are stable.
+#[allow(deprecated)]
+fn timebase_frequency() -> Option<u64> {
+    if let Some(hz) = sysctl_u64(c"hw.tbfrequency").filter(|&hz| hz != 0) {
+        return Some(hz);
+    }
+    let mut info = libc::mach_timebase_info { numer: 0, denom: 0 };
+    // SAFETY: `info` is a valid, writable mach_timebase_info.
+    let ret = unsafe { libc::mach_timebase_info(&mut info) };
+    if ret != 0 || info.numer == 0 {
+        return None;
+    }
+    Some(1_000_000_000 * u64::from(info.denom) / u64::from(info.numer))
+}
+
+/// The host counter, which is the guest's physical count (see the module
+/// documentation).
+#[allow(deprecated)] // As in `timebase_frequency`.
+pub fn host_count() -> u64 {
+    // SAFETY: mach_absolute_time has no preconditions.
+    unsafe { libc::mach_absolute_time() }
+}
+
+/// Hypervisor.framework.
+#[derive(Debug, Clone)]
+pub struct HvfHypervisor {
+    freq: u64,
+}
+
+impl HvfHypervisor {
+    /// Checks that this Mac supports Hypervisor.framework (`kern.hv_support`)
+    /// and reads the counter frequency. Whether this process may use it (the
+    /// entitlement) shows at [`Hypervisor::create_vm`], whose `HV_DENIED`
+    /// error says how to sign the binary ([`SIGN_HINT`]).
+    pub fn new() -> Result<Self> {
+        if sysctl_u64(c"kern.hv_support") != Some(1) {
+            return Err(HvError::Unavailable {
+                backend: "hvf",
+                reason: "this Mac does not support Hypervisor.framework (kern.hv_support is not 1)"
+                    .into(),
+            });
+        }
+        let freq = timebase_frequency().ok_or_else(|| HvError::Unavailable {
+            backend: "hvf",
+            reason: "cannot read the host timebase frequency (hw.tbfrequency)".into(),
+        })?;
+        Ok(HvfHypervisor { freq })
+    }
+
+    /// Frequency of the guest's generic counter in Hz.
+    pub fn counter_frequency(&self) -> u64 {
+        self.freq
+    }
+}
+
+impl Hypervisor for HvfHypervisor {
+    type Vm = HvfVm;
+    const NAME: &'static str = "hvf";
+
+    /// Creates the process's VM (`hv_vm_create`) and maps `ram` at its base
+    /// read/write/execute (`hv_vm_map`).
+    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<HvfVm> {
+        if vcpus == 0 || vcpus > MAX_VCPUS {
+            return Err(HvError::Call {
+                call: "create_vm",
+                detail: format!("{vcpus} vCPUs requested; 1 to {MAX_VCPUS} are supported"),
+            });
+        }
+        let vm = VirtualMachine::new().map_err(|e| match e {
+            HypervisorError::Denied => HvError::Unavailable {
+                backend: "hvf",
+                reason: SIGN_HINT.into(),
+            },
+            HypervisorError::Busy => HvError::Call {
+                call: "hv_vm_create",
+                detail: "this process already has a VM (Hypervisor.framework allows one per \
+                         process)"
+                    .into(),
+            },
+            HypervisorError::Unsupported | HypervisorError::NoDevice => HvError::Unavailable {
+                backend: "hvf",
+                reason: format!("Hypervisor.framework cannot create a VM: {e}"),
+            },
+            other => call_err("hv_vm_create")(other),
+        })?;
+        let max = applevisor::vcpu::Vcpu::get_max_count()
+            .map_err(call_err("hv_vm_get_max_vcpu_count"))?;
+        if u32::try_from(vcpus).map_or(true, |n| n > max) {
+            return Err(HvError::Call {
+                call: "create_vm",
+                detail: format!("{vcpus} vCPUs requested; Hypervisor.framework allows {max}"),
+            });
+        }
+        let size = usize::try_from(ram.size()).map_err(|_| HvError::Call {
+            call: "hv_vm_map",
+            detail: "RAM size does not fit the host address space".into(),
+        })?;
+        // SAFETY: `ram` is a live, page-aligned mapping of `size` bytes owned
+        // by the GuestRam that `VmShared` keeps alive (Arc) until its Drop has
+        // unmapped it from the guest. Guest and VMM then share it as
+        // `GuestRam` documents (VMM access is volatile, through vm-memory).
+        let ret = unsafe {
+            hv_vm_map(
+                ram.host_ptr().cast_const().cast::<c_void>(),
+                ram.base(),
+                size,
+                HV_MEMORY_READ | HV_MEMORY_WRITE | HV_MEMORY_EXEC,
+            )
+        };
+        check("hv_vm_map", ret)?;
+        let pages = ram.size() / PAGE_SIZE;
+        let shared = Arc::new(VmShared {
+            dirty: DirtyPages::new(pages),
+            write_protect_armed: AtomicBool::new(false),
+            tracking: AtomicBool::new(false),
+            vtimer_offset: host_count(),
+            freq: self.freq,
+            ram,
+            vm,
+        });
+        Ok(HvfVm { shared, vcpus })
+    }
+}
+
+/// State shared by the VM and its vCPUs. Dropped when the last of them is:
+/// RAM is unmapped from the guest before the VM handle and the RAM go.
+struct VmShared {
+    /// Pages the guest wrote since the last [`HvfVm::take_dirty_pages`].
+    dirty: DirtyPages,
+    /// Sticky: RAM has been write-protected at least once, so permission
+    /// faults in RAM are dirty-page faults (also those that arrive after
+    /// tracking stopped).
+    write_protect_armed: AtomicBool,
+    /// Dirty tracking is on: re-protect RAM after taking the bitmap.
+    tracking: AtomicBool,
+    /// Vtimer offset given to every vCPU at creation (the host count at VM
+    /// creation, so the guest's virtual count starts near 0 on all vCPUs).
+    vtimer_offset: u64,
+    freq: u64,
+    ram: Arc<GuestRam>,
+    vm: VirtualMachineInstance<GicDisabled>,
+}
+
+impl VmShared {
+    /// Guest RAM's guest-physical range.
+    fn ram_range(&self) -> RamRange {
+        RamRange {
+            base: self.ram.base(),
+            size: self.ram.size(),
+        }
+    }
+
+    /// `hv_vm_protect` on a page range of RAM.
+    fn protect(&self, gpa: u64, size: u64, flags: hv_memory_flags_t) -> Result<()> {
+        let r = self.ram_range();
+        let inside = gpa >= r.base && size <= r.size && gpa - r.base <= r.size - size;
+        if gpa % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 || size == 0 || !inside {
+            return Err(HvError::Call {
+                call: "hv_vm_protect",
+                detail: format!(
+                    "range {gpa:#x}+{size:#x} is not a {PAGE_SIZE}-byte aligned part of RAM"
+                ),
+            });
+        }
+        let len = usize::try_from(size).map_err(|_| HvError::Call {
+            call: "hv_vm_protect",
+            detail: "size does not fit the host address space".into(),
+        })?;
+        // SAFETY: changes stage-2 permissions of guest RAM that this VM mapped;
+        // no host memory is touched.
+        let ret = unsafe { hv_vm_protect(gpa, len, flags) };
+        check("hv_vm_protect", ret)
+    }
+
+    /// Write-protects all of RAM (read/execute).
+    fn protect_all(&self, prot: Prot) -> Result<()> {
+        let r = self.ram_range();
+        self.protect(r.base, r.size, flags(prot))
+    }
+
+    /// Handles a guest write to write-protected page `page` (its GPA): marks
+    /// it dirty, then makes it writable. In that order, so a concurrent
+    /// [`HvfVm::take_dirty_pages`] either sees the mark or re-protects the
+    /// page after it.
+    fn write_fault(&self, page: u64) -> Result<()> {
+        // `page` is in RAM (decided so); `mark` ignores anything else.
+        self.dirty
+            .mark(page.wrapping_sub(self.ram.base()) / PAGE_SIZE);
+        self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))
+    }
+}
+
+impl Drop for VmShared {
+    fn drop(&mut self) {
+        let Ok(size) = usize::try_from(self.ram.size()) else {
+            return;
+        };
+        // SAFETY: removes the stage-2 mapping made in create_vm; no vCPU runs
+        // (each holds a reference to this struct).
+        let ret = unsafe { hv_vm_unmap(self.ram.base(), size) };
+        if let Err(e) = check("hv_vm_unmap", ret) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Stage-2 permissions for `prot`.
+fn flags(prot: Prot) -> hv_memory_flags_t {
+    match prot {
+        Prot::ReadWriteExec => HV_MEMORY_READ | HV_MEMORY_WRITE | HV_MEMORY_EXEC,
+        Prot::ReadExec => HV_MEMORY_READ | HV_MEMORY_EXEC,
+    }
+}
+
+/// The process's Hypervisor.framework VM with guest RAM mapped.
+pub struct HvfVm {
+    shared: Arc<VmShared>,
+    vcpus: usize,
+}
+
+impl HvfVm {
+    /// Starts dirty tracking: clears the bitmap and write-protects all RAM.
+    pub fn start_dirty_tracking(&self) -> Result<()> {
+        self.shared
+            .write_protect_armed
+            .store(true, Ordering::Release);
+        self.shared.tracking.store(true, Ordering::Release);
+        self.shared.dirty.clear();
+        self.shared.protect_all(Prot::ReadExec)
+    }
+
+    /// Stops dirty tracking and makes all RAM writable again. Pages marked
+    /// so far stay in the bitmap.
+    pub fn stop_dirty_tracking(&self) -> Result<()> {
+        self.shared.tracking.store(false, Ordering::Release);
+        self.shared.protect_all(Prot::ReadWriteExec)
+    }
+
+    /// The 16 KiB pages (indices from the start of RAM, ascending) the guest
+    /// wrote since the previous call or since tracking started; while
+    /// tracking is on, RAM is write-protected again for the next round.
+    /// The bitmap is taken before RAM is re-protected, so a write racing
+    /// with this call is reported now or next time, never lost. Pages the
+    /// VMM wrote are in [`GuestRam::vmm_dirty`], not here.
+    pub fn take_dirty_pages(&self) -> Result<Vec<u64>> {
+        let pages = self.shared.dirty.take();
+        if self.shared.tracking.load(Ordering::Acquire) {
+            self.shared.protect_all(Prot::ReadExec)?;
+        }
+        Ok(pages)
+    }
+
+    /// Whether dirty tracking is on.
+    pub fn dirty_tracking(&self) -> bool {
+        self.shared.tracking.load(Ordering::Acquire)
+    }
+
+    /// The vtimer offset every vCPU starts with (guest ticks).
+    pub fn initial_vtimer_offset(&self) -> u64 {
+        self.shared.vtimer_offset
+    }
+
+    /// Number of vCPUs the VM was created for.
+    pub fn vcpus(&self) -> usize {
+        self.vcpus
+    }
+}
+
+impl Vm for HvfVm {
+    type Vcpu = HvfVcpu;
+
+    /// Creates vCPU `id` on the calling thread (`hv_vcpu_create`), with
+    /// MPIDR_EL1 = `mpidr`, PSTATE = EL1h with D/A/I/F masked, the VM's
+    /// initial vtimer offset, and debug exceptions and debug-register
+    /// accesses left to the guest (not trapped).
+    fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<HvfVcpu> {
+        if id >= self.vcpus {
+            return Err(HvError::Call {
+                call: "hv_vcpu_create",
+                detail: format!("vCPU {id} out of range (VM has {})", self.vcpus),
+            });
+        }
+        HvfVcpu::create(self.shared.clone(), id, mpidr)
+    }
+
+    /// `hv_vm_protect` on `[gpa, gpa + size)`, which must be a 16 KiB-aligned
+    /// part of RAM. [`Prot::ReadExec`] also arms the write-fault path, so
+    /// the first write to each page is recorded by [`HvfVm::take_dirty_pages`].
+    fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()> {
+        if prot == Prot::ReadExec {
+            self.shared
+                .write_protect_armed
+                .store(true, Ordering::Release);
+        }
+        self.shared.protect(gpa, size, flags(prot))
+    }
+
+    /// The host timebase frequency (CNTFRQ_EL0 as the guest reads it).
+    fn counter_frequency(&self) -> u64 {
+        self.shared.freq
+    }
+
+    /// `mach_absolute_time()`: the guest's physical count.
+    fn physical_count(&self) -> u64 {
+        host_count()
+    }
+}

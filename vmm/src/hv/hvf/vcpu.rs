@@ -1,0 +1,289 @@
+//! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
+
+use super::{call_err, check, host_count, regs, VmShared};
+use crate::arch::sysreg::SysReg;
+use crate::hv::exit_decision::{
+    complete, decide, vtimer_asserted, Action, ExitReason, ExitRecord, LocalState, Step,
+    PSTATE_DAIF, PSTATE_EL1H,
+};
+use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
+use applevisor::vcpu::{Vcpu as HvVcpu, VcpuHandle};
+use applevisor_sys::{
+    hv_exit_reason_t, hv_interrupt_type_t, hv_reg_t, hv_sys_reg_t, hv_vcpus_exit,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Makes one vCPU leave the guest from any thread (`hv_vcpus_exit`).
+///
+/// A kick sets a flag before calling `hv_vcpus_exit`; the vCPU checks the
+/// flag before every `hv_vcpu_run` and on every CANCELED exit, so a kick
+/// that arrives while the vCPU is outside the guest is reported by the next
+/// [`Vcpu::run`] at once, and a CANCELED exit left over from a kick already
+/// reported resumes the guest. The handle does not keep the VM alive.
+pub struct HvfKicker {
+    handle: VcpuHandle,
+    pending: AtomicBool,
+}
+
+impl Kick for HvfKicker {
+    fn kick(&self) {
+        self.pending.store(true, Ordering::Release);
+        if !self.handle.is_valid() {
+            return;
+        }
+        let id = self.handle.id();
+        // SAFETY: passes one vCPU id by pointer, valid for the call. If the
+        // vCPU was destroyed meanwhile, HVF rejects the id; if the id was
+        // reused, that vCPU sees a CANCELED exit without a pending kick,
+        // which it ignores.
+        let ret = unsafe { hv_vcpus_exit(&id, 1) };
+        if let Err(e) = check("hv_vcpus_exit", ret) {
+            tracing::debug!("{e}");
+        }
+    }
+}
+
+/// A Hypervisor.framework vCPU, bound to the thread that created it (not
+/// `Send`).
+pub struct HvfVcpu {
+    // Field order is drop order: the vCPU is destroyed before the VM state
+    // (RAM mapping) it references.
+    vcpu: HvVcpu,
+    kicker: Arc<HvfKicker>,
+    shared: Arc<VmShared>,
+    id: VcpuId,
+    /// HVF masked the vtimer after VTIMER_ACTIVATED (or at creation) and we
+    /// have not unmasked it yet.
+    vtimer_masked: bool,
+    /// The vtimer level last reported to [`VcpuIo::vtimer_level`].
+    vtimer_level: Option<bool>,
+    local: LocalState,
+}
+
+impl HvfVcpu {
+    /// Creates the vCPU on the calling thread (see [`crate::hv::Vm::create_vcpu`]).
+    pub(super) fn create(shared: Arc<VmShared>, id: VcpuId, mpidr: u64) -> Result<Self> {
+        let vcpu = shared
+            .vm
+            .vcpu_create()
+            .map_err(call_err("hv_vcpu_create"))?;
+        vcpu.set_sys_reg(hv_sys_reg_t::MPIDR_EL1, mpidr)
+            .map_err(call_err("hv_vcpu_set_sys_reg"))?;
+        vcpu.set_reg(hv_reg_t::CPSR, PSTATE_EL1H | PSTATE_DAIF)
+            .map_err(call_err("hv_vcpu_set_reg"))?;
+        vcpu.set_trap_debug_exceptions(false)
+            .map_err(call_err("hv_vcpu_set_trap_debug_exceptions"))?;
+        vcpu.set_trap_debug_reg_accesses(false)
+            .map_err(call_err("hv_vcpu_set_trap_debug_reg_accesses"))?;
+        vcpu.set_vtimer_offset(shared.vtimer_offset)
+            .map_err(call_err("hv_vcpu_set_vtimer_offset"))?;
+        // Start masked: the first run reports the timer's level (also after
+        // a restore) and unmasks it if it is not asserted.
+        vcpu.set_vtimer_mask(true)
+            .map_err(call_err("hv_vcpu_set_vtimer_mask"))?;
+        let kicker = Arc::new(HvfKicker {
+            handle: vcpu.get_handle(),
+            pending: AtomicBool::new(false),
+        });
+        Ok(HvfVcpu {
+            vcpu,
+            kicker,
+            shared,
+            id,
+            vtimer_masked: true,
+            vtimer_level: None,
+            local: LocalState::default(),
+        })
+    }
+
+    fn report_vtimer(&mut self, io: &mut dyn VcpuIo, level: bool) {
+        if self.vtimer_level != Some(level) {
+            io.vtimer_level(self.id, level);
+            self.vtimer_level = Some(level);
+        }
+    }
+
+    /// While HVF keeps the vtimer masked, re-reads CNTV_CTL_EL0: once the
+    /// guest has handled the timer (output no longer asserted) the level
+    /// drops and the mask is lifted, so HVF reports the next expiry.
+    fn sync_vtimer(&mut self, io: &mut dyn VcpuIo) -> Result<()> {
+        if !self.vtimer_masked {
+            return Ok(());
+        }
+        let ctl = self
+            .vcpu
+            .get_sys_reg(hv_sys_reg_t::CNTV_CTL_EL0)
+            .map_err(call_err("hv_vcpu_get_sys_reg"))?;
+        let level = vtimer_asserted(ctl);
+        self.report_vtimer(io, level);
+        if !level {
+            self.vcpu
+                .set_vtimer_mask(false)
+                .map_err(call_err("hv_vcpu_set_vtimer_mask"))?;
+            self.vtimer_masked = false;
+        }
+        Ok(())
+    }
+
+    /// The last exit, as a record for [`decide`].
+    fn exit_record(&self) -> ExitRecord {
+        let info = self.vcpu.get_exit_info();
+        ExitRecord {
+            reason: match info.reason {
+                hv_exit_reason_t::CANCELED => ExitReason::Canceled,
+                hv_exit_reason_t::EXCEPTION => ExitReason::Exception,
+                hv_exit_reason_t::VTIMER_ACTIVATED => ExitReason::VtimerActivated,
+                hv_exit_reason_t::UNKNOWN => ExitReason::Unknown,
+            },
+            esr: info.exception.syndrome,
+            far: info.exception.virtual_address,
+            ipa: info.exception.physical_address,
+        }
+    }
+
+    fn unsupported(call: &'static str, what: String) -> HvError {
+        HvError::Call {
+            call,
+            detail: format!("{what} is not accessible through Hypervisor.framework"),
+        }
+    }
+}
+
+impl Vcpu for HvfVcpu {
+    fn id(&self) -> VcpuId {
+        self.id
+    }
+
+    /// Runs the guest until an exit for the run loop. Before each entry the
+    /// IRQ line is set from [`VcpuIo::irq_line`]; MMIO, trapped system
+    /// registers and dirty-page faults are completed here, before the guest
+    /// runs again.
+    fn run(&mut self, io: &mut dyn VcpuIo) -> Result<VcpuExit> {
+        let ram = self.shared.ram_range();
+        loop {
+            if self.kicker.pending.swap(false, Ordering::AcqRel) {
+                self.sync_vtimer(io)?;
+                return Ok(VcpuExit::Kicked);
+            }
+            self.sync_vtimer(io)?;
+            let irq = io.irq_line(self.id);
+            self.vcpu
+                .set_pending_interrupt(hv_interrupt_type_t::IRQ, irq)
+                .map_err(call_err("hv_vcpu_set_pending_interrupt"))?;
+            self.vcpu.run().map_err(call_err("hv_vcpu_run"))?;
+            let exit = self.exit_record();
+            let armed = self.shared.write_protect_armed.load(Ordering::Acquire);
+            match decide(&exit, ram, armed) {
+                Action::Kicked => {
+                    if self.kicker.pending.swap(false, Ordering::AcqRel) {
+                        self.sync_vtimer(io)?;
+                        return Ok(VcpuExit::Kicked);
+                    }
+                }
+                Action::VtimerActivated => {
+                    // HVF masked the vtimer when it reported this exit.
+                    self.vtimer_masked = true;
+                    self.report_vtimer(io, true);
+                }
+                Action::WriteProtectFault { page } => self.shared.write_fault(page)?,
+                Action::Guest(action) => {
+                    let mut local = self.local;
+                    let step = complete(self, io, &exit, action, &mut local, host_count);
+                    self.local = local;
+                    if let Step::Exit(e) = step? {
+                        self.sync_vtimer(io)?;
+                        return Ok(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn reg(&mut self, reg: Reg) -> Result<u64> {
+        let r = regs::hv_reg(reg)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_get_reg", format!("{reg:?}")))?;
+        self.vcpu.get_reg(r).map_err(call_err("hv_vcpu_get_reg"))
+    }
+
+    fn set_reg(&mut self, reg: Reg, value: u64) -> Result<()> {
+        let r = regs::hv_reg(reg)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_set_reg", format!("{reg:?}")))?;
+        self.vcpu
+            .set_reg(r, value)
+            .map_err(call_err("hv_vcpu_set_reg"))
+    }
+
+    fn vreg(&mut self, n: u8) -> Result<u128> {
+        let r = regs::hv_simd_reg(n)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_get_simd_fp_reg", format!("V{n}")))?;
+        self.vcpu
+            .get_simd_fp_reg(r)
+            .map_err(call_err("hv_vcpu_get_simd_fp_reg"))
+    }
+
+    fn set_vreg(&mut self, n: u8, value: u128) -> Result<()> {
+        let r = regs::hv_simd_reg(n)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_set_simd_fp_reg", format!("V{n}")))?;
+        self.vcpu
+            .set_simd_fp_reg(r, value)
+            .map_err(call_err("hv_vcpu_set_simd_fp_reg"))
+    }
+
+    /// Any register of [`super::HVF_SYSREGS`] (FPCR and FPSR through
+    /// `hv_vcpu_get_reg`).
+    fn sysreg(&mut self, reg: SysReg) -> Result<u64> {
+        if let Some(r) = regs::hv_fp_status_reg(reg) {
+            return self.vcpu.get_reg(r).map_err(call_err("hv_vcpu_get_reg"));
+        }
+        let r = regs::hv_sys_reg(reg)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_get_sys_reg", format!("{reg:?}")))?;
+        self.vcpu
+            .get_sys_reg(r)
+            .map_err(call_err("hv_vcpu_get_sys_reg"))
+    }
+
+    /// As [`HvfVcpu::sysreg`]; HVF refuses writes to ID registers.
+    fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()> {
+        if let Some(r) = regs::hv_fp_status_reg(reg) {
+            return self
+                .vcpu
+                .set_reg(r, value)
+                .map_err(call_err("hv_vcpu_set_reg"));
+        }
+        let r = regs::hv_sys_reg(reg)
+            .ok_or_else(|| Self::unsupported("hv_vcpu_set_sys_reg", format!("{reg:?}")))?;
+        self.vcpu
+            .set_sys_reg(r, value)
+            .map_err(call_err("hv_vcpu_set_sys_reg"))
+    }
+
+    /// CNTVOFF_EL2 (`hv_vcpu_get_vtimer_offset`), in guest ticks.
+    fn vtimer_offset(&mut self) -> Result<u64> {
+        self.vcpu
+            .get_vtimer_offset()
+            .map_err(call_err("hv_vcpu_get_vtimer_offset"))
+    }
+
+    /// Sets CNTVOFF_EL2 (`hv_vcpu_set_vtimer_offset`). To resume a snapshot,
+    /// use `host_count() - saved_virtual_count` so guest time continues.
+    fn set_vtimer_offset(&mut self, offset: u64) -> Result<()> {
+        self.vcpu
+            .set_vtimer_offset(offset)
+            .map_err(call_err("hv_vcpu_set_vtimer_offset"))
+    }
+
+    fn kicker(&self) -> Arc<dyn Kick> {
+        self.kicker.clone()
+    }
+}
+
+// Compile-time check that `HvfVcpu` is not `Send` (HVF binds a vCPU to its
+// thread): if it were, both impls below would apply and the call would be
+// ambiguous.
+trait AmbiguousIfSend<A> {
+    fn check() {}
+}
+impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
+const _: fn() = || <HvfVcpu as AmbiguousIfSend<_>>::check();

@@ -1,0 +1,686 @@
+//! Building a VM from a configuration and running it: the vCPU run loop,
+//! PSCI, WFI sleeping, interrupt wiring and the console input path.
+//!
+//! Threads: one per vCPU, or one for all vCPUs round-robin when the backend
+//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; and
+//! the caller's thread, which waits for the VM to end. Lock order: a device
+//! lock may be held while taking the GIC lock (interrupt lines), never the
+//! reverse; no lock is held across [`Vcpu::run`].
+
+use crate::arch::layout::{self, VTIMER_INTID};
+use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
+use crate::arch::sysreg::SysReg;
+use crate::arch::sysreg::{CNTV_CTL_EL0, CNTV_CVAL_EL0};
+use crate::arch::{fdt, image};
+use crate::console::{self, EscapeParser, Key};
+use crate::devices::boot_timer::BootTimer;
+use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3};
+use crate::devices::pl011::Pl011;
+use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mmio::VirtioMmio;
+use crate::devices::{IrqLine, MmioBus};
+use crate::hv::exit_decision::vtimer_deadline_ns;
+use crate::hv::{self, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::memory::GuestRam;
+use anyhow::{bail, Context};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use vm_memory::{Bytes, GuestAddress};
+
+/// PSTATE for entering the kernel: EL1h with D, A, I and F masked
+/// (Linux arm64 boot protocol: "all forms of interrupts must be masked").
+const PSTATE_EL1H_DAIF: u64 = 0x3c5;
+
+/// Time slice of one vCPU when several share a host thread.
+const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct MachineConfig {
+    /// Linux arm64 `Image`.
+    pub kernel: PathBuf,
+    /// Raw disk image for `/dev/vda`, opened read-write.
+    pub disk: PathBuf,
+    /// Guest RAM in bytes.
+    pub mem_bytes: u64,
+    /// Number of vCPUs (1..=[`layout::MAX_VCPUS`]).
+    pub cpus: usize,
+    /// Kernel command line.
+    pub cmdline: String,
+}
+
+/// How a VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest called PSCI SYSTEM_OFF.
+    PowerOff,
+    /// The guest called PSCI SYSTEM_RESET (the VMM exits rather than reboots).
+    Reset,
+    /// The user pressed Ctrl-A x.
+    Quit,
+    /// A vCPU hit something the VMM cannot handle.
+    Error(String),
+}
+
+/// Power state of one vCPU (PSCI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Power {
+    Off,
+    /// CPU_ON was called; the owning thread starts it at `entry` with X0 = `context`.
+    OnPending {
+        entry: u64,
+        context: u64,
+    },
+    On,
+}
+
+/// State guarded by one mutex and its condition variable: the wake-up
+/// generation counter, vCPU power states and the VM's end.
+struct Control {
+    generation: u64,
+    power: Vec<Power>,
+    exit: Option<VmExit>,
+}
+
+/// State shared by every thread of a running VM.
+struct Shared {
+    ram: Arc<GuestRam>,
+    bus: MmioBus,
+    gic: Arc<Mutex<Gicv3>>,
+    /// The console UART, fed by the console input thread.
+    uart: Arc<Mutex<Pl011>>,
+    control: Mutex<Control>,
+    wake: Condvar,
+    kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
+        let kicks = self.kicks.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, k) in kicks.iter().enumerate() {
+            if let (true, Some(k)) = (which(id), k) {
+                k.kick();
+            }
+        }
+    }
+
+    /// Ends the VM (the first reason wins) and stops every vCPU.
+    fn finish(&self, why: VmExit) {
+        {
+            let mut c = self.lock();
+            if c.exit.is_none() {
+                c.exit = Some(why);
+            }
+            c.generation += 1;
+        }
+        self.wake.notify_all();
+        self.kick_where(|_| true);
+    }
+
+    fn finished(&self) -> bool {
+        self.lock().exit.is_some()
+    }
+
+    /// Called after the GIC's pending state may have changed for other vCPUs.
+    fn interrupts_changed(&self) {
+        let pending = self
+            .gic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pending_vcpus();
+        if !pending.is_empty() {
+            self.lock().generation += 1;
+            self.wake.notify_all();
+            self.kick_where(|v| pending.contains(v));
+        }
+    }
+}
+
+/// A level-triggered SPI from a device to the GIC.
+struct SpiLine {
+    intid: u32,
+    shared: std::sync::Weak<Shared>,
+    gic: Arc<Mutex<Gicv3>>,
+}
+
+impl IrqLine for SpiLine {
+    fn set_level(&self, level: bool) {
+        self.gic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_spi_level(self.intid, level);
+        if level {
+            if let Some(shared) = self.shared.upgrade() {
+                shared.interrupts_changed();
+            }
+        }
+    }
+}
+
+/// The VMM side of vCPU exits ([`VcpuIo`]).
+struct Io<'a> {
+    shared: &'a Shared,
+}
+
+impl VcpuIo for Io<'_> {
+    fn mmio_read(&mut self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
+        let r = self.shared.bus.read(vcpu, gpa, data);
+        if let Err(e) = &r {
+            crate::warn_ratelimited!("vCPU {vcpu}: {e}");
+        }
+        r
+    }
+
+    fn mmio_write(&mut self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
+        let r = self.shared.bus.write(vcpu, gpa, data);
+        if let Err(e) = &r {
+            crate::warn_ratelimited!("vCPU {vcpu}: {e}");
+        }
+        r
+    }
+
+    fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+        let v = self.gic().sysreg_read(vcpu, reg);
+        if v.is_none() {
+            crate::warn_ratelimited!("vCPU {vcpu}: read of unimplemented system register {reg}");
+        }
+        v
+    }
+
+    fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+        let Some(targets) = self.gic().sysreg_write(vcpu, reg, value) else {
+            crate::warn_ratelimited!("vCPU {vcpu}: write of unimplemented system register {reg}");
+            return false;
+        };
+        if !targets.is_empty() {
+            self.shared.interrupts_changed();
+        }
+        true
+    }
+
+    fn irq_line(&mut self, vcpu: VcpuId) -> bool {
+        self.gic().irq_pending(vcpu)
+    }
+
+    fn vtimer_level(&mut self, vcpu: VcpuId, level: bool) {
+        self.gic().set_ppi_level(vcpu, VTIMER_INTID, level);
+    }
+}
+
+impl Io<'_> {
+    fn gic(&self) -> std::sync::MutexGuard<'_, Gicv3> {
+        self.shared.gic.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// PSCI's view of the vCPUs.
+struct Cpus<'a>(&'a [Power]);
+
+impl PsciCpus for Cpus<'_> {
+    fn vcpu_count(&self) -> usize {
+        self.0.len()
+    }
+    fn power_state(&self, vcpu: usize) -> PowerState {
+        match self.0.get(vcpu) {
+            Some(Power::On) => PowerState::On,
+            Some(Power::OnPending { .. }) => PowerState::OnPending,
+            Some(Power::Off) | None => PowerState::Off,
+        }
+    }
+}
+
+/// A vCPU together with its run-loop state.
+struct RunVcpu<V> {
+    vcpu: V,
+    /// Set while the vCPU waits in WFI: it may run again at this instant (or
+    /// earlier on an interrupt); `None` inside means no timer deadline.
+    wfi: Option<Option<Instant>>,
+}
+
+/// Boots `cfg` on hypervisor `hv` and runs it until it ends.
+pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> anyhow::Result<VmExit>
+where
+    H::Vm: 'static,
+{
+    if cfg.cpus == 0 || cfg.cpus > layout::MAX_VCPUS {
+        bail!(
+            "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
+            cfg.cpus,
+            layout::MAX_VCPUS
+        );
+    }
+    let kernel = std::fs::read(&cfg.kernel)
+        .with_context(|| format!("cannot read kernel {}", cfg.kernel.display()))?;
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&cfg.disk)
+        .with_context(|| format!("cannot open disk image {} read-write", cfg.disk.display()))?;
+
+    let ram = Arc::new(GuestRam::new_anonymous(cfg.mem_bytes)?);
+    let loaded = image::load_image(&ram, &kernel)
+        .with_context(|| format!("cannot load kernel {}", cfg.kernel.display()))?;
+
+    let blk_region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+    let blk = Block::new(disk, false, "ignition-vda")
+        .with_context(|| format!("cannot use disk image {}", cfg.disk.display()))?;
+    let gic = Arc::new(Mutex::new(Gicv3::new(cfg.cpus)));
+    let vm_start = Instant::now();
+
+    let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
+        let spi = |intid: u32| -> Arc<dyn IrqLine> {
+            Arc::new(SpiLine {
+                intid,
+                shared: weak.clone(),
+                gic: gic.clone(),
+            })
+        };
+        let mut bus = MmioBus::new();
+        let mut add = |name, base, size, dev| {
+            bus.insert(name, base, size, dev)
+                .expect("the layout table has no overlapping regions");
+        };
+        add(
+            "gicd",
+            layout::GICD_BASE,
+            layout::GICD_SIZE,
+            Arc::new(Mutex::new(GicDistMmio(gic.clone()))),
+        );
+        add(
+            "gicr",
+            layout::GICR_BASE,
+            layout::GICR_STRIDE * cfg.cpus as u64,
+            Arc::new(Mutex::new(GicRedistMmio(gic.clone()))),
+        );
+        let pl011 = Pl011::new(
+            Box::new(std::io::stdout()),
+            spi(layout::PL011.intid.expect("PL011 has an interrupt")),
+        );
+        let uart = Arc::new(Mutex::new(pl011));
+        add(
+            "pl011",
+            layout::PL011.base,
+            layout::PL011.size,
+            uart.clone(),
+        );
+        add(
+            "boot-timer",
+            layout::BOOT_TIMER.base,
+            layout::BOOT_TIMER.size,
+            Arc::new(Mutex::new(BootTimer::new(
+                vm_start,
+                Box::new(|elapsed: Duration| console::message(&BootTimer::message(elapsed))),
+            ))),
+        );
+        add(
+            "virtio-blk",
+            blk_region.base,
+            blk_region.size,
+            Arc::new(Mutex::new(
+                VirtioMmio::new(
+                    blk,
+                    ram.clone(),
+                    spi(blk_region.intid.expect("virtio slots have interrupts")),
+                )
+                .expect("a fresh virtio-blk transport is valid"),
+            )),
+        );
+        let mut power = vec![Power::Off; cfg.cpus];
+        power[0] = Power::On;
+        Shared {
+            ram: ram.clone(),
+            bus,
+            gic: gic.clone(),
+            uart,
+            control: Mutex::new(Control {
+                generation: 0,
+                power,
+                exit: None,
+            }),
+            wake: Condvar::new(),
+            kicks: Mutex::new(vec![None; cfg.cpus]),
+        }
+    });
+
+    let dtb = fdt::build_fdt(&fdt::FdtConfig {
+        vcpus: cfg.cpus,
+        ram_size: ram.size(),
+        cmdline: cfg.cmdline.clone(),
+        rng_seed: Some(rng_seed()),
+        virtio_slots: vec![layout::VIRTIO_BLK_SLOT],
+    })?;
+    let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
+    ram.memory()
+        .write_slice(&dtb, GuestAddress(dtb_gpa))
+        .context("cannot write the device tree into guest RAM")?;
+    let boot = BootRegs {
+        entry: loaded.entry,
+        dtb: dtb_gpa,
+    };
+
+    let vm = Arc::new(hv.create_vm(ram.clone(), cfg.cpus)?);
+    let groups: Vec<Vec<VcpuId>> = if H::ROUND_ROBIN {
+        vec![(0..cfg.cpus).collect()]
+    } else {
+        (0..cfg.cpus).map(|v| vec![v]).collect()
+    };
+    let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
+    spawn_console_input(shared.clone());
+    let mut threads = Vec::new();
+    for ids in groups {
+        let (shared, vm) = (shared.clone(), vm.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("vcpu{}", ids[0]))
+                .spawn(move || {
+                    if let Err(e) = vcpu_thread(&*vm, &shared, &ids, boot) {
+                        shared.finish(VmExit::Error(format!("{e:#}")));
+                    }
+                })
+                .context("cannot spawn a vCPU thread")?,
+        );
+    }
+    let why = {
+        let mut c = shared.lock();
+        while c.exit.is_none() {
+            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        c.exit.clone().expect("checked above")
+    };
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = std::io::stdout().flush();
+    Ok(why)
+}
+
+#[derive(Clone, Copy)]
+struct BootRegs {
+    entry: u64,
+    dtb: u64,
+}
+
+fn rng_seed() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut seed);
+    }
+    seed
+}
+
+/// Reads the host's stdin, handles the escape keys, and feeds the guest UART
+/// at the pace its RX FIFO drains.
+fn spawn_console_input(shared: Arc<Shared>) {
+    let spawned = std::thread::Builder::new()
+        .name("console".into())
+        .spawn(move || {
+            let mut parser = EscapeParser::default();
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = [0u8; 256];
+            let mut pending = std::collections::VecDeque::new();
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                for &b in &buf[..n] {
+                    match parser.feed(b) {
+                        Key::Guest(b) => pending.push_back(b),
+                        Key::Quit => {
+                            shared.finish(VmExit::Quit);
+                            return;
+                        }
+                        Key::Help => console::message(console::ESCAPE_HELP.trim_end()),
+                        Key::Snapshot => console::message(
+                            "[snapshot] not available: snapshots are not implemented in this build",
+                        ),
+                        Key::None => {}
+                    }
+                }
+                while !pending.is_empty() && !shared.finished() {
+                    let bytes = pending.make_contiguous();
+                    let taken = shared
+                        .uart
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .enqueue_rx(bytes);
+                    pending.drain(..taken);
+                    if !pending.is_empty() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no console input: cannot spawn the console thread: {e}");
+    }
+}
+
+/// Runs vCPUs `ids` on the current thread until the VM ends.
+fn vcpu_thread<V: Vm>(
+    vm: &V,
+    shared: &Shared,
+    ids: &[VcpuId],
+    boot: BootRegs,
+) -> anyhow::Result<()> {
+    let mut vcpus = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let vcpu = vm
+            .create_vcpu(id, psci::mpidr(id))
+            .with_context(|| format!("cannot create vCPU {id}"))?;
+        shared.kicks.lock().unwrap_or_else(|e| e.into_inner())[id] = Some(vcpu.kicker());
+        vcpus.push(RunVcpu { vcpu, wfi: None });
+    }
+    if let Some(v) = vcpus.iter_mut().find(|v| v.vcpu.id() == 0) {
+        start_vcpu(&mut v.vcpu, boot.entry, boot.dtb)?;
+    }
+    // Preempts the running vCPU when several share this thread.
+    let running = Arc::new(AtomicUsize::new(usize::MAX));
+    let _ticker = (vcpus.len() > 1).then(|| {
+        Ticker::start(
+            running.clone(),
+            vcpus.iter().map(|v| v.vcpu.kicker()).collect(),
+        )
+    });
+
+    let mut io = Io { shared };
+    loop {
+        let generation = {
+            let c = shared.lock();
+            if c.exit.is_some() {
+                return Ok(());
+            }
+            c.generation
+        };
+        let mut ran = false;
+        let mut next_deadline: Option<Instant> = None;
+        for (slot, rv) in vcpus.iter_mut().enumerate() {
+            let id = rv.vcpu.id();
+            let power = shared.lock().power[id];
+            match power {
+                Power::Off => continue,
+                Power::OnPending { entry, context } => {
+                    start_vcpu(&mut rv.vcpu, entry, context)?;
+                    shared.lock().power[id] = Power::On;
+                    rv.wfi = None;
+                }
+                Power::On => {}
+            }
+            if let Some(deadline) = rv.wfi {
+                let now = Instant::now();
+                let due = deadline.is_some_and(|d| d <= now);
+                if !due && !io.irq_line(id) {
+                    if let Some(d) = deadline {
+                        next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
+                    }
+                    continue;
+                }
+                rv.wfi = None;
+            }
+            ran = true;
+            running.store(slot, Ordering::Relaxed);
+            let exit = rv.vcpu.run(&mut io);
+            running.store(usize::MAX, Ordering::Relaxed);
+            match exit.with_context(|| format!("vCPU {id}"))? {
+                VcpuExit::Hvc { .. } | VcpuExit::Smc { .. } => {
+                    if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend && !io.irq_line(id)
+                    {
+                        rv.wfi = Some(wfi_deadline(vm, &mut rv.vcpu)?);
+                    }
+                }
+                VcpuExit::Wfi => {
+                    if !io.irq_line(id) {
+                        rv.wfi = Some(wfi_deadline(vm, &mut rv.vcpu)?);
+                    }
+                }
+                VcpuExit::Wfe | VcpuExit::Kicked => {}
+                VcpuExit::Unhandled { esr, far, ipa, pc } => {
+                    bail!(
+                        "vCPU {id}: unhandled exception: ESR {esr:#x} (EC {:#x}), FAR {far:#x}, IPA {ipa:#x}, PC {pc:#x}",
+                        esr >> 26
+                    );
+                }
+            }
+        }
+        if !ran {
+            let c = shared.lock();
+            if c.generation != generation || c.exit.is_some() {
+                continue;
+            }
+            match next_deadline {
+                Some(d) => {
+                    let wait = d.saturating_duration_since(Instant::now());
+                    drop(shared.wake.wait_timeout(c, wait));
+                }
+                None => {
+                    drop(shared.wake.wait(c));
+                }
+            }
+        }
+    }
+}
+
+/// Puts a vCPU at `entry` in EL1h with interrupts masked and X0 = `x0`
+/// (Linux arm64 boot protocol for the boot CPU; PSCI CPU_ON for the others).
+fn start_vcpu(vcpu: &mut impl Vcpu, entry: u64, x0: u64) -> hv::Result<()> {
+    vcpu.set_reg(Reg::X(0), x0)?;
+    for n in 1..4 {
+        vcpu.set_reg(Reg::X(n), 0)?;
+    }
+    vcpu.set_reg(Reg::Pstate, PSTATE_EL1H_DAIF)?;
+    vcpu.set_reg(Reg::Pc, entry)
+}
+
+/// When a vCPU in WFI must wake for its virtual timer, if it is armed.
+fn wfi_deadline<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<Option<Instant>> {
+    let ns = vtimer_deadline_ns(
+        vcpu.sysreg(CNTV_CTL_EL0)?,
+        vcpu.sysreg(CNTV_CVAL_EL0)?,
+        vcpu.vtimer_offset()?,
+        vm.physical_count(),
+        vm.counter_frequency(),
+    );
+    Ok(ns.map(|ns| Instant::now() + Duration::from_nanos(ns)))
+}
+
+/// What the vCPU does after a PSCI call.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterPsci {
+    Continue,
+    /// CPU_SUSPEND: wait as in WFI.
+    Suspend,
+}
+
+fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsci> {
+    let call = PsciCall::from_regs([
+        vcpu.reg(Reg::X(0))?,
+        vcpu.reg(Reg::X(1))?,
+        vcpu.reg(Reg::X(2))?,
+        vcpu.reg(Reg::X(3))?,
+    ]);
+    let action = {
+        let c = shared.lock();
+        psci::handle(call, &Cpus(&c.power))
+    };
+    let ret = match action {
+        PsciAction::Return(v) => v,
+        PsciAction::CpuOn {
+            target,
+            entry,
+            context_id,
+        } => {
+            let mut c = shared.lock();
+            match c.power.get(target) {
+                _ if !shared.ram.contains(entry, 4) => psci::ret(psci::INVALID_ADDRESS),
+                Some(Power::Off) => {
+                    c.power[target] = Power::OnPending {
+                        entry,
+                        context: context_id,
+                    };
+                    c.generation += 1;
+                    drop(c);
+                    shared.wake.notify_all();
+                    shared.kick_where(|v| v == target);
+                    psci::ret(psci::SUCCESS)
+                }
+                Some(Power::OnPending { .. }) => psci::ret(psci::ON_PENDING),
+                Some(Power::On) => psci::ret(psci::ALREADY_ON),
+                None => psci::ret(psci::INVALID_PARAMETERS),
+            }
+        }
+        PsciAction::CpuSuspend => {
+            vcpu.set_reg(Reg::X(0), psci::ret(psci::SUCCESS))?;
+            return Ok(AfterPsci::Suspend);
+        }
+        PsciAction::CpuOff => {
+            shared.lock().power[vcpu.id()] = Power::Off;
+            return Ok(AfterPsci::Continue);
+        }
+        PsciAction::SystemOff => {
+            shared.finish(VmExit::PowerOff);
+            return Ok(AfterPsci::Continue);
+        }
+        PsciAction::SystemReset => {
+            shared.finish(VmExit::Reset);
+            return Ok(AfterPsci::Continue);
+        }
+    };
+    vcpu.set_reg(Reg::X(0), ret)?;
+    Ok(AfterPsci::Continue)
+}
+
+/// Kicks whichever vCPU of a shared thread is running, every slice.
+struct Ticker {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Ticker {
+    fn start(running: Arc<AtomicUsize>, kicks: Vec<Arc<dyn Kick>>) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let _ = std::thread::Builder::new()
+            .name("vcpu-ticker".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(ROUND_ROBIN_SLICE);
+                    if let Some(k) = kicks.get(running.load(Ordering::Relaxed)) {
+                        k.kick();
+                    }
+                }
+            });
+        Ticker { stop }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
