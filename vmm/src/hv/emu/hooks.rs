@@ -565,7 +565,9 @@ impl HookState {
                 }
                 // SAFETY: sys hooks only run inside `emu_start`.
                 if let Some(io) = unsafe { self.io() } {
-                    self.vtimer_update(io, false, true);
+                    // No kick needed: a system register write ends the
+                    // block, so unicorn checks for interrupts right after.
+                    self.vtimer_update(io, false, false);
                 }
                 1
             }
@@ -785,6 +787,19 @@ pub(crate) unsafe extern "C" fn tlb_hook(
         }
         None => false,
     }
+}
+
+/// Unmapped-fetch hook, registered only for its side effect (see
+/// `EmuVcpu::setup`); reports "not handled".
+pub(crate) unsafe extern "C" fn unmapped_fetch_hook(
+    _uc: *mut uc_engine,
+    _ty: u32,
+    _address: u64,
+    _size: i32,
+    _value: i64,
+    _ud: *mut c_void,
+) -> bool {
+    false
 }
 
 /// MRS hook. Returns non-zero to skip unicorn's own handling (quirk 6).

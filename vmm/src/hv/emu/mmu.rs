@@ -176,8 +176,9 @@ impl Granule {
 
 /// Output-address bits [47:0] of a descriptor.
 const OA_MASK: u64 = 0x0000_FFFF_FFFF_FFFF;
-/// Descriptor bits [51:48] (OA bits of FEAT_LPA; must be 0 here).
-const OA_HIGH: u64 = 0x000F_0000_0000_0000;
+/// Descriptor bits [49:48]: output-address bits beyond 48 bits (FEAT_LPA),
+/// RES0 here. Bits 50 (GP) and 51 (DBM, Linux's PTE_WRITE) are attributes.
+const OA_HIGH: u64 = 0x0003_0000_0000_0000;
 
 /// TCR_EL1 fields for one half of the address space.
 struct Half {
@@ -700,5 +701,8 @@ mod tests {
         let (m, regs) = one_page(AF | (1 << 48), 0, 0);
         let e = translate(&regs, 0, 1, &m.reader()).unwrap_err();
         assert_eq!(e, Fault::new(FaultKind::AddressSize, 3));
+        // DBM (bit 51) and GP (bit 50) are attributes, not address bits.
+        let (m, regs) = one_page(AF | (1 << 51) | (1 << 50), 0, 0);
+        assert_eq!(translate(&regs, 0, 1, &m.reader()).unwrap().pa, 0x4000_0000);
     }
 }

@@ -315,6 +315,9 @@ impl EmuHypervisor {
 impl Hypervisor for EmuHypervisor {
     type Vm = EmuVm;
     const NAME: &'static str = "emu";
+    /// Unicorn engines are driven from one thread, round-robin; another
+    /// thread may only kick them (quirk 9).
+    const ROUND_ROBIN: bool = true;
 
     fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<EmuVm> {
         EmuVm::new(ram, vcpus)
@@ -577,6 +580,25 @@ impl EmuVcpu {
                 all,
                 None,
             )?;
+            // Never fires (the TLB hook sends every unbacked access to the
+            // guest), but its presence over an address makes unicorn skip,
+            // for blocks translated at that virtual address, a walk of the
+            // whole TLB that re-arms its own self-modifying-code detection
+            // (about a fifth of boot time). Coherence comes from the guest's
+            // IC maintenance instead (quirk 11). The ranges leave out RAM's
+            // physical window, where unicorn also consults memory hooks and
+            // any hook would slow every store (quirk 10).
+            let ram_end = RAM_BASE + vm.ram_size;
+            for range in [(0, RAM_BASE - 1), (ram_end, u64::MAX)] {
+                add_hook(
+                    handle,
+                    HookType::MEM_FETCH_UNMAPPED,
+                    hooks::unmapped_fetch_hook as *mut c_void,
+                    ud,
+                    range,
+                    None,
+                )?;
+            }
             add_hook(
                 handle,
                 HookType::TLB_FILL,

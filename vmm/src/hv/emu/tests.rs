@@ -175,6 +175,25 @@ const COUNTERS: &[u32] = &[
     0xd538_0703, // 0x0c: mrs x3, id_aa64mmfr0_el1
     0xd400_0002, // 0x10: hvc #0
 ];
+/// `self_modify`
+const SELF_MODIFY: &[u32] = &[
+    0xd63f_0080, // 0x00: blr x4
+    0xaa00_03e5, // 0x04: mov x5, x0
+    0xb900_0081, // 0x08: str w1, [x4]
+    0xd50b_7b24, // 0x0c: dc cvau, x4
+    0xd503_3b9f, // 0x10: dsb ish
+    0xd50b_7524, // 0x14: ic ivau, x4
+    0xd503_3b9f, // 0x18: dsb ish
+    0xd503_3fdf, // 0x1c: isb
+    0xd63f_0080, // 0x20: blr x4
+    0xaa00_03e6, // 0x24: mov x6, x0
+    0xd400_0082, // 0x28: hvc #4
+];
+/// `callee`
+const CALLEE: &[u32] = &[
+    0xd280_0020, // 0x00: mov x0, #1
+    0xd65f_03c0, // 0x04: ret
+];
 
 /// What the recording I/O handler saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -344,6 +363,13 @@ fn new_cpu(vm: &EmuVm, id: usize) -> EmuVcpu {
     cpu.set_reg(Reg::Pc, CODE).unwrap();
     cpu.set_sysreg(sr::VBAR_EL1, VBAR).unwrap();
     cpu
+}
+
+#[test]
+fn vm_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<EmuVm>();
+    check::<EmuHypervisor>();
 }
 
 #[test]
@@ -752,6 +778,25 @@ fn code_patched_by_another_vcpu_is_retranslated() {
     other.set_reg(Reg::Pc, f).unwrap();
     assert_eq!(other.run(&mut g.io).unwrap(), VcpuExit::Hvc { imm: 0 });
     assert_eq!(other.reg(Reg::X(0)).unwrap(), 2);
+}
+
+#[test]
+fn code_patched_through_its_own_mapping_is_retranslated_after_ic_ivau() {
+    // The code runs at a virtual address outside RAM's physical window,
+    // where unicorn's own self-modifying-code detection is off (see setup).
+    let mut g = Guest::new(SELF_MODIFY);
+    let t = build_tables(&g);
+    write_words(&g.ram, DATA_PA, CALLEE);
+    g.cpu.set_sysreg(sr::MAIR_EL1, 0xff).unwrap();
+    g.cpu.set_sysreg(sr::TCR_EL1, t.tcr).unwrap();
+    g.cpu.set_sysreg(sr::TTBR0_EL1, t.ttbr0).unwrap();
+    let sctlr = g.sys(sr::SCTLR_EL1);
+    g.cpu.set_sysreg(sr::SCTLR_EL1, sctlr | 1).unwrap();
+    g.set_x(1, 0xd280_0040); // mov x0, #2
+    g.set_x(4, DATA_VA);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 4 });
+    assert_eq!(g.x(5), 1);
+    assert_eq!(g.x(6), 2);
 }
 
 #[test]
