@@ -4,7 +4,7 @@
 //! (notes, quirk 1 and 2), so the backend enters the guest's vector itself.
 //! The caller writes the results back and banks SP (quirk 4).
 
-/// PSTATE.M[3:0] for EL1 using SP_EL1 (EL1h).
+/// PSTATE.M (bits 3:0) for EL1 using SP_EL1 (EL1h).
 pub const MODE_EL1H: u64 = 0b0101;
 /// PSTATE.{D,A,I,F} (bits 9..6 in SPSR layout).
 pub const DAIF: u64 = 0xf << 6;

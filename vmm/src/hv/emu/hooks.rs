@@ -91,7 +91,7 @@ pub(crate) struct MmioCtx {
 }
 
 /// Recently invalidated code pages of this engine (see [`HookState::ivau`]).
-const IC_MEMO: usize = 4;
+pub(crate) const IC_MEMO: usize = 4;
 
 /// The per-vCPU state the hooks work on.
 pub(crate) struct HookState {
@@ -115,6 +115,7 @@ pub(crate) struct HookState {
     pub armed: Option<Instant>,
     /// Current HCR_EL2 (VI reflects the IRQ line).
     pub hcr: u64,
+    /// A fault the TLB hook refused, for `run` to handle.
     pub fault: Option<PendingFault>,
     /// An exit a hook decided on; `run` returns it after `emu_start`.
     pub exit: Option<VcpuExit>,
@@ -135,6 +136,7 @@ pub(crate) struct HookState {
     pub id_mmfr0: u64,
     /// Emulated ID_AA64PFR0_EL1 (GIC system registers advertised).
     pub id_pfr0: u64,
+    /// `user_data` of the fast-path MMIO regions (filled once, never moved).
     pub mmio_ctx: Vec<MmioCtx>,
 }
 

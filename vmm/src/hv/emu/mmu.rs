@@ -6,7 +6,7 @@
 //! Implemented: 4 KiB, 16 KiB and 64 KiB granules (TG0 and TG1 use different
 //! encodings), T0SZ/T1SZ with the start level derived from them, EPD0/EPD1,
 //! TBI0/TBI1, table descriptors with APTable/UXNTable/PXNTable, block and page
-//! descriptors, AP[2:1], UXN/PXN, SCTLR_EL1.WXN, the implicit PXN of
+//! descriptors, AP bits 2:1, UXN/PXN, SCTLR_EL1.WXN, the implicit PXN of
 //! EL0-writable memory, and access-flag faults (no FEAT_HAFDBS: the guest sets
 //! AF itself). Output addresses are limited to 48 bits (no FEAT_LPA).
 
@@ -74,7 +74,7 @@ pub struct Translation {
     pub level: u8,
     /// Leaf AttrIndx (MAIR_EL1 index), 0 with the MMU off.
     pub attr_index: u8,
-    /// Leaf shareability field SH[1:0], 0 with the MMU off.
+    /// Leaf shareability field (SH, bits 9:8 of the descriptor), 0 with the MMU off.
     pub sh: u8,
 }
 

@@ -25,6 +25,12 @@
 //!   maintenance is applied to every engine before it next runs a block.
 //! - Dirty tracking: [`Vm::protect`] write-protects 16 KiB pages in the TLB
 //!   fill; the first store marks the page in [`EmuVm::take_dirty_pages`].
+//!
+//! Limits: the CPU model is a Cortex-A72 (ARMv8.0: no LSE, PAN or SVE);
+//! LDTR/STTR are checked with the permissions of the current EL (quirk 12);
+//! WFE is a plain yield inside unicorn with no hook, so `run` never returns
+//! [`VcpuExit::Wfe`] and a vCPU spinning on WFE runs until it is kicked;
+//! an undefined instruction is reported with EC 0 (quirk 14).
 
 pub mod esr;
 pub mod exception;
@@ -57,8 +63,10 @@ use unicorn_engine::{
     RegisterARM64 as R, TlbType, Unicorn,
 };
 
-/// Attention bits of a vCPU: set from anywhere, acted on by the vCPU at its
-/// next block boundary or run entry.
+// Attention bits of a vCPU: set from any thread, acted on by the vCPU at its
+// next block boundary (the block hook stops the engine) or run entry.
+
+/// A [`Kick`]: `run` returns [`VcpuExit::Kicked`].
 const ATTN_KICK: u32 = 1 << 0;
 /// The virtual timer deadline passed.
 const ATTN_TIMER: u32 = 1 << 1;
@@ -498,7 +506,7 @@ impl EmuVcpu {
             exit: None,
             stopped_by_hook: false,
             fills: 0,
-            ic_memo: [u64::MAX; 4],
+            ic_memo: [u64::MAX; hooks::IC_MEMO],
             identity: false,
             panic: None,
             mpidr: mpidr | (1 << 31),

@@ -194,6 +194,13 @@ const CALLEE: &[u32] = &[
     0xd280_0020, // 0x00: mov x0, #1
     0xd65f_03c0, // 0x04: ret
 ];
+/// `el0_load`
+const EL0_LOAD: &[u32] = &[
+    0xd518_4020, // 0x00: msr elr_el1, x0
+    0xd518_401f, // 0x04: msr spsr_el1, xzr
+    0xd69f_03e0, // 0x08: eret
+    0xf940_0086, // 0x0c: ldr x6, [x4]
+];
 
 /// What the recording I/O handler saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -650,17 +657,50 @@ fn mmu_16k_translation_and_data_abort() {
     assert_eq!(g.sys(sr::ELR_EL1), CODE + 0x2c);
 }
 
+/// Turns the MMU on with `t` from the host side.
+fn enable_mmu(g: &mut Guest, t: &Tables) {
+    g.cpu.set_sysreg(sr::MAIR_EL1, 0xff).unwrap();
+    g.cpu.set_sysreg(sr::TCR_EL1, t.tcr).unwrap();
+    g.cpu.set_sysreg(sr::TTBR0_EL1, t.ttbr0).unwrap();
+    let sctlr = g.sys(sr::SCTLR_EL1);
+    g.cpu.set_sysreg(sr::SCTLR_EL1, sctlr | 1).unwrap();
+}
+
+#[test]
+fn el0_permission_fault_goes_to_the_lower_el_vector() {
+    let mut g = Guest::new(EL0_LOAD);
+    let t = build_tables(&g);
+    enable_mmu(&mut g, &t);
+    // EL0 runs from the identity block (AP = 00 is still EL0-executable)
+    // and loads from an EL1-only page.
+    g.set_x(0, CODE + 0xc);
+    g.set_x(4, DATA_VA + 0x18);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL0 });
+    // EC 0x24 (lower EL), permission fault level 3.
+    assert_eq!(g.sys(sr::ESR_EL1), 0x9200_000f);
+    assert_eq!(g.sys(sr::FAR_EL1), DATA_VA + 0x18);
+    assert_eq!(g.sys(sr::ELR_EL1), CODE + 0xc);
+}
+
+#[test]
+fn access_flag_fault_is_delivered() {
+    let mut g = Guest::new(LOAD_X1);
+    let t = build_tables(&g);
+    g.write_u64(t.l3 + 8, (DATA_PA + 0x4000) | SH_INNER | 3); // AF = 0
+    enable_mmu(&mut g, &t);
+    g.set_x(1, DATA_VA + 0x4000);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL1H });
+    assert_eq!(g.sys(sr::ESR_EL1), 0x9600_000b);
+    assert_eq!(g.sys(sr::FAR_EL1), DATA_VA + 0x4000);
+}
+
 #[test]
 fn tlbi_of_a_16k_page_flushes_all_its_4k_subpages() {
     let mut g = Guest::new(TLBI);
     let t = build_tables(&g);
     g.write_u64(DATA_PA + 0x3008, 0xaaaa);
     g.write_u64(DATA_PA + 0x7008, 0xbbbb);
-    g.cpu.set_sysreg(sr::MAIR_EL1, 0xff).unwrap();
-    g.cpu.set_sysreg(sr::TCR_EL1, t.tcr).unwrap();
-    g.cpu.set_sysreg(sr::TTBR0_EL1, t.ttbr0).unwrap();
-    let sctlr = g.sys(sr::SCTLR_EL1);
-    g.cpu.set_sysreg(sr::SCTLR_EL1, sctlr | 1).unwrap();
+    enable_mmu(&mut g, &t);
     // Remap the 16 KiB page to the next one and invalidate by its base VA
     // while the TLB holds its last 4 KiB sub-page.
     g.set_x(1, (DATA_PA + 0x4000) | AF | SH_INNER | 3);
@@ -787,11 +827,7 @@ fn code_patched_through_its_own_mapping_is_retranslated_after_ic_ivau() {
     let mut g = Guest::new(SELF_MODIFY);
     let t = build_tables(&g);
     write_words(&g.ram, DATA_PA, CALLEE);
-    g.cpu.set_sysreg(sr::MAIR_EL1, 0xff).unwrap();
-    g.cpu.set_sysreg(sr::TCR_EL1, t.tcr).unwrap();
-    g.cpu.set_sysreg(sr::TTBR0_EL1, t.ttbr0).unwrap();
-    let sctlr = g.sys(sr::SCTLR_EL1);
-    g.cpu.set_sysreg(sr::SCTLR_EL1, sctlr | 1).unwrap();
+    enable_mmu(&mut g, &t);
     g.set_x(1, 0xd280_0040); // mov x0, #2
     g.set_x(4, DATA_VA);
     assert_eq!(g.run(), VcpuExit::Hvc { imm: 4 });
