@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -31,3 +32,12 @@ def guest_out() -> Path:
     if missing:
         pytest.skip(f"guest not built ({', '.join(missing)} missing in {GUEST_OUT}); run guest/build.sh")
     return GUEST_OUT
+
+
+@pytest.fixture(scope="session")
+def boot_bin() -> Path:
+    """Our `boot` binary: $IGNITION_BOOT, or target/release/boot."""
+    boot = Path(os.environ.get("IGNITION_BOOT", REPO_ROOT / "target" / "release" / "boot"))
+    if not boot.is_file():
+        pytest.fail(f"{boot} not built: run `cargo build --release --bin boot` (scripts/test.sh does)")
+    return boot

@@ -7,8 +7,6 @@ target/release/boot unless IGNITION_BOOT names another.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import subprocess
 import time
@@ -18,17 +16,8 @@ import pytest
 
 import harness
 
-REPO = Path(__file__).resolve().parents[2]
-BOOT = Path(os.environ.get("IGNITION_BOOT", REPO / "target" / "release" / "boot"))
 BOOT_TIMEOUT = 120  # software CPU on a loaded 2-core CI runner
 CMD_TIMEOUT = 60
-
-
-@pytest.fixture(scope="session")
-def boot_bin() -> Path:
-    if not BOOT.is_file():
-        pytest.fail(f"{BOOT} not built: run `cargo build --release --bin boot` (scripts/test.sh does)")
-    return BOOT
 
 
 @pytest.fixture

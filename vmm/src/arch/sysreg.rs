@@ -198,6 +198,58 @@ sysregs! {
     ICC_PMR_EL1 = (3, 0, 4, 6, 0);
 }
 
+/// The EL1 system registers a snapshot saves on every backend: the state a
+/// Linux guest relies on (translation, exception, thread-ID, FP and timer
+/// control registers). The virtual timer's CNTV_CTL/CVAL are saved apart,
+/// after the vtimer offset.
+pub const EL1_STATE_SYSREGS: [SysReg; 27] = [
+    MPIDR_EL1,
+    SCTLR_EL1,
+    CPACR_EL1,
+    TTBR0_EL1,
+    TTBR1_EL1,
+    TCR_EL1,
+    MAIR_EL1,
+    AMAIR_EL1,
+    VBAR_EL1,
+    ESR_EL1,
+    FAR_EL1,
+    PAR_EL1,
+    AFSR0_EL1,
+    AFSR1_EL1,
+    ELR_EL1,
+    SPSR_EL1,
+    SP_EL0,
+    SP_EL1,
+    TPIDR_EL0,
+    TPIDR_EL1,
+    TPIDRRO_EL0,
+    CONTEXTIDR_EL1,
+    CNTKCTL_EL1,
+    CSSELR_EL1,
+    MDSCR_EL1,
+    FPCR,
+    FPSR,
+];
+
+/// `a` followed by `b` (for building register lists at compile time; `N`
+/// must be `a.len() + b.len()`).
+pub const fn concat<const N: usize>(a: &[SysReg], b: &[SysReg]) -> [SysReg; N] {
+    assert!(a.len() + b.len() == N);
+    let mut out = [SysReg(0); N];
+    let mut i = 0;
+    while i < a.len() {
+        out[i] = a[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < b.len() {
+        out[i + j] = b[j];
+        j += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@
 //! - Coherence between engines (quirk 11, SMP notes): TLBI and IC
 //!   maintenance is applied to every engine before it next runs a block.
 //! - Dirty tracking: [`Vm::protect`] write-protects 16 KiB pages in the TLB
-//!   fill; the first store marks the page in [`EmuVm::take_dirty_pages`].
+//!   fill; the first store marks the page for [`Vm::dirty_pages`].
 //!
 //! Limits: the CPU model is a Cortex-A72 (ARMv8.0: no LSE, PAN or SVE);
 //! LDTR/STTR are checked with the permissions of the current EL (quirk 12);
@@ -182,11 +182,11 @@ impl PageBitmap {
         }
     }
 
-    /// Clears the bitmap and returns the pages that were set.
-    fn take(&self) -> Vec<u64> {
+    /// The pages that are set, ascending, without clearing them.
+    fn marked(&self) -> Vec<u64> {
         let mut out = Vec::new();
         for (i, w) in self.words.iter().enumerate() {
-            let mut v = w.swap(0, Ordering::AcqRel);
+            let mut v = w.load(Ordering::Acquire);
             while v != 0 {
                 let b = v.trailing_zeros();
                 out.push(i as u64 * 64 + u64::from(b));
@@ -333,7 +333,7 @@ impl Hypervisor for EmuHypervisor {
 }
 
 /// A VM of the `emu` backend. Dirty pages are read with
-/// [`EmuVm::take_dirty_pages`].
+/// [`Vm::dirty_pages`].
 pub struct EmuVm {
     shared: Arc<VmShared>,
 }
@@ -365,15 +365,6 @@ impl EmuVm {
                 timer,
             }),
         })
-    }
-
-    /// Indices (16 KiB pages from [`RAM_BASE`]) of the pages the guest wrote
-    /// since they were protected with [`Prot::ReadExec`], in ascending order;
-    /// their bits are cleared. For exact results, call it (and re-arm with
-    /// [`Vm::protect`] over RAM before it) while no vCPU runs: a running vCPU
-    /// applies a protection change at its next block boundary.
-    pub fn take_dirty_pages(&self) -> Vec<u64> {
-        self.shared.dirty.take()
     }
 }
 
@@ -424,6 +415,19 @@ impl Vm for EmuVm {
             Prot::ReadWriteExec => vm.wp.fill(first, end, false),
         }
         Ok(())
+    }
+
+    /// Clears the dirty bitmap and withholds write permission for all of RAM
+    /// (a bitmap fill plus a TLB flush request to every vCPU).
+    fn rearm_dirty_tracking(&self) -> Result<()> {
+        self.shared
+            .dirty
+            .fill(0, self.shared.ram_size / PAGE_SIZE, false);
+        self.protect(RAM_BASE, self.shared.ram_size, Prot::ReadExec)
+    }
+
+    fn dirty_pages(&self) -> Result<Vec<u64>> {
+        Ok(self.shared.dirty.marked())
     }
 
     fn counter_frequency(&self) -> u64 {
@@ -1165,6 +1169,12 @@ impl Vcpu for EmuVcpu {
     fn set_vtimer_offset(&mut self, offset: u64) -> Result<()> {
         self.state().vtimer_offset = offset;
         Ok(())
+    }
+
+    /// The common EL1 set; the CPU model (Cortex-A72) has no pointer
+    /// authentication keys.
+    fn state_sysregs(&self) -> &'static [SysReg] {
+        &sr::EL1_STATE_SYSREGS
     }
 
     fn kicker(&self) -> Arc<dyn Kick> {

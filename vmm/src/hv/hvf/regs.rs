@@ -270,45 +270,21 @@ pub const APGAKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 3, 1);
 /// guest uses (translation, exception, thread-ID, timer and debug-control
 /// registers, FPCR/FPSR, MPIDR) plus the pointer-authentication keys, which
 /// a PAuth-enabled kernel needs back to return through signed addresses.
-pub const SNAPSHOT_SYSREGS: &[SysReg] = &[
-    sysreg::MPIDR_EL1,
-    sysreg::SCTLR_EL1,
-    sysreg::CPACR_EL1,
-    sysreg::TTBR0_EL1,
-    sysreg::TTBR1_EL1,
-    sysreg::TCR_EL1,
-    sysreg::MAIR_EL1,
-    sysreg::AMAIR_EL1,
-    sysreg::VBAR_EL1,
-    sysreg::ESR_EL1,
-    sysreg::FAR_EL1,
-    sysreg::PAR_EL1,
-    sysreg::AFSR0_EL1,
-    sysreg::AFSR1_EL1,
-    sysreg::ELR_EL1,
-    sysreg::SPSR_EL1,
-    sysreg::SP_EL0,
-    sysreg::SP_EL1,
-    sysreg::TPIDR_EL0,
-    sysreg::TPIDR_EL1,
-    sysreg::TPIDRRO_EL0,
-    sysreg::CONTEXTIDR_EL1,
-    sysreg::CNTKCTL_EL1,
-    sysreg::CSSELR_EL1,
-    sysreg::MDSCR_EL1,
-    sysreg::FPCR,
-    sysreg::FPSR,
-    APIAKEYLO_EL1,
-    APIAKEYHI_EL1,
-    APIBKEYLO_EL1,
-    APIBKEYHI_EL1,
-    APDAKEYLO_EL1,
-    APDAKEYHI_EL1,
-    APDBKEYLO_EL1,
-    APDBKEYHI_EL1,
-    APGAKEYLO_EL1,
-    APGAKEYHI_EL1,
-];
+pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<37>(
+    &sysreg::EL1_STATE_SYSREGS,
+    &[
+        APIAKEYLO_EL1,
+        APIAKEYHI_EL1,
+        APIBKEYLO_EL1,
+        APIBKEYHI_EL1,
+        APDAKEYLO_EL1,
+        APDAKEYHI_EL1,
+        APDBKEYLO_EL1,
+        APDBKEYHI_EL1,
+        APGAKEYLO_EL1,
+        APGAKEYHI_EL1,
+    ],
+);
 
 macro_rules! same_encoding {
     ($($ours:path => $hv:ident),* $(,)?) => {

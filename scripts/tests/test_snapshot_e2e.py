@@ -1,0 +1,205 @@
+"""End-to-end snapshots on the real guest: Ctrl-A s, diff chains, restore.
+
+golden (full) -> d1 -> d2 -> d3 (diffs), each diff made by restoring its parent
+with --track-dirty and writing a file of known content into /dev/shm. Then
+restores of golden+3 and d1 are checked, the disk's state at the snapshot
+instant, a process surviving restore, and refusals on a damaged store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import harness
+from test_boot_e2e import BOOT_TIMEOUT, CMD_TIMEOUT
+
+MEM = "256"
+
+
+def spawn(boot_bin, args, backend, log):
+    argv = [str(boot_bin), *args]
+    if backend:
+        argv += ["--backend", backend]
+    return harness.spawn(argv, log_path=log, timeout=BOOT_TIMEOUT)
+
+
+def snapshot(child, kind, name):
+    child.send("\x01s")
+    harness.expect(child, r"Snapshot-write-time = \d+ ms", CMD_TIMEOUT, "Snapshot-write-time")
+    harness.expect(child, rf"\[snapshot\] {kind} '{re.escape(name)}' \((\d+) pages, [0-9.]+ MiB\) written",
+                   CMD_TIMEOUT, f"the {kind} snapshot line")
+    return int(child.match.group(1))
+
+
+def quit_vm(child):
+    child.send("\x01x")
+    assert harness.wait_exit(child, CMD_TIMEOUT) == 0
+
+
+def restore(boot_bin, store, spec, backend, log, *extra):
+    child = spawn(boot_bin, ["--store", str(store), "--restore", spec, *extra], backend, log)
+    harness.expect(child, r"Restore-time = \d+ ms", BOOT_TIMEOUT, "Restore-time")
+    harness.expect(child, r"Restore-stages: .*vCPUs \d+ us", CMD_TIMEOUT, "the restore breakdown")
+    harness.paced_send(child, "\n")
+    harness.expect(child, harness.PROMPT, CMD_TIMEOUT, "the shell prompt after restore")
+    return child
+
+
+def store_digest(store: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(store.rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(store))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, guest_out, boot_bin, backend):
+    """Builds golden -> d1 -> d2 -> d3 once; returns (store, facts)."""
+    tmp = tmp_path_factory.mktemp("chain")
+    store = tmp / "store"
+    disk = tmp / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    facts = {"sums": {}, "pages": {}}
+
+    child = spawn(boot_bin, ["--kernel", str(guest_out / "Image"), "--disk", str(disk), "--mem", MEM,
+                             "--store", str(store), "--track-dirty", "--name", "golden"], backend, tmp / "golden.log")
+    try:
+        harness.login(child, timeout=BOOT_TIMEOUT)
+        facts["pid"] = harness.run(child, "sleep 100000 & echo $!", CMD_TIMEOUT).strip()
+        harness.run(child, "echo before-snapshot > /root/golden.txt && sync", CMD_TIMEOUT)
+        facts["pages"]["golden"] = snapshot(child, "full", "golden")
+        harness.run(child, "echo after-snapshot > /root/after.txt && sync", CMD_TIMEOUT)
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+    parent = "golden"
+    for n in (1, 2, 3):
+        name = f"d{n}"
+        child = restore(boot_bin, store, parent, backend, tmp / f"{name}.log", "--track-dirty", "--name", name)
+        try:
+            harness.run(child, f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null", CMD_TIMEOUT)
+            facts["sums"][name] = harness.run(child, f"sha256sum /dev/shm/{name}", CMD_TIMEOUT).split()[0]
+            facts["pages"][name] = snapshot(child, "diff", name)
+            quit_vm(child)
+        finally:
+            harness.terminate(child)
+        parent = name
+    return store, facts
+
+
+def test_chain_restores_every_layer(chain, boot_bin, backend, tmp_path):
+    store, facts = chain
+    child = restore(boot_bin, store, "golden+3", backend, tmp_path / "g3.log")
+    try:
+        for name, digest in facts["sums"].items():
+            assert harness.run(child, f"sha256sum /dev/shm/{name}", CMD_TIMEOUT).split()[0] == digest
+        # A process started before the golden snapshot still runs.
+        assert harness.run(child, f"kill -0 {facts['pid']} && echo alive", CMD_TIMEOUT) == "alive"
+        assert harness.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+    child = restore(boot_bin, store, "d1", backend, tmp_path / "d1.log")
+    try:
+        assert harness.run(child, "sha256sum /dev/shm/d1", CMD_TIMEOUT).split()[0] == facts["sums"]["d1"]
+        assert harness.run(child, "ls /dev/shm", CMD_TIMEOUT).split() == ["d1"]
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+
+def test_diffs_are_much_smaller_than_the_full_layer(chain):
+    store, facts = chain
+    full = (store / "golden" / "memory.bin").stat().st_size
+    for name in ("d1", "d2", "d3"):
+        diff = (store / name / "memory.bin").stat().st_size
+        assert diff * 4 < full, f"{name}: diff {diff} bytes vs full {full}"
+        assert facts["pages"][name] * 4 < facts["pages"]["golden"]
+
+
+def test_disk_is_captured_at_the_snapshot_instant(chain, boot_bin, backend, tmp_path):
+    store, _ = chain
+    child = restore(boot_bin, store, "golden", backend, tmp_path / "disk.log")
+    try:
+        assert harness.run(child, "cat /root/golden.txt", CMD_TIMEOUT) == "before-snapshot"
+        status, _ = harness.run_status(child, "test -e /root/after.txt", CMD_TIMEOUT)
+        assert status != 0, "a file written after the snapshot must not be in it"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+
+def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, boot_bin, backend, tmp_path):
+    src, _ = chain
+    store = tmp_path / "store"
+    shutil.copytree(src, store)
+    child = restore(boot_bin, store, "d1", backend, tmp_path / "e.log", "--track-dirty", "--name", "e")
+    try:
+        harness.run(child, "echo one > /dev/shm/e1", CMD_TIMEOUT)
+        snapshot(child, "diff", "e")
+        harness.run(child, "echo two > /dev/shm/e2", CMD_TIMEOUT)
+        snapshot(child, "diff", "e.2")
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+    child = restore(boot_bin, store, "e.2", backend, tmp_path / "e2.log")
+    try:
+        assert harness.run(child, "cat /dev/shm/e1 /dev/shm/e2", CMD_TIMEOUT) == "one\ntwo"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+
+def refused(boot_bin, store, spec, backend):
+    args = [str(boot_bin), "--store", str(store), "--restore", spec]
+    if backend:
+        args += ["--backend", backend]
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_damaged_store_is_refused_and_left_unchanged(chain, boot_bin, backend, tmp_path):
+    src, _ = chain
+    store = tmp_path / "store"
+    shutil.copytree(src, store)
+    mem = store / "d2" / "memory.bin"
+    os.chmod(mem, 0o644)
+    data = bytearray(mem.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    mem.write_bytes(data)
+    before = store_digest(store)
+    r = refused(boot_bin, store, "golden+3", backend)
+    assert r.returncode != 0 and "d2" in r.stderr and "memory.bin" in r.stderr, r.stderr
+    assert store_digest(store) == before, "a refused restore must not change the store"
+
+    shutil.rmtree(store)
+    shutil.copytree(src, store)
+    shutil.rmtree(store / "d1")
+    r = refused(boot_bin, store, "d3", backend)
+    assert r.returncode != 0 and "d1" in r.stderr, r.stderr
+
+    shutil.rmtree(store)
+    shutil.copytree(src, store)
+    (store / "d3" / "state.bin").unlink()
+    r = refused(boot_bin, store, "d3", backend)
+    assert r.returncode != 0 and "state.bin" in r.stderr, r.stderr
+
+
+def test_snapshot_names_are_checked(chain, boot_bin, backend, tmp_path):
+    store, _ = chain
+    # An existing name is refused before anything runs; nothing is overwritten.
+    r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "d2"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "d2" in r.stderr and "exists" in r.stderr, r.stderr
+    r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "bad+name"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "name" in r.stderr, r.stderr
