@@ -17,7 +17,9 @@ pub const PROGRESS_MIN_BYTES: u64 = 64 << 20;
 /// Interval between hashing progress reports (bytes).
 pub const PROGRESS_STEP_BYTES: u64 = 256 << 20;
 
-const READ_CHUNK: usize = 4 << 20;
+/// Read buffer per hashing thread: memory stays bounded (threads x 1 MiB)
+/// and the buffer stays in cache between the read and the hash.
+const READ_CHUNK: usize = 1 << 20;
 
 /// sha256 of a byte slice.
 pub fn sha256(bytes: &[u8]) -> Sha256Digest {
@@ -47,7 +49,19 @@ pub(crate) fn sha256_file(
     expected_len: u64,
     progress: Option<&(dyn Fn(Progress<'_>) + Sync)>,
 ) -> Result<Sha256Digest> {
-    let mut file = File::open(path).ctx(path, "open")?;
+    let file = File::open(path).ctx(path, "open")?;
+    sha256_open_file(&file, path, expected_len, progress)
+}
+
+/// sha256 of the whole of the open file `file` (named `path` in errors),
+/// read from its current offset with a bounded buffer; it must be exactly
+/// `expected_len` bytes long.
+pub(crate) fn sha256_open_file(
+    mut file: &File,
+    path: &Path,
+    expected_len: u64,
+    progress: Option<&(dyn Fn(Progress<'_>) + Sync)>,
+) -> Result<Sha256Digest> {
     let mut hasher = Sha256::new();
     let chunk = usize::try_from(expected_len.clamp(1, READ_CHUNK as u64)).unwrap_or(READ_CHUNK);
     let mut buf = vec![0u8; chunk];

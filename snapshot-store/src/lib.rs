@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! vmstore/
-//!   golden/   manifest.json  memory.bin (full RAM)   state.bin  disk.img
-//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.img
+//!   golden/   manifest.json  memory.bin (full RAM)   state.bin  disk.img  verified.json
+//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.img  verified.json
 //!   .tmp-d2-4242-1f0c.../    (a snapshot being written; never a layer)
 //! ```
 //!
@@ -21,14 +21,21 @@
 //! ([`SnapshotWriter::write_state`]) and the disk
 //! ([`SnapshotWriter::clone_disk`]), then [`SnapshotWriter::commit`], which
 //! makes the layer durable and visible atomically. At restore time it calls
-//! [`Store::resolve`], [`verify_chain`], [`map_chain_memory`] (or
+//! [`Store::resolve`], [`verify_chain_cached`], [`map_chain_memory`] (or
 //! [`map_base_memory`] and [`overlay_diff`] to time the stages) and
 //! [`Layer::read_state`].
+//!
+//! [`verify_chain_cached`] re-hashes only files that changed since they
+//! were last verified or written, per each layer's `verified.json` (file
+//! identity and change times; see `FORMAT.md`), so that restore-time
+//! verification does not grow with guest RAM; [`verify_chain`] always
+//! hashes everything.
 //!
 //! Everything read from a store is untrusted: reads are bounded, lengths and
 //! offsets checked, versions compared, and every error names the file.
 //! Nothing here measures time; callers time the stages they care about.
 
+mod cache;
 mod clone;
 mod diff;
 mod error;
@@ -43,6 +50,7 @@ mod time;
 mod verify;
 mod writer;
 
+pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
 pub use clone::{clone_file, sparse_copy, CloneMethod};
 pub use diff::{
     diff_data_offset, diff_file_size, encode_diff_prefix, parse_diff_file, parse_diff_header,
@@ -65,7 +73,10 @@ pub use store::{
     Chain, GcReport, Layer, LayerSummary, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,
 };
 pub use time::rfc3339;
-pub use verify::{verify_chain, verify_chain_with_progress, VerifyReport};
+pub use verify::{
+    verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
+    verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
+};
 pub use writer::{LayerMeta, SnapshotWriter};
 
 /// File name of a layer's manifest.

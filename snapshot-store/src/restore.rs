@@ -75,7 +75,7 @@ fn ram_len(layer: &Layer) -> Result<usize> {
 ///
 /// The store's files are immutable (read-only, never rewritten; removal
 /// unlinks), which is what makes a private file mapping stable; call
-/// [`crate::verify_chain`] first.
+/// [`crate::verify_chain_cached`] (or [`crate::verify_chain`]) first.
 pub fn map_base_memory(base: &Layer) -> Result<MmapMut> {
     let path = base.memory_path();
     if base.manifest.kind != LayerKind::Full {
@@ -156,8 +156,8 @@ pub fn overlay_diff(ram: &mut [u8], layer: &Layer) -> Result<u64> {
 
 /// Guest RAM for `chain`: the base mapped copy-on-write
 /// ([`map_base_memory`]) with each diff overlaid in order
-/// ([`overlay_diff`]). Verify the chain ([`crate::verify_chain`]) before
-/// running a guest on the result.
+/// ([`overlay_diff`]). Verify the chain ([`crate::verify_chain_cached`] or
+/// [`crate::verify_chain`]) before running a guest on the result.
 pub fn map_chain_memory(chain: &Chain) -> Result<MmapMut> {
     let mut ram = map_base_memory(chain.base())?;
     for layer in &chain.layers()[1..] {

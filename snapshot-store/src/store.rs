@@ -7,6 +7,7 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{nonce, pid_alive, sync_dir};
 use crate::hash::{hex, sha256};
@@ -306,9 +307,11 @@ pub struct LayerSummary {
 /// What [`Store::gc`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcReport {
-    /// Work directories removed, with the bytes they occupied (`st_blocks * 512`).
+    /// Work directories (and temporary cache files, as `LAYER/NAME`)
+    /// removed, with the bytes they occupied (`st_blocks * 512`).
     pub removed: Vec<(String, u64)>,
-    /// Work directories left alone, with the reason.
+    /// Work directories (and temporary cache files) left alone, with the
+    /// reason.
     pub kept: Vec<(String, String)>,
 }
 
@@ -606,8 +609,10 @@ impl Store {
     }
 
     /// Remove stale work directories (`.tmp-*` from interrupted snapshot
-    /// writes, `.del-*` from interrupted removals) whose owning process is
-    /// gone. Directories of live processes, including this one, are kept.
+    /// writes, `.del-*` from interrupted removals) and, inside layers,
+    /// temporary `.verified.json.tmp-*` files from interrupted cache
+    /// updates, whose owning process is gone. Those of live processes,
+    /// including this one, are kept.
     pub fn gc(&self) -> Result<GcReport> {
         let mut report = GcReport::default();
         let mut entries = Vec::new();
@@ -655,6 +660,45 @@ impl Store {
         }
         if !report.removed.is_empty() {
             sync_dir(&self.root)?;
+        }
+        for layer in self.layer_names()? {
+            let dir = self.root.join(&layer);
+            let mut stale = Vec::new();
+            for entry in std::fs::read_dir(&dir).ctx(&dir, "read directory")? {
+                let entry = entry.ctx(&dir, "read directory")?;
+                let Ok(n) = entry.file_name().into_string() else {
+                    continue;
+                };
+                let Some(rest) = n.strip_prefix(VERIFIED_TMP_PREFIX) else {
+                    continue;
+                };
+                let pid = rest
+                    .split('-')
+                    .next()
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .filter(|&p| p > 0);
+                let shown = format!("{layer}/{n}");
+                match pid {
+                    Some(pid) if !pid_alive(pid) => stale.push((n, shown)),
+                    Some(pid) => report
+                        .kept
+                        .push((shown, format!("process {pid} is still running"))),
+                    None => report.kept.push((
+                        shown,
+                        "name not in the .verified.json.tmp-PID-NONCE form; left alone".into(),
+                    )),
+                }
+            }
+            if stale.is_empty() {
+                continue;
+            }
+            for (n, shown) in stale {
+                let path = dir.join(&n);
+                let bytes = path.symlink_metadata().map_or(0, |m| m.blocks() * 512);
+                std::fs::remove_file(&path).ctx(&path, "remove")?;
+                report.removed.push((shown, bytes));
+            }
+            sync_dir(&dir)?;
         }
         Ok(report)
     }

@@ -1,66 +1,137 @@
-//! Verification: links, sizes, headers, and the sha256 of every file.
+//! Verification: links, sizes, headers, and the sha256 of every file,
+//! optionally skipping files that a layer's verified-file cache
+//! (`verified.json`, see `cache.rs`) vouches for.
 
-use std::fs::File;
+use std::fs::{File, Metadata, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::cache::{self, CacheEntry, Entries, Stamp};
 use crate::error::{Error, IoContext, Result};
-use crate::hash::{hex, sha256_file, Sha256Digest};
+use crate::hash::{hex, sha256_open_file, Sha256Digest};
 use crate::manifest::{FileEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::restore::{check_diff_against_manifest, read_diff_prefix};
 use crate::state::{parse_state_header, read_up_to, STATE_HEADER_LEN};
 use crate::store::{check_link, Chain, Layer, Store};
 use crate::{ProgressFn, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 
+/// How the sha256 of a verified file was established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashSource {
+    /// The file was read and hashed.
+    Hashed,
+    /// The layer's `verified.json` vouched for the file: its identity stamp
+    /// (device, inode, size, mtime, ctime) is the one it had when it was
+    /// last hashed or written, and the sha256 recorded then is the
+    /// manifest's. Not read.
+    Cache,
+}
+
+/// One file covered by a successful verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileCheck {
+    /// The file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Whether it was hashed or trusted from the cache.
+    pub source: HashSource,
+}
+
 /// What a successful verification covered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Layers checked.
     pub layers: usize,
-    /// Files hashed.
+    /// Files checked (hashed or trusted from the cache), manifests
+    /// included.
     pub files: usize,
     /// Bytes hashed.
     pub bytes_hashed: u64,
+    /// Files hashed.
+    pub files_hashed: usize,
+    /// Files trusted from the layers' `verified.json` without hashing.
+    pub files_cached: usize,
+    /// Bytes in the files trusted from the cache.
+    pub bytes_cached: u64,
+    /// Every file checked, in chain order, with how.
+    pub checked: Vec<FileCheck>,
+    /// Problems with the verified-file caches, one line each: a cache that
+    /// was ignored (unreadable, malformed, too large) or could not be
+    /// updated (read-only store). They never fail a verification; they
+    /// only mean more hashing.
+    pub cache_notes: Vec<String>,
 }
 
 struct Job {
     path: PathBuf,
+    file: &'static str,
     size: u64,
     expect: String,
     owner: usize,
+    /// From the `lstat` of the cheap checks; what the cache is asked about.
+    stamp: Stamp,
 }
 
-/// Check that `path` is a regular file of `entry.size` bytes.
-fn check_file(layer: &Layer, file: &str, entry: &FileEntry) -> Result<PathBuf> {
-    let path = layer.dir.join(file);
+/// The result of checking one file's sha256.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    /// Trusted from the cache.
+    Cached,
+    /// Hashed; the stamp to record, if the file did not change while it
+    /// was hashed and its ctime is settled.
+    Hashed(Option<Stamp>),
+}
+
+/// A layer's verified-file cache as loaded.
+struct LayerCache {
+    dir: PathBuf,
+    entries: Entries,
+    note: Option<String>,
+}
+
+impl LayerCache {
+    fn load(layer: &Layer) -> LayerCache {
+        let (entries, note) = cache::load(&layer.dir);
+        LayerCache {
+            dir: layer.dir.clone(),
+            entries,
+            note,
+        }
+    }
+}
+
+/// `lstat` `path` and check that it is a regular file of `size` bytes.
+fn check_regular(path: &std::path::Path, size: u64) -> Result<Metadata> {
     let meta = match path.symlink_metadata() {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::corrupt(
-                &path,
-                format!(
-                    "missing (listed in {MANIFEST_FILE} with {} bytes)",
-                    entry.size
-                ),
+                path,
+                format!("missing (listed in {MANIFEST_FILE} with {size} bytes)"),
             ))
         }
-        Err(e) => return Err(Error::io(&path, "stat", e)),
+        Err(e) => return Err(Error::io(path, "stat", e)),
     };
     if !meta.is_file() {
-        return Err(Error::corrupt(&path, "not a regular file"));
+        return Err(Error::corrupt(path, "not a regular file"));
     }
-    if meta.len() != entry.size {
+    if meta.len() != size {
         return Err(Error::corrupt(
-            &path,
-            format!(
-                "is {} bytes, {MANIFEST_FILE} says {}",
-                meta.len(),
-                entry.size
-            ),
+            path,
+            format!("is {} bytes, {MANIFEST_FILE} says {size}", meta.len()),
         ));
     }
-    Ok(path)
+    Ok(meta)
+}
+
+/// Check that the layer's `file` is a regular file of `entry.size` bytes.
+fn check_file(layer: &Layer, file: &str, entry: &FileEntry) -> Result<(PathBuf, Metadata)> {
+    let path = layer.dir.join(file);
+    let meta = check_regular(&path, entry.size)?;
+    Ok((path, meta))
 }
 
 /// Cheap checks of one layer's files (presence, sizes, diff and state
@@ -68,8 +139,11 @@ fn check_file(layer: &Layer, file: &str, entry: &FileEntry) -> Result<PathBuf> {
 fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> {
     let m = &layer.manifest;
     let mpath = layer.dir.join(MANIFEST_FILE);
-    let mlen = std::fs::symlink_metadata(&mpath).ctx(&mpath, "stat")?.len();
-    if mlen > MAX_MANIFEST_BYTES as u64 {
+    let mmeta = std::fs::symlink_metadata(&mpath).ctx(&mpath, "stat")?;
+    if !mmeta.is_file() {
+        return Err(Error::corrupt(&mpath, "not a regular file"));
+    }
+    if mmeta.len() > MAX_MANIFEST_BYTES as u64 {
         return Err(Error::corrupt(
             &mpath,
             "larger than the manifest size limit",
@@ -77,12 +151,14 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     }
     jobs.push(Job {
         path: mpath,
-        size: mlen,
+        file: MANIFEST_FILE,
+        size: mmeta.len(),
         expect: layer.content_sha256.clone(),
         owner,
+        stamp: Stamp::of(&mmeta),
     });
 
-    let mem = check_file(layer, MEMORY_FILE, &m.memory)?;
+    let (mem, meta) = check_file(layer, MEMORY_FILE, &m.memory)?;
     if m.kind == LayerKind::Diff {
         let f = File::open(&mem).ctx(&mem, "open")?;
         let (h, _) = read_diff_prefix(&f, &mem, m.memory.size)?;
@@ -90,12 +166,14 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     }
     jobs.push(Job {
         path: mem,
+        file: MEMORY_FILE,
         size: m.memory.size,
         expect: m.memory.sha256.clone(),
         owner,
+        stamp: Stamp::of(&meta),
     });
 
-    let state = check_file(layer, STATE_FILE, &m.state)?;
+    let (state, meta) = check_file(layer, STATE_FILE, &m.state)?;
     let mut head = [0u8; STATE_HEADER_LEN];
     let got =
         read_up_to(&mut File::open(&state).ctx(&state, "open")?, &mut head).ctx(&state, "read")?;
@@ -111,18 +189,22 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     }
     jobs.push(Job {
         path: state,
+        file: STATE_FILE,
         size: m.state.size,
         expect: m.state.sha256.clone(),
         owner,
+        stamp: Stamp::of(&meta),
     });
 
     if let Some(disk) = &m.disk {
-        let path = check_file(layer, DISK_FILE, disk)?;
+        let (path, meta) = check_file(layer, DISK_FILE, disk)?;
         jobs.push(Job {
             path,
+            file: DISK_FILE,
             size: disk.size,
             expect: disk.sha256.clone(),
             owner,
+            stamp: Stamp::of(&meta),
         });
     }
     Ok(())
@@ -130,46 +212,80 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
 
 /// Below this many bytes in total, files are hashed on the calling thread.
 const PARALLEL_MIN_BYTES: u64 = 16 << 20;
+/// Most hashing threads (each with a 1 MiB read buffer).
+const MAX_HASH_THREADS: usize = 4;
 
-fn run_job(job: &Job, progress: Option<ProgressFn<'_>>) -> Result<()> {
-    let d: Sha256Digest = sha256_file(&job.path, job.size, progress)?;
+/// Hash one file and compare with the manifest. Returns the stamp to
+/// record in the cache, if any: the file's stamp when it was opened, if it
+/// was the same after hashing and settled relative to a clock reading
+/// taken before it was opened.
+fn hash_job(job: &Job, progress: Option<ProgressFn<'_>>) -> Result<Option<Stamp>> {
+    let t0 = cache::now_ns();
+    // O_NOFOLLOW: not through a symlink swapped in after the checks;
+    // O_NONBLOCK: never hang on a FIFO swapped in (regular files ignore it).
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&job.path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::corrupt(&job.path, "not a regular file")
+            } else {
+                Error::io(&job.path, "open", e)
+            }
+        })?;
+    let before = f.metadata().ctx(&job.path, "stat")?;
+    if !before.is_file() {
+        return Err(Error::corrupt(&job.path, "not a regular file"));
+    }
+    let d: Sha256Digest = sha256_open_file(&f, &job.path, job.size, progress)?;
     let found = hex(&d);
-    if found == job.expect {
-        Ok(())
-    } else {
-        Err(Error::corrupt(
+    if found != job.expect {
+        return Err(Error::corrupt(
             &job.path,
             format!(
                 "sha256 mismatch: content is corrupted (expected {}, found {found})",
                 job.expect
             ),
-        ))
+        ));
     }
+    let after = f.metadata().ctx(&job.path, "stat")?;
+    let stamp = Stamp::of(&before);
+    Ok((stamp == Stamp::of(&after) && cache::settled(&stamp, t0)).then_some(stamp))
 }
 
-/// Hash every job once, largest first, on up to 4 threads (one, the
-/// caller's, for small totals); return the results in job order.
-fn run_jobs(jobs: &[Job], progress: Option<ProgressFn<'_>>) -> Vec<Result<()>> {
-    let total: u64 = jobs.iter().map(|j| j.size).sum();
+/// Hash the jobs numbered `which` once each, largest first, on up to
+/// [`MAX_HASH_THREADS`] threads (one, the caller's, for small totals);
+/// return the results in the order of `which`.
+fn run_jobs(
+    jobs: &[Job],
+    which: &[usize],
+    progress: Option<ProgressFn<'_>>,
+) -> Vec<Result<Option<Stamp>>> {
+    let total: u64 = which.iter().map(|&i| jobs[i].size).sum();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
-        .clamp(1, 4)
-        .min(jobs.len().max(1));
+        .clamp(1, MAX_HASH_THREADS)
+        .min(which.len().max(1));
     if threads == 1 || total < PARALLEL_MIN_BYTES {
-        return jobs.iter().map(|j| run_job(j, progress)).collect();
+        return which
+            .iter()
+            .map(|&i| hash_job(&jobs[i], progress))
+            .collect();
     }
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].size));
+    let mut order: Vec<usize> = (0..which.len()).collect();
+    order.sort_by_key(|&k| std::cmp::Reverse(jobs[which[k]].size));
     let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<Result<()>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let results: Vec<Mutex<Option<Result<Option<Stamp>>>>> =
+        which.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&i) = order.get(k) else { break };
-                let r = run_job(&jobs[i], progress);
-                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&k) = order.get(n) else { break };
+                let r = hash_job(&jobs[which[k]], progress);
+                *results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             });
         }
     });
@@ -183,6 +299,94 @@ fn run_jobs(jobs: &[Job], progress: Option<ProgressFn<'_>>) -> Vec<Result<()>> {
         .collect()
 }
 
+/// Check every job's sha256: trusted from its layer's cache where
+/// `use_cache` and the cache vouches for it, hashed otherwise. Results in
+/// job order.
+fn check_jobs(
+    jobs: &[Job],
+    caches: &[LayerCache],
+    use_cache: bool,
+    progress: Option<ProgressFn<'_>>,
+) -> Vec<Result<Outcome>> {
+    let trusted: Vec<bool> = jobs
+        .iter()
+        .map(|j| use_cache && cache::vouches(&caches[j.owner].entries, j.file, &j.stamp, &j.expect))
+        .collect();
+    let which: Vec<usize> = (0..jobs.len()).filter(|&i| !trusted[i]).collect();
+    let mut hashed = run_jobs(jobs, &which, progress).into_iter();
+    trusted
+        .iter()
+        .map(|&t| {
+            if t {
+                Ok(Outcome::Cached)
+            } else {
+                match hashed.next() {
+                    Some(r) => r.map(Outcome::Hashed),
+                    None => Err(Error::Usage("file was not hashed".into())),
+                }
+            }
+        })
+        .collect()
+}
+
+/// After every file of a layer verified: write its cache if it would
+/// change (new stamps recorded, stale or bad entries dropped). Returns a
+/// note if the cache could not be written.
+fn refresh_cache(cache: &LayerCache, checked: &[(&Job, Outcome)]) -> Option<String> {
+    let mut new = Entries::new();
+    for (job, outcome) in checked {
+        let entry = match outcome {
+            Outcome::Cached => cache.entries.get(job.file).cloned(),
+            Outcome::Hashed(Some(stamp)) => Some(CacheEntry::new(*stamp, &job.expect)),
+            Outcome::Hashed(None) => None,
+        };
+        if let Some(e) = entry {
+            new.insert(job.file.to_string(), e);
+        }
+    }
+    if new == cache.entries && cache.note.is_none() {
+        return None;
+    }
+    match cache::write_entries(&cache.dir, &new) {
+        Ok(()) => None,
+        Err(e) => {
+            let note = format!("{e}; {} not updated", cache::VERIFIED_FILE);
+            tracing::debug!("{note}");
+            Some(note)
+        }
+    }
+}
+
+/// The report for `checked`, covering `layers` layers.
+fn report(layers: usize, checked: &[(&Job, Outcome)], cache_notes: Vec<String>) -> VerifyReport {
+    let mut r = VerifyReport {
+        layers,
+        files: checked.len(),
+        cache_notes,
+        ..VerifyReport::default()
+    };
+    for (job, outcome) in checked {
+        let source = match outcome {
+            Outcome::Cached => {
+                r.files_cached += 1;
+                r.bytes_cached += job.size;
+                HashSource::Cache
+            }
+            Outcome::Hashed(_) => {
+                r.files_hashed += 1;
+                r.bytes_hashed += job.size;
+                HashSource::Hashed
+            }
+        };
+        r.checked.push(FileCheck {
+            path: job.path.clone(),
+            size: job.size,
+            source,
+        });
+    }
+    r
+}
+
 /// Verify a resolved chain before a guest runs on it: parent links and
 /// machine geometry along the chain, every file present with the size in
 /// its manifest, diff headers and indexes and state headers well-formed
@@ -190,6 +394,10 @@ fn run_jobs(jobs: &[Job], progress: Option<ProgressFn<'_>>) -> Vec<Result<()>> {
 /// (manifests included, against the content hashes the chain was resolved
 /// with). Each file is hashed once; files are hashed in parallel. Returns
 /// the first problem in chain order.
+///
+/// Always hashes every file (this is `vmstore verify`); on success it
+/// records what it verified in each layer's `verified.json` for
+/// [`verify_chain_cached`]. On failure nothing in the store changes.
 pub fn verify_chain(chain: &Chain) -> Result<VerifyReport> {
     verify_chain_with_progress(chain, None)
 }
@@ -197,6 +405,43 @@ pub fn verify_chain(chain: &Chain) -> Result<VerifyReport> {
 /// [`verify_chain`] with progress reports for large files.
 pub fn verify_chain_with_progress(
     chain: &Chain,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<VerifyReport> {
+    verify_chain_impl(chain, false, progress)
+}
+
+/// [`verify_chain`] for the restore path, at a cost that does not grow
+/// with RAM in the common case: every check is made, but a file whose
+/// layer's `verified.json` vouches for it (same device, inode, size, mtime
+/// and ctime as when it was last hashed or written by
+/// [`crate::SnapshotWriter::commit`], and the sha256 recorded then equal to
+/// the manifest's) is not re-hashed. Any other file is hashed, and on
+/// success the caches are refreshed. The report says which files were
+/// hashed and which were trusted.
+///
+/// This detects any change made to a file through the file system since
+/// it was last verified, including one that restores its mtime, since
+/// every write updates the ctime and ctime cannot be set. It does not
+/// detect corruption below the file system (media or firmware errors that
+/// change data without a write) in files it trusts, nor a forged cache
+/// written by someone who can write the store; `vmstore verify` (always a
+/// full hash) does. See `FORMAT.md`, "Verified-file cache".
+pub fn verify_chain_cached(chain: &Chain) -> Result<VerifyReport> {
+    verify_chain_cached_with_progress(chain, None)
+}
+
+/// [`verify_chain_cached`] with progress reports for large files that are
+/// hashed.
+pub fn verify_chain_cached_with_progress(
+    chain: &Chain,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<VerifyReport> {
+    verify_chain_impl(chain, true, progress)
+}
+
+fn verify_chain_impl(
+    chain: &Chain,
+    use_cache: bool,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
     let layers = chain.layers();
@@ -207,27 +452,39 @@ pub fn verify_chain_with_progress(
     for (i, layer) in layers.iter().enumerate() {
         layer_checks(layer, i, &mut jobs)?;
     }
-    for r in run_jobs(&jobs, progress) {
-        r?;
+    let caches: Vec<LayerCache> = layers.iter().map(LayerCache::load).collect();
+    let mut checked = Vec::with_capacity(jobs.len());
+    for (job, r) in jobs
+        .iter()
+        .zip(check_jobs(&jobs, &caches, use_cache, progress))
+    {
+        checked.push((job, r?));
     }
-    Ok(VerifyReport {
-        layers: layers.len(),
-        files: jobs.len(),
-        bytes_hashed: jobs.iter().map(|j| j.size).sum(),
-    })
+    let mut notes = Vec::new();
+    for (i, c) in caches.iter().enumerate() {
+        notes.extend(c.note.clone());
+        let mine: Vec<(&Job, Outcome)> = checked
+            .iter()
+            .filter(|(j, _)| j.owner == i)
+            .copied()
+            .collect();
+        notes.extend(refresh_cache(c, &mine));
+    }
+    Ok(report(layers.len(), &checked, notes))
 }
 
 impl Store {
     /// Verify every layer in the store: its manifest, its link to its
     /// parent (presence, content hash, geometry), and all of its files as
-    /// in [`verify_chain`]. Each file in the store is hashed once. Returns
-    /// one result per layer, in name order.
+    /// in [`verify_chain`] (always hashed; each file in the store once).
+    /// Layers that verify have their `verified.json` refreshed. Returns one
+    /// result per layer, in name order.
     pub fn verify_all(
         &self,
         progress: Option<ProgressFn<'_>>,
     ) -> Result<Vec<(String, Result<VerifyReport>)>> {
         let names = self.layer_names()?;
-        let mut outcome: Vec<Result<VerifyReport>> = Vec::with_capacity(names.len());
+        let mut outcome: Vec<Result<LayerCache>> = Vec::with_capacity(names.len());
         let mut jobs = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let r = self.layer(name).and_then(|layer| {
@@ -247,21 +504,35 @@ impl Store {
                     jobs.truncate(before);
                     return Err(e);
                 }
-                Ok(VerifyReport {
-                    layers: 1,
-                    files: jobs.len() - before,
-                    bytes_hashed: jobs[before..].iter().map(|j| j.size).sum(),
-                })
+                Ok(LayerCache::load(&layer))
             });
             outcome.push(r);
         }
-        for (job, r) in jobs.iter().zip(run_jobs(&jobs, progress)) {
-            if let Err(e) = r {
-                if outcome[job.owner].is_ok() {
-                    outcome[job.owner] = Err(e);
+        let no_caches: Vec<LayerCache> = Vec::new();
+        let results = check_jobs(&jobs, &no_caches, false, progress);
+        let mut checked: Vec<Vec<(&Job, Outcome)>> = names.iter().map(|_| Vec::new()).collect();
+        let mut failed: Vec<Option<Error>> = names.iter().map(|_| None).collect();
+        for (job, r) in jobs.iter().zip(results) {
+            match r {
+                Ok(o) => checked[job.owner].push((job, o)),
+                Err(e) => {
+                    failed[job.owner].get_or_insert(e);
                 }
             }
         }
-        Ok(names.into_iter().zip(outcome).collect())
+        let mut out = Vec::with_capacity(names.len());
+        for (((name, layer), mine), fail) in names.into_iter().zip(outcome).zip(checked).zip(failed)
+        {
+            let r = match (layer, fail) {
+                (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+                (Ok(c), None) => {
+                    let mut notes: Vec<String> = c.note.iter().cloned().collect();
+                    notes.extend(refresh_cache(&c, &mine));
+                    Ok(report(1, &mine, notes))
+                }
+            };
+            out.push((name, r));
+        }
+        Ok(out)
     }
 }

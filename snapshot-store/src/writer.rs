@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
+use crate::cache::{record_written, VERIFIED_FILE};
 use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
@@ -454,10 +455,13 @@ impl SnapshotWriter {
     }
 
     /// Make the layer durable and visible: write `manifest.json`, make the
-    /// files read-only, fsync every file and the work directory, rename the
-    /// work directory to `NAME` (never replacing anything), fsync the store
-    /// directory. On any error nothing is left under `NAME` and the work
-    /// directory is removed. Memory and state must have been written.
+    /// files read-only, fsync every file, record the files' identity
+    /// stamps and hashes in `verified.json` (so that
+    /// [`crate::verify_chain_cached`] need not hash them again), fsync the
+    /// work directory, rename the work directory to `NAME` (never
+    /// replacing anything), fsync the store directory. On any error nothing
+    /// is left under `NAME` and the work directory is removed. Memory and
+    /// state must have been written.
     pub fn commit(mut self) -> Result<Layer> {
         let Some((memory, diff_pages)) = self.memory.take() else {
             return Err(Error::Usage(format!(
@@ -478,7 +482,6 @@ impl SnapshotWriter {
                     .map_err(|_| Error::Usage("disk hashing thread panicked".into()))??,
             ),
         };
-        let has_disk = disk.is_some();
         let mut m = self.meta.manifest(
             &self.name,
             memory,
@@ -495,14 +498,32 @@ impl SnapshotWriter {
         f.write_all(&bytes).ctx(&path, "write")?;
         drop(f);
 
-        let mut files = vec![MEMORY_FILE, STATE_FILE, MANIFEST_FILE];
-        if has_disk {
-            files.push(DISK_FILE);
+        let manifest_sha256 = hex(&sha256(&bytes));
+        let mut files = vec![
+            (MEMORY_FILE, m.memory.sha256.as_str()),
+            (STATE_FILE, m.state.sha256.as_str()),
+            (MANIFEST_FILE, manifest_sha256.as_str()),
+        ];
+        if let Some(d) = &m.disk {
+            files.push((DISK_FILE, d.sha256.as_str()));
         }
-        for file in files {
-            let p = self.tmp.join(file);
-            set_readonly(&p)?;
-            sync_file(&p)?;
+        // chmod first, fsync after: the fsyncs usually let the ctimes that
+        // chmod sets settle before the stamps are recorded.
+        for (file, _) in &files {
+            set_readonly(&self.tmp.join(file))?;
+        }
+        for (file, _) in &files {
+            sync_file(&self.tmp.join(file))?;
+        }
+        // The hashes were computed from the bytes written: record them, so
+        // that the first restore need not hash the layer again. Optional:
+        // without the cache, verification hashes.
+        if let Err(e) = record_written(&self.tmp, &files) {
+            tracing::warn!(
+                "snapshot '{}': {} not written ({e}); the first restore hashes every file",
+                self.name,
+                VERIFIED_FILE
+            );
         }
         sync_dir(&self.tmp)?;
 
@@ -540,7 +561,7 @@ impl SnapshotWriter {
             name: self.name.clone(),
             dir: dst,
             manifest: m,
-            content_sha256: hex(&sha256(&bytes)),
+            content_sha256: manifest_sha256,
         })
     }
 

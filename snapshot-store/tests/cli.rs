@@ -225,3 +225,47 @@ fn remove_gc_squash() {
     ok(root, &["remove", "flat"]);
     fails(root, &["remove", "flat"], "not found");
 }
+
+#[test]
+fn verify_cached() {
+    let (_d, s) = fixture();
+    let root = s.root();
+    make_writable(root);
+    settle();
+    // A full verification hashes everything and records it.
+    let out = ok(root, &["verify", "d2"]);
+    assert!(
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, ")
+            && !out.contains("unchanged"),
+        "{out}"
+    );
+    let out = ok(root, &["verify", "--cached", "d2"]);
+    assert!(
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, 0 B hashed, 12 files (")
+            && out.contains("unchanged since verified"),
+        "{out}"
+    );
+    // A change with the mtime put back is still found.
+    let p = root.join("golden/memory.bin");
+    flip_keep_times(&p, 100, 4);
+    let o = fails(
+        root,
+        &["verify", "--cached", "d2"],
+        "golden/memory.bin: sha256 mismatch",
+    );
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+    flip_keep_times(&p, 100, 4);
+    let out = ok(root, &["verify", "--cached", "d2"]);
+    assert!(out.contains(", 11 files ("), "{out}");
+    // A bad cache is reported on stderr, not fatal.
+    std::fs::write(root.join("d1").join(snapshot_store::VERIFIED_FILE), b"[").unwrap();
+    let o = vmstore(root, &["verify", "--cached", "d2"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("d1/verified.json: ignored (malformed"),
+        "{}",
+        o.stderr
+    );
+    let o = vmstore(root, &["verify", "--cached", "--all"]);
+    assert_eq!(o.code, 2, "usage error: {}", o.stderr);
+}

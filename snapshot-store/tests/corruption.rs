@@ -1,6 +1,8 @@
 //! Corruption: every single-byte change of every file of a small chain is
-//! detected; a deleted parent and a missing file give clear errors; a
-//! failed restore leaves the store unchanged.
+//! detected, by the full and by the cached verification (with the files'
+//! mtimes put back, so that only their ctimes show the change); a deleted
+//! parent and a missing file give clear errors; a failed restore leaves
+//! the store unchanged.
 
 mod common;
 
@@ -9,7 +11,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use snapshot_store::{map_chain_memory, verify_chain, Chain, Store, DISK_FILE, MEMORY_FILE};
+use snapshot_store::{
+    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_FILE, MEMORY_FILE,
+    VERIFIED_FILE,
+};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -43,17 +48,29 @@ fn fixture() -> Fixture {
 /// What the VMM does before running a guest; returns the RAM.
 fn restore(store: &Store, spec: &str) -> snapshot_store::Result<Vec<u8>> {
     let chain: Chain = store.resolve(spec)?;
-    verify_chain(&chain)?;
+    verify_chain_cached(&chain)?;
     let ram = map_chain_memory(&chain)?;
     chain.top().read_state()?;
     Ok(ram.to_vec())
 }
 
+/// The layers' files (not their verified-file caches).
 fn layer_files(store: &Store) -> Vec<PathBuf> {
     walk(store.root())
         .into_iter()
-        .filter(|p| p.is_file())
+        .filter(|p| p.is_file() && !p.ends_with(VERIFIED_FILE))
         .collect()
+}
+
+fn caches(store: &Store) -> Vec<(String, u64, u32, i64, i64, String)> {
+    fingerprint(store.root())
+        .into_iter()
+        .filter(|f| f.0.ends_with(VERIFIED_FILE))
+        .collect()
+}
+
+fn file_name(p: &Path) -> &str {
+    p.file_name().unwrap().to_str().unwrap()
 }
 
 fn flip(path: &Path, at: u64, mask: u8) {
@@ -76,34 +93,69 @@ fn every_single_byte_change_is_detected() {
     // Resolving reads only manifests; a resolved chain is what the VMM
     // verifies, so other files are checked against it directly.
     let resolved = fx.store.resolve("d2").unwrap();
+    // Prime the verified-file caches (the fixture's chmod moved every
+    // ctime): once those ctimes have settled, a verification records every
+    // file, and a cached verification then hashes nothing.
+    settle();
+    assert_eq!(verify_chain(&resolved).unwrap().files_hashed, 12);
+    let hot = verify_chain_cached(&resolved).unwrap();
+    assert_eq!((hot.files_cached, hot.bytes_hashed), (12, 0), "{hot:?}");
+    for path in &files {
+        let dir = path.parent().unwrap();
+        assert_eq!(cached_stamp(dir, file_name(path)), Some(stamp(path)));
+    }
+    let caches_before = caches(&fx.store);
     let mut checked = 0u64;
     for path in &files {
+        let dir = path.parent().unwrap();
         let is_manifest = path.ends_with("manifest.json");
         let len = std::fs::metadata(path).unwrap().len();
         for at in 0..len {
             // Vary the changed bits with the position; never zero.
             let mask = (at % 255) as u8 + 1;
-            flip(path, at, mask);
-            let r = if is_manifest {
-                // Both a fresh resolve and the already resolved chain.
-                let fresh = fx
-                    .store
-                    .resolve("d2")
-                    .and_then(|c| verify_chain(&c).map(|_| ()));
-                assert!(verify_chain(&resolved).is_err(), "{} @{at}", path.display());
-                fresh
-            } else {
-                verify_chain(&resolved).map(|_| ())
-            };
+            flip_keep_times(path, at, mask);
+            if at == 0 {
+                // Same device, inode, size and mtime as recorded in the
+                // cache: only the ctime tells the file was written.
+                let (now, rec) = (stamp(path), cached_stamp(dir, file_name(path)).unwrap());
+                assert_eq!((now.0, now.1, now.2, now.3), (rec.0, rec.1, rec.2, rec.3));
+                assert_ne!(now.4, rec.4, "{}", path.display());
+            }
+            let what = || format!("byte {at} of {} (xor {mask:#x})", path.display());
+            if is_manifest {
+                // A fresh resolve, both ways.
+                let fresh = fx.store.resolve("d2");
+                assert!(
+                    fresh.as_ref().map_or(true, |c| verify_chain(c).is_err()),
+                    "changing {} went undetected by a fresh resolve",
+                    what()
+                );
+                assert!(
+                    fresh.map_or(true, |c| verify_chain_cached(&c).is_err()),
+                    "changing {} went undetected by a fresh resolve and cached verify",
+                    what()
+                );
+            }
             assert!(
-                r.is_err(),
-                "changing byte {at} of {} (xor {mask:#x}) went undetected",
-                path.display()
+                verify_chain(&resolved).is_err(),
+                "changing {} went undetected",
+                what()
             );
-            flip(path, at, mask);
+            assert!(
+                verify_chain_cached(&resolved).is_err(),
+                "changing {} went undetected by the cached verification",
+                what()
+            );
+            flip_keep_times(path, at, mask);
             checked += 1;
         }
     }
+    // Failed verifications never touched the caches.
+    assert_eq!(caches(&fx.store), caches_before);
+    // Contents are back, but every ctime moved: the cached path hashes
+    // every file again (and passes).
+    let r = verify_chain_cached(&resolved).unwrap();
+    assert_eq!((r.files_hashed, r.files_cached), (12, 0), "{r:?}");
     assert_eq!(restore(&fx.store, "d2").unwrap(), fx.ram);
     assert!(checked > 25_000, "{checked}");
 }
@@ -214,13 +266,22 @@ fn missing_files_are_clear_errors() {
 #[test]
 fn failed_restore_leaves_the_store_unchanged() {
     let fx = fixture();
-    // Corrupt one byte of the base memory: verification must stop the
+    // With hot caches (a verified chain)...
+    settle();
+    assert!(restore(&fx.store, "d2").is_ok());
+    let hot = verify_chain_cached(&fx.store.resolve("d2").unwrap()).unwrap();
+    assert_eq!(hot.bytes_hashed, 0, "{hot:?}");
+    // ...corrupt one byte of the base memory: verification must stop the
     // restore, and nothing in the store may change (no repair, no temp
-    // files, no new layers).
+    // files, no cache updates, no new layers).
     let p = fx.store.root().join("golden").join(MEMORY_FILE);
-    flip(&p, 5000, 0x10);
+    flip_keep_times(&p, 5000, 0x10);
     let before = fingerprint(fx.store.root());
     let e = restore(&fx.store, "d2").unwrap_err().to_string();
+    assert!(e.contains("golden") && e.contains("sha256 mismatch"), "{e}");
+    let e = verify_chain(&fx.store.resolve("d2").unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("golden") && e.contains("sha256 mismatch"), "{e}");
     let e = fx.store.squash("d2", "flat", None).unwrap_err().to_string();
     assert!(e.contains("sha256 mismatch"), "{e}");

@@ -145,3 +145,62 @@ pub fn dead_pid() -> u32 {
     c.wait().unwrap();
     pid
 }
+
+/// Wait longer than the store's racy window (50 ms), so that files changed
+/// before the call have settled stamps and a verification after it records
+/// them in `verified.json`.
+pub fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(60));
+}
+
+/// Xor byte `at` of `path` with `mask` in place (same inode, same size),
+/// then put back the file's access and modification times, as someone
+/// covering their tracks would: only the ctime still shows the change.
+pub fn flip_keep_times(path: &Path, at: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let m = f.metadata().unwrap();
+    let (atime, mtime) = (m.accessed().unwrap(), m.modified().unwrap());
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ mask], at).unwrap();
+    f.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(atime)
+            .set_modified(mtime),
+    )
+    .unwrap();
+}
+
+/// `(st_dev, st_ino, st_size, mtime ns, ctime ns)` of `path` (lstat).
+pub fn stamp(path: &Path) -> (u64, u64, u64, i128, i128) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        ns(m.mtime(), m.mtime_nsec()),
+        ns(m.ctime(), m.ctime_nsec()),
+    )
+}
+
+/// The stamp recorded for `file` in `dir/verified.json`, if any.
+pub fn cached_stamp(dir: &Path, file: &str) -> Option<(u64, u64, u64, i128, i128)> {
+    let text = std::fs::read_to_string(dir.join(snapshot_store::VERIFIED_FILE)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let e = v.get("files")?.get(file)?;
+    let int = |k: &str| e.get(k).and_then(|x| x.as_i64()).map(i128::from);
+    Some((
+        e.get("dev")?.as_u64()?,
+        e.get("ino")?.as_u64()?,
+        e.get("size")?.as_u64()?,
+        int("mtime_ns")?,
+        int("ctime_ns")?,
+    ))
+}

@@ -1,0 +1,14 @@
+//! Fuzz `parse_verified` (the `verified.json` cache reader): never panics,
+//! never accepts more entries than there are layer files, and is
+//! deterministic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let r = snapshot_store::parse_verified(data);
+    if let Ok(n) = r {
+        assert!(n <= 4);
+    }
+    assert_eq!(snapshot_store::parse_verified(data), r);
+});

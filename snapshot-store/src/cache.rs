@@ -1,0 +1,454 @@
+//! The verified-file cache (`verified.json`): per layer, each file's
+//! identity stamp at the time its sha256 was last verified, so that a later
+//! verification can skip re-hashing files that have not changed since.
+//!
+//! The cache is a hint, never a source of truth: it is read with a bounded
+//! read, any problem with it means "no cache", and an entry is used only if
+//! the file's current stamp equals the recorded one exactly *and* the
+//! recorded sha256 equals the manifest's. It is not part of the layer (no
+//! manifest lists it) and is the one file in a layer directory that is
+//! rewritten (atomically) after commit.
+//!
+//! Why a stamp is evidence that a file is unchanged: every write to a file
+//! through the file system (`write`, `truncate`, `fallocate`, a writable
+//! mapping, a clone onto it, a rename over it, `chmod`) updates its ctime,
+//! and no system call lets an unprivileged process set ctime. A stamp
+//! (device, inode, size, mtime, ctime, all in nanoseconds) therefore
+//! changes with any modification, unless that modification happens within
+//! the file system's timestamp granularity of the last change (the "racy"
+//! case). To exclude that case a stamp is only recorded if the file's ctime
+//! is older, by a safety window, than a clock reading taken *before* the
+//! stamp was taken (see [`settled`]): any later change then gets a strictly
+//! newer ctime.
+
+use std::collections::BTreeMap;
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, ParseError, Result};
+use crate::fsutil::nonce;
+use crate::hash::is_sha256_hex;
+use crate::{DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+
+/// File name of a layer's verified-file cache (not part of the layer; see
+/// `FORMAT.md`).
+pub const VERIFIED_FILE: &str = "verified.json";
+/// Largest `verified.json` that is read (bytes); larger ones are ignored.
+pub const MAX_VERIFIED_BYTES: u64 = 64 << 10;
+/// Version of the `verified.json` layout. A cache with another version is
+/// ignored (and replaced when the layer is next verified).
+pub const VERIFIED_FORMAT: u32 = 1;
+/// Prefix of the temporary file a new `verified.json` is written to before
+/// it is renamed into place: `.verified.json.tmp-PID-NONCE`.
+pub(crate) const VERIFIED_TMP_PREFIX: &str = ".verified.json.tmp-";
+
+/// A ctime must be at least this much older than the clock reading taken
+/// before the stamp (nanoseconds) for the stamp to be recorded, on file
+/// systems with sub-10-ms timestamps. Covers the Linux coarse clock (one
+/// tick, at most 10 ms) and the file system's granularity, with margin.
+pub(crate) const RACY_WINDOW_NS: i128 = 50_000_000;
+/// The same for file systems whose timestamps look coarse (a ctime that is
+/// a multiple of 10 ms: HFS+ and ext4 with small inodes keep whole
+/// seconds, FAT two seconds).
+pub(crate) const COARSE_RACY_WINDOW_NS: i128 = 2_100_000_000;
+
+/// The identity and change times of a file: `(st_dev, st_ino, st_size,
+/// st_mtime, st_ctime)`, times in nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of `m` (from `lstat` or `fstat`).
+    pub(crate) fn of(m: &Metadata) -> Stamp {
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// One file's entry in `verified.json`: its stamp and the sha256 it had
+/// when it was verified (lower-case hex).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CacheEntry {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    sha256: String,
+}
+
+impl CacheEntry {
+    pub(crate) fn new(s: Stamp, sha256: &str) -> CacheEntry {
+        CacheEntry {
+            dev: s.dev,
+            ino: s.ino,
+            size: s.size,
+            mtime_ns: s.mtime_ns,
+            ctime_ns: s.ctime_ns,
+            sha256: sha256.to_string(),
+        }
+    }
+
+    pub(crate) fn stamp(&self) -> Stamp {
+        Stamp {
+            dev: self.dev,
+            ino: self.ino,
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheFile {
+    format: u32,
+    files: BTreeMap<String, CacheEntry>,
+}
+
+/// File name -> entry.
+pub(crate) type Entries = BTreeMap<String, CacheEntry>;
+
+/// The wall clock in nanoseconds since the epoch (negative before it).
+pub(crate) fn now_ns() -> i128 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+/// The racy window that applies to `stamp` (see [`settled`]).
+fn window(stamp: &Stamp) -> i128 {
+    if stamp.ctime_ns.rem_euclid(10_000_000) == 0 {
+        COARSE_RACY_WINDOW_NS
+    } else {
+        RACY_WINDOW_NS
+    }
+}
+
+/// `true` if `stamp`, taken after the clock read `t0_ns`, may be recorded:
+/// its ctime is older than `t0_ns` by the racy window, so any change made
+/// after the stamp was taken gets a different ctime. A ctime in the future
+/// (clock skew, a clock stepped back) is never settled.
+pub(crate) fn settled(stamp: &Stamp, t0_ns: i128) -> bool {
+    stamp.ctime_ns <= t0_ns - window(stamp)
+}
+
+/// Nanoseconds to wait from `now_ns` until `stamp` would be settled.
+pub(crate) fn until_settled(stamp: &Stamp, now_ns: i128) -> i128 {
+    (stamp.ctime_ns + window(stamp) - now_ns).max(0)
+}
+
+/// Read `dir/verified.json`. Never fails: a missing cache is empty, and an
+/// unreadable, oversized or malformed one is empty too, with a note saying
+/// why (for the verification report and the log).
+pub(crate) fn load(dir: &Path) -> (Entries, Option<String>) {
+    let path = dir.join(VERIFIED_FILE);
+    match read_cache(&path) {
+        Ok(Some(e)) => (e, None),
+        Ok(None) => (Entries::new(), None),
+        Err(why) => {
+            let note = format!("{}: ignored ({why}); files are hashed", path.display());
+            tracing::debug!("{note}");
+            (Entries::new(), Some(note))
+        }
+    }
+}
+
+fn read_cache(path: &Path) -> std::result::Result<Option<Entries>, String> {
+    let meta = match path.symlink_metadata() {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("stat: {e}")),
+    };
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_VERIFIED_BYTES {
+        return Err(format!(
+            "{} bytes, larger than the {MAX_VERIFIED_BYTES}-byte limit",
+            meta.len()
+        ));
+    }
+    // O_NOFOLLOW: not through a symlink swapped in since the lstat;
+    // O_NONBLOCK: never hang opening a FIFO.
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("open: {e}"))?;
+    let fmeta = f.metadata().map_err(|e| format!("stat: {e}"))?;
+    if !fmeta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_VERIFIED_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("read: {e}"))?;
+    if bytes.len() as u64 > MAX_VERIFIED_BYTES {
+        return Err(format!("larger than the {MAX_VERIFIED_BYTES}-byte limit"));
+    }
+    parse(&bytes).map(Some)
+}
+
+/// Check the contents of a `verified.json` as a verification reads them
+/// (at most [`MAX_VERIFIED_BYTES`], `format` [`VERIFIED_FORMAT`], known
+/// fields and file names only, hex digests); returns the number of
+/// entries. Whether an entry is then used depends on the files' current
+/// stamps and the manifest. For fuzzing and tools.
+pub fn parse_verified(bytes: &[u8]) -> std::result::Result<usize, ParseError> {
+    if bytes.len() as u64 > MAX_VERIFIED_BYTES {
+        return Err(ParseError(format!(
+            "larger than the {MAX_VERIFIED_BYTES}-byte limit"
+        )));
+    }
+    parse(bytes).map(|e| e.len()).map_err(ParseError)
+}
+
+/// Parse and check the contents of a `verified.json`.
+fn parse(bytes: &[u8]) -> std::result::Result<Entries, String> {
+    let c: CacheFile = serde_json::from_slice(bytes).map_err(|e| format!("malformed: {e}"))?;
+    if c.format != VERIFIED_FORMAT {
+        return Err(format!(
+            "cache format {} is not {VERIFIED_FORMAT}",
+            c.format
+        ));
+    }
+    for (name, e) in &c.files {
+        if ![MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE].contains(&name.as_str()) {
+            return Err(format!("entry for unknown file {name:?}"));
+        }
+        if !is_sha256_hex(&e.sha256) {
+            return Err(format!(
+                "entry for {name}: sha256 is not 64 lower-case hex digits"
+            ));
+        }
+    }
+    Ok(c.files)
+}
+
+/// `true` if `entries` vouches for `file`: an entry whose stamp equals
+/// `current` and whose sha256 equals `expect` (the manifest's).
+pub(crate) fn vouches(entries: &Entries, file: &str, current: &Stamp, expect: &str) -> bool {
+    entries
+        .get(file)
+        .is_some_and(|e| e.stamp() == *current && e.sha256 == expect)
+}
+
+/// Write `entries` as `dir/verified.json`, atomically: a new file
+/// `.verified.json.tmp-PID-NONCE` (mode 0644), written and fsynced, then
+/// renamed over `verified.json`, so that `verified.json` is always either
+/// the old or the new cache, never a torn one.
+///
+/// `dir` itself is not fsynced here: if a crash loses the rename, the old
+/// cache is still there, and every entry of an old cache is still true
+/// (it vouches only for a file whose stamp is unchanged since). Commit
+/// writes the cache into the work directory, which it fsyncs anyway.
+pub(crate) fn write_entries(dir: &Path, entries: &Entries) -> Result<()> {
+    let c = CacheFile {
+        format: VERIFIED_FORMAT,
+        files: entries.clone(),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&c)
+        .map_err(|e| Error::Usage(format!("serializing {VERIFIED_FILE}: {e}")))?;
+    bytes.push(b'\n');
+    let tmp = dir.join(format!(
+        "{VERIFIED_TMP_PREFIX}{}-{:016x}",
+        std::process::id(),
+        nonce()
+    ));
+    let dst = dir.join(VERIFIED_FILE);
+    let r = (|| {
+        let mut f: File = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .ctx(&tmp, "create")?;
+        f.write_all(&bytes).ctx(&tmp, "write")?;
+        f.sync_all().ctx(&tmp, "fsync")?;
+        drop(f);
+        std::fs::rename(&tmp, &dst).ctx(&tmp, "rename into place")
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// If at least this many bytes of freshly written files have stamps that
+/// are not settled yet, commit waits (at most [`RACY_WINDOW_NS`]) for them
+/// to settle rather than leave them to be re-hashed at the first restore.
+pub(crate) const COMMIT_WAIT_MIN_BYTES: u64 = 32 << 20;
+
+/// At commit: record in `dir/verified.json` (`dir` is the work directory,
+/// which the caller fsyncs) the stamps of the layer's `files`, given as
+/// `(file name, sha256 of the bytes written)`. Files whose stamps are not
+/// settled are left out (they are hashed by the first verification); if
+/// they are large, it first waits up to the racy window for them to
+/// settle. Always writes the file, possibly with no entries. Returns the
+/// number of files recorded.
+pub(crate) fn record_written(dir: &Path, files: &[(&str, &str)]) -> Result<usize> {
+    let stat_all = || -> Result<Vec<Stamp>> {
+        files
+            .iter()
+            .map(|(f, _)| {
+                let p = dir.join(f);
+                std::fs::symlink_metadata(&p)
+                    .ctx(&p, "stat")
+                    .map(|m| Stamp::of(&m))
+            })
+            .collect()
+    };
+    let mut t0 = now_ns();
+    let mut stamps = stat_all()?;
+    let racy = |stamps: &[Stamp], t0| {
+        stamps
+            .iter()
+            .filter(|s| !settled(s, t0))
+            .map(|s| s.size)
+            .sum::<u64>()
+    };
+    if racy(&stamps, t0) >= COMMIT_WAIT_MIN_BYTES {
+        let wait = stamps
+            .iter()
+            .map(|s| until_settled(s, t0))
+            .max()
+            .unwrap_or(0);
+        if wait <= RACY_WINDOW_NS {
+            // wait <= 50 ms: fits u64.
+            std::thread::sleep(std::time::Duration::from_nanos(wait as u64 + 1_000_000));
+            t0 = now_ns();
+            stamps = stat_all()?;
+        }
+    }
+    let mut entries = Entries::new();
+    for ((f, sha), s) in files.iter().zip(&stamps) {
+        if settled(s, t0) {
+            entries.insert(f.to_string(), CacheEntry::new(*s, sha));
+        }
+    }
+    write_entries(dir, &entries)?;
+    Ok(entries.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(ctime_ns: i128) -> Stamp {
+        Stamp {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: ctime_ns,
+            ctime_ns,
+        }
+    }
+
+    #[test]
+    fn settled_needs_the_window() {
+        let c = 1_700_000_000_123_456_789;
+        let s = stamp(c);
+        assert!(!settled(&s, c));
+        assert!(!settled(&s, c + RACY_WINDOW_NS - 1));
+        assert!(settled(&s, c + RACY_WINDOW_NS));
+        assert_eq!(until_settled(&s, c), RACY_WINDOW_NS);
+        assert_eq!(until_settled(&s, c + 2 * RACY_WINDOW_NS), 0);
+        // Whole-second (or 10 ms) ctimes: assume a coarse file system.
+        let s = stamp(1_700_000_000_000_000_000);
+        assert!(!settled(&s, s.ctime_ns + RACY_WINDOW_NS));
+        assert!(settled(&s, s.ctime_ns + COARSE_RACY_WINDOW_NS));
+        // A ctime in the future is never settled.
+        assert!(!settled(&stamp(c), c - 1));
+    }
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let d = tempfile::tempdir().unwrap();
+        let (e, note) = load(d.path());
+        assert!(e.is_empty() && note.is_none());
+        let mut entries = Entries::new();
+        let s = Stamp {
+            dev: u64::MAX,
+            ino: 7,
+            size: 1 << 40,
+            mtime_ns: -5,
+            ctime_ns: i128::from(i64::MAX) * 1_000_000_000 + 999_999_999,
+        };
+        entries.insert(MEMORY_FILE.into(), CacheEntry::new(s, &"ab".repeat(32)));
+        write_entries(d.path(), &entries).unwrap();
+        let (back, note) = load(d.path());
+        assert_eq!(back, entries);
+        assert!(note.is_none());
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [VERIFIED_FILE]);
+        assert!(vouches(&back, MEMORY_FILE, &s, &"ab".repeat(32)));
+        assert!(!vouches(&back, MEMORY_FILE, &s, &"cd".repeat(32)));
+        assert!(!vouches(&back, STATE_FILE, &s, &"ab".repeat(32)));
+        let mut other = s;
+        other.ctime_ns += 1;
+        assert!(!vouches(&back, MEMORY_FILE, &other, &"ab".repeat(32)));
+
+        let good = std::fs::read_to_string(d.path().join(VERIFIED_FILE)).unwrap();
+        for (bad, why) in [
+            (String::new(), "malformed"),
+            ("{".to_string(), "malformed"),
+            (good.replace("\"format\": 1", "\"format\": 2"), "format 2"),
+            (good.replace(MEMORY_FILE, "other.bin"), "unknown file"),
+            (good.replace(&"ab".repeat(32), &"AB".repeat(32)), "hex"),
+            (good.replace("\"ino\": 7", "\"ino\": -7"), "malformed"),
+            (
+                good.replace("\"size\"", "\"extra\": 1, \"size\""),
+                "malformed",
+            ),
+            (
+                good.replace(",\n      \"sha256\"", ", \"x\": 0,\n \"sha256\""),
+                "malformed",
+            ),
+            (
+                format!("{good}{}", " ".repeat(MAX_VERIFIED_BYTES as usize)),
+                "limit",
+            ),
+        ] {
+            std::fs::write(d.path().join(VERIFIED_FILE), &bad).unwrap();
+            let (e, note) = load(d.path());
+            assert!(e.is_empty(), "{why}");
+            let note = note.unwrap();
+            assert!(
+                note.contains(VERIFIED_FILE) && note.contains(why),
+                "{why}: {note}"
+            );
+        }
+        assert_eq!(parse_verified(good.as_bytes()), Ok(1));
+        assert!(parse_verified(b"{}").is_err());
+        assert!(parse_verified(&vec![b' '; MAX_VERIFIED_BYTES as usize + 1]).is_err());
+        std::fs::remove_file(d.path().join(VERIFIED_FILE)).unwrap();
+        std::os::unix::fs::symlink("elsewhere", d.path().join(VERIFIED_FILE)).unwrap();
+        let (e, note) = load(d.path());
+        assert!(e.is_empty() && note.unwrap().contains("not a regular file"));
+    }
+}
