@@ -8,7 +8,7 @@ use crate::hv::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::{MachineState, PowerSnapshot, GIC_MODE_USERSPACE};
 use anyhow::{bail, Context};
-use snapshot_store::{clone_file, map_base_memory, overlay_diff, verify_chain, Store};
+use snapshot_store::{clone_file, map_base_memory, overlay_diff, verify_chain_cached, Store};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,8 @@ pub(super) struct Stages {
     pub resolve_verify: Duration,
     pub map_base: Duration,
     pub overlay: Duration,
+    pub state: Duration,
+    pub disk: Duration,
     pub vm_create: Duration,
     pub gic: Duration,
     pub devices: Duration,
@@ -31,10 +33,12 @@ impl Stages {
         console::message(&format!("Restore-time = {} ms", total.as_millis()));
         let us = |d: Duration| d.as_micros();
         console::message(&format!(
-            "Restore-stages: resolve+verify {} us, map base {} us, overlay {} us, VM create {} us, GIC {} us, devices {} us, vCPUs {} us",
+            "Restore-stages: resolve+verify {} us, map base {} us, overlay {} us, state {} us, disk clone {} us, VM create {} us, GIC {} us, devices {} us, vCPUs {} us",
             us(self.resolve_verify),
             us(self.map_base),
             us(self.overlay),
+            us(self.state),
+            us(self.disk),
             us(self.vm_create),
             us(self.gic),
             us(self.devices),
@@ -64,7 +68,7 @@ pub(super) fn plan<H: Hypervisor>(
     let store = Store::open(&opts.store)
         .with_context(|| format!("cannot open the snapshot store {}", opts.store.display()))?;
     let chain = store.resolve(spec)?;
-    verify_chain(&chain)?;
+    verify_chain_cached(&chain)?;
     let top = chain.top();
     let m = &top.manifest;
     if m.backend != H::NAME {
@@ -110,6 +114,7 @@ pub(super) fn plan<H: Hypervisor>(
     stages.overlay = t.elapsed();
     let ram = Arc::new(GuestRam::from_mmap(mem)?);
 
+    let t = Instant::now();
     let state_path = top.state_path();
     let state = MachineState::decode(&top.read_state()?)
         .with_context(|| format!("{}", state_path.display()))?;
@@ -125,6 +130,9 @@ pub(super) fn plan<H: Hypervisor>(
         );
     }
 
+    stages.state = t.elapsed();
+
+    let t = Instant::now();
     let src = top
         .disk_path()
         .with_context(|| format!("snapshot '{}' has no disk image", top.name))?;
@@ -147,6 +155,7 @@ pub(super) fn plan<H: Hypervisor>(
         .write(true)
         .open(&disk_path)
         .with_context(|| format!("cannot open {}", disk_path.display()))?;
+    stages.disk = t.elapsed();
 
     let power = state
         .power
