@@ -1,0 +1,875 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): the cost and the payoff of diff snapshots, in one run.
+
+Reproduces, on the portable `emu` backend (or any --backend), the tables of the
+earlier spike's write-up (shared/seeds/003): median of N runs with min and max.
+
+  0. Host disk: sequential write bandwidth (256 MiB, fsync) into the store's
+     directory, so snapshot write times can be read as a fraction of it.
+  1. Boot, untracked vs --track-dirty: `Guest-boot-time` and wall spawn -> `login:`.
+     In the same boot, in-guest `dd if=/dev/zero of=/dev/shm/blob bs=1M count=64`
+     throughput, timed in the guest (busybox dd prints no rate).
+  2. Snapshot write: a full layer (fresh boot, whole RAM) vs diffs after dirtying
+     8 and 64 MiB of /dev/shm in a restore of the root with --track-dirty:
+     `Snapshot-write-time`, the pages of the `[snapshot]` line, and (separately)
+     wall Ctrl-A s -> that console line.
+  3. Restore of 1, 2 and 4 layers (golden, golden+1, golden+3): `Restore-time`,
+     the `Restore-stages` medians, and wall spawn -> the shell prompt answering
+     an Enter sent once the restore is logged.
+  4. Footprint: logical (st_size) and physical (st_blocks*512) size of each
+     layer's memory.bin, of each layer and of the whole store.
+
+Everything runs on throwaway copies: a store (default bench-results/vmstore-bench,
+removed at start and end) and disk copies in a temporary directory next to it;
+guest/out is only read. Writes bench-results/diff_snapshot.json and
+bench-results/diff_snapshot.md; console logs go to bench-results/logs/diff_snapshot/.
+
+    scripts/diff_snapshot_bench.py                 # N=3, 512 MiB, emu
+    scripts/diff_snapshot_bench.py --runs 5 --mem 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import pexpect  # noqa: E402
+from qemu_boot_bench import RESULTS_DIR, sha256, summarize  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GUEST_OUT = REPO / "guest" / "out"
+DEFAULT_BOOT = REPO / "target" / "release" / "boot"
+DEFAULT_STORE = RESULTS_DIR / "vmstore-bench"
+LOG_DIR = RESULTS_DIR / "logs" / "diff_snapshot"
+MIB = 1 << 20
+
+# Generous: `emu` is a software CPU on a small machine that other jobs share.
+BOOT_TIMEOUT = 240.0  # spawn -> login: / restore logged
+CMD_TIMEOUT = 180.0  # one shell command, a snapshot write, an exit
+
+DD_MIB = 64  # in-guest dd throughput probe
+DIFF_MIB = (8, 64)  # dirtied before a diff snapshot
+CHAIN_MIB = 8  # dirtied per layer of the restore chain
+CHAIN_DEPTH = 3  # golden + 3 diffs -> 4 layers
+RESTORE_SPECS = (("golden", 1), ("golden+1", 2), (f"golden+{CHAIN_DEPTH}", 4))
+BANDWIDTH_MIB = 256
+
+# The guest's clock in microseconds, from busybox adjtimex (date has no %N here).
+GUEST_CLOCK = r"adjtimex | sed -n 's/^ *time\.tv_[a-z]*: *//p'"
+
+
+class StepError(Exception):
+    """A named step of the benchmark failed."""
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def stats(samples: Sequence[float], nd: int = 1) -> dict:
+    """median/min/max of unit-less samples (throughputs, page counts)."""
+    return {
+        "median": round(statistics.median(samples), nd),
+        "min": round(min(samples), nd),
+        "max": round(max(samples), nd),
+        "samples": [round(s, nd) for s in samples],
+    }
+
+
+def sh(argv: Sequence[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def file_sizes(path: Path) -> dict:
+    st = path.stat()
+    return {"logical": st.st_size, "physical": st.st_blocks * 512}
+
+
+def tree_sizes(root: Path) -> dict:
+    """Summed st_size and st_blocks*512 of every regular file (hard links once)."""
+    logical = physical = 0
+    seen = set()
+    for p in root.rglob("*"):
+        st = p.lstat()
+        if not p.is_file() or p.is_symlink() or (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        logical += st.st_size
+        physical += st.st_blocks * 512
+    return {"logical": logical, "physical": physical}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def mem_total_mib() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path):
+        self.args = args
+        self.tmp = tmp  # disk copies
+        # A private copy of the binary: a rebuild during the run cannot mix two builds.
+        self.boot = tmp / "boot"
+        shutil.copy2(args.boot, self.boot)
+        self.store = args.store
+        self.children: list = []
+        self.step_name = "setup"
+        self.log: Path | None = None
+        self.seq = 0
+
+    # step bookkeeping and process handling
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Runs a step; any failure becomes a StepError naming it (and its console log)."""
+        self.step_name, self.log = name, None
+        try:
+            yield
+        except StepError:
+            self.kill_all()
+            raise
+        except (harness.ConsoleError, OSError, ValueError, AssertionError, subprocess.SubprocessError,
+                pexpect.ExceptionPexpect) as e:
+            self.kill_all()
+            where = f" (console log: {self.log})" if self.log else ""
+            raise StepError(f"step '{name}' failed{where}:\n{type(e).__name__}: {e}") from None
+
+    def kill_all(self) -> None:
+        for c in list(self.children):
+            self.kill(c)
+
+    def spawn(self, argv: Sequence[str], tag: str):
+        self.seq += 1
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log = LOG_DIR / f"{self.seq:02d}-{tag}.log"
+        child = harness.spawn(argv, log_path=self.log, timeout=BOOT_TIMEOUT)
+        self.children.append(child)
+        return child
+
+    def kill(self, child) -> None:
+        try:
+            harness.terminate(child)
+        finally:
+            if child in self.children:
+                self.children.remove(child)
+
+    def quit_vm(self, child) -> None:
+        """Ctrl-A x; the VMM must exit with status 0."""
+        child.send("\x01x")
+        status = harness.wait_exit(child, CMD_TIMEOUT)
+        self.children.remove(child)
+        if status != 0:
+            raise harness.ConsoleError(f"boot exited with status {status} after Ctrl-A x")
+
+    def base_argv(self) -> list[str]:
+        return [str(self.boot), "--backend", self.args.backend]
+
+    def disk_copy(self, tag: str) -> Path:
+        """A sparse copy of the guest's root disk (made before any clock starts)."""
+        dst = self.tmp / f"{tag}.ext4"
+        subprocess.run(["cp", "--sparse=always", str(self.args.disk), str(dst)], check=True)
+        return dst
+
+    # console pieces
+
+    @staticmethod
+    def login_at_prompt(child) -> None:
+        """Log in as root once `login:` has been matched (harness.login would wait for it again)."""
+        harness.paced_send(child, "root\n")
+        if harness.expect(child, [harness.PASSWORD, harness.PROMPT], BOOT_TIMEOUT,
+                          "a password prompt or the shell prompt") == 0:
+            harness.paced_send(child, "\n")
+            harness.expect(child, harness.PROMPT, BOOT_TIMEOUT, "the shell prompt after the password")
+
+    @staticmethod
+    def snapshot(child, kind: str, name: str) -> dict:
+        """Ctrl-A s; returns the VMM's write time, pages, disk clone method, and wall to the line."""
+        t0 = time.perf_counter()
+        child.send("\x01s")
+        failed = r"\[snapshot\][^\r\n]*(?:failed|refused)[^\r\n]*"
+        i = harness.expect(child, [r"Snapshot-write-time = (\d+) ms", failed], CMD_TIMEOUT,
+                           f"Snapshot-write-time of '{name}'")
+        if i == 1:
+            raise harness.ConsoleError(f"the VMM refused the snapshot: {child.match.group(0).strip()}")
+        write_ms = int(child.match.group(1))
+        harness.expect(child, r"Snapshot-disk-clone = ([^\r\n]+)\r*\n", CMD_TIMEOUT, "Snapshot-disk-clone")
+        clone = child.match.group(1).strip()
+        harness.expect(child, rf"\[snapshot\] (full|diff) '{re.escape(name)}' \((\d+) pages, ([0-9.]+) MiB\) written",
+                       CMD_TIMEOUT, f"the [snapshot] line of '{name}'")
+        wall = time.perf_counter() - t0
+        got = child.match.group(1)
+        if got != kind:
+            raise harness.ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
+        return {"write_ms": write_ms, "pages": int(child.match.group(2)), "mib": float(child.match.group(3)),
+                "disk_clone": clone, "console_wall_s": wall}
+
+    @staticmethod
+    def restore_logged(child) -> dict:
+        """Waits for `Restore-time` and `Restore-stages`; returns them (ms, {stage: us})."""
+        harness.expect(child, r"Restore-time = (\d+) ms", BOOT_TIMEOUT, "the Restore-time line")
+        total_ms = int(child.match.group(1))
+        harness.expect(child, r"Restore-stages: ([^\r\n]*)\r*\n", CMD_TIMEOUT, "the Restore-stages line")
+        stages = {}
+        for part in child.match.group(1).split(","):
+            m = re.fullmatch(r"\s*(.+?) (\d+) us\s*", part)
+            if not m:
+                raise harness.ConsoleError(f"cannot parse Restore-stages item {part!r}")
+            stages[m.group(1)] = int(m.group(2))
+        return {"restore_ms": total_ms, "stages_us": stages}
+
+    def restore(self, spec: str, tag: str, *extra: str) -> tuple:
+        """Spawns `boot --restore spec`, waits for its log lines, presses Enter, waits for the prompt."""
+        argv = [*self.base_argv(), "--store", str(self.store), "--restore", spec, *extra]
+        t0 = time.perf_counter()
+        child = self.spawn(argv, tag)
+        r = self.restore_logged(child)
+        t_logged = time.perf_counter()
+        harness.paced_send(child, "\n")
+        harness.expect(child, harness.PROMPT, CMD_TIMEOUT, "the shell prompt after Enter on the restored console")
+        t_prompt = time.perf_counter()
+        r.update(wall_s=t_prompt - t0, logged_wall_s=t_logged - t0, enter_to_prompt_s=t_prompt - t_logged)
+        return child, r
+
+    def dd_in_guest(self, child, path: str, mib: int) -> dict:
+        """dd of mib MiB of zeros to a file, timed by the guest's clock (and the host's, around it)."""
+        cmd = (f"a=$({GUEST_CLOCK}); dd if=/dev/zero of={path} bs=1M count={mib} 2>/dev/null; "
+               f"s=$?; b=$({GUEST_CLOCK}); echo dd-clock $a $b; test $s = 0")
+        t0 = time.perf_counter()
+        out = harness.run(child, cmd, CMD_TIMEOUT)
+        host = time.perf_counter() - t0
+        m = re.search(r"dd-clock (\d+) (\d+) (\d+) (\d+)", out)
+        if not m:
+            raise harness.ConsoleError(f"cannot read the guest clock around dd; output:\n{out}")
+        s0, u0, s1, u1 = map(int, m.groups())
+        secs = (s1 - s0) + (u1 - u0) / 1e6
+        if secs <= 0:
+            raise harness.ConsoleError(f"the guest clock did not advance across dd: {out!r}")
+        return {"guest_s": secs, "mb_per_s": mib * MIB / 1e6 / secs, "host_command_wall_s": host}
+
+    # phases
+
+    def disk_bandwidth(self, runs: int, when: str) -> list[dict]:
+        """Sequential write of BANDWIDTH_MIB with fsync into a new file in the store's directory, N times.
+
+        The files are kept until the batch ends, so that (like a snapshot) every
+        sample writes into newly allocated page cache rather than reusing the
+        pages a deleted previous sample freed.
+        """
+        out = []
+        buf = os.urandom(MIB)
+        paths = []
+        try:
+            self._bandwidth_samples(runs, when, buf, paths, out)
+        finally:
+            for q in paths:
+                q.unlink(missing_ok=True)
+        return out
+
+    def _bandwidth_samples(self, runs, when, buf, paths, out) -> None:
+        for i in range(runs):
+            path = self.store / f".bench-bandwidth-{when}-{i + 1}"
+            paths.append(path)
+            with self.step(f"disk bandwidth ({when}) run {i + 1}"):
+                t0 = time.perf_counter()
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    for _ in range(BANDWIDTH_MIB):
+                        os.write(fd, buf)
+                    t_buffered = time.perf_counter() - t0
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                secs = time.perf_counter() - t0
+                # The store hashes every file it writes (sha256): the host's hashing rate, for scale.
+                h = hashlib.sha256()
+                t1 = time.perf_counter()
+                for _ in range(BANDWIDTH_MIB):
+                    h.update(buf)
+                hash_s = time.perf_counter() - t1
+                out.append({"s": secs, "mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / secs, "buffered_s": t_buffered,
+                            "when": when, "sha256_mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / hash_s})
+                print(f"disk bandwidth ({when}) {i + 1}/{runs}: {BANDWIDTH_MIB} MiB + fsync in {secs * 1000:.0f} ms "
+                      f"(write() {t_buffered * 1000:.0f} ms) "
+                      f"= {out[-1]['mb_per_s']:.0f} MB/s; sha256 {out[-1]['sha256_mb_per_s']:.0f} MB/s")
+
+    def boot_and_dd(self, tracked: bool, i: int) -> dict:
+        mode = "tracked" if tracked else "untracked"
+        with self.step(f"boot {mode} run {i + 1}"):
+            disk = self.disk_copy(f"boot-{mode}-{i + 1}")
+            argv = [*self.base_argv(), "--kernel", str(self.args.kernel), "--disk", str(disk),
+                    "--mem", str(self.args.mem)] + (["--track-dirty"] if tracked else [])
+            t0 = time.perf_counter()
+            child = self.spawn(argv, f"boot-{mode}-{i + 1}")
+            harness.expect(child, r"Guest-boot-time = (\d+) ms", BOOT_TIMEOUT, "the Guest-boot-time line")
+            guest_ms = int(child.match.group(1))
+            harness.expect(child, harness.LOGIN, BOOT_TIMEOUT, "the login: prompt")
+            wall = time.perf_counter() - t0
+            self.login_at_prompt(child)
+        with self.step(f"dd {DD_MIB} MiB to /dev/shm, {mode} run {i + 1}"):
+            dd = self.dd_in_guest(child, "/dev/shm/blob", DD_MIB)
+            self.quit_vm(child)
+            disk.unlink()
+        print(f"boot {mode:9} {i + 1}/{self.args.runs}: Guest-boot-time {guest_ms} ms, login {wall * 1000:.0f} ms; "
+              f"dd {DD_MIB} MiB {dd['mb_per_s']:.0f} MB/s ({dd['guest_s'] * 1000:.0f} ms)")
+        return {"guest_boot_ms": guest_ms, "login_wall_s": wall, "dd": dd}
+
+    def full_snapshot(self, name: str, i: int) -> dict:
+        with self.step(f"full snapshot '{name}' (run {i + 1})"):
+            disk = self.disk_copy(name)
+            argv = [*self.base_argv(), "--kernel", str(self.args.kernel), "--disk", str(disk),
+                    "--mem", str(self.args.mem), "--store", str(self.store), "--track-dirty", "--name", name]
+            child = self.spawn(argv, f"full-{name}")
+            harness.login(child, timeout=BOOT_TIMEOUT)
+            snap = self.snapshot(child, "full", name)
+            self.quit_vm(child)
+            disk.unlink()
+        print(f"full  {name:10} {i + 1}/{self.args.runs}: Snapshot-write-time {snap['write_ms']} ms, "
+              f"{snap['pages']} pages, Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms ({snap['disk_clone']})")
+        return snap
+
+    def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+        with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', dirty {mib} MiB, Ctrl-A s)"):
+            child, r = self.restore(parent, f"diff-{name}", "--track-dirty", "--name", name)
+            harness.run(child, f"dd if=/dev/zero of=/dev/shm/{name} bs=1M count={mib} 2>/dev/null", CMD_TIMEOUT)
+            snap = self.snapshot(child, "diff", name)
+            self.quit_vm(child)
+        snap["dirtied_mib"] = mib
+        snap["restore_of_parent"] = r
+        print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
+              f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms")
+        return snap
+
+    def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict:
+        with self.step(f"restore '{spec}' ({layers} layers) run {i + 1}"):
+            child, r = self.restore(spec, f"restore-{spec}-{i + 1}")
+            # Not timed: the restored guest must hold exactly the chain's files.
+            got = harness.run(child, "ls /dev/shm", CMD_TIMEOUT).split()
+            if sorted(got) != sorted(expect_files):
+                raise AssertionError(f"/dev/shm after restoring '{spec}' holds {got}, expected {expect_files}")
+            self.quit_vm(child)
+        named = sum(r["stages_us"].values())
+        r["unattributed_us"] = max(0, r["restore_ms"] * 1000 - named)
+        top = max(r["stages_us"], key=r["stages_us"].get)
+        print(f"restore {spec:9} {i + 1}/{self.args.runs}: Restore-time {r['restore_ms']} ms "
+              f"(largest stage: {top} {r['stages_us'][top] / 1000:.0f} ms), wall to prompt {r['wall_s'] * 1000:.0f} ms")
+        return r
+
+    def layer_footprint(self, name: str) -> dict:
+        d = self.store / name
+        files = {p.name: file_sizes(p) for p in sorted(d.iterdir()) if p.is_file()}
+        return {"files": files, "total": tree_sizes(d)}
+
+    def remove_layer(self, name: str) -> None:
+        d = self.store / name
+        for p in [d, *d.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        shutil.rmtree(d)
+
+    def run(self) -> dict:
+        n = self.args.runs
+        res: dict = {}
+        t_start = time.perf_counter()
+
+        print(f"== host disk: sequential write bandwidth ({BANDWIDTH_MIB} MiB + fsync, {self.store})")
+        res["disk_bandwidth"] = self.disk_bandwidth(n, "start")
+
+        print("== boot and in-guest dd, untracked vs --track-dirty (interleaved)")
+        boots = {"untracked": [], "tracked": []}
+        for i in range(n):
+            for tracked in (False, True):
+                boots["tracked" if tracked else "untracked"].append(self.boot_and_dd(tracked, i))
+        res["boot"] = boots
+
+        print("== snapshot write: full (fresh boot) and diffs of the golden root")
+        full_names = ["golden"] + [f"full-{i + 1}" for i in range(1, n)]
+        res["full"] = [self.full_snapshot(name, i) for i, name in enumerate(full_names)]
+        diffs: dict = {str(m): [] for m in DIFF_MIB}
+        for i in range(n):
+            for mib in DIFF_MIB:
+                diffs[str(mib)].append(self.diff_snapshot("golden", f"w{mib}-{i + 1}", mib, f"write run {i + 1}"))
+        res["diff"] = diffs
+
+        # Footprint of the write-measurement layers, then remove them so golden
+        # has a single child chain for golden+N.
+        extra = [*full_names[1:], *(f"w{m}-{i + 1}" for m in DIFF_MIB for i in range(n))]
+        with self.step("footprint of the write-measurement layers"):
+            res["write_layers_footprint"] = {name: self.layer_footprint(name) for name in extra}
+            for name in extra:
+                self.remove_layer(name)
+
+        print(f"== restore chain: golden -> d1 .. d{CHAIN_DEPTH} ({CHAIN_MIB} MiB dirtied per layer)")
+        chain = []
+        parent = "golden"
+        for k in range(1, CHAIN_DEPTH + 1):
+            chain.append(self.diff_snapshot(parent, f"d{k}", CHAIN_MIB, f"chain layer {k}"))
+            parent = f"d{k}"
+        res["chain_build"] = chain
+
+        print("== restore by chain depth (interleaved)")
+        restores: dict = {spec: [] for spec, _ in RESTORE_SPECS}
+        for i in range(n):
+            for spec, layers in RESTORE_SPECS:
+                files = [f"d{k}" for k in range(1, layers)]
+                restores[spec].append(self.timed_restore(spec, layers, files, i))
+        res["restore"] = restores
+
+        with self.step("footprint of the store"):
+            layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
+            res["footprint"] = {
+                "layers": {name: self.layer_footprint(name) for name in layers},
+                "store": tree_sizes(self.store),
+                "store_entries": sorted(p.name for p in self.store.iterdir()),
+            }
+        print("== host disk again (the host is shared: bandwidth drifts)")
+        res["disk_bandwidth"] += self.disk_bandwidth(n, "end")
+        res["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        res["loadavg_end"] = os.getloadavg()
+        return res
+
+
+# --- summaries and report --------------------------------------------------------------------
+
+
+def summarize_all(raw: dict, runs: int) -> dict:
+    s: dict = {}
+    bw = raw["disk_bandwidth"]
+    s["disk_bandwidth"] = {"mb_per_s": stats([b["mb_per_s"] for b in bw]), "time": summarize([b["s"] for b in bw]),
+                           "write_calls_time": summarize([b["buffered_s"] for b in bw])}
+    s["sha256_mb_per_s"] = stats([b["sha256_mb_per_s"] for b in bw])
+    for when in ("start", "end"):
+        s["disk_bandwidth"][f"mb_per_s_{when}"] = stats([b["mb_per_s"] for b in bw if b["when"] == when])
+    s["boot"] = {}
+    for mode, rows in raw["boot"].items():
+        s["boot"][mode] = {
+            "guest_boot_time": summarize([r["guest_boot_ms"] / 1000 for r in rows]),
+            "login_wall": summarize([r["login_wall_s"] for r in rows]),
+            "dd_mb_per_s": stats([r["dd"]["mb_per_s"] for r in rows]),
+            "dd_guest_time": summarize([r["dd"]["guest_s"] for r in rows]),
+        }
+
+    def snap_summary(rows):
+        return {
+            "write_time": summarize([r["write_ms"] / 1000 for r in rows]),
+            "console_wall": summarize([r["console_wall_s"] for r in rows]),
+            "pages": stats([r["pages"] for r in rows], 0),
+            "mib": stats([r["mib"] for r in rows]),
+            "disk_clone": sorted({r["disk_clone"] for r in rows}),
+        }
+
+    s["snapshot_write"] = {"full": snap_summary(raw["full"])}
+    for mib, rows in raw["diff"].items():
+        s["snapshot_write"][f"diff_{mib}MiB"] = snap_summary(rows)
+    s["chain_build"] = snap_summary(raw["chain_build"])
+
+    s["restore"] = {}
+    for spec, rows in raw["restore"].items():
+        stage_names = list(rows[0]["stages_us"])
+        s["restore"][spec] = {
+            "layers": 1 + (int(spec.split("+")[1]) if "+" in spec else 0),
+            "restore_time": summarize([r["restore_ms"] / 1000 for r in rows]),
+            "wall_to_prompt": summarize([r["wall_s"] for r in rows]),
+            "enter_to_prompt": summarize([r["enter_to_prompt_s"] for r in rows]),
+            "stages_us_median": {k: statistics.median(r["stages_us"].get(k, 0) for r in rows) for k in stage_names},
+            "unattributed_us_median": statistics.median(r["unattributed_us"] for r in rows),
+        }
+
+    # Targets of issue 4 (checked here, not by tests).
+    w = s["snapshot_write"]
+    p8, p64 = w["diff_8MiB"]["pages"]["median"], w["diff_64MiB"]["pages"]["median"]
+    t8, t64 = w["diff_8MiB"]["write_time"]["median_s"] * 1000, w["diff_64MiB"]["write_time"]["median_s"] * 1000
+    slope = (t64 - t8) / (p64 - p8) if p64 != p8 else float("nan")
+    fixed = t8 - slope * p8
+    r1 = s["restore"]["golden"]["restore_time"]["median_s"] * 1000
+    rdeep = s["restore"][f"golden+{CHAIN_DEPTH}"]["restore_time"]["median_s"] * 1000
+    s["targets"] = {
+        "diff_write_proportional": {
+            "per_page_us": round(slope * 1000, 2),
+            "fixed_ms": round(fixed, 1),
+            "time_ratio_64_to_8": round(t64 / t8, 2) if t8 else None,
+            "page_ratio_64_to_8": round(p64 / p8, 2) if p8 else None,
+            "criterion": "fixed cost (intercept of the 8/64 MiB line) <= 25% of the 8 MiB diff's write time",
+            "met": bool(fixed <= 0.25 * t8),
+        },
+        "restore_flat_across_depth": {
+            "golden_ms": r1, f"golden+{CHAIN_DEPTH}_ms": rdeep,
+            "ratio": round(rdeep / r1, 2) if r1 else None,
+            "criterion": f"Restore-time of golden+{CHAIN_DEPTH} <= 1.2 x golden's",
+            "met": bool(r1 and rdeep <= 1.2 * r1),
+        },
+        "restore_10ms": {"golden_ms": r1, "criterion": "Restore-time of a 512 MiB full layer <= 10 ms",
+                         "met": bool(r1 <= 10)},
+    }
+    return s
+
+
+def ms(summary: dict, key: str = "s", nd: int = 0) -> str:
+    f = lambda v: f"{v * 1000:.{nd}f}"  # noqa: E731
+    return (f"{f(summary['median_' + key])} ms ({f(summary['min_' + key])}–{f(summary['max_' + key])}, "
+            f"n={len(summary['samples_' + key])})")
+
+
+def num(summary: dict, unit: str, nd: int = 0) -> str:
+    return (f"{summary['median']:.{nd}f}{unit} ({summary['min']:.{nd}f}–{summary['max']:.{nd}f}, "
+            f"n={len(summary['samples'])})")
+
+
+def size(b: int) -> str:
+    return f"{b / MIB:.2f} MiB ({b:,} B)"
+
+
+def report(raw: dict, s: dict, info: dict) -> str:
+    bw = s["disk_bandwidth"]["mb_per_s"]["median"]
+    hr = s["sha256_mb_per_s"]["median"]
+    disk_mib = raw["footprint"]["layers"]["golden"]["files"].get("disk.img", {"logical": 0})["logical"] / MIB
+    b, w, r = s["boot"], s["snapshot_write"], s["restore"]
+    specs = [sp for sp, _ in RESTORE_SPECS if sp in r] + [sp for sp in r if sp not in dict(RESTORE_SPECS)]
+    L = []
+    a = L.append
+    a("# Diff-snapshot benchmarks (`emu`)" if info["backend"] == "emu" else f"# Diff-snapshot benchmarks ({info['backend']})")
+    a("")
+    a(f"Date: {info['date']}. Host: `{info['uname']}`, {info['cpu_count']} CPUs ({info['cpu_model']}), "
+      f"{info['host_mem_mib']} MiB RAM, shared with other jobs (load average "
+      f"{info['loadavg_start'][0]:.1f} at start, {raw['loadavg_end'][0]:.1f} at end); store on {info['store_fs']}. Build: `{info['boot']}` ({info['profile']}, "
+      f"`{info['boot_version']}`, built {info['boot_mtime']}, sha256 {info['boot_sha256'][:12]}; tree at git "
+      f"{info['git_head'][:12]}{' + uncommitted changes' if info['git_dirty'] else ''}). "
+      f"Backend: `{info['backend']}`. Guest: aarch64 Linux, busybox rootfs, {info['cpus']} vCPU, "
+      f"{info['mem_mib']} MiB RAM, {info['page_size'] // 1024} KiB pages. Numbers are the median of {info['runs']} runs "
+      f"with min–max in parentheses. Harness: `scripts/diff_snapshot_bench.py` (pty console driving, "
+      f"`time.perf_counter()` clocks); total run {raw['elapsed_s']:.0f} s.")
+    a("")
+    a("## What each timer brackets")
+    a("")
+    a("| Timer | Brackets |")
+    a("|---|---|")
+    a("| Guest-boot-time | VMM log: VM start → the guest init's boot-timer MMIO write. |")
+    a("| boot wall | host `spawn()` of `boot` → `login:` on the console. |")
+    a(f"| dd MB/s | `dd if=/dev/zero of=/dev/shm/blob bs=1M count={DD_MIB}` timed by the guest's clock "
+      "(busybox `adjtimex`, µs) just before and after; MB = 10⁶ B. busybox dd prints no rate. |")
+    a("| Snapshot-write-time | VMM log: quiesce block device, write memory + state, clone disk, commit (fsync, rename). "
+      "Excludes the vCPU rendezvous and re-arming. |")
+    a("| Ctrl-A s → console line | host: `\\x01s` written to the pty → the `[snapshot] … written` line read. "
+      "Rendezvous + write + re-arm + console. |")
+    a("| Restore-time | VMM log: `boot --restore` start → VM handed to the run loop (`Restore-stages` breaks it down). |")
+    a("| restore wall | host `spawn()` of `boot --restore` → the shell prompt answering an Enter sent as soon as "
+      "`Restore-stages` is read. |")
+    a("")
+    a("## 0. Host disk bandwidth (same run)")
+    a("")
+    a("| Metric | Value |")
+    a("|---|---|")
+    a(f"| sequential write {BANDWIDTH_MIB} MiB + fsync, into the store's directory (all samples) | "
+      f"{num(s['disk_bandwidth']['mb_per_s'], ' MB/s')} |")
+    a(f"| … before the VMs ran | {num(s['disk_bandwidth']['mb_per_s_start'], ' MB/s')} |")
+    a(f"| … after the VMs ran | {num(s['disk_bandwidth']['mb_per_s_end'], ' MB/s')} |")
+    a(f"| time for {BANDWIDTH_MIB} MiB (write() + fsync) | {ms(s['disk_bandwidth']['time'])} |")
+    a(f"| … of which the write() calls (into the page cache) | {ms(s['disk_bandwidth']['write_calls_time'])} |")
+    a(f"| for scale: sha256 of {BANDWIDTH_MIB} MiB in memory (Python hashlib) | {num(s['sha256_mb_per_s'], ' MB/s')} |")
+    a("")
+    a("## 1. Dirty-tracking runtime overhead")
+    a("")
+    a("### 1a. Boot time — without vs with `--track-dirty`")
+    a("")
+    a("| Metric | Untracked | --track-dirty |")
+    a("|---|---|---|")
+    a(f"| Guest-boot-time | {ms(b['untracked']['guest_boot_time'])} | {ms(b['tracked']['guest_boot_time'])} |")
+    a(f"| boot wall → login: | {ms(b['untracked']['login_wall'])} | {ms(b['tracked']['login_wall'])} |")
+    a("")
+    a(f"### 1b. In-guest write throughput — `dd` {DD_MIB} MiB to /dev/shm")
+    a("")
+    a("| Metric | Untracked | --track-dirty |")
+    a("|---|---|---|")
+    a(f"| dd throughput | {num(b['untracked']['dd_mb_per_s'], ' MB/s')} | {num(b['tracked']['dd_mb_per_s'], ' MB/s')} |")
+    a(f"| dd time (guest clock) | {ms(b['untracked']['dd_guest_time'])} | {ms(b['tracked']['dd_guest_time'])} |")
+    a("")
+    a("## 2. Snapshot write time — full vs diff")
+    a("")
+    a(f"Full: a fresh `--track-dirty` boot, logged in, Ctrl-A s (all of RAM). Diff: restore of that golden root "
+      f"with `--track-dirty`, `dd` N MiB of zeros into /dev/shm, Ctrl-A s. The last column is the bytes of "
+      f"memory.bin written at the measured disk bandwidth ({bw:.0f} MB/s), and the write time as a multiple of it. "
+      f"The store also sha256-hashes memory.bin (alongside the write) and the cloned {disk_mib:.0f} MiB disk.img "
+      f"(before commit); the next column is those bytes at the host's measured sha256 rate ({hr:.0f} MB/s).")
+    a("")
+    a("| Snapshot | dirtied | pages (MiB) | Snapshot-write-time | Ctrl-A s → console line (wall) | "
+      "memory.bin at disk bandwidth → write time ÷ that | memory.bin + disk.img at sha256 rate |")
+    a("|---|---|---|---|---|---|---|")
+    rows = [("Full root", "(whole RAM)", w["full"])] + [
+        (f"Diff", f"{m} MiB", w[f"diff_{m}MiB"]) for m in DIFF_MIB]
+    for label, dirt, x in rows:
+        bytes_ = x["mib"]["median"] * MIB
+        ideal = bytes_ / 1e6 / bw * 1000 if bw else float("nan")
+        a(f"| {label} | {dirt} | {x['pages']['median']:.0f} ({x['mib']['median']:.1f}) | {ms(x['write_time'])} | "
+          f"{ms(x['console_wall'])} | {ideal:.0f} ms → {x['write_time']['median_s'] * 1000 / ideal:.1f}× | "
+          f"{(bytes_ + disk_mib * MIB) / 1e6 / hr * 1000:.0f} ms |")
+    a("")
+    clones = sorted({c for x in w.values() for c in x["disk_clone"]})
+    t = s["targets"]["diff_write_proportional"]
+    a(f"Disk clone method logged: {', '.join(clones)}. Line through the two diff medians: "
+      f"{t['per_page_us']:.1f} µs per {info['page_size'] // 1024} KiB page plus {t['fixed_ms']:.0f} ms fixed; "
+      f"64 MiB / 8 MiB: {t['time_ratio_64_to_8']}× the time for {t['page_ratio_64_to_8']}× the pages. "
+      f"Chain layers (restore the parent, dirty {CHAIN_MIB} MiB, Ctrl-A s; one sample each): " + ", ".join(
+          f"d{k + 1} {x['write_ms']} ms / {x['pages']} pages" for k, x in enumerate(raw["chain_build"])) + ".")
+    a("")
+    a("## 3. Restore latency — by chain depth")
+    a("")
+    a("| Restore target | layers | Restore-time (internal) | restore wall (→ prompt after Enter) | Enter → prompt |")
+    a("|---|---|---|---|---|")
+    names = {"golden": "Full only (golden)", "golden+1": "golden + 1 diff (d1)",
+             f"golden+{CHAIN_DEPTH}": f"golden + {CHAIN_DEPTH} diffs (d{CHAIN_DEPTH})"}
+    for spec in specs:
+        x = r[spec]
+        a(f"| {names.get(spec, spec)} | {x['layers']} | {ms(x['restore_time'])} | {ms(x['wall_to_prompt'])} | "
+          f"{ms(x['enter_to_prompt'])} |")
+    a("")
+    a("Per-stage median (µs). \"sum of stages\" is the µs-resolution total; \"not in a stage\" is Restore-time "
+      "(whole ms) minus the named stages, clipped at 0 (builds before ab6c833 timed neither the state decode nor "
+      "the disk clone, which then showed up here).")
+    a("")
+    # The VMM's order (also when re-rendering a JSON written with sorted keys).
+    known = ["resolve+verify", "map base", "overlay", "state", "disk clone", "VM create", "GIC", "devices", "vCPUs"]
+    seen = list(r[specs[0]]["stages_us_median"])
+    stage_order = [k for k in known if k in seen] + [k for k in seen if k not in known]
+    a("| stage | " + " | ".join(specs) + " |")
+    a("|---|" + "---|" * len(specs))
+    for stage in stage_order:
+        a(f"| {stage} | " + " | ".join(f"{r[sp]['stages_us_median'].get(stage, 0):,.0f}" for sp in specs) + " |")
+    a("| sum of stages | " + " | ".join(
+        f"{sum(r[sp]['stages_us_median'].values()):,.0f}" for sp in specs) + " |")
+    a("| not in a stage | " + " | ".join(f"{r[sp]['unattributed_us_median']:,.0f}" for sp in specs) + " |")
+    a("| Restore-time | " + " | ".join(f"{r[sp]['restore_time']['median_s'] * 1e6:,.0f}" for sp in specs) + " |")
+    a("")
+    a("## 4. Disk footprint")
+    a("")
+    fp = raw["footprint"]
+    a("| Layer | memory.bin logical (st_size) | memory.bin physical (st_blocks×512) | disk.img logical / physical | "
+      "whole layer logical / physical |")
+    a("|---|---|---|---|---|")
+    for name, x in sorted(fp["layers"].items(), key=lambda kv: (kv[0] != "golden", kv[0])):
+        mem, disk, tot = x["files"]["memory.bin"], x["files"].get("disk.img"), x["total"]
+        dtxt = f"{disk['logical'] / MIB:.1f} / {disk['physical'] / MIB:.1f} MiB" if disk else "—"
+        a(f"| {name} | {size(mem['logical'])} | {size(mem['physical'])} | {dtxt} | "
+          f"{tot['logical'] / MIB:.1f} / {tot['physical'] / MIB:.1f} MiB |")
+    st = fp["store"]
+    a(f"| **whole store** | | | | **{st['logical'] / MIB:.1f} / {st['physical'] / MIB:.1f} MiB** |")
+    a("")
+    wl = raw["write_layers_footprint"]
+    if wl:
+        a("Diff layers from §2, before they were removed (memory.bin logical / physical): " + "; ".join(
+            f"{k} {v['files']['memory.bin']['logical'] / MIB:.1f} / {v['files']['memory.bin']['physical'] / MIB:.1f} MiB"
+            for k, v in sorted(wl.items(), key=lambda kv: (len(kv[0]), kv[0])) if k.startswith("w")) + ".")
+        a("")
+    full_mem = fp["layers"]["golden"]["files"]["memory.bin"]["logical"]
+    chain_mem = sum(x["files"]["memory.bin"]["physical"] for x in fp["layers"].values())
+    a(f"RAM side of the chain: {len(fp['layers'])} full snapshots would be {len(fp['layers']) * full_mem / MIB:.0f} MiB "
+      f"of memory images; golden + {CHAIN_DEPTH} diffs are {chain_mem / MIB:.0f} MiB physical.")
+    a("")
+    a("## Targets (issue 4)")
+    a("")
+    a("| Target | Measured | Criterion | Met |")
+    a("|---|---|---|---|")
+    tg = s["targets"]
+    a(f"| diff write time proportional to dirty bytes | {tg['diff_write_proportional']['per_page_us']:.1f} µs/page + "
+      f"{tg['diff_write_proportional']['fixed_ms']:.0f} ms fixed | {tg['diff_write_proportional']['criterion']} | "
+      f"{'yes' if tg['diff_write_proportional']['met'] else 'no'} |")
+    a(f"| restore flat across chain depth | golden {tg['restore_flat_across_depth']['golden_ms']:.0f} ms, "
+      f"golden+{CHAIN_DEPTH} {tg['restore_flat_across_depth'][f'golden+{CHAIN_DEPTH}_ms']:.0f} ms "
+      f"({tg['restore_flat_across_depth']['ratio']}×) | {tg['restore_flat_across_depth']['criterion']} | "
+      f"{'yes' if tg['restore_flat_across_depth']['met'] else 'no'} |")
+    a(f"| restore to first instruction ≤ 10 ms | {tg['restore_10ms']['golden_ms']:.0f} ms | "
+      f"{tg['restore_10ms']['criterion']} | {'yes' if tg['restore_10ms']['met'] else 'no'} |")
+    a("")
+    a("## Methodology")
+    a("")
+    a(f"- One invocation measures everything, in this order: disk bandwidth ({info['runs']}×); {info['runs']}× (untracked boot + dd, "
+      f"tracked boot + dd) interleaved; {info['runs']} full snapshots of fresh boots (the first, `golden`, is kept "
+      f"as the root); {info['runs']}× (8 MiB diff, 64 MiB diff) of golden, interleaved; the chain d1..d{CHAIN_DEPTH}; "
+      f"{info['runs']}× (restore golden, golden+1, golden+{CHAIN_DEPTH}) interleaved; footprint; disk bandwidth "
+      f"again ({info['runs']}×).")
+    a("- Runs of one kind are interleaved with the other kinds they are compared with, so drift on the shared host "
+      "spreads over both columns instead of biasing one.")
+    a("- Each boot gets a fresh sparse copy of guest/out/rootfs.ext4 (made before its clock starts); guest/out is "
+      "only read. Store: a throwaway directory (`" + str(info["store"]) + "`), removed at start and end.")
+    a("- Console input is paced (8-byte bursts, 20 ms apart: the PL011 RX FIFO holds 16 bytes). Commands are "
+      "bracketed by markers (scripts/harness.py); the VM is ended with Ctrl-A x and must exit 0.")
+    a("- Each diff layer comes from restoring its parent with `--track-dirty --name NEW`, dirtying N MiB with "
+      "`dd if=/dev/zero` into /dev/shm and Ctrl-A s (the designed diff path). The §2 diffs are all children of "
+      "golden and are removed (after their footprint is recorded) before the d1..d3 chain is built, so that "
+      "golden+N resolves along a single-child chain.")
+    a("- Restores run without `--track-dirty`; after timing, `ls /dev/shm` must show exactly the chain's files.")
+    a(f"- Disk bandwidth: {BANDWIDTH_MIB} MiB of random bytes written in 1 MiB `write()`s plus `fsync()` to a new "
+      "file in the store's directory (files kept until the batch ends, so each sample allocates fresh page cache as "
+      "a snapshot does), before and after the VM runs; the §2 ratio uses the median of all samples. The page cache is warm throughout (nothing is evicted; the host "
+      "is shared), so restore reads of memory.bin mostly hit the cache.")
+    a(f"- Host clocks: `time.perf_counter()`; pexpect reads output as it arrives (no poll quantization). The "
+      "VMM's own timers (Guest-boot-time, Snapshot-write-time, Restore-time) are whole milliseconds; stages are µs. "
+      "Wall times include process spawn and pty latency; internal and wall figures are complementary, not "
+      "subtractable.")
+    a("- The host is shared and is itself a VM: a write into page cache it has not used before is several times "
+      "slower than one into recycled pages (compare the before/after bandwidth rows and the write() share), so "
+      "snapshot writes (always new files) and the overlay's copy-on-write pages vary with the host's memory state "
+      "and with what other jobs do; min–max are wide for that reason.")
+    a("- `emu` is a software vCPU (unicorn), so guest-side numbers (boot, dd) are not comparable with the seed's "
+      "HVF figures; host-side ones (write, restore, footprint) are.")
+    a("")
+    a("## Reproduce")
+    a("")
+    a("```")
+    a("cargo build --release --bin boot")
+    a(f"python3 scripts/diff_snapshot_bench.py --runs {info['runs']} --mem {info['mem_mib']} --backend {info['backend']}")
+    a("```")
+    a("")
+    return "\n".join(L)
+
+
+def host_info(args: argparse.Namespace) -> dict:
+    boot = args.boot.resolve()
+    fs = sh(["df", "-T", str(args.store)]).splitlines()
+    store_fs = fs[-1].split()[1] if len(fs) >= 2 and len(fs[-1].split()) > 1 else "unknown"
+    head = sh(["git", "rev-parse", "HEAD"])
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "loadavg_start": os.getloadavg(),
+        "uname": sh(["uname", "-a"]) or " ".join(platform.uname()),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "host_mem_mib": mem_total_mib(),
+        "store_fs": store_fs,
+        "boot": str(boot.relative_to(REPO)) if boot.is_relative_to(REPO) else str(boot),
+        "boot_sha256": sha256(boot),
+        "boot_mtime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(boot.stat().st_mtime)),
+        "boot_version": sh([str(boot), "--version"]),
+        "profile": "release" if "release" in boot.parts else ("debug" if "debug" in boot.parts else "unknown"),
+        "git_head": head or "unknown",
+        "git_dirty": bool(sh(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "backend": args.backend,
+        "mem_mib": args.mem,
+        "cpus": 1,
+        "runs": args.runs,
+        "store": str(args.store),
+        "kernel_sha256": sha256(args.kernel),
+        "disk_sha256": sha256(args.disk),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3, help="runs per measurement (default: 3)")
+    p.add_argument("--mem", type=int, default=512, help="guest RAM in MiB (default: 512)")
+    p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
+    p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")
+    p.add_argument("--kernel", type=Path, default=GUEST_OUT / "Image")
+    p.add_argument("--disk", type=Path, default=GUEST_OUT / "rootfs.ext4", help="root disk (copied, never modified)")
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE,
+                   help="throwaway snapshot store, removed at start and end (default: bench-results/vmstore-bench)")
+    p.add_argument("--keep-store", action="store_true", help="leave the store in place at the end (for inspection)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "diff_snapshot.json",
+                   help="JSON results (default: bench-results/diff_snapshot.json); the Markdown goes next to it (.md)")
+    p.add_argument("--from-json", type=Path, metavar="JSON",
+                   help="run nothing: rewrite the Markdown report of an earlier run's JSON (next to it)")
+    args = p.parse_args(argv)
+    if args.from_json:
+        prev = json.loads(args.from_json.read_text())
+        md_path = args.from_json.with_suffix(".md")
+        md_path.write_text(report(prev["raw"], prev["summary"], prev["config"]))
+        print(f"wrote {md_path}")
+        return 0
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    if args.mem < 256:
+        p.error("--mem must be >= 256 (the 64 MiB dd and diff need room in /dev/shm)")
+    for f, hint in ((args.boot, "cargo build --release --bin boot"), (args.kernel, "guest/build.sh"),
+                    (args.disk, "guest/build.sh")):
+        if not f.is_file():
+            print(f"diff_snapshot_bench: {f} not found ({hint})", file=sys.stderr)
+            return 1
+    args.store = args.store.resolve()
+    if args.store == REPO or REPO.is_relative_to(args.store) or args.store.is_relative_to(GUEST_OUT.resolve()):
+        p.error(f"refusing to use {args.store} as the throwaway store")
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    def wipe_store():
+        if args.store.exists():
+            for q in [args.store, *args.store.rglob("*")]:
+                if not q.is_symlink():
+                    os.chmod(q, 0o755 if q.is_dir() else 0o644)  # layers are read-only
+            shutil.rmtree(args.store)
+
+    wipe_store()
+    args.store.mkdir(parents=True)
+    shutil.rmtree(LOG_DIR, ignore_errors=True)  # logs of this run only
+    info = host_info(args)
+    bench = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="diffsnap-disks-", dir=args.store.parent) as tmp:
+            bench = Bench(args, Path(tmp))
+            raw = bench.run()
+        info["page_size"] = json.loads((args.store / "golden" / "manifest.json").read_text())["page_size"]
+    except StepError as e:
+        print(f"diff_snapshot_bench: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        step = bench.step_name if bench else "setup"
+        print(f"diff_snapshot_bench: interrupted during step '{step}' ({e or 'Ctrl-C'})", file=sys.stderr)
+        return 130
+    finally:
+        if bench:
+            bench.kill_all()
+        if not args.keep_store:
+            wipe_store()
+
+    summary = summarize_all(raw, args.runs)
+    result = {"benchmark": "diff_snapshot", "config": info, "summary": summary, "raw": raw,
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")  # insertion order: the report's order
+    md = report(raw, summary, info)
+    md_path = args.out.with_suffix(".md")
+    md_path.write_text(md)
+    print()
+    print(md)
+    print(f"wrote {args.out} and {md_path}; console logs in {LOG_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
