@@ -203,3 +203,31 @@ def test_snapshot_names_are_checked(chain, boot_bin, backend, tmp_path):
     r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "bad+name"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and "name" in r.stderr, r.stderr
+
+
+def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, boot_bin, backend, tmp_path):
+    """Dirty state is cleared only after a layer is durable: a snapshot that
+    fails leaves every page dirtied before it in the next diff."""
+    src, _ = chain
+    store = tmp_path / "store"
+    shutil.copytree(src, store)
+    child = restore(boot_bin, store, "golden", backend, tmp_path / "x.log", "--track-dirty", "--name", "x")
+    try:
+        harness.run(child, "dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null", CMD_TIMEOUT)
+        sum_a = harness.run(child, "sha256sum /dev/shm/a", CMD_TIMEOUT).split()[0]
+        (store / "x").mkdir()  # the name is taken: this Ctrl-A s must fail
+        child.send("\x01s")
+        harness.expect(child, r"\[snapshot\] 'x' failed, nothing was written", CMD_TIMEOUT, "the refusal")
+        (store / "x").rmdir()
+        harness.run(child, "echo b > /dev/shm/b", CMD_TIMEOUT)
+        snapshot(child, "diff", "x")
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+    child = restore(boot_bin, store, "x", backend, tmp_path / "x2.log")
+    try:
+        assert harness.run(child, "sha256sum /dev/shm/a", CMD_TIMEOUT).split()[0] == sum_a
+        assert harness.run(child, "cat /dev/shm/b", CMD_TIMEOUT) == "b"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
