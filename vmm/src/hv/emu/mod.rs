@@ -28,8 +28,8 @@
 //!
 //! Limits: the CPU model is a Cortex-A72 (ARMv8.0: no LSE, PAN or SVE);
 //! LDTR/STTR are checked with the permissions of the current EL (quirk 12);
-//! WFE is a plain yield inside unicorn with no hook, so `run` never returns
-//! [`VcpuExit::Wfe`] and a vCPU spinning on WFE runs until it is kicked;
+//! WFE is a plain yield inside unicorn with no hook, so [`VcpuExit::Wfe`] is
+//! returned only once a guest has looped on a WFE for a while ([`spin`]);
 //! an undefined instruction is reported with EC 0 (quirk 14).
 
 pub mod esr;
@@ -37,6 +37,7 @@ pub mod exception;
 mod hooks;
 pub mod insn;
 pub mod mmu;
+pub mod spin;
 pub mod timer;
 mod uc;
 
@@ -513,6 +514,8 @@ impl EmuVcpu {
             id_mmfr0: 0,
             id_pfr0: 0,
             mmio_ctx: Vec::new(),
+            spin: spin::SpinDetector::default(),
+            spin_enabled: vm.vcpus.len() > 1,
         });
         let vcpu = EmuVcpu {
             id,
@@ -973,7 +976,6 @@ impl Vcpu for EmuVcpu {
                     let st = self.state();
                     return Ok(match st.read_insn(pc.wrapping_sub(4)) {
                         Some(insn::WFI) => VcpuExit::Wfi,
-                        Some(insn::WFE) => VcpuExit::Wfe,
                         _ => VcpuExit::Unhandled {
                             esr: 0,
                             far: 0,
