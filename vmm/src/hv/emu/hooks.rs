@@ -138,6 +138,11 @@ pub(crate) struct HookState {
     pub id_pfr0: u64,
     /// `user_data` of the fast-path MMIO regions (filled once, never moved).
     pub mmio_ctx: Vec<MmioCtx>,
+    /// Detects a guest looping on WFE or YIELD.
+    pub spin: super::spin::SpinDetector,
+    /// Spin detection is on (only with more than one vCPU: with one, there
+    /// is nobody to yield to).
+    pub spin_enabled: bool,
 }
 
 /// Reads `[X0..X30, SP]` through the engine for the instruction decoder.
@@ -372,6 +377,26 @@ impl HookState {
                 ipa: 0,
                 pc,
             }),
+        }
+    }
+
+    /// The guest has been cycling through a few blocks for a while: if one
+    /// of them contains a WFE or YIELD, it is waiting for another vCPU, so
+    /// return [`VcpuExit::Wfe`] and let the run loop switch (see
+    /// [`super::spin`]).
+    fn check_spin(&mut self) {
+        let blocks: Vec<(u64, u32)> = self.spin.blocks().collect();
+        let waits = blocks.iter().any(|&(addr, size)| {
+            (0..u64::from(size) / 4).any(|i| {
+                matches!(
+                    self.read_insn(addr.wrapping_add(4 * i)),
+                    Some(insn::WFE | insn::YIELD)
+                )
+            })
+        });
+        if waits {
+            self.spin.reset();
+            self.exit_with(VcpuExit::Wfe);
         }
     }
 
@@ -748,20 +773,40 @@ unsafe fn with_state<T>(ud: *mut c_void, default: T, f: impl FnOnce(&mut HookSta
     }
 }
 
-/// Block hook: the only place the engine is stopped for kicks and internal
-/// requests, before the block's first instruction (quirk 9).
+/// Block hook: the only place the engine is stopped for kicks, internal
+/// requests and WFE spinning, before the block's first instruction (quirk 9).
 pub(crate) unsafe extern "C" fn block_hook(
     _uc: *mut uc_engine,
-    _address: u64,
-    _size: u32,
+    address: u64,
+    size: u32,
     ud: *mut c_void,
 ) {
     // SAFETY: `ud` is this engine's HookState (module docs).
     let st = unsafe { &mut *ud.cast::<HookState>() };
     if st.me.pending() {
-        st.stopped_by_hook = true;
-        st.uc.stop();
+        stop_for_attention(st);
+    } else if st.spin_enabled && st.spin.on_block(address, size) {
+        // SAFETY: as above.
+        unsafe { check_spin(ud) }
     }
+}
+
+// The block hook runs for every block: keep its rare paths out of line.
+
+#[cold]
+#[inline(never)]
+fn stop_for_attention(st: &mut HookState) {
+    st.stopped_by_hook = true;
+    st.uc.stop();
+}
+
+/// # Safety
+/// `ud` must be this engine's HookState.
+#[cold]
+#[inline(never)]
+unsafe fn check_spin(ud: *mut c_void) {
+    // SAFETY: per the function contract.
+    unsafe { with_state(ud, (), HookState::check_spin) }
 }
 
 /// Interrupt hook: synchronous exceptions unicorn diverts (quirks 1, 2, 14).

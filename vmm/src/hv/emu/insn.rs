@@ -347,6 +347,8 @@ pub fn decode_exc(insn: u32) -> Option<Exc> {
 pub const WFI: u32 = 0xd503_207f;
 /// `WFE`.
 pub const WFE: u32 = 0xd503_205f;
+/// `YIELD`.
+pub const YIELD: u32 = 0xd503_203f;
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,9 @@
 //!   advertises the 16 KiB granule (quirk 13).
 //! - Interrupts: HCR_EL2.VI follows [`VcpuIo::irq_line`] (quirk 5).
 //! - Stops: other threads only set flags; a block hook stops the engine
-//!   before a block's first instruction (quirk 9).
+//!   before a block's first instruction (quirk 9). With several vCPUs it
+//!   also notices a guest looping on WFE/YIELD and returns
+//!   [`VcpuExit::Wfe`] so the run loop can switch vCPUs ([`spin`]).
 //! - Coherence between engines (quirk 11, SMP notes): TLBI and IC
 //!   maintenance is applied to every engine before it next runs a block.
 //! - Dirty tracking: [`Vm::protect`] write-protects 16 KiB pages in the TLB
@@ -28,15 +30,19 @@
 //!
 //! Limits: the CPU model is a Cortex-A72 (ARMv8.0: no LSE, PAN or SVE);
 //! LDTR/STTR are checked with the permissions of the current EL (quirk 12);
-//! WFE is a plain yield inside unicorn with no hook, so `run` never returns
-//! [`VcpuExit::Wfe`] and a vCPU spinning on WFE runs until it is kicked;
-//! an undefined instruction is reported with EC 0 (quirk 14).
+//! WFE is a plain yield inside unicorn with no hook, so [`VcpuExit::Wfe`] is
+//! returned only once a guest has looped on a WFE for a while, and only in
+//! VMs with several vCPUs; an undefined instruction is reported with EC 0
+//! (quirk 14); asking [`Vcpu::sysreg`] for a register unicorn does not know
+//! makes unicorn print a deprecation warning on stderr (the call still
+//! fails cleanly).
 
 pub mod esr;
 pub mod exception;
 mod hooks;
 pub mod insn;
 pub mod mmu;
+pub mod spin;
 pub mod timer;
 mod uc;
 
@@ -517,6 +523,8 @@ impl EmuVcpu {
             id_mmfr0: 0,
             id_pfr0: 0,
             mmio_ctx: Vec::new(),
+            spin: spin::SpinDetector::default(),
+            spin_enabled: vm.vcpus.len() > 1,
         });
         let vcpu = EmuVcpu {
             id,
@@ -977,7 +985,6 @@ impl Vcpu for EmuVcpu {
                     let st = self.state();
                     return Ok(match st.read_insn(pc.wrapping_sub(4)) {
                         Some(insn::WFI) => VcpuExit::Wfi,
-                        Some(insn::WFE) => VcpuExit::Wfe,
                         _ => VcpuExit::Unhandled {
                             esr: 0,
                             far: 0,

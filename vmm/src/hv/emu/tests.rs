@@ -201,6 +201,11 @@ const EL0_LOAD: &[u32] = &[
     0xd69f_03e0, // 0x08: eret
     0xf940_0086, // 0x0c: ldr x6, [x4]
 ];
+/// `wfe_spin`
+const WFE_SPIN: &[u32] = &[
+    0xd503_205f, // 0x00: wfe
+    0x17ff_ffff, // 0x04: b .-4
+];
 
 /// What the recording I/O handler saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -316,6 +321,10 @@ fn write_words(ram: &GuestRam, gpa: u64, words: &[u32]) {
 
 impl Guest {
     fn new(code: &[u32]) -> Self {
+        Self::with_vcpus(code, 2)
+    }
+
+    fn with_vcpus(code: &[u32], vcpus: usize) -> Self {
         let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
         let vectors: Vec<u32> = (0..16u16)
             .flat_map(|n| {
@@ -326,7 +335,7 @@ impl Guest {
             .collect();
         write_words(&ram, VBAR, &vectors);
         write_words(&ram, CODE, code);
-        let vm = EmuHypervisor::new().create_vm(ram.clone(), 2).unwrap();
+        let vm = EmuHypervisor::new().create_vm(ram.clone(), vcpus).unwrap();
         let cpu = new_cpu(&vm, 0);
         Guest {
             ram,
@@ -545,6 +554,20 @@ fn wfi_exits_and_resumes_after_it() {
     assert_eq!(g.run(), VcpuExit::Wfi);
     assert_eq!(g.pc(), CODE + 4);
     assert_eq!(g.run(), VcpuExit::Hvc { imm: 2 });
+}
+
+#[test]
+fn a_wfe_loop_returns_wfe() {
+    let mut g = Guest::new(WFE_SPIN);
+    // Fail rather than hang if the loop is not detected.
+    let k = g.cpu.kicker();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(5));
+        k.kick();
+    });
+    assert_eq!(g.run(), VcpuExit::Wfe);
+    let pc = g.pc();
+    assert!(pc == CODE || pc == CODE + 4, "{pc:#x}");
 }
 
 #[test]
@@ -921,7 +944,7 @@ fn pstate_writes_bank_the_stack_pointer() {
 #[test]
 #[ignore]
 fn bench_compute_loop_mips() {
-    let mut g = Guest::new(COUNT);
+    let mut g = Guest::with_vcpus(COUNT, 1);
     let iters = 50_000_000u64;
     g.set_x(0, iters);
     let start = Instant::now();
