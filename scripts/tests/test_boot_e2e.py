@@ -7,6 +7,7 @@ target/release/boot unless IGNITION_BOOT names another.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -141,3 +142,71 @@ def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
     assert r.returncode == 0
     for opt in ("--kernel", "--disk", "--mem", "--cpus", "--cmdline", "--backend"):
         assert opt in r.stdout, opt
+
+
+def test_console_works_on_a_pipe(boot_bin, guest_out, disk, backend):
+    """stdin and stdout are pipes (no terminal): login, a command, poweroff."""
+    import subprocess
+    import threading
+
+    argv = [str(boot_bin), "--kernel", str(guest_out / "Image"), "--disk", str(disk)]
+    if backend:
+        argv += ["--backend", backend]
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = bytearray()
+    seen = threading.Condition()
+
+    def reader():
+        for chunk in iter(lambda: p.stdout.read1(4096), b""):
+            with seen:
+                out.extend(chunk)
+                seen.notify_all()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+
+    def wait_for(token: bytes, timeout: float):
+        with seen:
+            assert seen.wait_for(lambda: token in out, timeout), f"no {token!r} in: {bytes(out[-500:])!r}"
+
+    def type_slowly(text: str):
+        for i in range(0, len(text), 8):
+            p.stdin.write(text[i:i + 8].encode())
+            p.stdin.flush()
+            time.sleep(0.02)
+
+    try:
+        wait_for(b"login:", BOOT_TIMEOUT)
+        type_slowly("root\n")
+        wait_for(b"# ", CMD_TIMEOUT)
+        type_slowly("echo piped-$((40+2))\n")
+        wait_for(b"piped-42", CMD_TIMEOUT)
+        type_slowly("poweroff\n")
+        assert p.wait(CMD_TIMEOUT) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_terminal_is_restored_after_sigterm(boot_bin, guest_out, disk, backend, tmp_path):
+    """boot puts the tty in raw mode; SIGTERM must leave it canonical again."""
+    import signal
+    import subprocess
+
+    extra = f" --backend {backend}" if backend else ""
+    script = (f'"{boot_bin}" --kernel "{guest_out / "Image"}" --disk "{disk}"{extra}; '
+              'echo "status=$?"; stty -a')
+    child = harness.spawn(["sh", "-c", script], log_path=tmp_path / "console.log", timeout=BOOT_TIMEOUT)
+    try:
+        harness.expect(child, harness.LOGIN, BOOT_TIMEOUT, "login:")
+        pids = subprocess.run(["pgrep", "-P", str(child.pid)], capture_output=True, text=True).stdout.split()
+        assert len(pids) == 1, pids
+        os.kill(int(pids[0]), signal.SIGTERM)
+        harness.expect(child, r"status=(\d+)", CMD_TIMEOUT, "boot's exit status")
+        assert int(child.match.group(1)) == 128 + signal.SIGTERM
+        harness.expect(child, r"(-?)icanon", CMD_TIMEOUT, "stty output")
+        assert child.match.group(1) == "", "the terminal was left in raw mode (-icanon)"
+        harness.wait_exit(child, CMD_TIMEOUT)
+    finally:
+        harness.terminate(child)
