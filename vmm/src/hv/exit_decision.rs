@@ -465,7 +465,7 @@ const PSTATE_UAO: u64 = 1 << 23;
 /// PSTATE.M\[4:0\] = EL1h (AArch64, EL1, SP_EL1).
 pub const PSTATE_EL1H: u64 = 0b0_0101;
 /// SCTLR_EL1.SPAN, bit 23: when 0, PSTATE.PAN is set on exception entry.
-const SCTLR_SPAN: u64 = 1 << 23;
+pub(crate) const SCTLR_SPAN: u64 = 1 << 23;
 /// SCTLR_EL1.DSSBS, bit 44: PSTATE.SSBS on exception entry.
 const SCTLR_DSSBS: u64 = 1 << 44;
 
@@ -723,8 +723,8 @@ mod tests {
     use crate::arch::esr::FaultStatus;
     use crate::arch::layout::RAM_BASE;
     use crate::arch::sysreg::{CNTPCT_EL0, ICC_EOIR1_EL1, ICC_IAR1_EL1, ID_AA64MMFR0_EL1};
-    use crate::hv::{Kick, MmioFault, VcpuId};
-    use std::collections::HashMap;
+    use crate::hv::fake::{FakeVcpu, PC, PSTATE_EL1H_Z, VBAR};
+    use crate::hv::{MmioFault, VcpuId};
     use std::sync::Arc;
 
     // Recorded ESR_EL2 values, hand-assembled from the Arm ARM (DDI 0487)
@@ -1039,95 +1039,6 @@ mod tests {
     }
 
     // ---- complete, against a fake vCPU and device bus ----
-
-    struct NoKick;
-    impl Kick for NoKick {
-        fn kick(&self) {}
-    }
-
-    const PC: u64 = 0xffff_8000_1000_0000;
-    const VBAR: u64 = 0xffff_8000_0801_0000;
-    /// EL1h with interrupts enabled and Z set.
-    const PSTATE_EL1H_Z: u64 = 0x4000_0005;
-
-    struct FakeVcpu {
-        x: [u64; 31],
-        pc: u64,
-        pstate: u64,
-        sys: HashMap<SysReg, u64>,
-        vtimer_offset: u64,
-    }
-
-    impl FakeVcpu {
-        fn new() -> Self {
-            let mut x = [0u64; 31];
-            for (i, r) in x.iter_mut().enumerate() {
-                *r = 0xdead_beef_0000_0000 | i as u64;
-            }
-            let mut sys = HashMap::new();
-            sys.insert(VBAR_EL1, VBAR);
-            // SPAN set (PAN unchanged on entry), DSSBS clear.
-            sys.insert(SCTLR_EL1, 0x30d0_1805 | SCTLR_SPAN);
-            FakeVcpu {
-                x,
-                pc: PC,
-                pstate: PSTATE_EL1H_Z,
-                sys,
-                vtimer_offset: 1000,
-            }
-        }
-    }
-
-    impl Vcpu for FakeVcpu {
-        fn id(&self) -> VcpuId {
-            2
-        }
-        fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
-            Ok(VcpuExit::Kicked)
-        }
-        fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
-            Ok(match reg {
-                Reg::X(n) => self.x[usize::from(n)],
-                Reg::Pc => self.pc,
-                Reg::Pstate => self.pstate,
-            })
-        }
-        fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
-            match reg {
-                Reg::X(n) => self.x[usize::from(n)] = value,
-                Reg::Pc => self.pc = value,
-                Reg::Pstate => self.pstate = value,
-            }
-            Ok(())
-        }
-        fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
-            Ok(0)
-        }
-        fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
-            Ok(())
-        }
-        fn sysreg(&mut self, reg: SysReg) -> hv::Result<u64> {
-            Ok(self.sys.get(&reg).copied().unwrap_or(0))
-        }
-        fn set_sysreg(&mut self, reg: SysReg, value: u64) -> hv::Result<()> {
-            self.sys.insert(reg, value);
-            Ok(())
-        }
-        fn vtimer_offset(&mut self) -> hv::Result<u64> {
-            Ok(self.vtimer_offset)
-        }
-        fn set_vtimer_offset(&mut self, offset: u64) -> hv::Result<()> {
-            self.vtimer_offset = offset;
-            Ok(())
-        }
-        fn state_sysregs(&self) -> &'static [SysReg] {
-            &[]
-        }
-
-        fn kicker(&self) -> Arc<dyn Kick> {
-            Arc::new(NoKick)
-        }
-    }
 
     /// A device bus that records every call.
     #[derive(Default)]
