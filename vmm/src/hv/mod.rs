@@ -23,6 +23,7 @@ pub mod exit_decision;
 pub(crate) mod fake;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod hvf;
+pub mod pages;
 
 /// Index of a vCPU, `0..vcpus`.
 pub type VcpuId = usize;

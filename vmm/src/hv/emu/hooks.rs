@@ -428,12 +428,12 @@ impl HookState {
         let mut perms = t.perms;
         match self.vm.classify(pa) {
             PaKind::Ram(page) => {
-                if perms.write && self.vm.wp.test(page) {
+                if perms.write && self.vm.wp.is_marked(page) {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
                         // marks it and unprotects it; the store then completes.
-                        self.vm.dirty.set(page);
-                        self.vm.wp.clear(page);
+                        self.vm.dirty.mark(page);
+                        self.vm.wp.unmark(page);
                     } else {
                         perms.write = false;
                     }

@@ -56,12 +56,13 @@ use crate::arch::layout::{
     VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS,
 };
 use crate::arch::sysreg::{self as sr, SysReg};
+use crate::hv::pages::PageBitmap;
 use crate::hv::{HvError, Hypervisor, Kick, Prot, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use crate::memory::GuestRam;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use unicorn_engine::{
@@ -133,73 +134,6 @@ impl VcpuShared {
         q.push(page);
         drop(q);
         self.request(ATTN_IC);
-    }
-}
-
-/// A bitmap of 16 KiB RAM pages.
-pub(crate) struct PageBitmap {
-    words: Box<[AtomicU64]>,
-    pages: u64,
-}
-
-impl PageBitmap {
-    fn new(pages: u64) -> Self {
-        let words = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        PageBitmap { words, pages }
-    }
-
-    pub(crate) fn test(&self, page: u64) -> bool {
-        self.words
-            .get((page / 64) as usize)
-            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (page % 64)) != 0)
-    }
-
-    pub(crate) fn set(&self, page: u64) {
-        if let Some(w) = self.words.get((page / 64) as usize) {
-            w.fetch_or(1 << (page % 64), Ordering::Relaxed);
-        }
-    }
-
-    pub(crate) fn clear(&self, page: u64) {
-        if let Some(w) = self.words.get((page / 64) as usize) {
-            w.fetch_and(!(1 << (page % 64)), Ordering::Relaxed);
-        }
-    }
-
-    /// Sets or clears pages `[first, end)`, a word at a time.
-    fn fill(&self, first: u64, end: u64, value: bool) {
-        let end = end.min(self.pages);
-        let mut p = first;
-        while p < end {
-            let bit = p % 64;
-            let n = (64 - bit).min(end - p);
-            let mask = if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << bit
-            };
-            let w = &self.words[(p / 64) as usize];
-            if value {
-                w.fetch_or(mask, Ordering::Relaxed);
-            } else {
-                w.fetch_and(!mask, Ordering::Relaxed);
-            }
-            p += n;
-        }
-    }
-
-    /// The pages that are set, ascending, without clearing them.
-    fn marked(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (i, w) in self.words.iter().enumerate() {
-            let mut v = w.load(Ordering::Acquire);
-            while v != 0 {
-                let b = v.trailing_zeros();
-                out.push(i as u64 * 64 + u64::from(b));
-                v &= v - 1;
-            }
-        }
-        out
     }
 }
 
