@@ -118,6 +118,8 @@ impl ExceptionClass {
     }
 }
 
+/// DFSC/IFSC base for an address size fault; OR in the level (0..=3).
+pub const FSC_ADDRESS_SIZE: u8 = 0b00_0000;
 /// DFSC/IFSC base for a translation fault; OR in the level (0..=3).
 pub const FSC_TRANSLATION: u8 = 0b00_0100;
 /// DFSC/IFSC base for an access flag fault; OR in the level (0..=3).
@@ -126,6 +128,9 @@ pub const FSC_ACCESS_FLAG: u8 = 0b00_1000;
 pub const FSC_PERMISSION: u8 = 0b00_1100;
 /// DFSC/IFSC: synchronous external abort, not on a translation table walk.
 pub const FSC_SYNC_EXTERNAL: u8 = 0b01_0000;
+/// DFSC/IFSC base for a synchronous external abort on a translation table
+/// walk; OR in the level (0..=3).
+pub const FSC_SYNC_EXTERNAL_ON_WALK: u8 = 0b01_0100;
 /// DFSC: alignment fault.
 pub const FSC_ALIGNMENT: u8 = 0b10_0001;
 
@@ -949,6 +954,20 @@ mod tests {
         assert_eq!(data_abort_esr(true, false, FSC_SYNC_EXTERNAL), 0x9600_0010);
         assert_eq!(pc_align_esr(), 0x8A00_0000);
         assert_eq!(sp_align_esr(), 0x9A00_0000);
+        // As the `emu` backend synthesises them.
+        assert_eq!(unknown_esr(), 0x0200_0000);
+        assert_eq!(svc_esr(0x1234), 0x5600_1234);
+        assert_eq!(hvc_esr(5), 0x5a00_0005);
+        assert_eq!(brk_esr(0x800), 0xf200_0800);
+        // Data abort, same EL, translation fault level 3, write.
+        assert_eq!(data_abort_esr(true, true, FSC_TRANSLATION + 3), 0x9600_0047);
+        // Data abort from EL0, permission fault level 2, read.
+        assert_eq!(
+            data_abort_esr(false, false, FSC_PERMISSION + 2),
+            0x9200_000e
+        );
+        // Instruction abort from EL0, access flag level 3.
+        assert_eq!(instr_abort_esr(false, FSC_ACCESS_FLAG + 3), 0x8200_000b);
     }
 
     #[test]

@@ -37,7 +37,6 @@
 //! makes unicorn print a deprecation warning on stderr (the call still
 //! fails cleanly).
 
-pub mod esr;
 pub mod exception;
 mod hooks;
 pub mod insn;
@@ -51,6 +50,7 @@ mod tests;
 
 use self::hooks::{HookState, MmioCtx, PendingFault};
 use self::uc::Uc;
+use crate::arch::esr;
 use crate::arch::layout::{
     self, BOOT_TIMER, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_SIZE, PAGE_SIZE, PL011, RAM_BASE,
     VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS,
@@ -699,8 +699,8 @@ impl EmuVcpu {
         let uc = self.uc;
         let pc = uc.read(R::PC).map_err(uc_err("read PC"))?;
         let status = match f.cause {
-            hooks::FaultCause::Walk(fault) => esr::fault_status(fault),
-            hooks::FaultCause::External => esr::fsc::EXTERNAL,
+            hooks::FaultCause::Walk(fault) => fault.status(),
+            hooks::FaultCause::External => esr::FSC_SYNC_EXTERNAL,
             hooks::FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
         };
         let st = self.state();
@@ -708,10 +708,10 @@ impl EmuVcpu {
         let write = f.access == mmu::Access::Write;
         let (esr, far) = if f.access == mmu::Access::Fetch {
             let far = if (pc ^ f.va) & !0xfff == 0 { pc } else { f.va };
-            (esr::instruction_abort(same_el, status), far)
+            (esr::instr_abort_esr(same_el, status), far)
         } else {
             let (far, _) = st.data_far(pc, f.va);
-            (esr::data_abort(same_el, status, write), far)
+            (esr::data_abort_esr(same_el, write, status), far)
         };
         if st.deliver_sync(esr, Some(far), pc) {
             Ok(None)
@@ -743,7 +743,7 @@ impl EmuVcpu {
         let unhandled = |far: u64| VcpuExit::Unhandled {
             // As HVF reports an access it cannot decode: a data abort from
             // EL1 with ISV = 0 (stage-2 translation fault, level 3).
-            esr: esr::data_abort(false, esr::fsc::TRANSLATION + 3, write),
+            esr: esr::data_abort_esr(false, write, esr::FSC_TRANSLATION + 3),
             far,
             ipa: pa_page | (far & 0xfff),
             pc,
@@ -779,7 +779,7 @@ impl EmuVcpu {
                 let st = self.state();
                 st.update_irq(io, false);
                 let far = addr + i as u64 * size;
-                let esr = esr::data_abort(same_el, esr::fsc::EXTERNAL, write);
+                let esr = esr::data_abort_esr(same_el, write, esr::FSC_SYNC_EXTERNAL);
                 if st.deliver_sync(esr, Some(far), pc) {
                     return Ok(None);
                 }
