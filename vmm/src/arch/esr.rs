@@ -118,6 +118,8 @@ impl ExceptionClass {
     }
 }
 
+/// DFSC/IFSC base for an address size fault; OR in the level (0..=3).
+pub const FSC_ADDRESS_SIZE: u8 = 0b00_0000;
 /// DFSC/IFSC base for a translation fault; OR in the level (0..=3).
 pub const FSC_TRANSLATION: u8 = 0b00_0100;
 /// DFSC/IFSC base for an access flag fault; OR in the level (0..=3).
@@ -126,6 +128,9 @@ pub const FSC_ACCESS_FLAG: u8 = 0b00_1000;
 pub const FSC_PERMISSION: u8 = 0b00_1100;
 /// DFSC/IFSC: synchronous external abort, not on a translation table walk.
 pub const FSC_SYNC_EXTERNAL: u8 = 0b01_0000;
+/// DFSC/IFSC base for a synchronous external abort on a translation table
+/// walk; OR in the level (0..=3).
+pub const FSC_SYNC_EXTERNAL_ON_WALK: u8 = 0b01_0100;
 /// DFSC: alignment fault.
 pub const FSC_ALIGNMENT: u8 = 0b10_0001;
 
@@ -730,8 +735,7 @@ pub fn sysreg_write_value(vcpu: &mut dyn Vcpu, access: &SysRegAccess) -> hv::Res
 mod tests {
     use super::*;
     use crate::arch::sysreg::{ICC_EOIR1_EL1, ICC_IAR1_EL1};
-    use crate::hv::{Kick, VcpuExit, VcpuId, VcpuIo};
-    use std::sync::Arc;
+    use crate::hv::fake::FakeVcpu;
 
     // Hand-assembled ESR values. Field positions (Arm ARM D24.2.41):
     // EC [31:26], IL [25]; data abort ISS: ISV [24], SAS [23:22], SSE [21],
@@ -950,6 +954,20 @@ mod tests {
         assert_eq!(data_abort_esr(true, false, FSC_SYNC_EXTERNAL), 0x9600_0010);
         assert_eq!(pc_align_esr(), 0x8A00_0000);
         assert_eq!(sp_align_esr(), 0x9A00_0000);
+        // As the `emu` backend synthesises them.
+        assert_eq!(unknown_esr(), 0x0200_0000);
+        assert_eq!(svc_esr(0x1234), 0x5600_1234);
+        assert_eq!(hvc_esr(5), 0x5a00_0005);
+        assert_eq!(brk_esr(0x800), 0xf200_0800);
+        // Data abort, same EL, translation fault level 3, write.
+        assert_eq!(data_abort_esr(true, true, FSC_TRANSLATION + 3), 0x9600_0047);
+        // Data abort from EL0, permission fault level 2, read.
+        assert_eq!(
+            data_abort_esr(false, false, FSC_PERMISSION + 2),
+            0x9200_000e
+        );
+        // Instruction abort from EL0, access flag level 3.
+        assert_eq!(instr_abort_esr(false, FSC_ACCESS_FLAG + 3), 0x8200_000b);
     }
 
     #[test]
@@ -974,95 +992,11 @@ mod tests {
 
     // ---- MMIO completion against a fake vCPU ----
 
-    struct NoKick;
-    impl Kick for NoKick {
-        fn kick(&self) {}
-    }
-
-    /// A register file with no CPU behind it.
-    struct FakeVcpu {
-        x: [u64; 31],
-        pc: u64,
-        fail_writes: bool,
-    }
-
-    impl FakeVcpu {
-        fn new() -> Self {
-            let mut x = [0u64; 31];
-            for (i, r) in x.iter_mut().enumerate() {
-                *r = 0xdead_beef_0000_0000 | i as u64;
-            }
-            FakeVcpu {
-                x,
-                pc: 0x4008_0000,
-                fail_writes: false,
-            }
-        }
-    }
-
-    impl Vcpu for FakeVcpu {
-        fn id(&self) -> VcpuId {
-            0
-        }
-        fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
-            Err(HvError::Call {
-                call: "run",
-                detail: "fake vCPU".into(),
-            })
-        }
-        fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
-            match reg {
-                Reg::X(n) if n <= 30 => Ok(self.x[usize::from(n)]),
-                Reg::Pc => Ok(self.pc),
-                _ => Err(HvError::Call {
-                    call: "reg",
-                    detail: format!("{reg:?}"),
-                }),
-            }
-        }
-        fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
-            if self.fail_writes {
-                return Err(HvError::Call {
-                    call: "set_reg",
-                    detail: "injected".into(),
-                });
-            }
-            match reg {
-                Reg::X(n) if n <= 30 => self.x[usize::from(n)] = value,
-                Reg::Pc => self.pc = value,
-                _ => {
-                    return Err(HvError::Call {
-                        call: "set_reg",
-                        detail: format!("{reg:?}"),
-                    })
-                }
-            }
-            Ok(())
-        }
-        fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
-            Ok(0)
-        }
-        fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
-            Ok(())
-        }
-        fn sysreg(&mut self, _reg: SysReg) -> hv::Result<u64> {
-            Ok(0)
-        }
-        fn set_sysreg(&mut self, _reg: SysReg, _value: u64) -> hv::Result<()> {
-            Ok(())
-        }
-        fn vtimer_offset(&mut self) -> hv::Result<u64> {
-            Ok(0)
-        }
-        fn set_vtimer_offset(&mut self, _offset: u64) -> hv::Result<()> {
-            Ok(())
-        }
-        fn state_sysregs(&self) -> &'static [SysReg] {
-            &[]
-        }
-
-        fn kicker(&self) -> Arc<dyn Kick> {
-            Arc::new(NoKick)
+    /// A fake vCPU at a low PC (the MMU-off kernel entry).
+    fn fake() -> FakeVcpu {
+        FakeVcpu {
+            pc: 0x4008_0000,
+            ..FakeVcpu::new()
         }
     }
 
@@ -1110,7 +1044,7 @@ mod tests {
             for sse in [false, true] {
                 for sf in [false, true] {
                     for rt in [0u8, 7, 30, 31] {
-                        let mut v = FakeVcpu::new();
+                        let mut v = fake();
                         let before = v.x;
                         complete_mmio_read(&mut v, &load(size, sse, sf, rt), data).unwrap();
                         assert_eq!(v.pc, 0x4008_0004);
@@ -1145,7 +1079,7 @@ mod tests {
 
     #[test]
     fn mmio_read_rejects_bad_completions() {
-        let mut v = FakeVcpu::new();
+        let mut v = fake();
         let before = (v.x, v.pc);
         let mut no_isv = load(4, false, false, 1);
         no_isv.isv = false;
@@ -1161,7 +1095,7 @@ mod tests {
 
     #[test]
     fn mmio_write_truncates_and_reads_xzr_as_zero() {
-        let mut v = FakeVcpu::new();
+        let mut v = fake();
         v.x[3] = 0x1122_3344_5566_7788;
         let mut st = da(STRB_W3);
         for (size, expected) in [
@@ -1203,7 +1137,7 @@ mod tests {
         let Syndrome::SysReg(msr) = decode(MSR_EOIR1_X3) else {
             unreachable!()
         };
-        let mut v = FakeVcpu::new();
+        let mut v = fake();
         v.x[3] = 27;
         assert_eq!(sysreg_write_value(&mut v, &msr).unwrap(), 27);
         assert!(sysreg_write_value(&mut v, &mrs).is_err());

@@ -12,7 +12,6 @@
 //!   exception at EL1, for any backend that injects exceptions.
 //! * [`vtimer_asserted`], [`vtimer_deadline_ns`]: virtual timer output and
 //!   the WFI wake-up deadline in exact integer arithmetic.
-//! * [`DirtyPages`]: the 16 KiB-page bitmap filled by write-protect faults.
 //!
 //! Spec references are to the Arm ARM (DDI 0487): D1.3 (exception entry),
 //! C5.2 (PSTATE/SPSR), D24.2.41 (ESR), D11.2 (generic timer).
@@ -24,7 +23,6 @@ use crate::arch::esr::{
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{SysReg, ELR_EL1, ESR_EL1, FAR_EL1, SCTLR_EL1, SPSR_EL1, VBAR_EL1};
 use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 // ---------------------------------------------------------------------------
 // Exit records and decisions
@@ -465,7 +463,7 @@ const PSTATE_UAO: u64 = 1 << 23;
 /// PSTATE.M\[4:0\] = EL1h (AArch64, EL1, SP_EL1).
 pub const PSTATE_EL1H: u64 = 0b0_0101;
 /// SCTLR_EL1.SPAN, bit 23: when 0, PSTATE.PAN is set on exception entry.
-const SCTLR_SPAN: u64 = 1 << 23;
+pub(crate) const SCTLR_SPAN: u64 = 1 << 23;
 /// SCTLR_EL1.DSSBS, bit 44: PSTATE.SSBS on exception entry.
 const SCTLR_DSSBS: u64 = 1 << 44;
 
@@ -652,80 +650,14 @@ pub const fn vtimer_deadline_ns(
     Some(ticks_to_ns(cntv_cval - now, freq_hz))
 }
 
-// ---------------------------------------------------------------------------
-// Dirty pages
-// ---------------------------------------------------------------------------
-
-/// A bitmap of guest RAM pages ([`PAGE_SIZE`], 16 KiB) written by the guest,
-/// set from any vCPU thread without locks.
-#[derive(Debug)]
-pub struct DirtyPages {
-    words: Box<[AtomicU64]>,
-    pages: u64,
-}
-
-impl DirtyPages {
-    /// A clean bitmap for `pages` pages.
-    pub fn new(pages: u64) -> Self {
-        let words = pages.div_ceil(64);
-        DirtyPages {
-            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
-            pages,
-        }
-    }
-
-    /// Number of pages covered.
-    pub fn pages(&self) -> u64 {
-        self.pages
-    }
-
-    /// Marks page `page` (index from the start of RAM); out-of-range indices
-    /// are ignored.
-    pub fn mark(&self, page: u64) {
-        if page < self.pages {
-            if let Some(word) = self.words.get((page / 64) as usize) {
-                word.fetch_or(1 << (page % 64), Ordering::AcqRel);
-            }
-        }
-    }
-
-    /// Whether page `page` is marked.
-    pub fn is_marked(&self, page: u64) -> bool {
-        self.words.get((page / 64) as usize).is_some_and(|w| {
-            page < self.pages && w.load(Ordering::Acquire) & (1 << (page % 64)) != 0
-        })
-    }
-
-    /// The marked page indices, ascending, without clearing them.
-    pub fn marked(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (i, word) in self.words.iter().enumerate() {
-            let mut bits = word.load(Ordering::Acquire);
-            while bits != 0 {
-                out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
-                bits &= bits - 1;
-            }
-        }
-        out
-    }
-
-    /// Clears the bitmap.
-    pub fn clear(&self) {
-        for word in self.words.iter() {
-            word.store(0, Ordering::Release);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::arch::esr::FaultStatus;
     use crate::arch::layout::RAM_BASE;
     use crate::arch::sysreg::{CNTPCT_EL0, ICC_EOIR1_EL1, ICC_IAR1_EL1, ID_AA64MMFR0_EL1};
-    use crate::hv::{Kick, MmioFault, VcpuId};
-    use std::collections::HashMap;
-    use std::sync::Arc;
+    use crate::hv::fake::{FakeVcpu, PC, PSTATE_EL1H_Z, VBAR};
+    use crate::hv::{MmioFault, VcpuId};
 
     // Recorded ESR_EL2 values, hand-assembled from the Arm ARM (DDI 0487)
     // D24.2.41 field layout: EC [31:26], IL [25], ISS [24:0].
@@ -1039,95 +971,6 @@ mod tests {
     }
 
     // ---- complete, against a fake vCPU and device bus ----
-
-    struct NoKick;
-    impl Kick for NoKick {
-        fn kick(&self) {}
-    }
-
-    const PC: u64 = 0xffff_8000_1000_0000;
-    const VBAR: u64 = 0xffff_8000_0801_0000;
-    /// EL1h with interrupts enabled and Z set.
-    const PSTATE_EL1H_Z: u64 = 0x4000_0005;
-
-    struct FakeVcpu {
-        x: [u64; 31],
-        pc: u64,
-        pstate: u64,
-        sys: HashMap<SysReg, u64>,
-        vtimer_offset: u64,
-    }
-
-    impl FakeVcpu {
-        fn new() -> Self {
-            let mut x = [0u64; 31];
-            for (i, r) in x.iter_mut().enumerate() {
-                *r = 0xdead_beef_0000_0000 | i as u64;
-            }
-            let mut sys = HashMap::new();
-            sys.insert(VBAR_EL1, VBAR);
-            // SPAN set (PAN unchanged on entry), DSSBS clear.
-            sys.insert(SCTLR_EL1, 0x30d0_1805 | SCTLR_SPAN);
-            FakeVcpu {
-                x,
-                pc: PC,
-                pstate: PSTATE_EL1H_Z,
-                sys,
-                vtimer_offset: 1000,
-            }
-        }
-    }
-
-    impl Vcpu for FakeVcpu {
-        fn id(&self) -> VcpuId {
-            2
-        }
-        fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
-            Ok(VcpuExit::Kicked)
-        }
-        fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
-            Ok(match reg {
-                Reg::X(n) => self.x[usize::from(n)],
-                Reg::Pc => self.pc,
-                Reg::Pstate => self.pstate,
-            })
-        }
-        fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
-            match reg {
-                Reg::X(n) => self.x[usize::from(n)] = value,
-                Reg::Pc => self.pc = value,
-                Reg::Pstate => self.pstate = value,
-            }
-            Ok(())
-        }
-        fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
-            Ok(0)
-        }
-        fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
-            Ok(())
-        }
-        fn sysreg(&mut self, reg: SysReg) -> hv::Result<u64> {
-            Ok(self.sys.get(&reg).copied().unwrap_or(0))
-        }
-        fn set_sysreg(&mut self, reg: SysReg, value: u64) -> hv::Result<()> {
-            self.sys.insert(reg, value);
-            Ok(())
-        }
-        fn vtimer_offset(&mut self) -> hv::Result<u64> {
-            Ok(self.vtimer_offset)
-        }
-        fn set_vtimer_offset(&mut self, offset: u64) -> hv::Result<()> {
-            self.vtimer_offset = offset;
-            Ok(())
-        }
-        fn state_sysregs(&self) -> &'static [SysReg] {
-            &[]
-        }
-
-        fn kicker(&self) -> Arc<dyn Kick> {
-            Arc::new(NoKick)
-        }
-    }
 
     /// A device bus that records every call.
     #[derive(Default)]
@@ -1456,43 +1299,5 @@ mod tests {
         assert_eq!(ticks_to_ns(u64::MAX, HZ), u64::MAX);
         // 2^64 - 1 ticks at 2^40 Hz: 16 777 215.99... s, rounded up to the ns.
         assert_eq!(ticks_to_ns(u64::MAX, 1 << 40), 16_777_216_000_000_000);
-    }
-
-    // ---- dirty pages ----
-
-    #[test]
-    fn dirty_pages_mark_peek_clear_and_bounds() {
-        let d = DirtyPages::new(130);
-        assert_eq!(d.pages(), 130);
-        for p in [129, 0, 64, 63, 64, 500] {
-            d.mark(p);
-        }
-        assert!(d.is_marked(63) && !d.is_marked(62) && !d.is_marked(500));
-        assert_eq!(d.marked(), [0, 63, 64, 129]);
-        // Peeking does not clear: a failed snapshot loses nothing.
-        assert_eq!(d.marked(), [0, 63, 64, 129]);
-        d.mark(7);
-        d.clear();
-        assert!(d.marked().is_empty());
-        assert!(DirtyPages::new(0).marked().is_empty());
-    }
-
-    #[test]
-    fn dirty_pages_from_many_threads() {
-        let d = Arc::new(DirtyPages::new(4096));
-        let handles: Vec<_> = (0..4u64)
-            .map(|t| {
-                let d = d.clone();
-                std::thread::spawn(move || {
-                    for p in (t..4096).step_by(4) {
-                        d.mark(p);
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        assert_eq!(d.marked(), (0..4096).collect::<Vec<_>>());
     }
 }

@@ -19,8 +19,11 @@ use std::sync::Arc;
 #[cfg(feature = "emu")]
 pub mod emu;
 pub mod exit_decision;
+#[cfg(test)]
+pub(crate) mod fake;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod hvf;
+pub mod pages;
 
 /// Index of a vCPU, `0..vcpus`.
 pub type VcpuId = usize;

@@ -10,13 +10,13 @@
 //! itself makes), and never re-enter each other, so creating a `&mut` from
 //! the pointer does not alias another live reference.
 
-use super::esr::{self, fsc};
 use super::exception::{self, Class};
 use super::insn::{self, Exc, Kind};
 use super::mmu::{self, Access, Fault, Perms};
 use super::timer::{self, VTimer};
 use super::uc::Uc;
 use super::{PaKind, VcpuShared, VmShared, ATTN_IRQ, ATTN_TB, ATTN_TLB};
+use crate::arch::esr;
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::{VcpuExit, VcpuId, VcpuIo};
@@ -316,7 +316,7 @@ impl HookState {
         let pc = self.uc.read(R::PC).unwrap_or(0);
         let same_el = self.el() == 1;
         match intno {
-            excp::UDEF => self.deliver_or_stop(esr::unknown(), None, pc),
+            excp::UDEF => self.deliver_or_stop(esr::unknown_esr(), None, pc),
             excp::SWI => {
                 // PC is past the SVC.
                 let imm = match self
@@ -326,7 +326,7 @@ impl HookState {
                     Some(Exc::Svc(imm)) => imm,
                     _ => 0,
                 };
-                self.deliver_or_stop(esr::svc(imm), None, pc);
+                self.deliver_or_stop(esr::svc_esr(imm), None, pc);
             }
             excp::BKPT => {
                 // PC is at the BRK.
@@ -334,7 +334,7 @@ impl HookState {
                     Some(Exc::Brk(imm)) => imm,
                     _ => 0,
                 };
-                self.deliver_or_stop(esr::brk(imm), None, pc);
+                self.deliver_or_stop(esr::brk_esr(imm), None, pc);
             }
             excp::HVC | excp::SMC => {
                 // PC is past the HVC/SMC (quirk 2); return it to the run loop.
@@ -358,16 +358,16 @@ impl HookState {
                     None => (0, false),
                 };
                 self.deliver_or_stop(
-                    esr::data_abort(same_el, fsc::ALIGNMENT, write),
+                    esr::data_abort_esr(same_el, write, esr::FSC_ALIGNMENT),
                     Some(far),
                     pc,
                 );
             }
             excp::PREFETCH_ABORT => {
                 let esr = if pc & 3 != 0 {
-                    esr::pc_alignment()
+                    esr::pc_align_esr()
                 } else {
-                    esr::instruction_abort(same_el, fsc::EXTERNAL)
+                    esr::instr_abort_esr(same_el, esr::FSC_SYNC_EXTERNAL)
                 };
                 self.deliver_or_stop(esr, Some(pc), pc);
             }
@@ -428,12 +428,12 @@ impl HookState {
         let mut perms = t.perms;
         match self.vm.classify(pa) {
             PaKind::Ram(page) => {
-                if perms.write && self.vm.wp.test(page) {
+                if perms.write && self.vm.wp.is_marked(page) {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
                         // marks it and unprotects it; the store then completes.
-                        self.vm.dirty.set(page);
-                        self.vm.wp.clear(page);
+                        self.vm.dirty.mark(page);
+                        self.vm.wp.unmark(page);
                     } else {
                         perms.write = false;
                     }
@@ -717,7 +717,7 @@ impl HookState {
                     | (1 << 9)
                     | (u64::from(t.sh) << 7)
             }
-            Err(f) => (1 << 11) | (u64::from(esr::fault_status(f)) << 1) | 1,
+            Err(f) => (1 << 11) | (u64::from(f.status()) << 1) | 1,
         };
         let _ = self.uc.write(R::PAR_EL1, par);
     }

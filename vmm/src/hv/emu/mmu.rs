@@ -10,6 +10,8 @@
 //! EL0-writable memory, and access-flag faults (no FEAT_HAFDBS: the guest sets
 //! AF itself). Output addresses are limited to 48 bits (no FEAT_LPA).
 
+use crate::arch::esr;
+
 /// The registers that control translation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Regs {
@@ -107,6 +109,18 @@ pub struct Fault {
 impl Fault {
     fn new(kind: FaultKind, level: u8) -> Self {
         Fault { kind, level }
+    }
+
+    /// The fault status code (ISS.DFSC/IFSC) of this fault.
+    pub fn status(self) -> u8 {
+        let base = match self.kind {
+            FaultKind::AddressSize => esr::FSC_ADDRESS_SIZE,
+            FaultKind::Translation => esr::FSC_TRANSLATION,
+            FaultKind::AccessFlag => esr::FSC_ACCESS_FLAG,
+            FaultKind::Permission => esr::FSC_PERMISSION,
+            FaultKind::ExternalOnWalk => esr::FSC_SYNC_EXTERNAL_ON_WALK,
+        };
+        base + (self.level & 3)
     }
 }
 
@@ -374,6 +388,18 @@ fn leaf_perms(sctlr: u64, desc: u64, ap_table: u64, pxn_t: bool, uxn_t: bool, el
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn fault_status_codes() {
+        assert_eq!(
+            Fault {
+                kind: FaultKind::ExternalOnWalk,
+                level: 1
+            }
+            .status(),
+            0x15
+        );
+    }
 
     /// A sparse physical memory of descriptors.
     #[derive(Default)]

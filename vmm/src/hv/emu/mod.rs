@@ -37,7 +37,6 @@
 //! makes unicorn print a deprecation warning on stderr (the call still
 //! fails cleanly).
 
-pub mod esr;
 pub mod exception;
 mod hooks;
 pub mod insn;
@@ -51,17 +50,19 @@ mod tests;
 
 use self::hooks::{HookState, MmioCtx, PendingFault};
 use self::uc::Uc;
+use crate::arch::esr;
 use crate::arch::layout::{
     self, BOOT_TIMER, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_SIZE, PAGE_SIZE, PL011, RAM_BASE,
     VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS,
 };
 use crate::arch::sysreg::{self as sr, SysReg};
+use crate::hv::pages::PageBitmap;
 use crate::hv::{HvError, Hypervisor, Kick, Prot, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use crate::memory::GuestRam;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use unicorn_engine::{
@@ -133,73 +134,6 @@ impl VcpuShared {
         q.push(page);
         drop(q);
         self.request(ATTN_IC);
-    }
-}
-
-/// A bitmap of 16 KiB RAM pages.
-pub(crate) struct PageBitmap {
-    words: Box<[AtomicU64]>,
-    pages: u64,
-}
-
-impl PageBitmap {
-    fn new(pages: u64) -> Self {
-        let words = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        PageBitmap { words, pages }
-    }
-
-    pub(crate) fn test(&self, page: u64) -> bool {
-        self.words
-            .get((page / 64) as usize)
-            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (page % 64)) != 0)
-    }
-
-    pub(crate) fn set(&self, page: u64) {
-        if let Some(w) = self.words.get((page / 64) as usize) {
-            w.fetch_or(1 << (page % 64), Ordering::Relaxed);
-        }
-    }
-
-    pub(crate) fn clear(&self, page: u64) {
-        if let Some(w) = self.words.get((page / 64) as usize) {
-            w.fetch_and(!(1 << (page % 64)), Ordering::Relaxed);
-        }
-    }
-
-    /// Sets or clears pages `[first, end)`, a word at a time.
-    fn fill(&self, first: u64, end: u64, value: bool) {
-        let end = end.min(self.pages);
-        let mut p = first;
-        while p < end {
-            let bit = p % 64;
-            let n = (64 - bit).min(end - p);
-            let mask = if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << bit
-            };
-            let w = &self.words[(p / 64) as usize];
-            if value {
-                w.fetch_or(mask, Ordering::Relaxed);
-            } else {
-                w.fetch_and(!mask, Ordering::Relaxed);
-            }
-            p += n;
-        }
-    }
-
-    /// The pages that are set, ascending, without clearing them.
-    fn marked(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (i, w) in self.words.iter().enumerate() {
-            let mut v = w.load(Ordering::Acquire);
-            while v != 0 {
-                let b = v.trailing_zeros();
-                out.push(i as u64 * 64 + u64::from(b));
-                v &= v - 1;
-            }
-        }
-        out
     }
 }
 
@@ -765,8 +699,8 @@ impl EmuVcpu {
         let uc = self.uc;
         let pc = uc.read(R::PC).map_err(uc_err("read PC"))?;
         let status = match f.cause {
-            hooks::FaultCause::Walk(fault) => esr::fault_status(fault),
-            hooks::FaultCause::External => esr::fsc::EXTERNAL,
+            hooks::FaultCause::Walk(fault) => fault.status(),
+            hooks::FaultCause::External => esr::FSC_SYNC_EXTERNAL,
             hooks::FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
         };
         let st = self.state();
@@ -774,10 +708,10 @@ impl EmuVcpu {
         let write = f.access == mmu::Access::Write;
         let (esr, far) = if f.access == mmu::Access::Fetch {
             let far = if (pc ^ f.va) & !0xfff == 0 { pc } else { f.va };
-            (esr::instruction_abort(same_el, status), far)
+            (esr::instr_abort_esr(same_el, status), far)
         } else {
             let (far, _) = st.data_far(pc, f.va);
-            (esr::data_abort(same_el, status, write), far)
+            (esr::data_abort_esr(same_el, write, status), far)
         };
         if st.deliver_sync(esr, Some(far), pc) {
             Ok(None)
@@ -809,7 +743,7 @@ impl EmuVcpu {
         let unhandled = |far: u64| VcpuExit::Unhandled {
             // As HVF reports an access it cannot decode: a data abort from
             // EL1 with ISV = 0 (stage-2 translation fault, level 3).
-            esr: esr::data_abort(false, esr::fsc::TRANSLATION + 3, write),
+            esr: esr::data_abort_esr(false, write, esr::FSC_TRANSLATION + 3),
             far,
             ipa: pa_page | (far & 0xfff),
             pc,
@@ -845,7 +779,7 @@ impl EmuVcpu {
                 let st = self.state();
                 st.update_irq(io, false);
                 let far = addr + i as u64 * size;
-                let esr = esr::data_abort(same_el, esr::fsc::EXTERNAL, write);
+                let esr = esr::data_abort_esr(same_el, write, esr::FSC_SYNC_EXTERNAL);
                 if st.deliver_sync(esr, Some(far), pc) {
                     return Ok(None);
                 }

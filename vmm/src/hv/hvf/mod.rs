@@ -49,7 +49,8 @@ pub use regs::{
 pub use vcpu::{HvfKicker, HvfVcpu};
 
 use crate::arch::layout::{MAX_VCPUS, PAGE_SIZE};
-use crate::hv::exit_decision::{DirtyPages, RamRange};
+use crate::hv::exit_decision::RamRange;
+use crate::hv::pages::PageBitmap;
 use crate::hv::{HvError, Hypervisor, Prot, Result, VcpuId, Vm};
 use crate::memory::GuestRam;
 use applevisor::error::HypervisorError;
@@ -223,7 +224,7 @@ impl Hypervisor for HvfHypervisor {
         check("hv_vm_map", ret)?;
         let pages = ram.size() / PAGE_SIZE;
         let shared = Arc::new(VmShared {
-            dirty: DirtyPages::new(pages),
+            dirty: PageBitmap::new(pages),
             write_protect_armed: AtomicBool::new(false),
             tracking: AtomicBool::new(false),
             vtimer_offset: host_count(),
@@ -239,7 +240,7 @@ impl Hypervisor for HvfHypervisor {
 /// RAM is unmapped from the guest before the VM handle and the RAM go.
 struct VmShared {
     /// Pages the guest wrote since the last [`Vm::dirty_pages`].
-    dirty: DirtyPages,
+    dirty: PageBitmap,
     /// Sticky: RAM has been write-protected at least once, so permission
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).

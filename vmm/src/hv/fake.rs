@@ -1,0 +1,123 @@
+//! A test-only vCPU: a register file with no CPU behind it, shared by the
+//! unit tests of [`crate::arch::esr`] and [`crate::hv::exit_decision`].
+
+use crate::arch::sysreg::{SysReg, SCTLR_EL1, VBAR_EL1};
+use crate::hv::exit_decision::SCTLR_SPAN;
+use crate::hv::{self, HvError, Kick, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// PC of a fresh [`FakeVcpu`].
+pub(crate) const PC: u64 = 0xffff_8000_1000_0000;
+/// VBAR_EL1 of a fresh [`FakeVcpu`].
+pub(crate) const VBAR: u64 = 0xffff_8000_0801_0000;
+/// EL1h with interrupts enabled and Z set.
+pub(crate) const PSTATE_EL1H_Z: u64 = 0x4000_0005;
+
+struct NoKick;
+impl Kick for NoKick {
+    fn kick(&self) {}
+}
+
+/// A register file with no CPU behind it. `X0..X30` start as
+/// `0xdead_beef_0000_0000 | n`; system registers not set read as 0.
+pub(crate) struct FakeVcpu {
+    pub(crate) id: VcpuId,
+    pub(crate) x: [u64; 31],
+    pub(crate) pc: u64,
+    pub(crate) pstate: u64,
+    pub(crate) sys: HashMap<SysReg, u64>,
+    pub(crate) vtimer_offset: u64,
+    /// Makes every [`Vcpu::set_reg`] fail.
+    pub(crate) fail_writes: bool,
+}
+
+impl FakeVcpu {
+    /// vCPU 2 at [`PC`] in EL1h ([`PSTATE_EL1H_Z`]), VBAR_EL1 = [`VBAR`],
+    /// SCTLR_EL1.SPAN set (PAN unchanged on entry), DSSBS clear, vtimer
+    /// offset 1000.
+    pub(crate) fn new() -> Self {
+        let mut x = [0u64; 31];
+        for (i, r) in x.iter_mut().enumerate() {
+            *r = 0xdead_beef_0000_0000 | i as u64;
+        }
+        let mut sys = HashMap::new();
+        sys.insert(VBAR_EL1, VBAR);
+        sys.insert(SCTLR_EL1, 0x30d0_1805 | SCTLR_SPAN);
+        FakeVcpu {
+            id: 2,
+            x,
+            pc: PC,
+            pstate: PSTATE_EL1H_Z,
+            sys,
+            vtimer_offset: 1000,
+            fail_writes: false,
+        }
+    }
+}
+
+impl Vcpu for FakeVcpu {
+    fn id(&self) -> VcpuId {
+        self.id
+    }
+    fn run(&mut self, _io: &mut dyn VcpuIo) -> hv::Result<VcpuExit> {
+        Ok(VcpuExit::Kicked)
+    }
+    fn reg(&mut self, reg: Reg) -> hv::Result<u64> {
+        match reg {
+            Reg::X(n) if n <= 30 => Ok(self.x[usize::from(n)]),
+            Reg::Pc => Ok(self.pc),
+            Reg::Pstate => Ok(self.pstate),
+            _ => Err(HvError::Call {
+                call: "reg",
+                detail: format!("{reg:?}"),
+            }),
+        }
+    }
+    fn set_reg(&mut self, reg: Reg, value: u64) -> hv::Result<()> {
+        if self.fail_writes {
+            return Err(HvError::Call {
+                call: "set_reg",
+                detail: "injected".into(),
+            });
+        }
+        match reg {
+            Reg::X(n) if n <= 30 => self.x[usize::from(n)] = value,
+            Reg::Pc => self.pc = value,
+            Reg::Pstate => self.pstate = value,
+            _ => {
+                return Err(HvError::Call {
+                    call: "set_reg",
+                    detail: format!("{reg:?}"),
+                })
+            }
+        }
+        Ok(())
+    }
+    fn vreg(&mut self, _n: u8) -> hv::Result<u128> {
+        Ok(0)
+    }
+    fn set_vreg(&mut self, _n: u8, _value: u128) -> hv::Result<()> {
+        Ok(())
+    }
+    fn sysreg(&mut self, reg: SysReg) -> hv::Result<u64> {
+        Ok(self.sys.get(&reg).copied().unwrap_or(0))
+    }
+    fn set_sysreg(&mut self, reg: SysReg, value: u64) -> hv::Result<()> {
+        self.sys.insert(reg, value);
+        Ok(())
+    }
+    fn vtimer_offset(&mut self) -> hv::Result<u64> {
+        Ok(self.vtimer_offset)
+    }
+    fn set_vtimer_offset(&mut self, offset: u64) -> hv::Result<()> {
+        self.vtimer_offset = offset;
+        Ok(())
+    }
+    fn state_sysregs(&self) -> &'static [SysReg] {
+        &[]
+    }
+    fn kicker(&self) -> Arc<dyn Kick> {
+        Arc::new(NoKick)
+    }
+}
