@@ -305,9 +305,14 @@ pub(crate) const COMMIT_WAIT_MIN_BYTES: u64 = 32 << 20;
 /// `(file name, sha256 of the bytes written)`. Files whose stamps are not
 /// settled are left out (they are hashed by the first verification); if
 /// they are large, it first waits up to the racy window for them to
-/// settle. Always writes the file, possibly with no entries. Returns the
-/// number of files recorded.
-pub(crate) fn record_written(dir: &Path, files: &[(&str, &str)]) -> Result<usize> {
+/// settle, when at least `wait_min_bytes` of them are unsettled (`None`:
+/// never wait). Always writes the file, possibly with no entries. Returns
+/// the number of files recorded.
+pub(crate) fn record_written(
+    dir: &Path,
+    files: &[(&str, &str)],
+    wait_min_bytes: Option<u64>,
+) -> Result<usize> {
     let stat_all = || -> Result<Vec<Stamp>> {
         files
             .iter()
@@ -328,7 +333,7 @@ pub(crate) fn record_written(dir: &Path, files: &[(&str, &str)]) -> Result<usize
             .map(|s| s.size)
             .sum::<u64>()
     };
-    if racy(&stamps, t0) >= COMMIT_WAIT_MIN_BYTES {
+    if wait_min_bytes.is_some_and(|min| racy(&stamps, t0) >= min.max(1)) {
         let wait = stamps
             .iter()
             .map(|s| until_settled(s, t0))

@@ -115,8 +115,18 @@ fn rename_excl_native(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// Make a file read-only (mode 0444): committed layer files are immutable.
+/// Makes `path` mode 0444. A file that already is (a disk image hard-linked
+/// from the parent layer) is left alone: chmod would change its ctime and
+/// so invalidate the parent's verified-file cache.
 pub(crate) fn set_readonly(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::symlink_metadata(path)
+        .ctx(path, "stat")?
+        .permissions()
+        .mode();
+    if mode & 0o7777 == 0o444 {
+        return Ok(());
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444)).ctx(path, "chmod")
 }
 

@@ -64,7 +64,9 @@ pub use manifest::{
     MIN_PAGE_SIZE,
 };
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
-pub use restore::{map_base_memory, map_chain_memory, overlay_diff};
+pub use restore::{
+    map_base_memory, map_chain_memory, overlay_diff, overlay_diff_mapped, MAX_LAZY_RUNS,
+};
 pub use state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
     STATE_HEADER_LEN, STATE_MAGIC,

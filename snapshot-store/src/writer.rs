@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
-use crate::cache::{record_written, VERIFIED_FILE};
+use crate::cache::{record_written, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
 use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
@@ -153,6 +153,24 @@ fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
     check_same_machine(&parent.manifest, &probe, &p.name, name)
 }
 
+/// The disk image's manifest entry: being hashed, or known (reused from the
+/// parent).
+enum DiskEntry {
+    Hashing(JoinHandle<Result<FileEntry>>),
+    Known(FileEntry),
+}
+
+impl DiskEntry {
+    fn finish(self) -> Result<FileEntry> {
+        match self {
+            DiskEntry::Known(e) => Ok(e),
+            DiskEntry::Hashing(h) => h
+                .join()
+                .map_err(|_| Error::Usage("disk hashing thread panicked".into()))?,
+        }
+    }
+}
+
 /// A layer being written into a work directory `.tmp-NAME-PID-NONCE`
 /// inside the store. Nothing is visible under `NAME` until
 /// [`SnapshotWriter::commit`] succeeds; dropping the writer (or any error
@@ -167,7 +185,7 @@ pub struct SnapshotWriter {
     tmp: PathBuf,
     memory: Option<(FileEntry, Option<u64>)>,
     state: Option<FileEntry>,
-    disk: Option<JoinHandle<Result<FileEntry>>>,
+    disk: Option<DiskEntry>,
     finished: bool,
 }
 
@@ -450,7 +468,41 @@ impl SnapshotWriter {
                 })
             })
             .map_err(|e| Error::io(&self.tmp, "spawn hashing thread", e))?;
-        self.disk = Some(handle);
+        self.disk = Some(DiskEntry::Hashing(handle));
+        Ok(method)
+    }
+
+    /// The layer's disk is its parent's, unchanged (the caller knows no
+    /// write reached it since the parent was taken): clone the parent's
+    /// `disk.img` (immutable, and verified when the parent was restored;
+    /// only read, so its identity stamp stays valid) and reuse its size and
+    /// hash instead of hashing the image again. Errors if this is not a diff
+    /// layer or the parent has no disk image.
+    pub fn reuse_parent_disk(&mut self) -> Result<CloneMethod> {
+        if self.disk.is_some() {
+            return Err(Error::Usage(format!(
+                "disk of snapshot '{}' was already written",
+                self.name
+            )));
+        }
+        let Some(parent) = &self.meta.parent else {
+            return Err(Error::Usage(format!(
+                "snapshot '{}' has no parent whose disk it could reuse",
+                self.name
+            )));
+        };
+        let store = Store::open(&self.root)?;
+        let layer = store.layer(&parent.name)?;
+        let Some(entry) = layer.manifest.disk.clone() else {
+            return Err(Error::Usage(format!(
+                "parent '{}' has no disk image",
+                parent.name
+            )));
+        };
+        let src = layer.dir.join(DISK_FILE);
+        let dst = self.tmp.join(DISK_FILE);
+        let method = clone_file(&src, &dst)?;
+        self.disk = Some(DiskEntry::Known(entry));
         Ok(method)
     }
 
@@ -462,7 +514,40 @@ impl SnapshotWriter {
     /// replacing anything), fsync the store directory. On any error nothing
     /// is left under `NAME` and the work directory is removed. Memory and
     /// state must have been written.
-    pub fn commit(mut self) -> Result<Layer> {
+    pub fn commit(self) -> Result<Layer> {
+        self.commit_inner(true).map(|(layer, _)| layer)
+    }
+
+    /// Like [`SnapshotWriter::commit`], but does not wait (up to 50 ms) for
+    /// the new files' timestamps to settle before recording `verified.json`:
+    /// the layer is durable and visible when this returns, and the returned
+    /// thread records the cache once the timestamps have settled. Join it
+    /// before the process exits, or the first restore hashes the layer's
+    /// files instead of trusting the cache (never a correctness problem).
+    pub fn commit_cache_later(self) -> Result<(Layer, std::thread::JoinHandle<()>)> {
+        let (layer, files) = self.commit_inner(false)?;
+        let dir = layer.dir.clone();
+        let name = layer.name.clone();
+        let handle = std::thread::Builder::new()
+            .name("vmstore-cache".into())
+            .spawn(move || {
+                let files: Vec<(&str, &str)> =
+                    files.iter().map(|(f, h)| (f.as_str(), h.as_str())).collect();
+                // Off the critical path: wait for every file to settle.
+                if let Err(e) = record_written(&dir, &files, Some(0)) {
+                    tracing::warn!(
+                        "snapshot '{name}': {VERIFIED_FILE} not written ({e}); the first restore hashes every file"
+                    );
+                }
+            })
+            .map_err(|e| Error::io(&layer.dir, "spawn cache thread", e))?;
+        Ok((layer, handle))
+    }
+
+    /// Commits; with `wait`, records `verified.json` before the rename
+    /// (waiting for timestamps to settle), otherwise only for files that are
+    /// already settled. Returns the layer and `(file, sha256)` of its files.
+    fn commit_inner(mut self, wait: bool) -> Result<(Layer, Vec<(String, String)>)> {
         let Some((memory, diff_pages)) = self.memory.take() else {
             return Err(Error::Usage(format!(
                 "snapshot '{}': no memory written",
@@ -477,10 +562,7 @@ impl SnapshotWriter {
         };
         let disk = match self.disk.take() {
             None => None,
-            Some(h) => Some(
-                h.join()
-                    .map_err(|_| Error::Usage("disk hashing thread panicked".into()))??,
-            ),
+            Some(d) => Some(d.finish()?),
         };
         let mut m = self.meta.manifest(
             &self.name,
@@ -518,7 +600,8 @@ impl SnapshotWriter {
         // The hashes were computed from the bytes written: record them, so
         // that the first restore need not hash the layer again. Optional:
         // without the cache, verification hashes.
-        if let Err(e) = record_written(&self.tmp, &files) {
+        let wait_min_bytes = wait.then_some(COMMIT_WAIT_MIN_BYTES);
+        if let Err(e) = record_written(&self.tmp, &files, wait_min_bytes) {
             tracing::warn!(
                 "snapshot '{}': {} not written ({e}); the first restore hashes every file",
                 self.name,
@@ -557,19 +640,26 @@ impl SnapshotWriter {
             }
             return Err(e);
         }
-        Ok(Layer {
-            name: self.name.clone(),
-            dir: dst,
-            manifest: m,
-            content_sha256: manifest_sha256,
-        })
+        let files = files
+            .iter()
+            .map(|(f, h)| (f.to_string(), h.to_string()))
+            .collect();
+        Ok((
+            Layer {
+                name: self.name.clone(),
+                dir: dst,
+                manifest: m,
+                content_sha256: manifest_sha256,
+            },
+            files,
+        ))
     }
 
     /// Give up: remove the work directory now and report failure to do so.
     pub fn abort(mut self) -> Result<()> {
         self.finished = true;
-        if let Some(h) = self.disk.take() {
-            let _ = h.join();
+        if let Some(d) = self.disk.take() {
+            let _ = d.finish();
         }
         std::fs::remove_dir_all(&self.tmp).ctx(&self.tmp, "remove work directory")
     }
@@ -580,8 +670,8 @@ impl Drop for SnapshotWriter {
         if self.finished {
             return;
         }
-        if let Some(h) = self.disk.take() {
-            let _ = h.join();
+        if let Some(d) = self.disk.take() {
+            let _ = d.finish();
         }
         if let Err(e) = std::fs::remove_dir_all(&self.tmp) {
             tracing::warn!(

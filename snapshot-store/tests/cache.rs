@@ -402,3 +402,31 @@ fn verify_all_records_per_layer_and_gc_removes_stale_temp_files() {
     warm(&fx);
     let _ = &fx.dir;
 }
+
+#[test]
+fn commit_cache_later_records_every_file_once_joined() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("s")).unwrap();
+    let disk = dir.path().join("disk.img");
+    disk_image(&disk, 5);
+    let mut ram = vec![0u8; 1 << 20];
+    Rng(3).fill(&mut ram);
+    let mut w = store.begin("golden", meta(ram.len() as u64)).unwrap();
+    w.write_full_memory(&ram).unwrap();
+    w.write_state(b"s").unwrap();
+    w.clone_disk(&disk).unwrap();
+    let (layer, cache) = w.commit_cache_later().unwrap();
+    // Durable and visible before the cache thread is done.
+    assert!(store.contains("golden"));
+    cache.join().unwrap();
+    for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+        assert_eq!(
+            cached_stamp(&layer.dir, f),
+            Some(stamp(&layer.dir.join(f))),
+            "{f}"
+        );
+    }
+    let r = verify_chain_cached(&store.resolve("golden").unwrap()).unwrap();
+    assert_eq!((r.files_hashed, r.bytes_hashed), (0, 0), "{r:?}");
+    assert_eq!(r.files_cached, 4);
+}

@@ -319,3 +319,44 @@ fn list_reports_sizes_and_broken_layers() {
     // The disk clone is sparse, so fewer bytes are allocated than listed.
     assert!(g.physical_bytes < g.logical_bytes, "{g:?}");
 }
+
+#[test]
+fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
+    use std::os::unix::fs::MetadataExt;
+    let (dir, s) = store();
+    let disk = dir.path().join("disk.img");
+    disk_image(&disk, 9);
+    let ram = vec![7u8; 4 * PS as usize];
+    let g = full(&s, "golden", &ram, b"g", Some(&disk));
+    settle();
+    // Warm golden's verified-file cache.
+    snapshot_store::verify_chain(&s.resolve("golden").unwrap()).unwrap();
+    let golden_disk = g.dir.join(snapshot_store::DISK_FILE);
+    let before = std::fs::metadata(&golden_disk).unwrap();
+
+    let mut w = s.begin("d1", g.child_meta("test")).unwrap();
+    w.write_diff_memory([(1u64, &ram[..PS as usize])]).unwrap();
+    w.write_state(b"d1").unwrap();
+    w.reuse_parent_disk().unwrap();
+    let d1 = w.commit().unwrap();
+    let d1_disk = d1.dir.join(snapshot_store::DISK_FILE);
+    let after = std::fs::metadata(&golden_disk).unwrap();
+    assert_eq!(
+        std::fs::read(&d1_disk).unwrap(),
+        std::fs::read(&golden_disk).unwrap()
+    );
+    assert_eq!(d1.manifest.disk, g.manifest.disk);
+    // The parent's file was not touched (its cache stays valid).
+    assert_eq!(
+        (after.ctime(), after.ctime_nsec()),
+        (before.ctime(), before.ctime_nsec())
+    );
+    let r = snapshot_store::verify_chain(&s.resolve("d1").unwrap()).unwrap();
+    assert_eq!(r.layers, 2);
+
+    // A full layer has no parent disk to reuse; nothing is left behind.
+    let mut w = s.begin("full2", meta(ram.len() as u64)).unwrap();
+    assert!(w.reuse_parent_disk().is_err());
+    drop(w);
+    assert!(work_dirs(&s).is_empty());
+}

@@ -143,6 +143,8 @@ struct Shared {
     blk: Arc<Mutex<VirtioMmio<Block>>>,
     /// Number of vCPU threads.
     threads: usize,
+    /// Threads recording snapshot layers' verified-file caches; joined at exit.
+    cache_writers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     control: Mutex<Control>,
     wake: Condvar,
     kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
@@ -413,6 +415,7 @@ where
             boot_timer,
             blk,
             threads,
+            cache_writers: Mutex::new(Vec::new()),
             control: Mutex::new(Control {
                 generation: 0,
                 power: plan.power.clone(),
@@ -493,6 +496,15 @@ where
     };
     for t in threads {
         let _ = t.join();
+    }
+    let writers = std::mem::take(
+        &mut *shared
+            .cache_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    for w in writers {
+        let _ = w.join();
     }
     let _ = std::io::stdout().flush();
     Ok(why)

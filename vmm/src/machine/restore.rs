@@ -8,7 +8,9 @@ use crate::hv::Hypervisor;
 use crate::memory::GuestRam;
 use crate::snapshot::{MachineState, PowerSnapshot, GIC_MODE_USERSPACE};
 use anyhow::{bail, Context};
-use snapshot_store::{clone_file, map_base_memory, overlay_diff, verify_chain_cached, Store};
+use snapshot_store::{
+    clone_file, map_base_memory, overlay_diff_mapped, verify_chain_cached, Store,
+};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -109,7 +111,7 @@ pub(super) fn plan<H: Hypervisor>(
     stages.map_base = t.elapsed();
     let t = Instant::now();
     for layer in &chain.layers()[1..] {
-        overlay_diff(&mut mem, layer)?;
+        overlay_diff_mapped(&mut mem, layer)?;
     }
     stages.overlay = t.elapsed();
     let ram = Arc::new(GuestRam::from_mmap(mem)?);

@@ -148,6 +148,19 @@ impl<V: Vm> Snapshotter<V> {
         };
         let diff = meta.parent.is_some();
         let mut w = store.begin(name, meta)?;
+        // The disk first, so that a changed image is hashed while memory is
+        // written. An image unchanged since the parent is the parent's.
+        let disk_written = shared
+            .blk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .device()
+            .written();
+        let (clone, disk_reused) = if diff && !disk_written {
+            (w.reuse_parent_disk()?, true)
+        } else {
+            (w.clone_disk(&self.disk)?, false)
+        };
         // SAFETY: every vCPU is parked (`pause` returned) and the block device
         // is quiesced, so nothing writes guest RAM while `bytes` is alive.
         let bytes = unsafe { ram.bytes() };
@@ -162,17 +175,34 @@ impl<V: Vm> Snapshotter<V> {
             ram.size() / PAGE_SIZE
         };
         w.write_state(&state.encode())?;
-        let clone = w.clone_disk(&self.disk)?;
-        let layer = w.commit()?;
+        let (layer, cache) = w.commit_cache_later()?;
+        shared
+            .cache_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cache);
         let write_ms = t.elapsed().as_millis();
         // The layer is durable: only now forget what was dirty.
+        shared
+            .blk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .device_mut()
+            .mark_unwritten();
         if self.track_dirty {
             self.vm.rearm_dirty_tracking()?;
             ram.vmm_dirty().reset();
             self.parent = Some(layer);
         }
         console::message(&format!("Snapshot-write-time = {write_ms} ms"));
-        console::message(&format!("Snapshot-disk-clone = {clone}"));
+        console::message(&format!(
+            "Snapshot-disk-clone = {clone}{}",
+            if disk_reused {
+                " (unchanged since the parent: its image and hash reused)"
+            } else {
+                ""
+            }
+        ));
         Ok(format!(
             "[snapshot] {} '{name}' ({pages} pages, {:.1} MiB) written",
             if diff { "diff" } else { "full" },

@@ -62,6 +62,8 @@ pub struct Block {
     acked_features: u64,
     config: [u8; CONFIG_LEN],
     bounce: Vec<u8>,
+    /// Whether a write reached the file since [`Block::mark_unwritten`].
+    written: bool,
 }
 
 /// Saved virtio-blk state. The disk contents are not part of it; restore
@@ -110,12 +112,25 @@ impl Block {
             acked_features: 0,
             config,
             bounce: vec![0; BOUNCE_LEN],
+            written: false,
         })
     }
 
     /// Capacity in 512-byte sectors.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Whether any guest write reached the disk file since the device was
+    /// created or [`Block::mark_unwritten`] was last called (a snapshot uses
+    /// it to reuse its parent's disk image).
+    pub fn written(&self) -> bool {
+        self.written
+    }
+
+    /// Forgets earlier writes (after a snapshot captured the disk).
+    pub fn mark_unwritten(&mut self) {
+        self.written = false;
     }
 
     /// Whether the disk is read-only to the guest.
@@ -303,6 +318,8 @@ impl Block {
                 crate::warn_ratelimited!("virtio-blk: copy from guest: {e}");
                 return (S_IOERR, 0);
             }
+            // Set before the write: a failed write may still have changed bytes.
+            self.written = true;
             if let Err(e) = self.file.write_all_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: write at {}: {e}", offset + done);
                 return (S_IOERR, 0);
@@ -574,8 +591,12 @@ mod tests {
             0,
             &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
         );
+        assert!(!blk.written());
         blk.process_queue(0, &mut q, ram.memory()).unwrap();
         assert_eq!(status(&ram), S_OK);
+        assert!(blk.written(), "a write is remembered for the next snapshot");
+        blk.mark_unwritten();
+        assert!(!blk.written());
         assert_eq!(used_elem(&ram, 0), (0, 1));
         let mut back = vec![0u8; 1536];
         f.read_exact_at(&mut back, 3 * 512 - 256).unwrap();
