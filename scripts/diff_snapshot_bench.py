@@ -356,6 +356,10 @@ class Bench:
                     "--mem", str(self.args.mem), "--store", str(self.store), "--track-dirty", "--name", name]
             child = self.spawn(argv, f"full-{name}")
             harness.login(child, timeout=BOOT_TIMEOUT)
+            # A prepared base image is synced: its restored children then start
+            # with nothing left to write back, so a diff whose guest did not
+            # write its disk reuses the parent's disk image (and hash).
+            harness.run(child, "sync", CMD_TIMEOUT)
             snap = self.snapshot(child, "full", name)
             self.quit_vm(child)
             disk.unlink()
@@ -726,6 +730,10 @@ def report(raw: dict, s: dict, info: dict) -> str:
       "only read. Store: a throwaway directory (`" + str(info["store"]) + "`), removed at start and end.")
     a("- Console input is paced (8-byte bursts, 20 ms apart: the PL011 RX FIFO holds 16 bytes). Commands are "
       "bracketed by markers (scripts/harness.py); the VM is ended with Ctrl-A x and must exit 0.")
+    a("- Full layers are taken after `sync` in the guest (a prepared base image), so their restored children "
+      "have no file-system data left to write back; a diff whose guest did not write its disk reuses the "
+      "parent's disk image and hash (`Snapshot-disk-clone = ... unchanged since the parent`). A diff whose "
+      "guest wrote its disk pays a clone and a SHA-256 of the whole image.")
     a("- Each diff layer comes from restoring its parent with `--track-dirty --name NEW`, dirtying N MiB with "
       "`dd if=/dev/zero` into /dev/shm and Ctrl-A s (the designed diff path). The §2 diffs are all children of "
       "golden and are removed (after their footprint is recorded) before the d1..d3 chain is built, so that "
