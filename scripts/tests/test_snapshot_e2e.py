@@ -194,12 +194,16 @@ def test_damaged_store_is_refused_and_left_unchanged(chain, boot_bin, backend, t
     assert r.returncode != 0 and "state.bin" in r.stderr, r.stderr
 
 
-def test_snapshot_names_are_checked(chain, boot_bin, backend, tmp_path):
+def test_snapshot_names_are_checked(chain, boot_bin, backend, guest_out, tmp_path):
     store, _ = chain
     # An existing name is refused before anything runs; nothing is overwritten.
     r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "d2"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and "d2" in r.stderr and "exists" in r.stderr, r.stderr
+    r = subprocess.run([str(boot_bin), "--store", str(store), "--name", "golden", "--kernel",
+                        str(guest_out / "Image"), "--disk", str(guest_out / "rootfs.ext4")],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and "golden" in r.stderr and "exists" in r.stderr, r.stderr
     r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "bad+name"],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and "name" in r.stderr, r.stderr

@@ -331,6 +331,13 @@ where
     let mut stages = restore::Stages::default();
     if let Some(name) = &cfg.snapshots.name {
         snapshot_store::validate_name(name)?;
+        let store = &cfg.snapshots.store;
+        if snapshot_store::Store::open(store).is_ok_and(|s| s.contains(name)) {
+            bail!(
+                "snapshot '{name}' already exists in {}; choose another --name",
+                store.display()
+            );
+        }
     }
     let plan = match &cfg.source {
         BootSource::Fresh(f) => plan_fresh(f)?,

@@ -96,14 +96,6 @@ pub(super) fn plan<H: Hypervisor>(
             m.ram_base_gpa
         );
     }
-    if let Some(name) = &opts.name {
-        if store.contains(name) {
-            bail!(
-                "snapshot '{name}' already exists in {}; choose another --name",
-                opts.store.display()
-            );
-        }
-    }
     stages.resolve_verify = t.elapsed();
 
     let t = Instant::now();
