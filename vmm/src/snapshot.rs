@@ -104,9 +104,10 @@ pub fn apply_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu, s: &VcpuState) -> hv::Resul
     vcpu.set_reg(Reg::Pc, s.pc)
 }
 
-/// PSCI power state of a vCPU, as saved.
+/// PSCI power state of a vCPU, as the run loop keeps it and a snapshot
+/// saves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PowerSnapshot {
+pub enum VcpuPower {
     /// Off (never started, or CPU_OFF).
     Off,
     /// CPU_ON accepted, not yet started.
@@ -135,7 +136,7 @@ pub struct MachineState {
     /// Per vCPU, index order.
     pub vcpus: Vec<VcpuState>,
     /// Per vCPU, index order.
-    pub power: Vec<PowerSnapshot>,
+    pub power: Vec<VcpuPower>,
     /// The GICv3.
     pub gic: GicState,
     /// The console UART.

@@ -22,7 +22,7 @@ use crate::devices::{IrqLine, MmioBus};
 use crate::hv::exit_decision::vtimer_deadline_ns;
 use crate::hv::{self, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use crate::memory::GuestRam;
-use crate::snapshot::{self, MachineState, VcpuState};
+use crate::snapshot::{self, MachineState, VcpuPower, VcpuState};
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -104,23 +104,11 @@ pub enum VmExit {
     Error(String),
 }
 
-/// Power state of one vCPU (PSCI).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Power {
-    Off,
-    /// CPU_ON was called; the owning thread starts it at `entry` with X0 = `context`.
-    OnPending {
-        entry: u64,
-        context: u64,
-    },
-    On,
-}
-
 /// State guarded by one mutex and its condition variable: the wake-up
 /// generation counter, vCPU power states and the VM's end.
 struct Control {
     generation: u64,
-    power: Vec<Power>,
+    power: Vec<VcpuPower>,
     exit: Option<VmExit>,
     /// A snapshot wants every vCPU thread parked.
     pause: bool,
@@ -274,7 +262,7 @@ impl Io<'_> {
 }
 
 /// PSCI's view of the vCPUs.
-struct Cpus<'a>(&'a [Power]);
+struct Cpus<'a>(&'a [VcpuPower]);
 
 impl PsciCpus for Cpus<'_> {
     fn vcpu_count(&self) -> usize {
@@ -282,9 +270,9 @@ impl PsciCpus for Cpus<'_> {
     }
     fn power_state(&self, vcpu: usize) -> PowerState {
         match self.0.get(vcpu) {
-            Some(Power::On) => PowerState::On,
-            Some(Power::OnPending { .. }) => PowerState::OnPending,
-            Some(Power::Off) | None => PowerState::Off,
+            Some(VcpuPower::On) => PowerState::On,
+            Some(VcpuPower::OnPending { .. }) => PowerState::OnPending,
+            Some(VcpuPower::Off) | None => PowerState::Off,
         }
     }
 }
@@ -313,7 +301,7 @@ struct Plan {
     disk_path: PathBuf,
     cmdline: String,
     start: Start,
-    power: Vec<Power>,
+    power: Vec<VcpuPower>,
     /// Device states to apply (restore).
     devices: Option<Box<MachineState>>,
     /// The layer the next snapshot is a child of (restore with tracking).
@@ -547,8 +535,8 @@ fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
     ram.memory()
         .write_slice(&dtb, GuestAddress(dtb_gpa))
         .context("cannot write the device tree into guest RAM")?;
-    let mut power = vec![Power::Off; f.cpus];
-    power[0] = Power::On;
+    let mut power = vec![VcpuPower::Off; f.cpus];
+    power[0] = VcpuPower::On;
     Ok(Plan {
         ram,
         cpus: f.cpus,
@@ -687,13 +675,13 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             let id = rv.vcpu.id();
             let power = shared.lock().power[id];
             match power {
-                Power::Off => continue,
-                Power::OnPending { entry, context } => {
+                VcpuPower::Off => continue,
+                VcpuPower::OnPending { entry, context } => {
                     start_vcpu(&mut rv.vcpu, entry, context)?;
-                    shared.lock().power[id] = Power::On;
+                    shared.lock().power[id] = VcpuPower::On;
                     rv.wfi = None;
                 }
-                Power::On => {}
+                VcpuPower::On => {}
             }
             if let Some(deadline) = rv.wfi {
                 let now = Instant::now();
@@ -825,8 +813,8 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
             let mut c = shared.lock();
             match c.power.get(target) {
                 _ if !shared.ram.contains(entry, 4) => psci::ret(psci::INVALID_ADDRESS),
-                Some(Power::Off) => {
-                    c.power[target] = Power::OnPending {
+                Some(VcpuPower::Off) => {
+                    c.power[target] = VcpuPower::OnPending {
                         entry,
                         context: context_id,
                     };
@@ -836,8 +824,8 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
                     shared.kick_where(|v| v == target);
                     psci::ret(psci::SUCCESS)
                 }
-                Some(Power::OnPending { .. }) => psci::ret(psci::ON_PENDING),
-                Some(Power::On) => psci::ret(psci::ALREADY_ON),
+                Some(VcpuPower::OnPending { .. }) => psci::ret(psci::ON_PENDING),
+                Some(VcpuPower::On) => psci::ret(psci::ALREADY_ON),
                 None => psci::ret(psci::INVALID_PARAMETERS),
             }
         }
@@ -846,7 +834,7 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
             return Ok(AfterPsci::Suspend);
         }
         PsciAction::CpuOff => {
-            shared.lock().power[vcpu.id()] = Power::Off;
+            shared.lock().power[vcpu.id()] = VcpuPower::Off;
             return Ok(AfterPsci::Continue);
         }
         PsciAction::SystemOff => {

@@ -1,12 +1,12 @@
 //! `boot --restore SPEC`: resolving and verifying a chain, mapping its memory,
 //! and turning its machine state back into devices and vCPUs.
 
-use super::{Plan, Power, Shared, SnapshotOptions, Start};
+use super::{Plan, Shared, SnapshotOptions, Start};
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Hypervisor;
 use crate::memory::GuestRam;
-use crate::snapshot::{MachineState, PowerSnapshot, GIC_MODE_USERSPACE};
+use crate::snapshot::{MachineState, GIC_MODE_USERSPACE};
 use anyhow::{bail, Context};
 use snapshot_store::{
     clone_file, map_base_memory, overlay_diff_mapped, verify_chain_cached, Store,
@@ -151,15 +151,7 @@ pub(super) fn plan<H: Hypervisor>(
         .with_context(|| format!("cannot open {}", disk_path.display()))?;
     stages.disk = t.elapsed();
 
-    let power = state
-        .power
-        .iter()
-        .map(|p| match *p {
-            PowerSnapshot::Off => Power::Off,
-            PowerSnapshot::On => Power::On,
-            PowerSnapshot::OnPending { entry, context } => Power::OnPending { entry, context },
-        })
-        .collect();
+    let power = state.power.clone();
     Ok(Plan {
         ram,
         cpus,

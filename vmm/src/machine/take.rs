@@ -8,13 +8,11 @@
 //! only then are the dirty bitmaps cleared and write protection re-armed;
 //! then the vCPUs resume.
 
-use super::{Power, Shared};
+use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
-use crate::snapshot::{
-    MachineState, PowerSnapshot, VcpuState, GIC_MODE_USERSPACE, MACHINE_STATE_VERSION,
-};
+use crate::snapshot::{MachineState, VcpuState, GIC_MODE_USERSPACE, MACHINE_STATE_VERSION};
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
@@ -108,16 +106,7 @@ impl<V: Vm> Snapshotter<V> {
             .unwrap_or_else(|e| e.into_inner())
             .quiesce()
             .context("cannot quiesce the block device")?;
-        let power = shared
-            .lock()
-            .power
-            .iter()
-            .map(|p| match *p {
-                Power::Off => PowerSnapshot::Off,
-                Power::On => PowerSnapshot::On,
-                Power::OnPending { entry, context } => PowerSnapshot::OnPending { entry, context },
-            })
-            .collect();
+        let power = shared.lock().power.clone();
         let state = MachineState {
             version: MACHINE_STATE_VERSION,
             backend: self.backend.to_string(),
