@@ -179,9 +179,21 @@ impl<V: Vm> Snapshotter<V> {
             .device_mut()
             .mark_unwritten();
         if self.track_dirty {
-            self.vm.rearm_dirty_tracking()?;
-            ram.vmm_dirty().reset();
-            self.parent = Some(layer);
+            match self.vm.rearm_dirty_tracking() {
+                Ok(()) => {
+                    ram.vmm_dirty().reset();
+                    self.parent = Some(layer);
+                }
+                Err(e) => {
+                    // The layer is fine, but what is dirty is no longer known:
+                    // later snapshots of this run are full layers.
+                    self.track_dirty = false;
+                    self.parent = None;
+                    console::message(&format!(
+                        "[snapshot] dirty tracking could not be re-armed ({e}); later snapshots are full"
+                    ));
+                }
+            }
         }
         console::message(&format!("Snapshot-write-time = {write_ms} ms"));
         console::message(&format!(
