@@ -52,6 +52,17 @@ def restore(boot_bin, store, spec, backend, log, *extra):
     return child
 
 
+def fresh_copy(chain, tmp_path) -> Path:
+    """A private copy of the chain's store (replacing an earlier copy), for
+    tests that change or damage it."""
+    src, _ = chain
+    store = tmp_path / "store"
+    if store.exists():
+        shutil.rmtree(store)
+    shutil.copytree(src, store)
+    return store
+
+
 def store_digest(store: Path) -> dict[str, str]:
     out = {}
     for p in sorted(store.rglob("*")):
@@ -140,9 +151,7 @@ def test_disk_is_captured_at_the_snapshot_instant(chain, boot_bin, backend, tmp_
 
 
 def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, boot_bin, backend, tmp_path):
-    src, _ = chain
-    store = tmp_path / "store"
-    shutil.copytree(src, store)
+    store = fresh_copy(chain, tmp_path)
     child = restore(boot_bin, store, "d1", backend, tmp_path / "e.log", "--track-dirty", "--name", "e")
     try:
         harness.run(child, "echo one > /dev/shm/e1", CMD_TIMEOUT)
@@ -168,9 +177,7 @@ def refused(boot_bin, store, spec, backend):
 
 
 def test_damaged_store_is_refused_and_left_unchanged(chain, boot_bin, backend, tmp_path):
-    src, _ = chain
-    store = tmp_path / "store"
-    shutil.copytree(src, store)
+    store = fresh_copy(chain, tmp_path)
     mem = store / "d2" / "memory.bin"
     os.chmod(mem, 0o644)
     data = bytearray(mem.read_bytes())
@@ -181,14 +188,12 @@ def test_damaged_store_is_refused_and_left_unchanged(chain, boot_bin, backend, t
     assert r.returncode != 0 and "d2" in r.stderr and "memory.bin" in r.stderr, r.stderr
     assert store_digest(store) == before, "a refused restore must not change the store"
 
-    shutil.rmtree(store)
-    shutil.copytree(src, store)
+    store = fresh_copy(chain, tmp_path)
     shutil.rmtree(store / "d1")
     r = refused(boot_bin, store, "d3", backend)
     assert r.returncode != 0 and "d1" in r.stderr, r.stderr
 
-    shutil.rmtree(store)
-    shutil.copytree(src, store)
+    store = fresh_copy(chain, tmp_path)
     (store / "d3" / "state.bin").unlink()
     r = refused(boot_bin, store, "d3", backend)
     assert r.returncode != 0 and "state.bin" in r.stderr, r.stderr
@@ -212,9 +217,7 @@ def test_snapshot_names_are_checked(chain, boot_bin, backend, guest_out, tmp_pat
 def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, boot_bin, backend, tmp_path):
     """Dirty state is cleared only after a layer is durable: a snapshot that
     fails leaves every page dirtied before it in the next diff."""
-    src, _ = chain
-    store = tmp_path / "store"
-    shutil.copytree(src, store)
+    store = fresh_copy(chain, tmp_path)
     child = restore(boot_bin, store, "golden", backend, tmp_path / "x.log", "--track-dirty", "--name", "x")
     try:
         harness.run(child, "dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null", CMD_TIMEOUT)

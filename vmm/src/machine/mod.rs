@@ -286,6 +286,7 @@ struct RunVcpu<V> {
 }
 
 /// How the vCPUs start.
+#[derive(Clone)]
 enum Start {
     /// The boot CPU at the kernel entry; the others wait for PSCI CPU_ON.
     Boot(BootRegs),
@@ -458,10 +459,7 @@ where
     let mut threads = Vec::new();
     for ids in groups {
         let (shared, vm) = (shared.clone(), vm.clone());
-        let start = match &plan.start {
-            Start::Boot(b) => Start::Boot(*b),
-            Start::Restore(s) => Start::Restore(s.clone()),
-        };
+        let start = plan.start.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("vcpu{}", ids[0]))

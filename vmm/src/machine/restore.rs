@@ -110,7 +110,7 @@ pub(super) fn plan<H: Hypervisor>(
 
     let t = Instant::now();
     let state_path = top.state_path();
-    let state = MachineState::decode(&top.read_state()?)
+    let mut state = MachineState::decode(&top.read_state()?)
         .with_context(|| format!("{}", state_path.display()))?;
     let cpus = state.vcpus.len();
     if u32::try_from(cpus).ok() != Some(m.vcpus) || state.ram_size != m.ram_size {
@@ -158,7 +158,8 @@ pub(super) fn plan<H: Hypervisor>(
         disk,
         disk_path,
         cmdline: state.cmdline.clone(),
-        start: Start::Restore(Arc::new(state.vcpus.clone())),
+        // The vCPU states go to the vCPU threads; the rest to the devices.
+        start: Start::Restore(Arc::new(std::mem::take(&mut state.vcpus))),
         power,
         devices: Some(Box::new(state)),
         parent: Some(chain.top().clone()),
