@@ -241,17 +241,31 @@ class Bench:
 
     @staticmethod
     def restore_logged(child) -> dict:
-        """Waits for `Restore-time` and `Restore-stages`; returns them (ms, {stage: us})."""
+        """Waits for `Restore-time` and `Restore-stages`; returns them.
+
+        `restore_ms` is the whole-ms `Restore-time`, `total_us` the same total in µs, and
+        `stages_us` the serial stages; the disk copy runs in parallel with some of them, so its
+        own time is `disk_copy_us` and only the wait for it (`disk wait`) is a stage.
+        """
         harness.expect(child, r"Restore-time = (\d+) ms", BOOT_TIMEOUT, "the Restore-time line")
         total_ms = int(child.match.group(1))
         harness.expect(child, r"Restore-stages: ([^\r\n]*)\r*\n", CMD_TIMEOUT, "the Restore-stages line")
-        stages = {}
+        stages, total_us, disk_copy_us = {}, None, None
         for part in child.match.group(1).split(","):
-            m = re.fullmatch(r"\s*(.+?) (\d+) us\s*", part)
+            m = re.fullmatch(r"\s*(.+?) (\d+) us(?: \(waited (\d+) us\))?\s*", part)
             if not m:
                 raise harness.ConsoleError(f"cannot parse Restore-stages item {part!r}")
-            stages[m.group(1)] = int(m.group(2))
-        return {"restore_ms": total_ms, "stages_us": stages}
+            if m.group(1) == "total":
+                total_us = int(m.group(2))
+            elif m.group(3) is not None:
+                disk_copy_us = int(m.group(2))
+                stages["disk wait"] = int(m.group(3))
+            else:
+                stages[m.group(1)] = int(m.group(2))
+        if total_us is None or disk_copy_us is None:
+            raise harness.ConsoleError("Restore-stages lacks the total or the disk copy")
+        return {"restore_ms": total_ms, "total_us": total_us, "disk_copy_us": disk_copy_us,
+                "stages_us": stages}
 
     def restore(self, spec: str, tag: str, *extra: str) -> tuple:
         """Spawns `boot --restore spec`, waits for its log lines, presses Enter, waits for the prompt."""
@@ -388,7 +402,7 @@ class Bench:
                 raise AssertionError(f"/dev/shm after restoring '{spec}' holds {got}, expected {expect_files}")
             self.quit_vm(child)
         named = sum(r["stages_us"].values())
-        r["unattributed_us"] = max(0, r["restore_ms"] * 1000 - named)
+        r["unattributed_us"] = max(0, r["total_us"] - named)
         top = max(r["stages_us"], key=r["stages_us"].get)
         print(f"restore {spec:9} {i + 1}/{self.args.runs}: Restore-time {r['restore_ms']} ms "
               f"(largest stage: {top} {r['stages_us'][top] / 1000:.0f} ms), wall to prompt {r['wall_s'] * 1000:.0f} ms")
@@ -507,6 +521,9 @@ def summarize_all(raw: dict, runs: int) -> dict:
         s["restore"][spec] = {
             "layers": 1 + (int(spec.split("+")[1]) if "+" in spec else 0),
             "restore_time": summarize([r["restore_ms"] / 1000 for r in rows]),
+            # Older JSON has only whole ms.
+            "total_us": stats([r.get("total_us", r["restore_ms"] * 1000) for r in rows], 0),
+            "disk_copy_us_median": statistics.median(r.get("disk_copy_us", 0) for r in rows),
             "wall_to_prompt": summarize([r["wall_s"] for r in rows]),
             "enter_to_prompt": summarize([r["enter_to_prompt_s"] for r in rows]),
             "stages_us_median": {k: statistics.median(r["stages_us"].get(k, 0) for r in rows) for k in stage_names},
@@ -519,8 +536,9 @@ def summarize_all(raw: dict, runs: int) -> dict:
     t8, t64 = w["diff_8MiB"]["write_time"]["median_s"] * 1000, w["diff_64MiB"]["write_time"]["median_s"] * 1000
     slope = (t64 - t8) / (p64 - p8) if p64 != p8 else float("nan")
     fixed = t8 - slope * p8
-    r1 = s["restore"]["golden"]["restore_time"]["median_s"] * 1000
-    rdeep = s["restore"][f"golden+{CHAIN_DEPTH}"]["restore_time"]["median_s"] * 1000
+    # µs totals: whole-ms Restore-time would quantize a 3.4 vs 3.6 ms difference to 3 vs 4.
+    r1 = s["restore"]["golden"]["total_us"]["median"] / 1000
+    rdeep = s["restore"][f"golden+{CHAIN_DEPTH}"]["total_us"]["median"] / 1000
     s["targets"] = {
         "diff_write_proportional": {
             "per_page_us": round(slope * 1000, 2),
@@ -531,12 +549,12 @@ def summarize_all(raw: dict, runs: int) -> dict:
             "met": bool(fixed <= 0.25 * t8),
         },
         "restore_flat_across_depth": {
-            "golden_ms": r1, f"golden+{CHAIN_DEPTH}_ms": rdeep,
+            "golden_ms": round(r1, 2), f"golden+{CHAIN_DEPTH}_ms": round(rdeep, 2),
             "ratio": round(rdeep / r1, 2) if r1 else None,
-            "criterion": f"Restore-time of golden+{CHAIN_DEPTH} <= 1.2 x golden's",
+            "criterion": f"restore total (µs, Restore-stages) of golden+{CHAIN_DEPTH} <= 1.2 x golden's",
             "met": bool(r1 and rdeep <= 1.2 * r1),
         },
-        "restore_10ms": {"golden_ms": r1, "criterion": "Restore-time of a 512 MiB full layer <= 10 ms",
+        "restore_10ms": {"golden_ms": round(r1, 2), "criterion": "restore total of a 512 MiB full layer <= 10 ms",
                          "met": bool(r1 <= 10)},
     }
     return s
@@ -589,7 +607,7 @@ def report(raw: dict, s: dict, info: dict) -> str:
       "Excludes the vCPU rendezvous and re-arming. |")
     a("| Ctrl-A s → console line | host: `\\x01s` written to the pty → the `[snapshot] … written` line read. "
       "Rendezvous + write + re-arm + console. |")
-    a("| Restore-time | VMM log: `boot --restore` start → VM handed to the run loop (`Restore-stages` breaks it down). |")
+    a("| Restore-time | VMM log: `boot --restore` start → VM handed to the run loop, whole ms; `Restore-stages` gives the same total in µs and breaks it down. |")
     a("| restore wall | host `spawn()` of `boot --restore` → the shell prompt answering an Enter sent as soon as "
       "`Restore-stages` is read. |")
     a("")
@@ -660,22 +678,26 @@ def report(raw: dict, s: dict, info: dict) -> str:
         a(f"| {names.get(spec, spec)} | {x['layers']} | {ms(x['restore_time'])} | {ms(x['wall_to_prompt'])} | "
           f"{ms(x['enter_to_prompt'])} |")
     a("")
-    a("Per-stage median (µs). \"sum of stages\" is the µs-resolution total; \"not in a stage\" is Restore-time "
-      "(whole ms) minus the named stages, clipped at 0 (builds before ab6c833 timed neither the state decode nor "
-      "the disk clone, which then showed up here).")
+    a("Per-stage median (µs). The stages run one after another, except the copy of the snapshot's disk to the "
+      "VM's private working file, which runs on its own thread from the end of verify until the devices need it "
+      "(\"disk copy (parallel)\"); only the wait for it (\"disk wait\") is on the critical path. \"not in a "
+      "stage\" is the total minus the serial stages, clipped at 0.")
     a("")
     # The VMM's order (also when re-rendering a JSON written with sorted keys).
-    known = ["resolve+verify", "map base", "overlay", "state", "disk clone", "VM create", "GIC", "devices", "vCPUs"]
+    known = ["resolve+verify", "map base", "overlay", "state", "disk clone", "disk wait", "VM create", "GIC",
+             "devices", "vCPUs"]
     seen = list(r[specs[0]]["stages_us_median"])
     stage_order = [k for k in known if k in seen] + [k for k in seen if k not in known]
     a("| stage | " + " | ".join(specs) + " |")
     a("|---|" + "---|" * len(specs))
     for stage in stage_order:
         a(f"| {stage} | " + " | ".join(f"{r[sp]['stages_us_median'].get(stage, 0):,.0f}" for sp in specs) + " |")
-    a("| sum of stages | " + " | ".join(
+    a("| sum of serial stages | " + " | ".join(
         f"{sum(r[sp]['stages_us_median'].values()):,.0f}" for sp in specs) + " |")
     a("| not in a stage | " + " | ".join(f"{r[sp]['unattributed_us_median']:,.0f}" for sp in specs) + " |")
-    a("| Restore-time | " + " | ".join(f"{r[sp]['restore_time']['median_s'] * 1e6:,.0f}" for sp in specs) + " |")
+    a("| **total** | " + " | ".join(f"**{r[sp]['total_us']['median']:,.0f}**" for sp in specs) + " |")
+    a("| disk copy (parallel) | " + " | ".join(
+        f"{r[sp].get('disk_copy_us_median', 0):,.0f}" for sp in specs) + " |")
     a("")
     a("## 4. Disk footprint")
     a("")
@@ -710,11 +732,11 @@ def report(raw: dict, s: dict, info: dict) -> str:
     a(f"| diff write time proportional to dirty bytes | {tg['diff_write_proportional']['per_page_us']:.1f} µs/page + "
       f"{tg['diff_write_proportional']['fixed_ms']:.0f} ms fixed | {tg['diff_write_proportional']['criterion']} | "
       f"{'yes' if tg['diff_write_proportional']['met'] else 'no'} |")
-    a(f"| restore flat across chain depth | golden {tg['restore_flat_across_depth']['golden_ms']:.0f} ms, "
-      f"golden+{CHAIN_DEPTH} {tg['restore_flat_across_depth'][f'golden+{CHAIN_DEPTH}_ms']:.0f} ms "
+    a(f"| restore flat across chain depth | golden {tg['restore_flat_across_depth']['golden_ms']:.2f} ms, "
+      f"golden+{CHAIN_DEPTH} {tg['restore_flat_across_depth'][f'golden+{CHAIN_DEPTH}_ms']:.2f} ms "
       f"({tg['restore_flat_across_depth']['ratio']}×) | {tg['restore_flat_across_depth']['criterion']} | "
       f"{'yes' if tg['restore_flat_across_depth']['met'] else 'no'} |")
-    a(f"| restore to first instruction ≤ 10 ms | {tg['restore_10ms']['golden_ms']:.0f} ms | "
+    a(f"| restore to first instruction ≤ 10 ms | {tg['restore_10ms']['golden_ms']:.2f} ms | "
       f"{tg['restore_10ms']['criterion']} | {'yes' if tg['restore_10ms']['met'] else 'no'} |")
     a("")
     a("## Methodology")

@@ -199,7 +199,8 @@ fn read_cache(path: &Path) -> std::result::Result<Option<Entries>, String> {
     if !fmeta.is_file() {
         return Err("not a regular file".into());
     }
-    let mut bytes = Vec::new();
+    // Sized from the stat (bounded), so the file is read in one call.
+    let mut bytes = Vec::with_capacity(fmeta.len().min(MAX_VERIFIED_BYTES) as usize + 1);
     f.take(MAX_VERIFIED_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("read: {e}"))?;

@@ -130,15 +130,22 @@ const COPY_CHUNK: usize = 1 << 20;
 /// `SEEK_DATA`/`SEEK_HOLE` report and leaving holes unwritten, then setting
 /// the length; the result reads identically and keeps the source's holes.
 /// If the filesystem does not report holes the whole file is copied. On
-/// error `dst` is removed.
+/// Linux the data moves in the kernel (`copy_file_range`), falling back to
+/// `read`/`write` through a buffer where that is unsupported. On error
+/// `dst` is removed.
 pub fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
+    sparse_copy_with(src, dst, true)
+}
+
+/// [`sparse_copy`], with the kernel copy allowed or not (tests cover both).
+fn sparse_copy_with(src: &Path, dst: &Path, in_kernel: bool) -> Result<()> {
     let s = File::open(src).ctx(src, "open")?;
     let d = OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(dst)
         .ctx(dst, "create")?;
-    let r = sparse_copy_fds(&s, src, &d, dst);
+    let r = sparse_copy_fds(&s, src, &d, dst, in_kernel);
     if r.is_err() {
         drop(d);
         let _ = std::fs::remove_file(dst);
@@ -146,10 +153,61 @@ pub fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
     r
 }
 
-fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path) -> Result<()> {
+/// Copies bytes `off..end` of `s` to the same offsets of `d` in the kernel.
+/// Returns how far it got: `end`, or less if the kernel cannot copy between
+/// these files (the caller copies the rest itself).
+#[cfg(target_os = "linux")]
+fn kernel_copy(s: &File, src: &Path, d: &File, dst: &Path, mut off: u64, end: u64) -> Result<u64> {
+    use std::os::fd::AsRawFd;
+    while off < end {
+        let mut off_in = off as libc::loff_t;
+        let mut off_out = off as libc::loff_t;
+        let want = (end - off).min(1 << 30) as usize;
+        // SAFETY: both descriptors are open for the call; the offsets are
+        // valid pointers to locals the kernel updates; flags must be 0.
+        let n = unsafe {
+            libc::copy_file_range(
+                s.as_raw_fd(),
+                &mut off_in,
+                d.as_raw_fd(),
+                &mut off_out,
+                want,
+                0,
+            )
+        };
+        match n {
+            0 => {
+                return Err(Error::corrupt(
+                    src,
+                    format!("file shrank while being copied (at offset {off})"),
+                ))
+            }
+            n if n > 0 => off += n as u64,
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(
+                        libc::ENOSYS | libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::EBADF,
+                    ) => return Ok(off),
+                    _ => return Err(Error::io(dst, "copy_file_range", e)),
+                }
+            }
+        }
+    }
+    Ok(off)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn kernel_copy(_: &File, _: &Path, _: &File, _: &Path, off: u64, _end: u64) -> Result<u64> {
+    Ok(off)
+}
+
+fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path, mut in_kernel: bool) -> Result<()> {
     use nix::unistd::{lseek, Whence};
     let len = s.metadata().ctx(src, "stat")?.len();
-    let mut buf = vec![0u8; COPY_CHUNK.min(len.max(1) as usize)];
+    // Allocated on first use: only if the kernel cannot copy.
+    let mut buf = Vec::new();
     let mut pos: u64 = 0;
     while pos < len {
         let data = match lseek(s, pos as libc::off_t, Whence::SeekData) {
@@ -173,6 +231,13 @@ fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path) -> Result<()> {
             hole = len;
         }
         let mut off = data;
+        if in_kernel {
+            off = kernel_copy(s, src, d, dst, off, hole)?;
+            in_kernel = off == hole;
+        }
+        if off < hole && buf.is_empty() {
+            buf = vec![0u8; COPY_CHUNK.min(len.max(1) as usize)];
+        }
         while off < hole {
             let want = (hole - off).min(buf.len() as u64) as usize;
             let n = match s.read_at(&mut buf[..want], off) {
@@ -211,19 +276,21 @@ mod tests {
         f.set_len(64 << 20).unwrap();
         f.write_all_at(&[3u8], (64 << 20) - 1).unwrap();
         drop(f);
-        let dst = dir.path().join("dst.img");
-        sparse_copy(&src, &dst).unwrap();
-        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
-        let (sm, dm) = (src.metadata().unwrap(), dst.metadata().unwrap());
-        assert_eq!(sm.len(), dm.len());
-        // The copy allocates about as much as the source, far below 64 MiB.
-        assert!(
-            dm.blocks() * 512 < 4 << 20,
-            "copy not sparse: {} blocks",
-            dm.blocks()
-        );
-        // dst must not exist beforehand.
-        assert!(sparse_copy(&src, &dst).is_err());
+        for in_kernel in [true, false] {
+            let dst = dir.path().join(format!("dst-{in_kernel}.img"));
+            sparse_copy_with(&src, &dst, in_kernel).unwrap();
+            assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+            let (sm, dm) = (src.metadata().unwrap(), dst.metadata().unwrap());
+            assert_eq!(sm.len(), dm.len());
+            // The copy allocates about as much as the source, far below 64 MiB.
+            assert!(
+                dm.blocks() * 512 < 4 << 20,
+                "copy not sparse: {} blocks",
+                dm.blocks()
+            );
+            // dst must not exist beforehand.
+            assert!(sparse_copy(&src, &dst).is_err());
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! ([`SnapshotWriter::clone_disk`]), then [`SnapshotWriter::commit`], which
 //! makes the layer durable and visible atomically. At restore time it calls
 //! [`Store::resolve`], [`verify_chain_cached`], [`map_chain_memory`] (or
-//! [`map_base_memory`] and [`overlay_diff`] to time the stages) and
+//! [`map_base_memory`] and [`overlay_diffs_mapped`] to time the stages) and
 //! [`Layer::read_state`].
 //!
 //! [`verify_chain_cached`] re-hashes only files that changed since they
@@ -65,7 +65,7 @@ pub use manifest::{
 };
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
 pub use restore::{
-    map_base_memory, map_chain_memory, overlay_diff, overlay_diff_mapped, MAX_LAZY_RUNS,
+    map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
 };
 pub use state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,

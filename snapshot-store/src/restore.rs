@@ -146,89 +146,156 @@ fn open_diff(layer: &Layer, ram_len: usize) -> Result<OpenDiff> {
     })
 }
 
-/// Runs of consecutive pages in a diff index: `(first index position,
-/// number of pages)`. Page data is packed in index order, so each run is
-/// also contiguous in the file.
-fn runs(index: &[u64]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < index.len() {
-        let mut j = i + 1;
-        while j < index.len() && index[j] == index[j - 1] + 1 {
-            j += 1;
+/// A run of pages that one diff supplies in the merged view of a chain:
+/// `len` pages at RAM page `page`, stored from index position `pos` of diff
+/// `layer` (consecutive in RAM and in that diff's packed data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    layer: usize,
+    page: u64,
+    pos: usize,
+    len: usize,
+}
+
+/// The merged overlay plan of `indexes` (each diff's page index, in chain
+/// order): for every page some diff stores, the run of the LAST diff that
+/// stores it, so each page is placed once however many layers wrote it.
+/// Runs are sorted by RAM page.
+fn merged_runs(indexes: &[&[u64]]) -> Vec<Run> {
+    // (page, layer, pos); sorting by page and then by descending layer puts
+    // the winning copy of each page first.
+    let mut entries: Vec<(u64, usize, usize)> = indexes
+        .iter()
+        .enumerate()
+        .flat_map(|(layer, idx)| idx.iter().enumerate().map(move |(pos, &p)| (p, layer, pos)))
+        .collect();
+    if indexes.len() > 1 {
+        entries.sort_unstable_by_key(|&(page, layer, _)| (page, std::cmp::Reverse(layer)));
+        entries.dedup_by_key(|e| e.0);
+    }
+    let mut runs: Vec<Run> = Vec::new();
+    for (page, layer, pos) in entries {
+        match runs.last_mut() {
+            Some(r)
+                if r.layer == layer && r.page + r.len as u64 == page && r.pos + r.len == pos =>
+            {
+                r.len += 1;
+            }
+            _ => runs.push(Run {
+                layer,
+                page,
+                pos,
+                len: 1,
+            }),
         }
-        out.push((i, j - i));
-        i = j;
     }
-    out
+    runs
 }
 
-/// Copy the pages of the diff layer `layer` into `ram` (all of guest RAM,
-/// `ram_size` bytes), reading runs of consecutive pages with one read each.
-/// Returns the number of pages copied. Header, index and sizes are checked
-/// against the manifest before anything is copied.
-pub fn overlay_diff(ram: &mut [u8], layer: &Layer) -> Result<u64> {
-    let d = open_diff(layer, ram.len())?;
-    let path = layer.memory_path();
+/// Opens and checks every diff of `diffs` (in chain order) against a RAM
+/// buffer of `ram_len` bytes and plans the merged overlay.
+fn plan_overlay(diffs: &[Layer], ram_len: usize) -> Result<(Vec<OpenDiff>, Vec<Run>)> {
+    let open = diffs
+        .iter()
+        .map(|l| open_diff(l, ram_len))
+        .collect::<Result<Vec<_>>>()?;
+    let indexes: Vec<&[u64]> = open.iter().map(|d| d.index.as_slice()).collect();
+    let runs = merged_runs(&indexes);
+    Ok((open, runs))
+}
+
+/// Byte ranges of a run: (offset in RAM, length, offset in the diff file).
+fn run_bytes(d: &OpenDiff, r: &Run) -> (usize, usize, u64) {
+    // The index entries are below the RAM's page count and the RAM buffer
+    // is the RAM's size (open_diff), so these are in bounds.
     let ps = d.header.page_size as usize;
-    for (i, n) in runs(&d.index) {
-        // index[] < ram_pages and ram.len() == ram_size: in bounds.
-        let dst = d.index[i] as usize * ps;
-        let len = n * ps;
-        let src = d.header.data_offset + (i * ps) as u64;
-        d.file
-            .read_exact_at(&mut ram[dst..dst + len], src)
-            .ctx(&path, "read")?;
-    }
-    Ok(d.index.len() as u64)
+    (
+        r.page as usize * ps,
+        r.len * ps,
+        d.header.data_offset + (r.pos * ps) as u64,
+    )
 }
 
-/// Most runs one diff may map lazily; past this, its pages are copied (each
+fn copy_run(ram: &mut [u8], d: &OpenDiff, r: &Run, path: &Path) -> Result<()> {
+    let (dst, len, src) = run_bytes(d, r);
+    d.file
+        .read_exact_at(&mut ram[dst..dst + len], src)
+        .ctx(path, "read")
+}
+
+/// Overlay the diff layers `diffs` (in chain order: each the child of the
+/// one before, the first a child of the base) onto `ram` (all of guest RAM,
+/// `ram_size` bytes) by copying, one read per run of the merged plan: a
+/// page that several diffs store is read once, from the last of them.
+/// Returns the number of distinct pages placed. Every diff's header, index
+/// and sizes are checked against its manifest before anything is copied.
+pub fn overlay_diffs(ram: &mut [u8], diffs: &[Layer]) -> Result<u64> {
+    let (open, runs) = plan_overlay(diffs, ram.len())?;
+    let paths: Vec<_> = diffs.iter().map(Layer::memory_path).collect();
+    let mut pages = 0;
+    for r in &runs {
+        copy_run(ram, &open[r.layer], r, &paths[r.layer])?;
+        pages += r.len as u64;
+    }
+    Ok(pages)
+}
+
+/// Most runs a merged overlay maps lazily; past this, pages are copied (each
 /// run is a kernel mapping, and a process has a limited number).
 pub const MAX_LAZY_RUNS: usize = 8192;
 
-/// Overlay the diff layer `layer` onto `ram`, a mapping of all of guest RAM
-/// (from [`map_base_memory`]), without reading its pages: each run of
-/// consecutive pages is mapped privately, copy-on-write, from the diff file
-/// over the base (`mmap` with `MAP_FIXED | MAP_PRIVATE`), so the cost is one
-/// system call per run whatever the page count, and pages are read when the
-/// guest touches them. Returns the number of pages overlaid.
+/// Overlay the diff layers `diffs` (in chain order) onto `ram`, a mapping of
+/// all of guest RAM (from [`map_base_memory`]), without reading their pages.
+/// The diffs are first merged into one plan in which each page comes from
+/// the last diff that stores it, so a page that several layers wrote costs
+/// nothing extra; then each run of the plan is mapped privately,
+/// copy-on-write, from its diff file over the base (`mmap` with
+/// `MAP_FIXED | MAP_PRIVATE`): one system call per run whatever the page
+/// count, and pages are read when the guest touches them. Returns the number
+/// of distinct pages placed.
 ///
-/// Falls back to [`overlay_diff`]'s copy when the page data is not aligned to
-/// the host page size, when the diff has more than [`MAX_LAZY_RUNS`] runs,
-/// and always on macOS: Hypervisor.framework's `hv_vm_map` needs guest RAM
-/// to be a single VM region, which per-run file mappings would split.
-pub fn overlay_diff_mapped(ram: &mut MmapMut, layer: &Layer) -> Result<u64> {
+/// Runs of a diff whose page data is not aligned to the host page size are
+/// copied, as is everything when the plan has more than [`MAX_LAZY_RUNS`]
+/// runs, and always on macOS: Hypervisor.framework's `hv_vm_map` needs guest
+/// RAM to be a single VM region, which per-run file mappings would split.
+pub fn overlay_diffs_mapped(ram: &mut MmapMut, diffs: &[Layer]) -> Result<u64> {
     if cfg!(target_os = "macos") {
-        return overlay_diff(ram, layer);
+        return overlay_diffs(ram, diffs);
     }
-    let d = open_diff(layer, ram.len())?;
-    let ps = d.header.page_size as usize;
+    let (open, runs) = plan_overlay(diffs, ram.len())?;
+    let paths: Vec<_> = diffs.iter().map(Layer::memory_path).collect();
     // SAFETY: sysconf has no preconditions.
     let host_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     let host_page = usize::try_from(host_page).unwrap_or(0);
-    let runs = runs(&d.index);
-    let aligned =
-        host_page > 0 && ps % host_page == 0 && d.header.data_offset % host_page as u64 == 0;
-    if !aligned || runs.len() > MAX_LAZY_RUNS {
-        drop(d);
-        return overlay_diff(ram, layer);
-    }
-    let path = layer.memory_path();
-    let base = ram.as_mut_ptr();
-    for (i, n) in runs {
-        let dst = d.index[i] as usize * ps;
-        let len = n * ps;
-        let src = d.header.data_offset + (i * ps) as u64;
+    let lazy_ok = runs.len() <= MAX_LAZY_RUNS && host_page > 0;
+    let aligned: Vec<bool> = open
+        .iter()
+        .map(|d| {
+            lazy_ok
+                && d.header.page_size as usize % host_page == 0
+                && d.header.data_offset % host_page as u64 == 0
+        })
+        .collect();
+    let mut pages = 0;
+    for r in &runs {
+        let d = &open[r.layer];
+        let path = &paths[r.layer];
+        pages += r.len as u64;
+        if !aligned[r.layer] {
+            copy_run(ram, d, r, path)?;
+            continue;
+        }
+        let (dst, len, src) = run_bytes(d, r);
         let off = libc::off_t::try_from(src)
-            .map_err(|_| Error::corrupt(&path, "page data offset overflows off_t"))?;
+            .map_err(|_| Error::corrupt(path, "page data offset overflows off_t"))?;
+        let base = ram.as_mut_ptr();
         // SAFETY: `dst + len <= ram.len()` (open_diff checked every index
         // entry is below the RAM's page count and the buffer is the RAM's
         // size), so the fixed mapping replaces pages inside `ram`'s own
-        // mapping and nothing else; `base + dst` is page-aligned (`ps` is a
-        // multiple of the host page). The new mapping is private, so guest
-        // writes never reach the store's file. `ram` keeps owning the whole
-        // range and unmaps it on drop.
+        // mapping and nothing else; `base + dst` is host-page-aligned (the
+        // page size is a multiple of the host page). The new mapping is
+        // private, so guest writes never reach the store's file. `ram`
+        // keeps owning the whole range and unmaps it on drop.
         let p = unsafe {
             libc::mmap(
                 base.add(dst).cast(),
@@ -240,20 +307,100 @@ pub fn overlay_diff_mapped(ram: &mut MmapMut, layer: &Layer) -> Result<u64> {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::io(&path, "mmap", std::io::Error::last_os_error()));
+            return Err(Error::io(path, "mmap", std::io::Error::last_os_error()));
         }
     }
-    Ok(d.index.len() as u64)
+    Ok(pages)
 }
 
 /// Guest RAM for `chain`: the base mapped copy-on-write
-/// ([`map_base_memory`]) with each diff overlaid in order
-/// ([`overlay_diff_mapped`]). Verify the chain ([`crate::verify_chain_cached`] or
+/// ([`map_base_memory`]) with its diffs overlaid ([`overlay_diffs_mapped`]).
+/// Verify the chain ([`crate::verify_chain_cached`] or
 /// [`crate::verify_chain`]) before running a guest on the result.
 pub fn map_chain_memory(chain: &Chain) -> Result<MmapMut> {
     let mut ram = map_base_memory(chain.base())?;
-    for layer in &chain.layers()[1..] {
-        overlay_diff_mapped(&mut ram, layer)?;
-    }
+    overlay_diffs_mapped(&mut ram, &chain.layers()[1..])?;
     Ok(ram)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(layer: usize, page: u64, pos: usize, len: usize) -> Run {
+        Run {
+            layer,
+            page,
+            pos,
+            len,
+        }
+    }
+
+    #[test]
+    fn one_diff_runs_follow_its_index() {
+        let idx: &[u64] = &[1, 2, 3, 7, 9, 10];
+        assert_eq!(
+            merged_runs(&[idx]),
+            vec![run(0, 1, 0, 3), run(0, 7, 3, 1), run(0, 9, 4, 2)]
+        );
+        assert!(merged_runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn later_diffs_win_and_split_runs() {
+        let a: &[u64] = &[0, 1, 2, 3, 4, 5];
+        let b: &[u64] = &[2, 3, 8];
+        let c: &[u64] = &[3];
+        assert_eq!(
+            merged_runs(&[a, b, c]),
+            vec![
+                run(0, 0, 0, 2),
+                run(1, 2, 0, 1),
+                run(2, 3, 0, 1),
+                run(0, 4, 4, 2),
+                run(1, 8, 2, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn identical_diffs_collapse_to_the_last() {
+        let a: &[u64] = &[5, 6, 7];
+        assert_eq!(merged_runs(&[a, a, a]), vec![run(2, 5, 0, 3)]);
+    }
+
+    #[test]
+    fn merged_plan_matches_applying_layers_in_order() {
+        // A deterministic pseudo-random sweep: the plan must place, for every
+        // page, the copy of the last layer that has it, and nothing else.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let layers = 1 + (next() % 5) as usize;
+            let idxs: Vec<Vec<u64>> = (0..layers)
+                .map(|_| (0..64).filter(|_| next() % 3 == 0).collect())
+                .collect();
+            let mut want = [None::<(usize, usize)>; 64];
+            for (l, idx) in idxs.iter().enumerate() {
+                for (pos, &p) in idx.iter().enumerate() {
+                    want[p as usize] = Some((l, pos));
+                }
+            }
+            let refs: Vec<&[u64]> = idxs.iter().map(Vec::as_slice).collect();
+            let mut got = [None::<(usize, usize)>; 64];
+            for r in merged_runs(&refs) {
+                for k in 0..r.len {
+                    let slot = &mut got[r.page as usize + k];
+                    assert!(slot.is_none(), "page placed twice");
+                    *slot = Some((r.layer, r.pos + k));
+                }
+            }
+            assert_eq!(got, want);
+        }
+    }
 }

@@ -58,7 +58,8 @@ impl Layer {
             }
             Err(e) => return Err(Error::io(&path, "open", e)),
         };
-        let mut bytes = Vec::new();
+        // Room for a typical manifest (about 1 KiB) up front: one read.
+        let mut bytes = Vec::with_capacity(8192);
         (&mut f)
             .take(MAX_MANIFEST_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
@@ -414,11 +415,10 @@ impl Store {
         Layer::load(self.root.join(name), name)
     }
 
-    /// Direct children of every layer (`parent name -> child names`, sorted).
-    /// Fails if any layer's manifest cannot be read, because that layer
-    /// might be a child; `skip` names a layer not to read.
-    fn children_map(&self, skip: Option<&str>) -> Result<BTreeMap<String, Vec<String>>> {
-        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    /// Every layer but `skip`, loaded. Fails if any layer's manifest cannot
+    /// be read, because that layer might be a child of the one asked about.
+    fn load_all(&self, skip: Option<&str>) -> Result<BTreeMap<String, Layer>> {
+        let mut out = BTreeMap::new();
         for name in self.layer_names()? {
             if Some(name.as_str()) == skip {
                 continue;
@@ -428,17 +428,26 @@ impl Store {
                     "cannot tell which snapshots build on which: layer '{name}' is unreadable: {e}"
                 ))
             })?;
-            if let Some(p) = layer.manifest.parent {
-                map.entry(p.name).or_default().push(name);
+            out.insert(name, layer);
+        }
+        Ok(out)
+    }
+
+    /// Direct children of every layer in `layers` (`parent name -> child
+    /// names`, sorted).
+    fn children_map(layers: &BTreeMap<String, Layer>) -> BTreeMap<String, Vec<String>> {
+        let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, layer) in layers {
+            if let Some(p) = &layer.manifest.parent {
+                map.entry(p.name.clone()).or_default().push(name.clone());
             }
         }
-        Ok(map)
+        map
     }
 
     /// Direct children of `name`, sorted.
     pub fn children(&self, name: &str) -> Result<Vec<String>> {
-        Ok(self
-            .children_map(Some(name))?
+        Ok(Self::children_map(&self.load_all(Some(name))?)
             .remove(name)
             .unwrap_or_default())
     }
@@ -455,13 +464,17 @@ impl Store {
     pub fn resolve(&self, spec: &str) -> Result<Chain> {
         let spec = Spec::parse(spec)?;
         let start = self.layer(&spec.name)?;
+        // Layers already read while descending, reused for the ancestry.
+        let mut loaded = BTreeMap::new();
         let target = if spec.descend == 0 {
-            start.name
+            loaded.insert(start.name.clone(), start);
+            spec.name.clone()
         } else {
-            let children = self
-                .children_map(None)
+            loaded = self
+                .load_all(None)
                 .map_err(|e| Error::Chain(format!("cannot follow '{spec}': {e}")))?;
-            let mut path = vec![start.name.clone()];
+            let children = Self::children_map(&loaded);
+            let mut path = vec![start.name];
             for step in 0..spec.descend {
                 let cur = &path[path.len() - 1];
                 let kids = children.get(cur).map(Vec::as_slice).unwrap_or(&[]);
@@ -490,12 +503,17 @@ impl Store {
             }
             path.pop().unwrap_or_default()
         };
-        self.ancestry(&target)
+        self.ancestry(&target, loaded)
     }
 
-    /// The chain ending at `name`, base first.
-    fn ancestry(&self, name: &str) -> Result<Chain> {
-        let mut layers = vec![self.layer(name)?];
+    /// The chain ending at `name`, base first; layers in `loaded` are taken
+    /// from there instead of being read again.
+    fn ancestry(&self, name: &str, mut loaded: BTreeMap<String, Layer>) -> Result<Chain> {
+        let top = match loaded.remove(name) {
+            Some(l) => l,
+            None => self.layer(name)?,
+        };
+        let mut layers = vec![top];
         loop {
             let cur = &layers[layers.len() - 1];
             let Some(link) = cur.manifest.parent.clone() else {
@@ -520,7 +538,10 @@ impl Store {
                     self.root.display()
                 )));
             }
-            let parent = Layer::load(self.root.join(&link.name), &link.name)?;
+            let parent = match loaded.remove(&link.name) {
+                Some(l) => l,
+                None => Layer::load(self.root.join(&link.name), &link.name)?,
+            };
             layers.push(parent);
         }
         layers.reverse();
@@ -561,7 +582,7 @@ impl Store {
         if !self.contains(name) {
             return Err(self.not_found(name));
         }
-        let children = self.children_map(Some(name))?;
+        let children = Self::children_map(&self.load_all(Some(name))?);
         let direct = children.get(name).cloned().unwrap_or_default();
         if !direct.is_empty() && !recursive {
             return Err(Error::HasChildren {

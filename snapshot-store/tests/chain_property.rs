@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use snapshot_store::{map_chain_memory, verify_chain, Layer, Store};
+use snapshot_store::{
+    map_base_memory, map_chain_memory, overlay_diffs, verify_chain, Layer, Store,
+};
 
 /// Pick the pages a generation dirties (sorted, unique).
 fn dirty_pattern(rng: &mut Rng, pages: u64) -> Vec<u64> {
@@ -94,6 +96,13 @@ fn run_seed(seed: u64) {
         verify_chain(&chain).unwrap();
         let ram = map_chain_memory(&chain).unwrap();
         assert!(ram[..] == model[..], "seed {seed}: final restore differs");
+        // The copying overlay (macOS, unaligned diffs) gives the same RAM.
+        let mut copied = map_base_memory(chain.base()).unwrap();
+        overlay_diffs(&mut copied, &chain.layers()[1..]).unwrap();
+        assert!(
+            copied[..] == model[..],
+            "seed {seed}: copied overlay differs"
+        );
         assert_eq!(
             chain.top().read_state().unwrap(),
             format!("gen {generations}").as_bytes()

@@ -298,8 +298,7 @@ enum Start {
 struct Plan {
     ram: Arc<GuestRam>,
     cpus: usize,
-    disk: std::fs::File,
-    disk_path: PathBuf,
+    disk: PlanDisk,
     cmdline: String,
     start: Start,
     power: Vec<VcpuPower>,
@@ -307,8 +306,14 @@ struct Plan {
     devices: Option<Box<MachineState>>,
     /// The layer the next snapshot is a child of (restore with tracking).
     parent: Option<snapshot_store::Layer>,
-    /// Keeps a restored VM's working disk alive until exit.
-    _work: Option<restore::WorkDir>,
+}
+
+/// The VM's disk image.
+enum PlanDisk {
+    /// The user's image, open read-write (a fresh boot).
+    Open { file: std::fs::File, path: PathBuf },
+    /// A restored VM's private copy of the snapshot's image, still being made.
+    Copying(restore::CopyingDisk),
 }
 
 /// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
@@ -344,9 +349,22 @@ where
     stages.gic = t.elapsed();
 
     let t = Instant::now();
+    // Keeps a restored VM's working disk until exit.
+    let mut _work_dir = None;
+    let (disk, disk_path) = match plan.disk {
+        PlanDisk::Open { file, path } => (file, path),
+        PlanDisk::Copying(copy) => {
+            let w = copy.wait()?;
+            stages.disk = w.took;
+            stages.disk_wait = t.elapsed();
+            _work_dir = Some(w.dir);
+            (w.file, w.path)
+        }
+    };
+    let t = Instant::now();
     let blk_region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
-    let blk = Block::new(plan.disk, false, "ignition-vda")
-        .with_context(|| format!("cannot use disk image {}", plan.disk_path.display()))?;
+    let blk = Block::new(disk, false, "ignition-vda")
+        .with_context(|| format!("cannot use disk image {}", disk_path.display()))?;
     let vm_start = Instant::now();
     let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let spi = |intid: u32| -> Arc<dyn IrqLine> {
@@ -450,7 +468,7 @@ where
         shared.clone(),
         &cfg.snapshots,
         plan.parent,
-        plan.disk_path.clone(),
+        disk_path.clone(),
         plan.cmdline.clone(),
         H::NAME,
     );
@@ -538,8 +556,10 @@ fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
     Ok(Plan {
         ram,
         cpus: f.cpus,
-        disk,
-        disk_path: f.disk.clone(),
+        disk: PlanDisk::Open {
+            file: disk,
+            path: f.disk.clone(),
+        },
         cmdline: f.cmdline.clone(),
         start: Start::Boot(BootRegs {
             entry: loaded.entry,
@@ -548,7 +568,6 @@ fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
         power,
         devices: None,
         parent: None,
-        _work: None,
     })
 }
 
