@@ -1,7 +1,8 @@
 //! Architecture support: the machine's memory map, AArch64 syndrome decoding,
-//! system-register identifiers, PSCI, the Linux arm64 Image format and the FDT.
+//! exception entry, system-register identifiers, PSCI, the Linux arm64 Image format and the FDT.
 
 pub mod esr;
+pub mod exception;
 pub mod fdt;
 pub mod image;
 pub mod layout;

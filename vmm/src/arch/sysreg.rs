@@ -76,8 +76,12 @@ sysregs! {
     MPIDR_EL1 = (3, 0, 0, 0, 5);
     /// Processor feature register 0.
     ID_AA64PFR0_EL1 = (3, 0, 0, 4, 0);
+    /// Processor feature register 1 (SSBS, BTI, MTE).
+    ID_AA64PFR1_EL1 = (3, 0, 0, 4, 1);
     /// Memory model feature register 0 (translation granules, PA range).
     ID_AA64MMFR0_EL1 = (3, 0, 0, 7, 0);
+    /// Memory model feature register 1 (PAN, VHE, HAFDBS).
+    ID_AA64MMFR1_EL1 = (3, 0, 0, 7, 1);
     /// System control register (EL1).
     SCTLR_EL1 = (3, 0, 1, 0, 0);
     /// Architectural feature access control (FP/SIMD enable).

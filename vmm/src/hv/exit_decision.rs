@@ -8,8 +8,6 @@
 //!   the device bus with register write-back and PC advance before the guest
 //!   runs again, trapped system registers, PC adjustment of HVC/SMC/WFx,
 //!   injection of UNDEFINED and synchronous external aborts).
-//! * [`exception_entry`]: the architectural entry into a synchronous
-//!   exception at EL1, for any backend that injects exceptions.
 //! * [`vtimer_asserted`], [`vtimer_deadline_ns`]: virtual timer output and
 //!   the WFI wake-up deadline in exact integer arithmetic.
 //!
@@ -20,8 +18,12 @@ use crate::arch::esr::{
     self, data_abort_esr, unknown_esr, DataAbort, FaultKind, Syndrome, SysRegAccess,
     FSC_SYNC_EXTERNAL,
 };
+use crate::arch::exception::{current_el, exception_entry, CpuFeatures, GuestException};
 use crate::arch::layout::PAGE_SIZE;
-use crate::arch::sysreg::{SysReg, ELR_EL1, ESR_EL1, FAR_EL1, SCTLR_EL1, SPSR_EL1, VBAR_EL1};
+use crate::arch::sysreg::{
+    SysReg, ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SPSR_EL1,
+    VBAR_EL1,
+};
 use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
 
 // ---------------------------------------------------------------------------
@@ -439,53 +441,8 @@ fn complete_mmio(
 }
 
 // ---------------------------------------------------------------------------
-// Exception entry (Arm ARM D1.3, pseudocode AArch64.TakeException)
+// Exceptions injected into the guest (entry: `arch::exception`)
 // ---------------------------------------------------------------------------
-
-/// PSTATE.M\[4\] (nRW): the interrupted state was AArch32.
-const PSTATE_NRW: u64 = 1 << 4;
-/// PSTATE.SP (M\[0\] in AArch64 state): SP_ELx selected.
-const PSTATE_SP: u64 = 1 << 0;
-/// PSTATE.{D,A,I,F}, bits 9..6.
-pub const PSTATE_DAIF: u64 = 0xf << 6;
-/// PSTATE.BTYPE, bits 11..10.
-const PSTATE_BTYPE: u64 = 0b11 << 10;
-/// PSTATE.SSBS, bit 12.
-const PSTATE_SSBS: u64 = 1 << 12;
-/// PSTATE.IL, bit 20.
-const PSTATE_IL: u64 = 1 << 20;
-/// PSTATE.SS, bit 21.
-const PSTATE_SS: u64 = 1 << 21;
-/// PSTATE.PAN, bit 22.
-const PSTATE_PAN: u64 = 1 << 22;
-/// PSTATE.UAO, bit 23.
-const PSTATE_UAO: u64 = 1 << 23;
-/// PSTATE.M\[4:0\] = EL1h (AArch64, EL1, SP_EL1).
-pub const PSTATE_EL1H: u64 = 0b0_0101;
-/// SCTLR_EL1.SPAN, bit 23: when 0, PSTATE.PAN is set on exception entry.
-pub(crate) const SCTLR_SPAN: u64 = 1 << 23;
-/// SCTLR_EL1.DSSBS, bit 44: PSTATE.SSBS on exception entry.
-const SCTLR_DSSBS: u64 = 1 << 44;
-
-/// The exception level of a PSTATE value in SPSR format (AArch32 state is
-/// always EL0 for a guest on AArch64-only hardware).
-pub const fn current_el(pstate: u64) -> u8 {
-    if pstate & PSTATE_NRW != 0 {
-        0
-    } else {
-        ((pstate >> 2) & 3) as u8
-    }
-}
-
-/// A synchronous exception to deliver to the guest's EL1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GuestException {
-    /// ESR_EL1 value.
-    pub esr: u64,
-    /// FAR_EL1 value, for aborts (FAR is UNKNOWN for other classes and left
-    /// unchanged).
-    pub far: Option<u64>,
-}
 
 /// An UNDEFINED instruction (EC 0x00, IL = 1).
 pub const fn undefined() -> GuestException {
@@ -505,79 +462,21 @@ pub const fn external_abort(abort: &DataAbort, far: u64, pstate: u64) -> GuestEx
     }
 }
 
-/// The register values after taking a synchronous exception to EL1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExceptionEntry {
-    /// ESR_EL1.
-    pub esr_el1: u64,
-    /// FAR_EL1, if the exception sets it.
-    pub far_el1: Option<u64>,
-    /// ELR_EL1: the preferred return address (the faulting instruction).
-    pub elr_el1: u64,
-    /// SPSR_EL1: PSTATE before the exception.
-    pub spsr_el1: u64,
-    /// PSTATE after entry (SPSR format).
-    pub pstate: u64,
-    /// PC after entry: VBAR_EL1 plus the vector offset.
-    pub pc: u64,
-}
-
-/// Computes the entry into a synchronous exception taken to EL1 from the
-/// state (`pc`, `pstate`) with the guest's VBAR_EL1 and SCTLR_EL1 (Arm ARM
-/// D1.3.1, AArch64.TakeException).
-///
-/// Vector offset: 0x000 from EL1 on SP_EL0, 0x200 from EL1 on SP_EL1, 0x400
-/// from EL0 in AArch64, 0x600 from EL0 in AArch32. New PSTATE: EL1h, D/A/I/F
-/// set, SS, IL, BTYPE and UAO cleared, PAN set when SCTLR_EL1.SPAN is 0,
-/// SSBS = SCTLR_EL1.DSSBS, NZCV and DIT kept. (No MTE or NMI on the CPUs we
-/// run: TCO and ALLINT are left alone.) Returns `None` from EL2 or EL3,
-/// which an EL1 guest never runs at. The caller switches the banked stack
-/// pointer if its backend does not do so on a PSTATE write.
-pub const fn exception_entry(
-    exc: GuestException,
-    pc: u64,
-    pstate: u64,
-    vbar: u64,
-    sctlr: u64,
-) -> Option<ExceptionEntry> {
-    let offset = if pstate & PSTATE_NRW != 0 {
-        0x600
-    } else {
-        match current_el(pstate) {
-            0 => 0x400,
-            1 if pstate & PSTATE_SP != 0 => 0x200,
-            1 => 0x000,
-            _ => return None,
-        }
-    };
-    let mut new =
-        pstate & !(0x1f | PSTATE_SS | PSTATE_IL | PSTATE_BTYPE | PSTATE_UAO | PSTATE_SSBS);
-    new |= PSTATE_EL1H | PSTATE_DAIF;
-    if sctlr & SCTLR_SPAN == 0 {
-        new |= PSTATE_PAN;
-    }
-    if sctlr & SCTLR_DSSBS != 0 {
-        new |= PSTATE_SSBS;
-    }
-    Some(ExceptionEntry {
-        esr_el1: exc.esr,
-        far_el1: exc.far,
-        elr_el1: pc,
-        spsr_el1: pstate,
-        pstate: new,
-        pc: vbar.wrapping_add(offset),
-    })
-}
-
 /// Delivers `exc` to the guest through the [`Vcpu`] register interface:
-/// reads PC, PSTATE, VBAR_EL1 and SCTLR_EL1, writes ESR_EL1, FAR_EL1 (for
-/// aborts), ELR_EL1, SPSR_EL1, PSTATE and PC ([`exception_entry`]).
+/// reads PC, PSTATE, VBAR_EL1, SCTLR_EL1 and the ID registers that say
+/// which PSTATE features the CPU has, writes ESR_EL1, FAR_EL1 (for aborts),
+/// ELR_EL1, SPSR_EL1, PSTATE and PC ([`exception_entry`]). The backend's
+/// PSTATE write banks the stack pointer (HVF does).
 pub fn inject_exception(vcpu: &mut dyn Vcpu, exc: GuestException) -> hv::Result<()> {
     let pc = vcpu.reg(Reg::Pc)?;
     let pstate = vcpu.reg(Reg::Pstate)?;
     let vbar = vcpu.sysreg(VBAR_EL1)?;
     let sctlr = vcpu.sysreg(SCTLR_EL1)?;
-    let entry = exception_entry(exc, pc, pstate, vbar, sctlr).ok_or_else(|| {
+    let features = CpuFeatures::from_id_regs(
+        vcpu.sysreg(ID_AA64MMFR1_EL1)?,
+        vcpu.sysreg(ID_AA64PFR1_EL1)?,
+    );
+    let entry = exception_entry(exc, pc, pstate, vbar, sctlr, features).ok_or_else(|| {
         HvError::Guest(format!(
             "cannot deliver an exception to EL1 from PSTATE {pstate:#x} (PC {pc:#x})"
         ))
@@ -1209,37 +1108,10 @@ mod tests {
         assert!(io.calls.is_empty());
     }
 
-    // ---- exception entry ----
+    // ---- injected exceptions ----
 
     #[test]
-    fn vector_offsets_and_pstate() {
-        let exc = undefined();
-        let sctlr = SCTLR_SPAN;
-        let entry = |pstate| exception_entry(exc, 0x1000, pstate, VBAR, sctlr).unwrap();
-        assert_eq!(entry(0x3c5).pc, VBAR + 0x200, "EL1h");
-        assert_eq!(entry(0x3c4).pc, VBAR, "EL1t");
-        assert_eq!(entry(0x0).pc, VBAR + 0x400, "EL0 AArch64");
-        assert_eq!(entry(0x10).pc, VBAR + 0x600, "EL0 AArch32");
-        assert_eq!(exception_entry(exc, 0, 0x9, VBAR, sctlr), None, "EL2h");
-        // From EL0 with SS, IL, UAO, BTYPE and SSBS set: all cleared; NZCV,
-        // DIT (bit 24) and PAN kept.
-        let from = 0xf000_0000
-            | 1 << 24
-            | PSTATE_PAN
-            | PSTATE_SS
-            | PSTATE_IL
-            | PSTATE_UAO
-            | PSTATE_BTYPE
-            | PSTATE_SSBS;
-        let e = entry(from);
-        assert_eq!(e.pstate, 0xf000_0000 | 1 << 24 | PSTATE_PAN | 0x3c5);
-        assert_eq!(
-            (e.spsr_el1, e.elr_el1, e.esr_el1),
-            (from, 0x1000, 0x0200_0000)
-        );
-        // SPAN = 0 sets PAN; DSSBS sets SSBS.
-        let e = exception_entry(exc, 0, 0, VBAR, SCTLR_DSSBS).unwrap();
-        assert_eq!(e.pstate, PSTATE_PAN | PSTATE_SSBS | 0x3c5);
+    fn external_abort_syndrome() {
         // External abort from EL0 uses EC 0x24 and keeps FAR.
         let da = match esr::decode(STR_W3) {
             Syndrome::DataAbort(d) => d,

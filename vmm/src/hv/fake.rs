@@ -1,8 +1,8 @@
 //! A test-only vCPU: a register file with no CPU behind it, shared by the
 //! unit tests of [`crate::arch::esr`] and [`crate::hv::exit_decision`].
 
+use crate::arch::exception::SCTLR_SPAN;
 use crate::arch::sysreg::{SysReg, SCTLR_EL1, VBAR_EL1};
-use crate::hv::exit_decision::SCTLR_SPAN;
 use crate::hv::{self, HvError, Kick, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -7,6 +7,7 @@
 //! lock may be held while taking the GIC lock (interrupt lines), never the
 //! reverse; no lock is held across [`Vcpu::run`].
 
+use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::layout::{self, VTIMER_INTID};
 use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
 use crate::arch::sysreg::SysReg;
@@ -33,7 +34,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 /// PSTATE for entering the kernel: EL1h with D, A, I and F masked
 /// (Linux arm64 boot protocol: "all forms of interrupts must be masked").
-const PSTATE_EL1H_DAIF: u64 = 0x3c5;
+const PSTATE_EL1H_DAIF: u64 = PSTATE_EL1H | PSTATE_DAIF;
 
 /// Time slice of one vCPU when several share a host thread.
 const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);

@@ -10,13 +10,13 @@
 //! itself makes), and never re-enter each other, so creating a `&mut` from
 //! the pointer does not alias another live reference.
 
-use super::exception::{self, Class};
 use super::insn::{self, Exc, Kind};
 use super::mmu::{self, Access, Fault, Perms};
 use super::timer::{self, VTimer};
 use super::uc::Uc;
 use super::{PaKind, VcpuShared, VmShared, ATTN_IRQ, ATTN_TB, ATTN_TLB};
 use crate::arch::esr;
+use crate::arch::exception::{exception_entry, CpuFeatures, GuestException, PSTATE_NRW};
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::{VcpuExit, VcpuId, VcpuIo};
@@ -136,6 +136,8 @@ pub(crate) struct HookState {
     pub id_mmfr0: u64,
     /// Emulated ID_AA64PFR0_EL1 (GIC system registers advertised).
     pub id_pfr0: u64,
+    /// PSTATE features of the emulated CPU, for exception entry.
+    pub features: CpuFeatures,
     /// `user_data` of the fast-path MMIO regions (filled once, never moved).
     pub mmio_ctx: Vec<MmioCtx>,
     /// Detects a guest looping on WFE or YIELD.
@@ -246,23 +248,33 @@ impl HookState {
         }
     }
 
-    /// Enters the guest's EL1 synchronous exception vector (quirks 1, 2, 4):
-    /// ESR/FAR/ELR/SPSR, SP banking, PSTATE, PC. Returns `false` if the vCPU
-    /// is in a state the backend cannot take an exception from.
+    /// Enters the guest's EL1 synchronous exception vector (quirks 1, 2, 4)
+    /// as computed by [`exception_entry`]: ESR/FAR/ELR/SPSR, SP banking,
+    /// PSTATE, PC. Returns `false` if the vCPU is in a state the backend
+    /// cannot take an exception from (EL2/EL3, or AArch32, which it never
+    /// runs).
     pub fn deliver_sync(&mut self, esr: u64, far: Option<u64>, elr: u64) -> bool {
         let uc = self.uc;
-        let (Ok(pstate), Ok(vbar)) = (uc.read(R::PSTATE), uc.read(R::VBAR_EL1)) else {
+        let (Ok(pstate), Ok(vbar), Ok(sctlr)) = (
+            uc.read(R::PSTATE),
+            uc.read(R::VBAR_EL1),
+            uc.cp_read(sr::SCTLR_EL1),
+        ) else {
             return false;
         };
-        let Some(e) = exception::enter_el1(pstate, elr, vbar, Class::Sync) else {
+        if pstate & PSTATE_NRW != 0 {
+            return false;
+        }
+        let exc = GuestException { esr, far };
+        let Some(e) = exception_entry(exc, elr, pstate, vbar, sctlr, self.features) else {
             return false;
         };
-        let mut ok = uc.write(R::ESR_EL1, esr).is_ok();
-        if let Some(far) = far {
+        let mut ok = uc.write(R::ESR_EL1, e.esr_el1).is_ok();
+        if let Some(far) = e.far_el1 {
             ok &= uc.write(R::FAR_EL1, far).is_ok();
         }
-        ok &= uc.write(R::ELR_EL1, e.elr).is_ok();
-        if e.switch_from_sp_el0 {
+        ok &= uc.write(R::ELR_EL1, e.elr_el1).is_ok();
+        if e.from_sp_el0 {
             let sp = uc.read(R::SP).unwrap_or(0);
             let sp1 = uc.read(R::SP_EL1).unwrap_or(0);
             ok &= uc.write(R::SP_EL0, sp).is_ok();
@@ -272,7 +284,7 @@ impl HookState {
         ok &= uc.write(R::PC, e.pc).is_ok();
         // A CP_REG write rebuilds unicorn's cached flags for the new EL
         // (quirk 4); SPSR_EL1 has no plain register id anyway.
-        ok &= uc.cp_write(sr::SPSR_EL1, e.spsr).is_ok();
+        ok &= uc.cp_write(sr::SPSR_EL1, e.spsr_el1).is_ok();
         ok
     }
 

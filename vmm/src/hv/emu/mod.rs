@@ -37,7 +37,6 @@
 //! makes unicorn print a deprecation warning on stderr (the call still
 //! fails cleanly).
 
-pub mod exception;
 mod hooks;
 pub mod insn;
 pub mod mmu;
@@ -51,6 +50,7 @@ mod tests;
 use self::hooks::{HookState, MmioCtx, PendingFault};
 use self::uc::Uc;
 use crate::arch::esr;
+use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::layout::{
     self, BOOT_TIMER, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_SIZE, PAGE_SIZE, PL011, RAM_BASE,
     VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS,
@@ -456,6 +456,10 @@ impl EmuVcpu {
             mpidr: mpidr | (1 << 31),
             id_mmfr0: 0,
             id_pfr0: 0,
+            features: CpuFeatures {
+                pan: false,
+                ssbs: false,
+            },
             mmio_ctx: Vec::new(),
             spin: spin::SpinDetector::default(),
             spin_enabled: vm.vcpus.len() > 1,
@@ -594,7 +598,7 @@ impl EmuVcpu {
         // with the MMU off; make PSTATE exactly EL1h with DAIF masked (its
         // reset value has Z set). The CP_REG writes below rebuild unicorn's
         // cached flags (quirk 4).
-        uc.write(R::PSTATE, exception::DAIF | exception::MODE_EL1H)
+        uc.write(R::PSTATE, PSTATE_DAIF | PSTATE_EL1H)
             .map_err(uc_err("write PSTATE"))?;
         let cp = |reg: SysReg, v: u64| uc.cp_write(reg, v).map_err(uc_err("write system register"));
         cp(hooks::SCR_EL3, (1 << 10) | (1 << 8) | 1)?; // RW | HCE | NS
@@ -607,6 +611,8 @@ impl EmuVcpu {
         let rd = |reg: SysReg| uc.cp_read(reg).map_err(uc_err("read system register"));
         st.id_mmfr0 = (rd(sr::ID_AA64MMFR0_EL1)? & !(0xf << 20)) | (1 << 20); // TGran16
         st.id_pfr0 = (rd(sr::ID_AA64PFR0_EL1)? & !(0xf << 24)) | (1 << 24); // GIC sysregs
+        st.features =
+            CpuFeatures::from_id_regs(rd(sr::ID_AA64MMFR1_EL1)?, rd(sr::ID_AA64PFR1_EL1)?);
         Ok(())
     }
 

@@ -1,10 +1,10 @@
 //! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
 
 use super::{call_err, check, host_count, regs, VmShared};
+use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::sysreg::SysReg;
 use crate::hv::exit_decision::{
     complete, decide, vtimer_asserted, Action, ExitReason, ExitRecord, LocalState, Step,
-    PSTATE_DAIF, PSTATE_EL1H,
 };
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use applevisor::vcpu::{Vcpu as HvVcpu, VcpuHandle};
