@@ -187,6 +187,17 @@ impl FaultStatus {
         Self(FSC_ACCESS_FLAG | (level & 3))
     }
 
+    /// An address size fault at `level` (0..=3; higher bits are masked off).
+    pub const fn address_size(level: u8) -> Self {
+        Self(FSC_ADDRESS_SIZE | (level & 3))
+    }
+
+    /// A synchronous external abort on the translation table walk at `level`
+    /// (0..=3; higher bits are masked off).
+    pub const fn external_abort_on_walk(level: u8) -> Self {
+        Self(FSC_SYNC_EXTERNAL_ON_WALK | (level & 3))
+    }
+
     /// The raw 6-bit code.
     pub const fn code(self) -> u8 {
         self.0 & 0x3f
@@ -986,6 +997,12 @@ mod tests {
         assert_eq!(FaultStatus(FSC_ALIGNMENT).kind(), FaultKind::Alignment);
         assert_eq!(FaultStatus(0b11_0000).kind(), FaultKind::TlbConflict);
         assert_eq!(FaultStatus(0b11_1111).kind(), FaultKind::Other);
+        assert_eq!(
+            FaultStatus::external_abort_on_walk(1),
+            FaultStatus(0b01_0101)
+        );
+        assert_eq!(FaultStatus::address_size(2).kind(), FaultKind::AddressSize);
+        assert_eq!(FaultStatus::address_size(2).level(), Some(2));
         // Masking, no panic.
         assert_eq!(FaultStatus::permission(7), FaultStatus::permission(3));
     }

@@ -729,7 +729,7 @@ impl HookState {
                     | (1 << 9)
                     | (u64::from(t.sh) << 7)
             }
-            Err(f) => (1 << 11) | (u64::from(f.status()) << 1) | 1,
+            Err(f) => (1 << 11) | (u64::from(f.code()) << 1) | 1,
         };
         let _ = self.uc.write(R::PAR_EL1, par);
     }

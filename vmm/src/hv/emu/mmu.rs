@@ -80,49 +80,11 @@ pub struct Translation {
     pub sh: u8,
 }
 
-/// Why a translation failed (Arm ARM D8.15, the fault status codes of
-/// ESR_ELx.ISS.DFSC/IFSC).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// Output or input address outside the supported range.
-    AddressSize,
-    /// No valid descriptor.
-    Translation,
-    /// The leaf descriptor has AF = 0.
-    AccessFlag,
-    /// The access is not permitted.
-    Permission,
-    /// A descriptor could not be read (outside RAM): synchronous external
-    /// abort on translation table walk.
-    ExternalOnWalk,
-}
-
-/// A translation fault with the level it occurred at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    /// What failed.
-    pub kind: FaultKind,
-    /// Lookup level (0..=3).
-    pub level: u8,
-}
-
-impl Fault {
-    fn new(kind: FaultKind, level: u8) -> Self {
-        Fault { kind, level }
-    }
-
-    /// The fault status code (ISS.DFSC/IFSC) of this fault.
-    pub fn status(self) -> u8 {
-        let base = match self.kind {
-            FaultKind::AddressSize => esr::FSC_ADDRESS_SIZE,
-            FaultKind::Translation => esr::FSC_TRANSLATION,
-            FaultKind::AccessFlag => esr::FSC_ACCESS_FLAG,
-            FaultKind::Permission => esr::FSC_PERMISSION,
-            FaultKind::ExternalOnWalk => esr::FSC_SYNC_EXTERNAL_ON_WALK,
-        };
-        base + (self.level & 3)
-    }
-}
+/// Why a translation failed: the fault status code (ISS.DFSC/IFSC) with its
+/// lookup level, as the walker reports it (Arm ARM D8.15). The walker
+/// produces address size, translation, access flag, permission and
+/// external-abort-on-walk faults.
+pub type Fault = esr::FaultStatus;
 
 /// Reads 8-byte translation table descriptors by physical address.
 pub trait TableMemory {
@@ -238,7 +200,7 @@ pub fn translate(
     if regs.sctlr & 1 == 0 {
         // MMU off: flat mapping, limited by the 48-bit physical address size.
         if va & !OA_MASK != 0 {
-            return Err(Fault::new(FaultKind::AddressSize, 0));
+            return Err(Fault::address_size(0));
         }
         return Ok(Translation {
             pa: va,
@@ -262,10 +224,10 @@ pub fn translate(
     let mask = (1u64 << width) - 1;
     let high = (va >> inputsize) & mask;
     if (upper && high != mask) || (!upper && high != 0) {
-        return Err(Fault::new(FaultKind::Translation, 0));
+        return Err(Fault::translation(0));
     }
     if h.epd {
-        return Err(Fault::new(FaultKind::Translation, 0));
+        return Err(Fault::translation(0));
     }
 
     let gshift = h.granule.shift();
@@ -291,14 +253,14 @@ pub fn translate(
         let index = (va >> shift) & ((1u64 << bits) - 1);
         let desc = mem
             .read_desc(table + index * 8)
-            .ok_or(Fault::new(FaultKind::ExternalOnWalk, level))?;
+            .ok_or(Fault::external_abort_on_walk(level))?;
         if desc & 1 == 0 {
-            return Err(Fault::new(FaultKind::Translation, level));
+            return Err(Fault::translation(level));
         }
         let is_table_or_page = desc & 2 != 0;
         if level < 3 && is_table_or_page {
             if desc & OA_HIGH != 0 {
-                return Err(Fault::new(FaultKind::AddressSize, level));
+                return Err(Fault::address_size(level));
             }
             pxn_table |= desc & (1 << 59) != 0;
             uxn_table |= desc & (1 << 60) != 0;
@@ -309,17 +271,17 @@ pub fn translate(
         }
         if level == 3 && !is_table_or_page {
             // Level-3 descriptors with bit 1 clear are reserved.
-            return Err(Fault::new(FaultKind::Translation, level));
+            return Err(Fault::translation(level));
         }
         if level < 3 && !h.granule.block_allowed(level) {
-            return Err(Fault::new(FaultKind::Translation, level));
+            return Err(Fault::translation(level));
         }
         // Leaf (block or page).
         if desc & OA_HIGH != 0 {
-            return Err(Fault::new(FaultKind::AddressSize, level));
+            return Err(Fault::address_size(level));
         }
         if desc & (1 << 10) == 0 {
-            return Err(Fault::new(FaultKind::AccessFlag, level));
+            return Err(Fault::access_flag(level));
         }
         let offset_mask = (1u64 << shift) - 1;
         let pa = (desc & OA_MASK & !offset_mask) | (va & offset_mask);
@@ -346,7 +308,7 @@ pub fn translate_access(
     if t.perms.allows(access) {
         Ok(t)
     } else {
-        Err(Fault::new(FaultKind::Permission, t.level))
+        Err(Fault::permission(t.level))
     }
 }
 
@@ -389,18 +351,6 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    #[test]
-    fn fault_status_codes() {
-        assert_eq!(
-            Fault {
-                kind: FaultKind::ExternalOnWalk,
-                level: 1
-            }
-            .status(),
-            0x15
-        );
-    }
-
     /// A sparse physical memory of descriptors.
     #[derive(Default)]
     struct Mem(HashMap<u64, u64>);
@@ -441,7 +391,7 @@ mod tests {
         assert_eq!(t.pa, 0x4000_1234);
         assert_eq!(t.perms, Perms::ALL);
         let e = translate(&regs, 1 << 50, 1, &Mem::default().reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::AddressSize, 0));
+        assert_eq!(e, Fault::address_size(0));
     }
 
     #[test]
@@ -509,7 +459,7 @@ mod tests {
         assert_eq!((t.pa, t.level), (0x4012_3456, 1));
         // Out of range for a 39-bit VA.
         let e = translate(&regs, 1 << 40, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Translation, 0));
+        assert_eq!(e, Fault::translation(0));
     }
 
     /// 16K granule, 47-bit VA (Linux's ARM64_VA_BITS_47): three levels
@@ -536,7 +486,7 @@ mod tests {
         assert!(t.perms.exec && t.perms.write && t.perms.read);
         // Not canonical for a 47-bit upper half.
         let e = translate(&regs, 0xff00_0000_0000_0000, 1, &m.reader()).unwrap_err();
-        assert_eq!(e.kind, FaultKind::Translation);
+        assert_eq!(e.kind(), esr::FaultKind::Translation);
     }
 
     /// 16K granule, 48-bit VA: level 0 resolves one bit.
@@ -560,7 +510,7 @@ mod tests {
         // A block at level 1 is not valid with 16K pages.
         m.set(l1, (va >> 36) & 0x7ff, 0x4000_0000 | BLOCK | AF);
         let e = translate(&regs, va, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Translation, 1));
+        assert_eq!(e, Fault::translation(1));
     }
 
     /// 16K granule with a small input size starts at level 2.
@@ -580,7 +530,7 @@ mod tests {
         let t = translate(&regs, va, 1, &m.reader()).unwrap();
         assert_eq!((t.pa, t.level), (0x4010_0010, 3));
         let e = translate(&regs, va + 0x4000, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Translation, 3));
+        assert_eq!(e, Fault::translation(3));
     }
 
     /// 64K granule, 48-bit VA: three levels starting at level 1.
@@ -620,14 +570,14 @@ mod tests {
         };
         m.set(0x10000, 0, l3 | TABLE);
         let e = translate(&regs, 0x10, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Translation, 3));
+        assert_eq!(e, Fault::translation(3));
         regs.tcr |= 1 << 7; // EPD0
         let e = translate(&regs, 0x10, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Translation, 0));
+        assert_eq!(e, Fault::translation(0));
         regs.tcr &= !(1 << 7);
         regs.ttbr0 = 0x9000_0000; // outside the test "RAM"
         let e = translate(&regs, 0x10, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::ExternalOnWalk, 2));
+        assert_eq!(e, Fault::external_abort_on_walk(2));
     }
 
     fn one_page(desc_attrs: u64, table_attrs: u64, sctlr_extra: u64) -> (Mem, Regs) {
@@ -698,13 +648,13 @@ mod tests {
     fn access_flag_and_permission_faults() {
         let (m, regs) = one_page(AP_RO, 0, 0);
         let e = translate(&regs, 0, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::AccessFlag, 3));
+        assert_eq!(e, Fault::access_flag(3));
         let (m, regs) = one_page(AP_RO | AF, 0, 0);
         assert!(translate_access(&regs, 0, 1, Access::Read, &m.reader()).is_ok());
         let e = translate_access(&regs, 0, 1, Access::Write, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Permission, 3));
+        assert_eq!(e, Fault::permission(3));
         let e = translate_access(&regs, 0, 0, Access::Read, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::Permission, 3));
+        assert_eq!(e, Fault::permission(3));
     }
 
     #[test]
@@ -712,8 +662,8 @@ mod tests {
         let (m, mut regs) = one_page(AF, 0, 0);
         let tagged = 0x5a00_0000_0000_0123;
         assert_eq!(
-            translate(&regs, tagged, 1, &m.reader()).unwrap_err().kind,
-            FaultKind::Translation
+            translate(&regs, tagged, 1, &m.reader()).unwrap_err().kind(),
+            esr::FaultKind::Translation
         );
         regs.tcr |= 1 << 37; // TBI0
         assert_eq!(
@@ -726,7 +676,7 @@ mod tests {
     fn output_address_above_48_bits_is_an_address_size_fault() {
         let (m, regs) = one_page(AF | (1 << 48), 0, 0);
         let e = translate(&regs, 0, 1, &m.reader()).unwrap_err();
-        assert_eq!(e, Fault::new(FaultKind::AddressSize, 3));
+        assert_eq!(e, Fault::address_size(3));
         // DBM (bit 51) and GP (bit 50) are attributes, not address bits.
         let (m, regs) = one_page(AF | (1 << 51) | (1 << 50), 0, 0);
         assert_eq!(translate(&regs, 0, 1, &m.reader()).unwrap().pa, 0x4000_0000);

@@ -705,7 +705,7 @@ impl EmuVcpu {
         let uc = self.uc;
         let pc = uc.read(R::PC).map_err(uc_err("read PC"))?;
         let status = match f.cause {
-            hooks::FaultCause::Walk(fault) => fault.status(),
+            hooks::FaultCause::Walk(fault) => fault.code(),
             hooks::FaultCause::External => esr::FSC_SYNC_EXTERNAL,
             hooks::FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
         };
