@@ -745,54 +745,9 @@ pub fn sysreg_write_value(vcpu: &mut dyn Vcpu, access: &SysRegAccess) -> hv::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::esr_vectors::*;
     use crate::arch::sysreg::{ICC_EOIR1_EL1, ICC_IAR1_EL1};
     use crate::hv::fake::FakeVcpu;
-
-    // Hand-assembled ESR values. Field positions (Arm ARM D24.2.41):
-    // EC [31:26], IL [25]; data abort ISS: ISV [24], SAS [23:22], SSE [21],
-    // SRT [20:16], SF [15], AR [14], WnR [6], DFSC [5:0].
-
-    /// `ldr w1, [x0]` (EL1 -> EL2), stage-2 translation fault level 2:
-    /// EC 0x24 (0x9000_0000) | IL (0x0200_0000) | ISV (0x0100_0000) |
-    /// SAS=0b10 (0x0080_0000) | SRT=1 (0x0001_0000) | DFSC 0b000110.
-    const LDR_W1: u64 = 0x9381_0006;
-    /// `strb w3, [x0]`: SAS=0b00, SRT=3 (0x0003_0000), WnR (0x40), DFSC
-    /// translation level 3 (0b000111).
-    const STRB_W3: u64 = 0x9303_0047;
-    /// `ldrsh x2, [x0]`: SAS=0b01 (0x0040_0000), SSE (0x0020_0000), SRT=2
-    /// (0x0002_0000), SF (0x8000), DFSC 0b000110.
-    const LDRSH_X2: u64 = 0x9362_8006;
-    /// `ldp x0, x1, [x2]`: no single Rt, so ISV=0; IL=1, DFSC 0b000110.
-    const LDP_NO_ISV: u64 = 0x9200_0006;
-    /// `str x1, [x0]` to a write-protected page: SAS=0b11 (0x00C0_0000),
-    /// SRT=1, SF, WnR, DFSC permission fault level 3 (0b001111).
-    const STR_X1_PERM: u64 = 0x93C1_804F;
-    /// ESR_EL1 of a kernel write hitting a read-only mapping: EC 0x25
-    /// (0x9400_0000) | IL | WnR | DFSC 0b001111, ISV=0.
-    const EL1_PERM_WRITE: u64 = 0x9600_004F;
-    /// `msr icc_eoir1_el1, x3`: EC 0x18 (0x6000_0000) | IL; ISS Op0=3
-    /// (0x30_0000), Op2=1 (0x2_0000), Op1=0, CRn=12 (0x3000), Rt=3 (0x60),
-    /// CRm=12 (0x18), Direction=0 (write).
-    const MSR_EOIR1_X3: u64 = 0x6232_3078;
-    /// `mrs x5, icc_iar1_el1`: Op0=3, Op2=0, Op1=0, CRn=12, Rt=5 (0xA0),
-    /// CRm=12, Direction=1 (read).
-    const MRS_X5_IAR1: u64 = 0x6230_30B9;
-    /// `hvc #0`: EC 0x16 (0x5800_0000) | IL.
-    const HVC_0: u64 = 0x5A00_0000;
-    /// `wfi`: EC 0x01 (0x0400_0000) | IL, TI=0b00.
-    const WFI: u64 = 0x0600_0000;
-    /// `wfe`: as WFI with TI=0b01.
-    const WFE: u64 = 0x0600_0001;
-    /// `svc #0` from EL0 as Linux reports it: EC 0x15 (0x5400_0000) | IL.
-    const SVC_0: u64 = 0x5600_0000;
-    /// Linux `BUG()` is `brk #0x800`: EC 0x3C (0xF000_0000) | IL | 0x800.
-    const BRK_BUG: u64 = 0xF200_0800;
-    /// UNDEFINED instruction: EC 0 | IL.
-    const UNDEF: u64 = 0x0200_0000;
-    /// Kernel instruction fetch from an unmapped address: EC 0x21
-    /// (0x8400_0000) | IL | IFSC translation level 3.
-    const IABT_EL1_L3: u64 = 0x8600_0007;
-
     fn da(esr: u64) -> DataAbort {
         match decode(esr) {
             Syndrome::DataAbort(d) => d,

@@ -2,6 +2,8 @@
 //! exception entry, system-register identifiers, PSCI, the Linux arm64 Image format and the FDT.
 
 pub mod esr;
+#[cfg(test)]
+pub(crate) mod esr_vectors;
 pub mod exception;
 pub mod fdt;
 pub mod image;
