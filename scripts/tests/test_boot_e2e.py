@@ -140,8 +140,22 @@ def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
 
     r = run_boot(boot_bin, "--help")
     assert r.returncode == 0
-    for opt in ("--kernel", "--disk", "--mem", "--cpus", "--cmdline", "--backend"):
+    for opt in ("--kernel", "--disk", "--mem", "--cpus", "--cmdline", "--backend", "--gic"):
         assert opt in r.stdout, opt
+
+
+def test_in_kernel_gic_is_refused_on_emu(boot_bin, guest_out, tmp_path):
+    """--gic hvf needs the hvf backend: one clear line, before anything starts."""
+    for extra in (["--disk", str(guest_out / "rootfs.ext4")],
+                  ["--restore", "golden", "--store", str(tmp_path / "store")]):
+        r = run_boot(boot_bin, "--gic", "hvf", "--backend", "emu", *extra)
+        assert r.returncode != 0, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "in-kernel GIC exists only on the hvf backend" in lines[0], r.stderr
+    r = run_boot(boot_bin, "--gic", "vgic")
+    assert r.returncode == 2 and "--gic" in r.stderr, r.stderr
+    r = run_boot(boot_bin, "--help")
+    assert "userspace" in r.stdout and "macOS 15" in r.stdout, r.stdout
 
 
 def test_console_works_on_a_pipe(boot_bin, guest_out, disk, backend):

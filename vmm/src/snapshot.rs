@@ -12,14 +12,16 @@ use crate::devices::gicv3::GicState;
 use crate::devices::pl011::Pl011State;
 use crate::devices::virtio::block::BlockState;
 use crate::devices::virtio::mmio::VirtioMmioState;
-use crate::hv::{self, Reg, Vcpu, Vm};
+use crate::hv::gic::check_icc_state;
+use crate::hv::{self, GicMode, Reg, Vcpu, Vm};
 use serde::{Deserialize, Serialize};
 
 /// Version of the machine-state encoding; bump on incompatible changes.
-pub const MACHINE_STATE_VERSION: u32 = 1;
-
-/// Name of the GIC mode recorded in snapshots (the userspace GICv3 model).
-pub const GIC_MODE_USERSPACE: &str = "userspace";
+///
+/// Version 2 records the GIC by mode ([`GicSnapshot`]) and each vCPU's
+/// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Version 1
+/// (userspace GIC only) is still read: [`MachineState::decode`] upgrades it.
+pub const MACHINE_STATE_VERSION: u32 = 2;
 
 /// One vCPU's architectural state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +45,12 @@ pub struct VcpuState {
     /// The virtual count (CNTVCT_EL0) at capture; restore sets the vtimer
     /// offset so the guest's clock continues from here.
     pub virtual_count: u64,
+    /// GIC CPU-interface registers held by an in-kernel GIC
+    /// ([`Vcpu::gic_cpu_state`], `ICC_*_EL1` in
+    /// [`crate::hv::gic::icc_state_regs`] order); empty with the userspace
+    /// GIC, whose CPU interface is in [`GicSnapshot::Userspace`].
+    #[serde(default)]
+    pub gic_cpu: Vec<(SysReg, u64)>,
 }
 
 /// Captures a vCPU's state. Call on the vCPU's own thread while it is
@@ -68,12 +76,14 @@ pub fn capture_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<VcpuState> 
         cntv_ctl: vcpu.sysreg(CNTV_CTL_EL0)?,
         cntv_cval: vcpu.sysreg(CNTV_CVAL_EL0)?,
         virtual_count: vm.physical_count().wrapping_sub(vcpu.vtimer_offset()?),
+        gic_cpu: vcpu.gic_cpu_state()?,
     })
 }
 
 /// Applies a captured state to a freshly created vCPU (on its own thread).
 /// The vtimer offset is set first so the timer registers are interpreted in
-/// the restored guest's time.
+/// the restored guest's time. The in-kernel GIC's CPU-interface registers
+/// are not applied here but by [`apply_vcpu_gic`], after the GIC's own state.
 pub fn apply_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu, s: &VcpuState) -> hv::Result<()> {
     if s.x.len() != 31 || s.v.len() != 32 {
         return Err(hv::HvError::Guest(format!(
@@ -102,6 +112,13 @@ pub fn apply_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu, s: &VcpuState) -> hv::Resul
     vcpu.set_sysreg(CNTV_CTL_EL0, s.cntv_ctl)?;
     vcpu.set_reg(Reg::Pstate, s.pstate)?;
     vcpu.set_reg(Reg::Pc, s.pc)
+}
+
+/// Applies a captured vCPU's in-kernel GIC CPU-interface registers (on the
+/// vCPU's thread), after [`apply_vcpu`] and after the in-kernel GIC's state
+/// ([`hv::KernelGic::restore`]); a no-op list for the userspace GIC.
+pub fn apply_vcpu_gic<V: Vcpu>(vcpu: &mut V, s: &VcpuState) -> hv::Result<()> {
+    vcpu.set_gic_cpu_state(&s.gic_cpu)
 }
 
 /// PSCI power state of a vCPU, as the run loop keeps it and a snapshot
@@ -137,14 +154,65 @@ pub struct MachineState {
     pub vcpus: Vec<VcpuState>,
     /// Per vCPU, index order.
     pub power: Vec<VcpuPower>,
-    /// The GICv3.
-    pub gic: GicState,
+    /// The interrupt controller, by mode.
+    pub gic: GicSnapshot,
     /// The console UART.
     pub pl011: Pl011State,
     /// The boot-timer.
     pub boot_timer: BootTimerState,
     /// The root block device and its transport.
     pub virtio_blk: VirtioMmioState<BlockState>,
+}
+
+/// The interrupt controller's state, by [`GicMode`]. Serialised as
+/// `{"userspace": {...}}` or `{"hvf": "<hex>"}` (the mode names).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GicSnapshot {
+    /// The userspace GICv3 model's state.
+    Userspace(GicState),
+    /// Hypervisor.framework's in-kernel GIC: its opaque, versioned
+    /// `hv_gic_state` blob ([`hv::KernelGic::save`]).
+    Hvf(#[serde(with = "hex_bytes")] Vec<u8>),
+}
+
+impl GicSnapshot {
+    /// The mode this state belongs to.
+    pub fn mode(&self) -> GicMode {
+        match self {
+            GicSnapshot::Userspace(_) => GicMode::Userspace,
+            GicSnapshot::Hvf(_) => GicMode::Hvf,
+        }
+    }
+}
+
+/// Bytes as a lowercase hex string (compact in JSON, unlike an array).
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        use std::fmt::Write;
+        let mut hex = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            let _ = write!(hex, "{b:02x}");
+        }
+        s.serialize_str(&hex)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let hex = String::deserialize(d)?;
+        if hex.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("hex string of odd length"));
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
+            })
+            .collect()
+    }
 }
 
 /// Errors decoding a machine state.
@@ -170,12 +238,32 @@ impl MachineState {
         serde_json::to_vec(self).expect("machine state serialises")
     }
 
-    /// Parses and checks the shape of an untrusted state.
+    /// The interrupt controller mode this state was taken with.
+    pub fn gic_mode(&self) -> GicMode {
+        self.gic.mode()
+    }
+
+    /// Parses and checks the shape of an untrusted state. A version 1 state
+    /// (userspace GIC only) is upgraded to the current encoding.
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
-        let s: MachineState = serde_json::from_slice(bytes)?;
-        if s.version != MACHINE_STATE_VERSION {
-            return Err(StateError::Version { found: s.version });
+        let mut v: serde_json::Value = serde_json::from_slice(bytes)?;
+        match v.get("version").and_then(serde_json::Value::as_u64) {
+            Some(1) => {
+                if let Some(obj) = v.as_object_mut() {
+                    if let Some(gic) = obj.remove("gic") {
+                        obj.insert("gic".into(), serde_json::json!({ "userspace": gic }));
+                    }
+                    obj.insert("version".into(), MACHINE_STATE_VERSION.into());
+                }
+            }
+            Some(found) if found != u64::from(MACHINE_STATE_VERSION) => {
+                return Err(StateError::Version {
+                    found: u32::try_from(found).unwrap_or(u32::MAX),
+                });
+            }
+            _ => {}
         }
+        let s: MachineState = serde_json::from_value(v)?;
         let n = s.vcpus.len();
         if n == 0 || n > crate::arch::layout::MAX_VCPUS || s.power.len() != n {
             return Err(StateError::Inconsistent(format!(
@@ -184,6 +272,184 @@ impl MachineState {
                 s.power.len()
             )));
         }
+        for (id, vcpu) in s.vcpus.iter().enumerate() {
+            match &s.gic {
+                GicSnapshot::Userspace(_) if !vcpu.gic_cpu.is_empty() => {
+                    return Err(StateError::Inconsistent(format!(
+                        "vCPU {id} has in-kernel GIC registers but the GIC is the userspace one"
+                    )));
+                }
+                GicSnapshot::Userspace(_) => {}
+                GicSnapshot::Hvf(_) => check_icc_state(&vcpu.gic_cpu)
+                    .map_err(|e| StateError::Inconsistent(format!("vCPU {id}: {e}")))?,
+            }
+        }
+        if let GicSnapshot::Hvf(blob) = &s.gic {
+            if blob.is_empty() {
+                return Err(StateError::Inconsistent(
+                    "the in-kernel GIC state is empty".into(),
+                ));
+            }
+        }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::sysreg::{ICC_CTLR_EL1, SCTLR_EL1};
+    use crate::devices::boot_timer::BootTimer;
+    use crate::devices::gicv3::Gicv3;
+    use crate::devices::pl011::Pl011;
+    use crate::devices::virtio::block::Block;
+    use crate::devices::virtio::mmio::VirtioMmio;
+    use crate::devices::IrqLine;
+    use crate::hv::gic::icc_state_regs;
+    use crate::memory::GuestRam;
+    use std::sync::Arc;
+
+    struct NoIrq;
+    impl IrqLine for NoIrq {
+        fn set_level(&self, _level: bool) {}
+    }
+
+    fn vcpu(gic_cpu: Vec<(SysReg, u64)>) -> VcpuState {
+        VcpuState {
+            x: (0..31).collect(),
+            pc: 0xffff_8000_1000_0000,
+            pstate: 0x3c5,
+            v: (0..32).map(|n| (n, !n)).collect(),
+            sysregs: vec![(SCTLR_EL1, 0x30d0_1805)],
+            cntv_ctl: 1,
+            cntv_cval: 123_456,
+            virtual_count: 100_000,
+            gic_cpu,
+        }
+    }
+
+    /// The in-kernel GIC's registers of one vCPU with 5 priority bits.
+    fn icc() -> Vec<(SysReg, u64)> {
+        let ctlr = 4 << 8;
+        icc_state_regs(ctlr)
+            .into_iter()
+            .map(|r| (r, if r == ICC_CTLR_EL1 { ctlr } else { 0xf0 }))
+            .collect()
+    }
+
+    fn state(gic: GicSnapshot, gic_cpu: Vec<(SysReg, u64)>) -> MachineState {
+        let ram = Arc::new(GuestRam::new_anonymous(64 << 20).unwrap());
+        let disk = tempfile::tempfile().unwrap();
+        disk.set_len(1 << 20).unwrap();
+        let blk = VirtioMmio::new(
+            Block::new(disk, false, "test").unwrap(),
+            ram,
+            Arc::new(NoIrq),
+        )
+        .unwrap();
+        MachineState {
+            version: MACHINE_STATE_VERSION,
+            backend: "hvf".into(),
+            ram_size: 64 << 20,
+            cmdline: "console=ttyAMA0".into(),
+            vcpus: vec![vcpu(gic_cpu.clone()), vcpu(gic_cpu)],
+            power: vec![VcpuPower::On, VcpuPower::Off],
+            gic,
+            pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
+            boot_timer: BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).save(),
+            virtio_blk: blk.save(),
+        }
+    }
+
+    fn userspace() -> MachineState {
+        state(GicSnapshot::Userspace(Gicv3::new(2).save()), Vec::new())
+    }
+
+    fn hvf() -> MachineState {
+        state(GicSnapshot::Hvf(vec![0, 1, 0xab, 0xff, 0x10]), icc())
+    }
+
+    #[test]
+    fn userspace_gic_state_round_trips() {
+        let s = userspace();
+        let back = MachineState::decode(&s.encode()).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.gic_mode(), GicMode::Userspace);
+        let json = String::from_utf8(s.encode()).unwrap();
+        assert!(json.contains("\"gic\":{\"userspace\":"), "{json}");
+    }
+
+    #[test]
+    fn in_kernel_gic_state_round_trips() {
+        let s = hvf();
+        let back = MachineState::decode(&s.encode()).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.gic_mode(), GicMode::Hvf);
+        assert_eq!(back.vcpus[1].gic_cpu, icc());
+        // The blob is a hex string, not a JSON array.
+        let json = String::from_utf8(s.encode()).unwrap();
+        assert!(json.contains("\"gic\":{\"hvf\":\"0001abff10\"}"), "{json}");
+    }
+
+    #[test]
+    fn version_1_states_are_upgraded() {
+        let s = userspace();
+        let mut v: serde_json::Value = serde_json::from_slice(&s.encode()).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        let GicSnapshot::Userspace(g) = &s.gic else {
+            unreachable!()
+        };
+        obj.insert("gic".into(), serde_json::to_value(g).unwrap());
+        obj.insert("version".into(), 1.into());
+        for vcpu in obj["vcpus"].as_array_mut().unwrap() {
+            vcpu.as_object_mut().unwrap().remove("gic_cpu");
+        }
+        let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(back, s);
+        // Other versions are refused.
+        v["version"] = 3.into();
+        assert!(matches!(
+            MachineState::decode(&serde_json::to_vec(&v).unwrap()),
+            Err(StateError::Version { found: 3 })
+        ));
+    }
+
+    #[test]
+    fn gic_registers_must_match_the_mode() {
+        // In-kernel registers with the userspace GIC.
+        let mut s = userspace();
+        s.vcpus[0].gic_cpu = icc();
+        assert!(matches!(
+            MachineState::decode(&s.encode()),
+            Err(StateError::Inconsistent(_))
+        ));
+        // Missing or malformed registers with the in-kernel GIC.
+        let mut s = hvf();
+        s.vcpus[1].gic_cpu.clear();
+        assert!(matches!(
+            MachineState::decode(&s.encode()),
+            Err(StateError::Inconsistent(_))
+        ));
+        let mut s = hvf();
+        s.vcpus[0].gic_cpu.swap(0, 1);
+        assert!(MachineState::decode(&s.encode()).is_err());
+        // An empty blob.
+        let mut s = hvf();
+        s.gic = GicSnapshot::Hvf(Vec::new());
+        assert!(MachineState::decode(&s.encode()).is_err());
+        // Bad hex.
+        let json = String::from_utf8(hvf().encode())
+            .unwrap()
+            .replace("0001abff10", "0001abff1");
+        assert!(MachineState::decode(json.as_bytes()).is_err());
+        let json = String::from_utf8(hvf().encode())
+            .unwrap()
+            .replace("0001abff10", "0001abff1g");
+        assert!(MachineState::decode(json.as_bytes()).is_err());
+        // An unknown GIC mode.
+        let json = String::from_utf8(hvf().encode())
+            .unwrap()
+            .replace("{\"hvf\":", "{\"vgic\":");
+        assert!(MachineState::decode(json.as_bytes()).is_err());
     }
 }

@@ -39,6 +39,12 @@ pub const GICR_BASE: u64 = 0x080A_0000;
 pub const GICR_STRIDE: u64 = 0x2_0000;
 /// Size of the whole redistributor region in bytes (for `MAX_VCPUS`).
 pub const GICR_SIZE: u64 = GICR_STRIDE * MAX_VCPUS as u64;
+/// End of the guest-physical window reserved for the GIC (`GICD_BASE` up to
+/// here); the first other device ([`PL011`]) starts at this address. An
+/// in-kernel GIC may claim a redistributor region larger than
+/// [`GICR_SIZE`] (one redistributor per vCPU the hypervisor supports) as
+/// long as it ends within this window.
+pub const GIC_WINDOW_END: u64 = 0x0900_0000;
 
 /// Number of SPIs the distributor implements (INTIDs 32..32+NUM_SPIS).
 pub const NUM_SPIS: u32 = 64;
@@ -84,7 +90,7 @@ impl MmioRegion {
 /// PL011 UART region.
 pub const PL011: MmioRegion = MmioRegion {
     kind: DeviceKind::Pl011,
-    base: 0x0900_0000,
+    base: GIC_WINDOW_END,
     size: 0x1000,
     intid: Some(SPI_BASE_INTID + 1),
 };
@@ -121,6 +127,14 @@ pub const fn virtio_mmio(n: u32) -> MmioRegion {
 /// Slot of the root block device (`/dev/vda`).
 pub const VIRTIO_BLK_SLOT: u32 = 0;
 
+/// The devices the VMM wires to an interrupt (each a level-triggered SPI).
+pub const IRQ_DEVICES: [MmioRegion; 2] = [PL011, virtio_mmio(VIRTIO_BLK_SLOT)];
+
+/// The INTIDs of [`IRQ_DEVICES`].
+pub fn device_intids() -> impl Iterator<Item = u32> {
+    IRQ_DEVICES.into_iter().filter_map(|r| r.intid)
+}
+
 /// Frequency of the fixed `apb-pclk` clock the PL011 binding requires, in Hz.
 pub const APB_PCLK_HZ: u32 = 24_000_000;
 
@@ -154,6 +168,12 @@ mod tests {
         }
         let (last, size) = regions[regions.len() - 1];
         assert!(last + size <= RAM_BASE);
+        // The GIC window holds the GIC and nothing else.
+        const { assert!(GICR_BASE + GICR_SIZE <= GIC_WINDOW_END) };
+        for (base, _) in regions {
+            assert!(base == GICD_BASE || base == GICR_BASE || base >= GIC_WINDOW_END);
+        }
+        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48]);
     }
 
     #[test]

@@ -164,6 +164,12 @@ sysregs! {
     ICC_BPR0_EL1 = (3, 0, 12, 8, 3);
     /// GIC CPU interface: active priorities group 0, register 0.
     ICC_AP0R0_EL1 = (3, 0, 12, 8, 4);
+    /// GIC CPU interface: active priorities group 0, register 1.
+    ICC_AP0R1_EL1 = (3, 0, 12, 8, 5);
+    /// GIC CPU interface: active priorities group 0, register 2.
+    ICC_AP0R2_EL1 = (3, 0, 12, 8, 6);
+    /// GIC CPU interface: active priorities group 0, register 3.
+    ICC_AP0R3_EL1 = (3, 0, 12, 8, 7);
     /// GIC CPU interface: active priorities group 1, register 0.
     ICC_AP1R0_EL1 = (3, 0, 12, 9, 0);
     /// GIC CPU interface: active priorities group 1, register 1.

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ignition_vmm::arch::layout;
+use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::{BootSource, FreshBoot, MachineConfig, SnapshotOptions, VmExit};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,6 +15,24 @@ enum Backend {
     Hvf,
     /// Portable software vCPU (unicorn-engine), any host.
     Emu,
+}
+
+/// Interrupt controllers (`--gic`); names are [`GicMode::name`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Gic {
+    /// The VMM's GICv3 model (any backend; on hvf, macOS 13 and later).
+    Userspace,
+    /// Hypervisor.framework's in-kernel GICv3 (hvf backend, macOS 15 and later).
+    Hvf,
+}
+
+impl From<Gic> for GicMode {
+    fn from(g: Gic) -> GicMode {
+        match g {
+            Gic::Userspace => GicMode::Userspace,
+            Gic::Hvf => GicMode::Hvf,
+        }
+    }
 }
 
 const DEFAULT_BACKEND: Backend = if cfg!(all(target_os = "macos", target_arch = "aarch64")) {
@@ -47,6 +66,11 @@ fn default_cmdline() -> String {
 /// (the descendant N layers below NAME along a single-child chain). The
 /// restored VM runs on a private copy of the snapshot's disk, discarded at
 /// exit unless a snapshot is taken.
+///
+/// --gic MODE: `userspace` (default) is the VMM's GICv3 model, on every
+/// backend. `hvf` is Hypervisor.framework's in-kernel GICv3: hvf backend
+/// only, macOS 15 or later. A snapshot records its mode; --restore uses it
+/// and refuses a different --gic.
 ///
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
 /// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
@@ -85,6 +109,9 @@ struct Args {
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
     #[arg(long, value_enum)]
     backend: Option<Backend>,
+    /// Interrupt controller [default: userspace; with --restore, the snapshot's]
+    #[arg(long, value_enum)]
+    gic: Option<Gic>,
 }
 
 fn main() -> ExitCode {
@@ -133,15 +160,21 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             })
         }
     };
+    let backend = args.backend.unwrap_or(DEFAULT_BACKEND);
+    let gic = args.gic.map(GicMode::from);
+    if backend == Backend::Emu && gic == Some(GicMode::Hvf) {
+        anyhow::bail!("{}", ignition_vmm::hv::gic::NO_KERNEL_GIC_ON_EMU);
+    }
     let cfg = MachineConfig {
         source,
+        gic,
         snapshots: SnapshotOptions {
             store: args.store,
             name: args.name,
             track_dirty: args.track_dirty,
         },
     };
-    match args.backend.unwrap_or(DEFAULT_BACKEND) {
+    match backend {
         Backend::Emu => run_emu(&cfg),
         Backend::Hvf => run_hvf(&cfg),
     }

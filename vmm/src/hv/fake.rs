@@ -120,4 +120,17 @@ impl Vcpu for FakeVcpu {
     fn kicker(&self) -> Arc<dyn Kick> {
         Arc::new(NoKick)
     }
+    fn gic_cpu_state(&mut self) -> hv::Result<Vec<(SysReg, u64)>> {
+        Ok(Vec::new())
+    }
+    fn set_gic_cpu_state(&mut self, regs: &[(SysReg, u64)]) -> hv::Result<()> {
+        if regs.is_empty() {
+            Ok(())
+        } else {
+            Err(HvError::Call {
+                call: "set_gic_cpu_state",
+                detail: "the fake vCPU has no in-kernel GIC".into(),
+            })
+        }
+    }
 }

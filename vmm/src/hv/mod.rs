@@ -16,11 +16,14 @@ use crate::arch::sysreg::SysReg;
 use crate::memory::GuestRam;
 use std::sync::Arc;
 
+pub use gic::{GicMode, KernelGic};
+
 #[cfg(feature = "emu")]
 pub mod emu;
 pub mod exit_decision;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod gic;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod hvf;
 pub mod pages;
@@ -50,6 +53,14 @@ pub enum HvError {
     /// The guest did something the VMM cannot handle; the VM stops.
     #[error("unhandled guest exit: {0}")]
     Guest(String),
+    /// The requested GIC mode cannot be used with this backend or host.
+    #[error("{reason}")]
+    GicModeUnavailable {
+        /// The mode asked for.
+        mode: GicMode,
+        /// Why not, as a sentence for the user.
+        reason: String,
+    },
 }
 
 /// Result type of backend operations.
@@ -178,8 +189,15 @@ pub trait Hypervisor {
     /// Whether all vCPUs must run round-robin on one host thread (`emu`)
     /// rather than one thread per vCPU (HVF binds a vCPU to its thread).
     const ROUND_ROBIN: bool = false;
-    /// Creates a VM with `vcpus` vCPUs (not yet created) and maps `ram`.
-    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<Self::Vm>;
+    /// Whether this backend on this host can give a VM interrupt controller
+    /// `mode`; [`HvError::GicModeUnavailable`] says why not. Cheap and
+    /// side-effect free, so a run can refuse early, before it creates
+    /// anything.
+    fn check_gic_mode(&self, mode: GicMode) -> Result<()>;
+    /// Creates a VM with `vcpus` vCPUs (not yet created), maps `ram`, and,
+    /// for [`GicMode::Hvf`], creates the in-kernel GIC at the memory map's
+    /// GICD/GICR addresses (after the RAM mapping, before any vCPU).
+    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize, gic: GicMode) -> Result<Self::Vm>;
 }
 
 /// A virtual machine: guest RAM mapping, page protection, vCPU creation and
@@ -209,6 +227,9 @@ pub trait Vm: Send + Sync {
     /// The physical count now (CNTPCT_EL0, in guest ticks). The virtual count
     /// a vCPU sees is this minus its vtimer offset.
     fn physical_count(&self) -> u64;
+    /// The in-kernel GIC, if the VM was created with one ([`GicMode::Hvf`]);
+    /// `None` for the userspace GIC.
+    fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>>;
 }
 
 /// A virtual CPU. Not `Send`: it stays on the thread that created it.
@@ -240,4 +261,13 @@ pub trait Vcpu {
     fn state_sysregs(&self) -> &'static [SysReg];
     /// A handle to make this vCPU's `run` return from another thread.
     fn kicker(&self) -> Arc<dyn Kick>;
+    /// This vCPU's GIC CPU-interface registers held by an in-kernel GIC
+    /// (`ICC_*_EL1`, in [`gic::icc_state_regs`] order); empty with the
+    /// userspace GIC, whose CPU interface is part of its own state. Call on
+    /// the vCPU's thread while it is stopped.
+    fn gic_cpu_state(&mut self) -> Result<Vec<(SysReg, u64)>>;
+    /// Writes registers saved by [`Vcpu::gic_cpu_state`], in their order,
+    /// after the in-kernel GIC's state ([`KernelGic::restore`]). An empty list
+    /// is the only valid state without an in-kernel GIC.
+    fn set_gic_cpu_state(&mut self, regs: &[(SysReg, u64)]) -> Result<()>;
 }

@@ -8,23 +8,27 @@
 //! reverse; no lock is held across [`Vcpu::run`].
 
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
-use crate::arch::layout::{self, VTIMER_INTID};
+use crate::arch::layout;
 use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
 use crate::arch::sysreg::SysReg;
 use crate::arch::sysreg::{CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::arch::{fdt, image};
 use crate::console::{self, EscapeParser, Key};
 use crate::devices::boot_timer::BootTimer;
-use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3};
+use crate::devices::gicv3::Gicv3;
 use crate::devices::pl011::Pl011;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::VirtioMmio;
 use crate::devices::{IrqLine, MmioBus};
 use crate::hv::exit_decision::vtimer_deadline_ns;
-use crate::hv::{self, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
+use crate::hv::{
+    self, GicMode, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm,
+};
 use crate::memory::GuestRam;
-use crate::snapshot::{self, MachineState, VcpuPower, VcpuState};
+use crate::snapshot::{self, GicSnapshot, MachineState, VcpuPower, VcpuState};
 use anyhow::{bail, Context};
+use irqchip::Irqchip;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +43,7 @@ const PSTATE_EL1H_DAIF: u64 = PSTATE_EL1H | PSTATE_DAIF;
 /// Time slice of one vCPU when several share a host thread.
 const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);
 
+mod irqchip;
 mod restore;
 mod take;
 
@@ -88,6 +93,10 @@ pub struct SnapshotOptions {
 pub struct MachineConfig {
     /// A kernel or a snapshot.
     pub source: BootSource,
+    /// The interrupt controller asked for (`boot --gic`). `None`: the
+    /// userspace GIC for a fresh boot, the snapshot's mode for a restore. A
+    /// restore refuses a mode that differs from the snapshot's.
+    pub gic: Option<GicMode>,
     /// Snapshot settings.
     pub snapshots: SnapshotOptions,
 }
@@ -119,13 +128,18 @@ struct Control {
     captured: Vec<Option<Result<VcpuState, String>>>,
     /// vCPU threads whose vCPUs are created and ready to run.
     ready: usize,
+    /// vCPU threads whose vCPUs are created (restore with an in-kernel GIC:
+    /// its state is loaded once all are, before any runs).
+    created: usize,
+    /// The in-kernel GIC's state has been loaded (or failed to load).
+    gic_loaded: Option<Result<(), String>>,
 }
 
 /// State shared by every thread of a running VM.
 struct Shared {
     ram: Arc<GuestRam>,
     bus: MmioBus,
-    gic: Arc<Mutex<Gicv3>>,
+    irqchip: Irqchip,
     /// The console UART, fed by the console input thread.
     uart: Arc<Mutex<Pl011>>,
     boot_timer: Arc<Mutex<BootTimer>>,
@@ -170,17 +184,23 @@ impl Shared {
         self.lock().exit.is_some()
     }
 
-    /// Called after the GIC's pending state may have changed for other vCPUs.
+    /// Called after the GIC's pending state may have changed for other
+    /// vCPUs. With the userspace GIC, wakes and kicks the vCPUs that now
+    /// have an interrupt pending; with an in-kernel GIC (which delivers to
+    /// running vCPUs itself) wakes the vCPUs sleeping in WFI, which cannot
+    /// tell whether it was for them.
     fn interrupts_changed(&self) {
-        let pending = self
-            .gic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pending_vcpus();
-        if !pending.is_empty() {
-            self.lock().generation += 1;
-            self.wake.notify_all();
-            self.kick_where(|v| pending.contains(v));
+        match self.irqchip.pending_vcpus() {
+            Some(pending) if pending.is_empty() => {}
+            Some(pending) => {
+                self.lock().generation += 1;
+                self.wake.notify_all();
+                self.kick_where(|v| pending.contains(v));
+            }
+            None => {
+                self.lock().generation += 1;
+                self.wake.notify_all();
+            }
         }
     }
 }
@@ -189,15 +209,12 @@ impl Shared {
 struct SpiLine {
     intid: u32,
     shared: std::sync::Weak<Shared>,
-    gic: Arc<Mutex<Gicv3>>,
+    irqchip: Irqchip,
 }
 
 impl IrqLine for SpiLine {
     fn set_level(&self, level: bool) {
-        self.gic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_spi_level(self.intid, level);
+        self.irqchip.set_spi(self.intid, level);
         if level {
             if let Some(shared) = self.shared.upgrade() {
                 shared.interrupts_changed();
@@ -229,7 +246,7 @@ impl VcpuIo for Io<'_> {
     }
 
     fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
-        let v = self.gic().sysreg_read(vcpu, reg);
+        let v = self.shared.irqchip.sysreg_read(vcpu, reg);
         if v.is_none() {
             crate::warn_ratelimited!("vCPU {vcpu}: read of unimplemented system register {reg}");
         }
@@ -237,7 +254,7 @@ impl VcpuIo for Io<'_> {
     }
 
     fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
-        let Some(targets) = self.gic().sysreg_write(vcpu, reg, value) else {
+        let Some(targets) = self.shared.irqchip.sysreg_write(vcpu, reg, value) else {
             crate::warn_ratelimited!("vCPU {vcpu}: write of unimplemented system register {reg}");
             return false;
         };
@@ -247,18 +264,14 @@ impl VcpuIo for Io<'_> {
         true
     }
 
+    /// The userspace GIC's output; never asserted with an in-kernel GIC,
+    /// which signals the vCPU itself (the `hvf` backend does not ask then).
     fn irq_line(&mut self, vcpu: VcpuId) -> bool {
-        self.gic().irq_pending(vcpu)
+        self.shared.irqchip.irq_pending(vcpu) == Some(true)
     }
 
     fn vtimer_level(&mut self, vcpu: VcpuId, level: bool) {
-        self.gic().set_ppi_level(vcpu, VTIMER_INTID, level);
-    }
-}
-
-impl Io<'_> {
-    fn gic(&self) -> std::sync::MutexGuard<'_, Gicv3> {
-        self.shared.gic.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.irqchip.vtimer_level(vcpu, level);
     }
 }
 
@@ -281,9 +294,18 @@ impl PsciCpus for Cpus<'_> {
 /// A vCPU together with its run-loop state.
 struct RunVcpu<V> {
     vcpu: V,
-    /// Set while the vCPU waits in WFI: it may run again at this instant (or
-    /// earlier on an interrupt); `None` inside means no timer deadline.
-    wfi: Option<Option<Instant>>,
+    /// Set while the vCPU waits in WFI.
+    wfi: Option<WfiWait>,
+}
+
+/// A vCPU waiting in WFI (or PSCI CPU_SUSPEND).
+#[derive(Clone, Copy, Debug)]
+struct WfiWait {
+    /// It runs again at this instant at the latest (`None`: no deadline).
+    until: Option<Instant>,
+    /// The wake-up generation when it went to sleep: a later one means an
+    /// interrupt may have arrived (what an in-kernel GIC goes by).
+    generation: u64,
 }
 
 /// How the vCPUs start.
@@ -292,7 +314,13 @@ enum Start {
     /// The boot CPU at the kernel entry; the others wait for PSCI CPU_ON.
     Boot(BootRegs),
     /// Every vCPU from a snapshot.
-    Restore(Arc<Vec<VcpuState>>),
+    Restore {
+        /// Per vCPU, index order.
+        states: Arc<Vec<VcpuState>>,
+        /// An in-kernel GIC's state is loaded once every vCPU is created;
+        /// the vCPU threads wait for it before their CPU-interface registers.
+        kernel_gic: bool,
+    },
 }
 
 /// Everything a VM needs before its devices are built.
@@ -301,6 +329,7 @@ struct Plan {
     cpus: usize,
     disk: PlanDisk,
     cmdline: String,
+    gic: GicMode,
     start: Start,
     power: Vec<VcpuPower>,
     /// Device states to apply (restore).
@@ -335,18 +364,52 @@ where
         }
     }
     let plan = match &cfg.source {
-        BootSource::Fresh(f) => plan_fresh(f)?,
-        BootSource::Restore { spec } => restore::plan::<H>(spec, &cfg.snapshots, &mut stages)?,
+        BootSource::Fresh(f) => {
+            let gic = cfg.gic.unwrap_or_default();
+            hv.check_gic_mode(gic)?;
+            plan_fresh(f, gic)?
+        }
+        BootSource::Restore { spec } => {
+            restore::plan(&hv, spec, cfg.gic, &cfg.snapshots, &mut stages)?
+        }
     };
     let cpus = plan.cpus;
     let ram = plan.ram.clone();
+    tracing::info!("GIC mode: {}", plan.gic);
+
+    // The VM first: it maps RAM and, for an in-kernel GIC, creates the GIC
+    // (before any vCPU, as Hypervisor.framework requires).
+    let t = Instant::now();
+    let vm = Arc::new(hv.create_vm(ram.clone(), cpus, plan.gic)?);
+    stages.vm_create = t.elapsed();
 
     let t = Instant::now();
-    let gic = match &plan.devices {
-        Some(st) => Gicv3::restore(cpus, &st.gic).context("cannot restore the GIC")?,
-        None => Gicv3::new(cpus),
+    // An in-kernel GIC's saved state is loaded once the vCPUs exist.
+    let mut kernel_gic_state = None;
+    let irqchip = match (plan.gic, vm.kernel_gic(), plan.devices.as_deref()) {
+        (GicMode::Userspace, _, None) => Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
+        (GicMode::Userspace, _, Some(st)) => match &st.gic {
+            GicSnapshot::Userspace(g) => Irqchip::Userspace(Arc::new(Mutex::new(
+                Gicv3::restore(cpus, g).context("cannot restore the GIC")?,
+            ))),
+            GicSnapshot::Hvf(_) => bail!("the snapshot's GIC state is not the userspace GIC's"),
+        },
+        (GicMode::Hvf, Some(k), st) => {
+            if let Some(st) = st {
+                match &st.gic {
+                    GicSnapshot::Hvf(blob) => kernel_gic_state = Some((k.clone(), blob.clone())),
+                    GicSnapshot::Userspace(_) => {
+                        bail!("the snapshot's GIC state is not the in-kernel GIC's")
+                    }
+                }
+            }
+            Irqchip::Kernel(k)
+        }
+        (GicMode::Hvf, None, _) => bail!(
+            "the {} backend created the VM without an in-kernel GIC",
+            H::NAME
+        ),
     };
-    let gic = Arc::new(Mutex::new(gic));
     stages.gic = t.elapsed();
 
     let t = Instant::now();
@@ -372,7 +435,7 @@ where
             Arc::new(SpiLine {
                 intid,
                 shared: weak.clone(),
-                gic: gic.clone(),
+                irqchip: irqchip.clone(),
             })
         };
         let mut bus = MmioBus::new();
@@ -380,18 +443,9 @@ where
             bus.insert(name, base, size, dev)
                 .expect("the layout table has no overlapping regions");
         };
-        add(
-            "gicd",
-            layout::GICD_BASE,
-            layout::GICD_SIZE,
-            Arc::new(Mutex::new(GicDistMmio(gic.clone()))),
-        );
-        add(
-            "gicr",
-            layout::GICR_BASE,
-            layout::GICR_STRIDE * cpus as u64,
-            Arc::new(Mutex::new(GicRedistMmio(gic.clone()))),
-        );
+        for (name, base, size, dev) in irqchip.mmio_regions(cpus) {
+            add(name, base, size, dev);
+        }
         let uart = Arc::new(Mutex::new(Pl011::new(
             Box::new(std::io::stdout()),
             spi(layout::PL011.intid.expect("PL011 has an interrupt")),
@@ -425,7 +479,7 @@ where
         Shared {
             ram: ram.clone(),
             bus,
-            gic: gic.clone(),
+            irqchip: irqchip.clone(),
             uart,
             boot_timer,
             blk,
@@ -439,6 +493,8 @@ where
                 parked: 0,
                 captured: vec![None; cpus],
                 ready: 0,
+                created: 0,
+                gic_loaded: None,
             }),
             wake: Condvar::new(),
             kicks: Mutex::new(vec![None; cpus]),
@@ -449,14 +505,11 @@ where
     }
     stages.devices = t.elapsed();
 
-    let t = Instant::now();
-    let vm = Arc::new(hv.create_vm(ram.clone(), cpus)?);
     if cfg.snapshots.track_dirty {
         vm.rearm_dirty_tracking()
             .context("cannot start dirty tracking")?;
         ram.vmm_dirty().reset();
     }
-    stages.vm_create = t.elapsed();
 
     let groups: Vec<Vec<VcpuId>> = if H::ROUND_ROBIN {
         vec![(0..cpus).collect()]
@@ -489,6 +542,23 @@ where
                 })
                 .context("cannot spawn a vCPU thread")?,
         );
+    }
+    if let Some((kgic, blob)) = kernel_gic_state {
+        // Every vCPU exists; none runs until its thread sees `gic_loaded`
+        // and has written its CPU-interface registers (QEMU's order: the
+        // GIC's state, then each vCPU's ICC registers).
+        let t = Instant::now();
+        let mut c = shared.lock();
+        while c.created < shared.threads && c.exit.is_none() {
+            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(c);
+        let loaded = kgic
+            .restore(&blob)
+            .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"));
+        shared.lock().gic_loaded = Some(loaded);
+        shared.wake.notify_all();
+        stages.gic += t.elapsed();
     }
     if let BootSource::Restore { .. } = cfg.source {
         let mut c = shared.lock();
@@ -523,7 +593,7 @@ where
 }
 
 /// Loads the kernel and device tree into fresh RAM.
-fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
+fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
     if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
         bail!(
             "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
@@ -562,6 +632,7 @@ fn plan_fresh(f: &FreshBoot) -> anyhow::Result<Plan> {
             path: f.disk.clone(),
         },
         cmdline: f.cmdline.clone(),
+        gic,
         start: Start::Boot(BootRegs {
             entry: loaded.entry,
             dtb: dtb_gpa,
@@ -651,7 +722,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
         match &start {
             Start::Boot(boot) if id == 0 => start_vcpu(&mut vcpu, boot.entry, boot.dtb)?,
             Start::Boot(_) => {}
-            Start::Restore(states) => {
+            Start::Restore { states, .. } => {
                 let state = states
                     .get(id)
                     .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
@@ -661,6 +732,29 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
         }
         shared.kicks.lock().unwrap_or_else(|e| e.into_inner())[id] = Some(vcpu.kicker());
         vcpus.push(RunVcpu { vcpu, wfi: None });
+    }
+    if let Start::Restore { states, kernel_gic } = &start {
+        if *kernel_gic {
+            let mut c = shared.lock();
+            c.created += 1;
+            shared.wake.notify_all();
+            while c.gic_loaded.is_none() && c.exit.is_none() {
+                c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+            }
+            match &c.gic_loaded {
+                Some(Ok(())) => {}
+                Some(Err(e)) => bail!("{e}"),
+                None => return Ok(()),
+            }
+        }
+        for rv in &mut vcpus {
+            let id = rv.vcpu.id();
+            let state = states
+                .get(id)
+                .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+            snapshot::apply_vcpu_gic(&mut rv.vcpu, state)
+                .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
+        }
     }
     shared.lock().ready += 1;
     shared.wake.notify_all();
@@ -701,11 +795,11 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
                 }
                 VcpuPower::On => {}
             }
-            if let Some(deadline) = rv.wfi {
-                let now = Instant::now();
-                let due = deadline.is_some_and(|d| d <= now);
-                if !due && !io.irq_line(id) {
-                    if let Some(d) = deadline {
+            if let Some(wait) = rv.wfi {
+                let due = wait.until.is_some_and(|d| d <= Instant::now());
+                let pending = shared.irqchip.irq_pending(id);
+                if !wfi_wakes(pending, due, generation != wait.generation) {
+                    if let Some(d) = wait.until {
                         next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
                     }
                     continue;
@@ -718,16 +812,11 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             running.store(usize::MAX, Ordering::Relaxed);
             match exit.with_context(|| format!("vCPU {id}"))? {
                 VcpuExit::Hvc { .. } | VcpuExit::Smc { .. } => {
-                    if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend && !io.irq_line(id)
-                    {
-                        rv.wfi = Some(wfi_deadline(vm, &mut rv.vcpu)?);
+                    if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend {
+                        rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?;
                     }
                 }
-                VcpuExit::Wfi => {
-                    if !io.irq_line(id) {
-                        rv.wfi = Some(wfi_deadline(vm, &mut rv.vcpu)?);
-                    }
-                }
+                VcpuExit::Wfi => rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?,
                 VcpuExit::Wfe | VcpuExit::Kicked => {}
                 VcpuExit::Unhandled { esr, far, ipa, pc } => {
                     bail!(
@@ -790,8 +879,21 @@ fn start_vcpu(vcpu: &mut impl Vcpu, entry: u64, x0: u64) -> hv::Result<()> {
     vcpu.set_reg(Reg::Pc, entry)
 }
 
-/// When a vCPU in WFI must wake for its virtual timer, if it is armed.
-fn wfi_deadline<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<Option<Instant>> {
+/// How a vCPU that executed WFI (or CPU_SUSPEND) waits, taken at wake-up
+/// generation `generation`: not at all if its IRQ line is asserted;
+/// otherwise until its virtual timer deadline, if armed. With an in-kernel
+/// GIC the VMM cannot see the line, so the wait is also capped at
+/// [`KERNEL_GIC_WFI_MAX_SLEEP`] and ends on any device interrupt.
+fn wfi_wait<V: Vm>(
+    vm: &V,
+    shared: &Shared,
+    vcpu: &mut V::Vcpu,
+    generation: u64,
+) -> hv::Result<Option<WfiWait>> {
+    let pending = shared.irqchip.irq_pending(vcpu.id());
+    if pending == Some(true) {
+        return Ok(None);
+    }
     let ns = vtimer_deadline_ns(
         vcpu.sysreg(CNTV_CTL_EL0)?,
         vcpu.sysreg(CNTV_CVAL_EL0)?,
@@ -799,7 +901,13 @@ fn wfi_deadline<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<Option<Instant>
         vm.physical_count(),
         vm.counter_frequency(),
     );
-    Ok(ns.map(|ns| Instant::now() + Duration::from_nanos(ns)))
+    let now = Instant::now();
+    let mut until = ns.map(|ns| now + Duration::from_nanos(ns));
+    if pending.is_none() {
+        let cap = now + KERNEL_GIC_WFI_MAX_SLEEP;
+        until = Some(until.map_or(cap, |u| u.min(cap)));
+    }
+    Ok(Some(WfiWait { until, generation }))
 }
 
 /// What the vCPU does after a PSCI call.

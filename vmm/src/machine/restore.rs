@@ -4,9 +4,9 @@
 use super::{Plan, PlanDisk, Shared, SnapshotOptions, Start};
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
-use crate::hv::Hypervisor;
+use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
-use crate::snapshot::{MachineState, GIC_MODE_USERSPACE};
+use crate::snapshot::MachineState;
 use anyhow::{bail, Context};
 use snapshot_store::{
     clone_file, map_base_memory, overlay_diffs_mapped, verify_chain_cached, Store,
@@ -138,9 +138,34 @@ impl Drop for CopyingDisk {
     }
 }
 
+/// The GIC mode to restore snapshot `name` with: the mode its manifest
+/// records (`manifest_mode`), which must be one this build knows and, if
+/// `boot --gic` was given (`requested`), the same. The GIC's state does not
+/// move between modes.
+pub(super) fn restore_gic_mode(
+    name: &str,
+    manifest_mode: &str,
+    requested: Option<GicMode>,
+) -> anyhow::Result<GicMode> {
+    let mode: GicMode = manifest_mode
+        .parse()
+        .with_context(|| format!("snapshot '{name}' cannot be restored"))?;
+    match requested {
+        Some(r) if r != mode => bail!(
+            "snapshot '{name}' was taken with --gic {mode} and cannot be restored with --gic {r} \
+             (GIC state does not move between modes); omit --gic or pass --gic {mode}"
+        ),
+        _ => Ok(mode),
+    }
+}
+
 /// Resolves `spec`, verifies the chain, maps its memory and decodes its state.
+/// The snapshot's backend and GIC mode are checked against `hv` and
+/// `requested` (`boot --gic`) before anything is mapped or created.
 pub(super) fn plan<H: Hypervisor>(
+    hv: &H,
     spec: &str,
+    requested: Option<GicMode>,
     opts: &SnapshotOptions,
     stages: &mut Stages,
 ) -> anyhow::Result<Plan> {
@@ -159,13 +184,9 @@ pub(super) fn plan<H: Hypervisor>(
             m.backend
         );
     }
-    if m.gic_mode != GIC_MODE_USERSPACE {
-        bail!(
-            "snapshot '{}' uses GIC mode '{}'; this VMM restores only '{GIC_MODE_USERSPACE}'",
-            top.name,
-            m.gic_mode
-        );
-    }
+    let gic = restore_gic_mode(&top.name, &m.gic_mode, requested)?;
+    hv.check_gic_mode(gic)
+        .with_context(|| format!("snapshot '{}' cannot be restored here", top.name))?;
     if m.page_size != PAGE_SIZE || m.ram_base_gpa != RAM_BASE {
         bail!(
             "snapshot '{}' has page size {} and RAM at {:#x}; this VMM uses {PAGE_SIZE} and {RAM_BASE:#x}",
@@ -193,6 +214,13 @@ pub(super) fn plan<H: Hypervisor>(
     let mut state = MachineState::decode(&top.read_state()?)
         .with_context(|| format!("{}", state_path.display()))?;
     let cpus = state.vcpus.len();
+    if state.gic_mode() != gic {
+        bail!(
+            "{}: the GIC state is for mode '{}', but the manifest says '{gic}'",
+            state_path.display(),
+            state.gic_mode()
+        );
+    }
     if u32::try_from(cpus).ok() != Some(m.vcpus) || state.ram_size != m.ram_size {
         bail!(
             "{}: {} vCPUs and {} bytes of RAM, but the manifest says {} and {}",
@@ -212,15 +240,21 @@ pub(super) fn plan<H: Hypervisor>(
         cpus,
         disk: PlanDisk::Copying(disk),
         cmdline: state.cmdline.clone(),
+        gic,
         // The vCPU states go to the vCPU threads; the rest to the devices.
-        start: Start::Restore(Arc::new(std::mem::take(&mut state.vcpus))),
+        start: Start::Restore {
+            states: Arc::new(std::mem::take(&mut state.vcpus)),
+            kernel_gic: gic == GicMode::Hvf,
+        },
         power,
         devices: Some(Box::new(state)),
         parent: Some(chain.top().clone()),
     })
 }
 
-/// Applies the saved device states (the GIC is restored when it is built).
+/// Applies the saved device states (the GIC is restored when it is built:
+/// the userspace model before the devices, an in-kernel GIC once every vCPU
+/// exists).
 pub(super) fn apply_devices(shared: &Shared, st: &MachineState) -> anyhow::Result<()> {
     shared
         .uart
@@ -240,4 +274,55 @@ pub(super) fn apply_devices(shared: &Shared, st: &MachineState) -> anyhow::Resul
         .restore(&st.virtio_blk)
         .context("cannot restore virtio-blk")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gic_mode_comes_from_the_snapshot() {
+        assert_eq!(
+            restore_gic_mode("s", "userspace", None).unwrap(),
+            GicMode::Userspace
+        );
+        assert_eq!(restore_gic_mode("s", "hvf", None).unwrap(), GicMode::Hvf);
+        assert_eq!(
+            restore_gic_mode("s", "hvf", Some(GicMode::Hvf)).unwrap(),
+            GicMode::Hvf
+        );
+    }
+
+    #[test]
+    fn a_differing_gic_mode_is_refused_naming_both() {
+        let e = restore_gic_mode("golden", "userspace", Some(GicMode::Hvf)).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("snapshot 'golden' was taken with --gic userspace"),
+            "{msg}"
+        );
+        assert!(msg.contains("cannot be restored with --gic hvf"), "{msg}");
+        let e = restore_gic_mode("g", "hvf", Some(GicMode::Userspace)).unwrap_err();
+        assert!(format!("{e:#}").contains("--gic hvf and cannot be restored with --gic userspace"));
+    }
+
+    #[test]
+    fn an_unknown_gic_mode_is_refused() {
+        let e = restore_gic_mode("s", "vgic4", None).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("snapshot 's' cannot be restored"), "{msg}");
+        assert!(msg.contains("unknown GIC mode 'vgic4'"), "{msg}");
+        assert!(restore_gic_mode("s", "", Some(GicMode::Userspace)).is_err());
+    }
+
+    #[cfg(feature = "emu")]
+    #[test]
+    fn the_emu_backend_refuses_the_in_kernel_gic() {
+        use crate::hv::emu::EmuHypervisor;
+        use crate::hv::gic::NO_KERNEL_GIC_ON_EMU;
+        let hv = EmuHypervisor::new();
+        assert!(hv.check_gic_mode(GicMode::Userspace).is_ok());
+        let e = hv.check_gic_mode(GicMode::Hvf).unwrap_err();
+        assert_eq!(e.to_string(), NO_KERNEL_GIC_ON_EMU);
+    }
 }

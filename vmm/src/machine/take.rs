@@ -12,7 +12,7 @@ use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
-use crate::snapshot::{MachineState, VcpuState, GIC_MODE_USERSPACE, MACHINE_STATE_VERSION};
+use crate::snapshot::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
@@ -114,7 +114,10 @@ impl<V: Vm> Snapshotter<V> {
             cmdline: self.cmdline.clone(),
             vcpus,
             power,
-            gic: shared.gic.lock().unwrap_or_else(|e| e.into_inner()).save(),
+            gic: shared
+                .irqchip
+                .save()
+                .context("cannot save the GIC's state")?,
             pl011: shared.uart.lock().unwrap_or_else(|e| e.into_inner()).save(),
             boot_timer: shared
                 .boot_timer
@@ -132,7 +135,7 @@ impl<V: Vm> Snapshotter<V> {
             ram_size: ram.size(),
             vcpus: u32::try_from(state.vcpus.len()).expect("at most MAX_VCPUS"),
             backend: self.backend.to_string(),
-            gic_mode: GIC_MODE_USERSPACE.to_string(),
+            gic_mode: shared.irqchip.mode().name().to_string(),
             creator: creator(),
         };
         let diff = meta.parent.is_some();

@@ -57,7 +57,10 @@ use crate::arch::layout::{
 };
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::pages::PageBitmap;
-use crate::hv::{HvError, Hypervisor, Kick, Prot, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::hv::{
+    GicMode, HvError, Hypervisor, KernelGic, Kick, Prot, Reg, Result, Vcpu, VcpuExit, VcpuId,
+    VcpuIo, Vm,
+};
 use crate::memory::GuestRam;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -267,7 +270,19 @@ impl Hypervisor for EmuHypervisor {
     /// thread may only kick them (quirk 9).
     const ROUND_ROBIN: bool = true;
 
-    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<EmuVm> {
+    /// Only [`GicMode::Userspace`]: the in-kernel GIC is Hypervisor.framework's.
+    fn check_gic_mode(&self, mode: GicMode) -> Result<()> {
+        match mode {
+            GicMode::Userspace => Ok(()),
+            GicMode::Hvf => Err(HvError::GicModeUnavailable {
+                mode,
+                reason: crate::hv::gic::NO_KERNEL_GIC_ON_EMU.into(),
+            }),
+        }
+    }
+
+    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize, gic: GicMode) -> Result<EmuVm> {
+        self.check_gic_mode(gic)?;
         EmuVm::new(ram, vcpus)
     }
 }
@@ -376,6 +391,11 @@ impl Vm for EmuVm {
 
     fn physical_count(&self) -> u64 {
         self.shared.physical_count()
+    }
+
+    /// None: the `emu` backend has only the userspace GIC.
+    fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>> {
+        None
     }
 }
 
@@ -1126,5 +1146,22 @@ impl Vcpu for EmuVcpu {
 
     fn kicker(&self) -> Arc<dyn Kick> {
         Arc::new(EmuKicker(self.shared.clone()))
+    }
+
+    /// Empty: the `emu` backend has only the userspace GIC.
+    fn gic_cpu_state(&mut self) -> Result<Vec<(SysReg, u64)>> {
+        Ok(Vec::new())
+    }
+
+    /// Accepts only the empty list (no in-kernel GIC).
+    fn set_gic_cpu_state(&mut self, regs: &[(SysReg, u64)]) -> Result<()> {
+        if regs.is_empty() {
+            Ok(())
+        } else {
+            Err(HvError::Call {
+                call: "set_gic_cpu_state",
+                detail: "in-kernel GIC registers given to the emu backend".into(),
+            })
+        }
     }
 }

@@ -335,7 +335,9 @@ impl Guest {
             .collect();
         write_words(&ram, VBAR, &vectors);
         write_words(&ram, CODE, code);
-        let vm = EmuHypervisor::new().create_vm(ram.clone(), vcpus).unwrap();
+        let vm = EmuHypervisor::new()
+            .create_vm(ram.clone(), vcpus, GicMode::Userspace)
+            .unwrap();
         let cpu = new_cpu(&vm, 0);
         Guest {
             ram,

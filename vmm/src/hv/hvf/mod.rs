@@ -18,12 +18,25 @@
 //! 11.0, so the binary starts on every supported macOS (13 and later):
 //! `hv_vm_create`/`destroy`, `hv_vm_map`/`unmap`/`protect`, the vCPU calls
 //! (`create`, `run`, registers, pending interrupts, vtimer mask and offset,
-//! debug traps) and `hv_vcpus_exit`. Not used yet, with the release that
-//! introduced them: the IPA-size configuration (`hv_vm_config_*`, macOS 13),
-//! the in-kernel GICv3 (`hv_gic_*`, macOS 15.0), nested EL2 (15.0), SME
-//! state (15.2) and a 4 KiB stage-2 granule (`hv_vm_config_set_ipa_granule`,
-//! macOS 26). Whoever adds one must look it up at run time (`dlsym`) or gate
-//! it on the matching applevisor feature, so older systems still start.
+//! debug traps) and `hv_vcpus_exit`. The in-kernel GICv3 (`hv_gic_*`,
+//! macOS 15.0, `boot --gic hvf`) is looked up at run time with `dlsym`
+//! ([`gic`]), so the binary still starts on macOS 13 and 14, where
+//! `--gic hvf` is refused. Not used yet, with the release that introduced
+//! them: the IPA-size configuration (`hv_vm_config_*`, macOS 13), nested
+//! EL2 (15.0), SME state (15.2) and a 4 KiB stage-2 granule
+//! (`hv_vm_config_set_ipa_granule`, macOS 26). Whoever adds one must look it
+//! up at run time (`dlsym`) or gate it on the matching applevisor feature.
+//!
+//! # GIC
+//! With the userspace GIC (the default) the ICC system registers trap to
+//! the VMM, the IRQ line is set with `hv_vcpu_set_pending_interrupt` before
+//! every run, and `VTIMER_ACTIVATED` exits feed the timer PPI. With the
+//! in-kernel GIC ([`gic::HvfGic`]) Hypervisor.framework owns the
+//! distributor and redistributor frames, the CPU interface and the virtual
+//! timer's PPI: the VMM only sets device SPI levels (`hv_gic_set_spi`),
+//! never touches the IRQ line or the vtimer mask, and treats a
+//! `VTIMER_ACTIVATED` exit as an error (QEMU's `target/arm/hvf/hvf.c`
+//! documents it as occurring only with a userspace irqchip).
 //!
 //! # Time
 //! The guest's counter runs on the host timebase: its physical count is
@@ -39,6 +52,7 @@
 //! bitmap, makes it writable and retries the store. VMM writes (virtio DMA)
 //! do not fault: they are in [`GuestRam::vmm_dirty`].
 
+pub mod gic;
 mod regs;
 mod vcpu;
 
@@ -51,7 +65,7 @@ pub use vcpu::{HvfKicker, HvfVcpu};
 use crate::arch::layout::{MAX_VCPUS, PAGE_SIZE};
 use crate::hv::exit_decision::RamRange;
 use crate::hv::pages::PageBitmap;
-use crate::hv::{HvError, Hypervisor, Prot, Result, VcpuId, Vm};
+use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
 use crate::memory::GuestRam;
 use applevisor::error::HypervisorError;
 use applevisor::vm::{GicDisabled, VirtualMachine, VirtualMachineInstance};
@@ -171,9 +185,20 @@ impl Hypervisor for HvfHypervisor {
     type Vm = HvfVm;
     const NAME: &'static str = "hvf";
 
-    /// Creates the process's VM (`hv_vm_create`) and maps `ram` at its base
-    /// read/write/execute (`hv_vm_map`).
-    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize) -> Result<HvfVm> {
+    /// The userspace GIC always; the in-kernel GIC if this macOS has the
+    /// `hv_gic_*` API (15.0 and later).
+    fn check_gic_mode(&self, mode: GicMode) -> Result<()> {
+        match mode {
+            GicMode::Userspace => Ok(()),
+            GicMode::Hvf => gic::available(),
+        }
+    }
+
+    /// Creates the process's VM (`hv_vm_create`), maps `ram` at its base
+    /// read/write/execute (`hv_vm_map`) and, for [`GicMode::Hvf`], creates
+    /// the in-kernel GIC ([`gic::HvfGic::create`]) before any vCPU.
+    fn create_vm(&self, ram: Arc<GuestRam>, vcpus: usize, gic_mode: GicMode) -> Result<HvfVm> {
+        self.check_gic_mode(gic_mode)?;
         if vcpus == 0 || vcpus > MAX_VCPUS {
             return Err(HvError::Call {
                 call: "create_vm",
@@ -223,15 +248,22 @@ impl Hypervisor for HvfHypervisor {
         };
         check("hv_vm_map", ret)?;
         let pages = ram.size() / PAGE_SIZE;
-        let shared = Arc::new(VmShared {
+        let mut shared = VmShared {
             dirty: PageBitmap::new(pages),
             write_protect_armed: AtomicBool::new(false),
             tracking: AtomicBool::new(false),
             vtimer_offset: host_count(),
             freq: self.freq,
+            kgic: None,
             ram,
             vm,
-        });
+        };
+        // After the RAM mapping, before any vCPU. On failure `shared`'s Drop
+        // unmaps RAM.
+        if gic_mode == GicMode::Hvf {
+            shared.kgic = Some(Arc::new(gic::HvfGic::create(vcpus)?));
+        }
+        let shared = Arc::new(shared);
         Ok(HvfVm { shared, vcpus })
     }
 }
@@ -251,6 +283,8 @@ struct VmShared {
     /// creation, so the guest's virtual count starts near 0 on all vCPUs).
     vtimer_offset: u64,
     freq: u64,
+    /// The in-kernel GIC, if the VM has one.
+    kgic: Option<Arc<gic::HvfGic>>,
     ram: Arc<GuestRam>,
     vm: VirtualMachineInstance<GicDisabled>,
 }
@@ -400,5 +434,9 @@ impl Vm for HvfVm {
     /// `mach_absolute_time()`: the guest's physical count.
     fn physical_count(&self) -> u64 {
         host_count()
+    }
+
+    fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>> {
+        self.shared.kgic.clone().map(|k| k as Arc<dyn KernelGic>)
     }
 }

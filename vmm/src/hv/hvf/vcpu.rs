@@ -58,6 +58,9 @@ pub struct HvfVcpu {
     vtimer_masked: bool,
     /// The vtimer level last reported to [`VcpuIo::vtimer_level`].
     vtimer_level: Option<bool>,
+    /// The VM has an in-kernel GIC: Hypervisor.framework delivers the IRQ
+    /// and the vtimer PPI itself.
+    kernel_gic: bool,
     local: LocalState,
 }
 
@@ -78,9 +81,12 @@ impl HvfVcpu {
             .map_err(call_err("hv_vcpu_set_trap_debug_reg_accesses"))?;
         vcpu.set_vtimer_offset(shared.vtimer_offset)
             .map_err(call_err("hv_vcpu_set_vtimer_offset"))?;
-        // Start masked: the first run reports the timer's level (also after
-        // a restore) and unmasks it if it is not asserted.
-        vcpu.set_vtimer_mask(true)
+        // Userspace GIC: start masked, so the first run reports the timer's
+        // level (also after a restore) and unmasks it if it is not asserted.
+        // In-kernel GIC: never masked; the hypervisor wires the timer to its
+        // PPI.
+        let kernel_gic = shared.kgic.is_some();
+        vcpu.set_vtimer_mask(!kernel_gic)
             .map_err(call_err("hv_vcpu_set_vtimer_mask"))?;
         let kicker = Arc::new(HvfKicker {
             handle: vcpu.get_handle(),
@@ -91,8 +97,9 @@ impl HvfVcpu {
             kicker,
             shared,
             id,
-            vtimer_masked: true,
+            vtimer_masked: !kernel_gic,
             vtimer_level: None,
+            kernel_gic,
             local: LocalState::default(),
         })
     }
@@ -156,7 +163,8 @@ impl Vcpu for HvfVcpu {
     }
 
     /// Runs the guest until an exit for the run loop. Before each entry the
-    /// IRQ line is set from [`VcpuIo::irq_line`]; MMIO, trapped system
+    /// IRQ line is set from [`VcpuIo::irq_line`] (userspace GIC only; an
+    /// in-kernel GIC signals the vCPU itself); MMIO, trapped system
     /// registers and dirty-page faults are completed here, before the guest
     /// runs again.
     fn run(&mut self, io: &mut dyn VcpuIo) -> Result<VcpuExit> {
@@ -167,10 +175,12 @@ impl Vcpu for HvfVcpu {
                 return Ok(VcpuExit::Kicked);
             }
             self.sync_vtimer(io)?;
-            let irq = io.irq_line(self.id);
-            self.vcpu
-                .set_pending_interrupt(hv_interrupt_type_t::IRQ, irq)
-                .map_err(call_err("hv_vcpu_set_pending_interrupt"))?;
+            if !self.kernel_gic {
+                let irq = io.irq_line(self.id);
+                self.vcpu
+                    .set_pending_interrupt(hv_interrupt_type_t::IRQ, irq)
+                    .map_err(call_err("hv_vcpu_set_pending_interrupt"))?;
+            }
             self.vcpu.run().map_err(call_err("hv_vcpu_run"))?;
             let exit = self.exit_record();
             let armed = self.shared.write_protect_armed.load(Ordering::Acquire);
@@ -180,6 +190,14 @@ impl Vcpu for HvfVcpu {
                         self.sync_vtimer(io)?;
                         return Ok(VcpuExit::Kicked);
                     }
+                }
+                Action::VtimerActivated if self.kernel_gic => {
+                    return Err(HvError::Call {
+                        call: "hv_vcpu_run",
+                        detail: "VTIMER_ACTIVATED exit although the in-kernel GIC handles \
+                                 the virtual timer"
+                            .into(),
+                    });
                 }
                 Action::VtimerActivated => {
                     // HVF masked the vtimer when it reported this exit.
@@ -279,6 +297,27 @@ impl Vcpu for HvfVcpu {
 
     fn kicker(&self) -> Arc<dyn Kick> {
         self.kicker.clone()
+    }
+
+    /// `hv_gic_get_icc_reg` for each register of
+    /// [`crate::hv::gic::icc_state_regs`]; empty with the userspace GIC.
+    fn gic_cpu_state(&mut self) -> Result<Vec<(SysReg, u64)>> {
+        match &self.shared.kgic {
+            Some(k) => k.cpu_state(self.vcpu.id()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// `hv_gic_set_icc_reg` in the saved order, after the list is checked;
+    /// only the empty list with the userspace GIC.
+    fn set_gic_cpu_state(&mut self, regs: &[(SysReg, u64)]) -> Result<()> {
+        match &self.shared.kgic {
+            Some(k) => k.set_cpu_state(self.vcpu.id(), regs),
+            None if regs.is_empty() => Ok(()),
+            None => Err(HvError::Guest(
+                "in-kernel GIC registers given to a VM with the userspace GIC".into(),
+            )),
+        }
     }
 }
 

@@ -1,0 +1,569 @@
+//! Which GICv3 a VM has, and the backend-neutral decisions about an
+//! in-kernel one.
+//!
+//! * [`GicMode`]: the userspace GICv3 model ([`crate::devices::gicv3`], every
+//!   backend) or Hypervisor.framework's in-kernel GICv3 (`hv_gic_create`,
+//!   macOS 15 and later, `hvf` backend only). Its [`GicMode::name`] is the
+//!   one spelling used by `boot --gic`, the snapshot manifest's `gic_mode`,
+//!   logs and the docs.
+//! * [`KernelGic`]: the small interface the VMM core uses for an in-kernel
+//!   GIC (SPI lines, the opaque state blob).
+//! * [`check_kernel_gic_fit`]: whether the hypervisor's GIC frames fit the
+//!   guest memory map of [`crate::arch::layout`] (which the FDT also
+//!   describes).
+//! * [`icc_state_regs`] / [`check_icc_state`]: which GIC CPU-interface
+//!   (`ICC_*_EL1`) registers a snapshot saves per vCPU, in which order.
+//!
+//! These are pure so they are unit-tested on every host; the `hvf` backend
+//! only makes the calls.
+
+use crate::arch::layout::{self, GICD_BASE, GICR_BASE, GICR_STRIDE, SPI_BASE_INTID};
+use crate::arch::sysreg::{
+    SysReg, ICC_AP0R0_EL1, ICC_AP0R1_EL1, ICC_AP0R2_EL1, ICC_AP0R3_EL1, ICC_AP1R0_EL1,
+    ICC_AP1R1_EL1, ICC_AP1R2_EL1, ICC_AP1R3_EL1, ICC_BPR0_EL1, ICC_BPR1_EL1, ICC_CTLR_EL1,
+    ICC_IGRPEN0_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1, ICC_SRE_EL1,
+};
+use std::fmt;
+use std::str::FromStr;
+
+/// Which interrupt controller a VM has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum GicMode {
+    /// The VMM's own GICv3 model: distributor and redistributors on the MMIO
+    /// bus, the CPU interface through trapped `ICC_*` system registers.
+    /// Works on every backend (on HVF, macOS 13 and later).
+    #[default]
+    Userspace,
+    /// Hypervisor.framework's in-kernel GICv3 (`hv_gic_create`, macOS 15 and
+    /// later): distributor, redistributors, CPU interface and the virtual
+    /// timer's interrupt are handled by the hypervisor. `hvf` backend only.
+    Hvf,
+}
+
+impl GicMode {
+    /// Every mode, in `--help` order.
+    pub const ALL: [GicMode; 2] = [GicMode::Userspace, GicMode::Hvf];
+
+    /// The stable name: `userspace` or `hvf`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GicMode::Userspace => "userspace",
+            GicMode::Hvf => "hvf",
+        }
+    }
+}
+
+impl fmt::Display for GicMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A GIC mode name this build does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown GIC mode '{0}' (this build knows 'userspace' and 'hvf')")]
+pub struct UnknownGicMode(pub String);
+
+impl FromStr for GicMode {
+    type Err = UnknownGicMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        GicMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| UnknownGicMode(s.to_string()))
+    }
+}
+
+/// Why `--gic hvf` is refused with the `emu` backend (one line, as `boot`
+/// prints it).
+pub const NO_KERNEL_GIC_ON_EMU: &str =
+    "--gic hvf: the in-kernel GIC exists only on the hvf backend (Hypervisor.framework); \
+     the emu backend has the userspace GIC (--gic userspace)";
+
+/// Why `--gic hvf` is refused on a Mac without the in-kernel GIC API.
+pub const KERNEL_GIC_NEEDS_MACOS_15: &str =
+    "--gic hvf needs macOS 15 or later (this system's Hypervisor.framework has no hv_gic_create); \
+     use --gic userspace";
+
+/// An in-kernel GICv3 as the VMM core sees it. Safe to use from any thread.
+///
+/// The distributor and redistributors are not on the VMM's MMIO bus, the
+/// `ICC_*` registers are not trapped and the virtual timer's PPI is wired by
+/// the hypervisor; the VMM only drives device interrupt lines and moves the
+/// state in and out for snapshots. Per-vCPU CPU-interface registers go
+/// through [`crate::hv::Vcpu::gic_cpu_state`] on the vCPU's own thread.
+pub trait KernelGic: Send + Sync {
+    /// Sets the level of SPI `intid` (an INTID, `>= 32`; level-triggered
+    /// lines: `true` asserts, `false` deasserts).
+    fn set_spi(&self, intid: u32, level: bool) -> crate::hv::Result<()>;
+    /// The GIC's state (distributor, redistributors, pending and active
+    /// state) as the hypervisor's opaque, versioned blob; excludes the
+    /// per-vCPU CPU-interface registers. Every vCPU must be stopped.
+    fn save(&self) -> crate::hv::Result<Vec<u8>>;
+    /// Loads a blob from [`KernelGic::save`]. Call after every vCPU has been
+    /// created and before any runs; then restore each vCPU's CPU-interface
+    /// registers ([`crate::hv::Vcpu::set_gic_cpu_state`]).
+    fn restore(&self, blob: &[u8]) -> crate::hv::Result<()>;
+}
+
+/// The in-kernel GIC's frame sizes, alignments and SPI range as the
+/// hypervisor reports them (on HVF: `hv_gic_get_distributor_size`,
+/// `hv_gic_get_distributor_base_alignment`,
+/// `hv_gic_get_redistributor_region_size`, `hv_gic_get_redistributor_size`,
+/// `hv_gic_get_redistributor_base_alignment`,
+/// `hv_gic_get_spi_interrupt_range`). Sizes and alignments in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelGicParams {
+    /// Size of the distributor frame.
+    pub dist_size: u64,
+    /// Required alignment of the distributor base.
+    pub dist_align: u64,
+    /// Size of the whole redistributor region the hypervisor claims (one
+    /// redistributor per vCPU it supports, contiguous).
+    pub redist_region_size: u64,
+    /// Size of one vCPU's redistributor (RD_base + SGI_base frames).
+    pub redist_size: u64,
+    /// Required alignment of the redistributor region base.
+    pub redist_align: u64,
+    /// First SPI INTID.
+    pub spi_base: u32,
+    /// Number of SPIs.
+    pub spi_count: u32,
+}
+
+/// Why an in-kernel GIC does not fit the guest memory map.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GicFitError {
+    /// An alignment is zero or not a power of two.
+    #[error(
+        "the hypervisor reports a {what} alignment of {align:#x}, which is not a power of two"
+    )]
+    BadAlignment {
+        /// Which frame.
+        what: &'static str,
+        /// The reported alignment.
+        align: u64,
+    },
+    /// A base address is not aligned as required.
+    #[error("the {what} base {base:#x} is not aligned to the hypervisor's {align:#x}")]
+    Misaligned {
+        /// Which frame.
+        what: &'static str,
+        /// Our base address.
+        base: u64,
+        /// The required alignment.
+        align: u64,
+    },
+    /// The distributor frame would overlap the redistributors.
+    #[error("the hypervisor's distributor ({size:#x} bytes at {GICD_BASE:#x}) overlaps the redistributors at {GICR_BASE:#x}")]
+    DistributorTooLarge {
+        /// The reported size.
+        size: u64,
+    },
+    /// One redistributor is not the size the FDT describes.
+    #[error("the hypervisor's redistributor is {size:#x} bytes per vCPU; the memory map and FDT use {GICR_STRIDE:#x}")]
+    RedistributorSize {
+        /// The reported size.
+        size: u64,
+    },
+    /// The redistributor region does not fit below the next device.
+    #[error("the hypervisor's redistributor region ({size:#x} bytes at {GICR_BASE:#x}) would overlap the device at {limit:#x}")]
+    RedistributorRegionTooLarge {
+        /// The reported region size.
+        size: u64,
+        /// Where the next device region starts.
+        limit: u64,
+    },
+    /// The region has room for fewer vCPUs than the VM has.
+    #[error("the hypervisor's redistributor region holds {fits} vCPUs; this VM has {vcpus}")]
+    TooManyVcpus {
+        /// vCPUs the region holds.
+        fits: u64,
+        /// vCPUs requested.
+        vcpus: usize,
+    },
+    /// A device's interrupt is outside the hypervisor's SPI range.
+    #[error("INTID {intid} is outside the hypervisor's SPI range {base}..{end}")]
+    SpiOutOfRange {
+        /// The device INTID.
+        intid: u32,
+        /// First SPI.
+        base: u32,
+        /// One past the last SPI.
+        end: u64,
+    },
+}
+
+/// Checks that an in-kernel GIC with `p` can sit at this VMM's
+/// [`layout::GICD_BASE`] and [`layout::GICR_BASE`] (the addresses the FDT
+/// gives the guest) for `vcpus` vCPUs, without claiming any other device's
+/// addresses, and that every device INTID the VMM wires is one of its SPIs.
+pub fn check_kernel_gic_fit(p: &KernelGicParams, vcpus: usize) -> Result<(), GicFitError> {
+    for (what, base, align) in [
+        ("distributor", GICD_BASE, p.dist_align),
+        ("redistributor", GICR_BASE, p.redist_align),
+    ] {
+        if !align.is_power_of_two() {
+            return Err(GicFitError::BadAlignment { what, align });
+        }
+        if base % align != 0 {
+            return Err(GicFitError::Misaligned { what, base, align });
+        }
+    }
+    if p.dist_size > GICR_BASE - GICD_BASE {
+        return Err(GicFitError::DistributorTooLarge { size: p.dist_size });
+    }
+    if p.redist_size != GICR_STRIDE {
+        return Err(GicFitError::RedistributorSize {
+            size: p.redist_size,
+        });
+    }
+    let limit = layout::GIC_WINDOW_END;
+    if p.redist_region_size > limit - GICR_BASE {
+        return Err(GicFitError::RedistributorRegionTooLarge {
+            size: p.redist_region_size,
+            limit,
+        });
+    }
+    let fits = p.redist_region_size / GICR_STRIDE;
+    if (vcpus as u64) > fits {
+        return Err(GicFitError::TooManyVcpus { fits, vcpus });
+    }
+    let end = u64::from(p.spi_base) + u64::from(p.spi_count);
+    for intid in layout::device_intids() {
+        if intid < p.spi_base.max(SPI_BASE_INTID) || u64::from(intid) >= end {
+            return Err(GicFitError::SpiOutOfRange {
+                intid,
+                base: p.spi_base,
+                end,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// ICC_CTLR_EL1.PRIbits, bits `[10:8]`: implemented priority bits minus one
+/// (GICv3 spec, ICC_CTLR_EL1).
+fn priority_bits(ctlr: u64) -> u64 {
+    ((ctlr >> 8) & 0x7) + 1
+}
+
+/// The active-priority registers per group that exist with `ctlr`'s
+/// priority bits (GICv3 spec, ICC_AP0R<n>_EL1: n = 1 needs at least 6 bits,
+/// n = 2 and 3 need 7 or more).
+fn apr_count(ctlr: u64) -> usize {
+    match priority_bits(ctlr) {
+        0..=5 => 1,
+        6 => 2,
+        _ => 4,
+    }
+}
+
+/// The CPU-interface registers a snapshot saves for one vCPU of an in-kernel
+/// GIC, in save and restore order, given that vCPU's ICC_CTLR_EL1 (read
+/// first, because its PRIbits decide which active-priority registers exist).
+///
+/// Order (QEMU's `hw/intc/arm_gicv3_hvf.c`, `hvf_gicv3_put_cpu`): SRE first
+/// (it selects the system-register interface), CTLR, the group enables,
+/// PMR, the binary points, then the active priorities of group 0 and group
+/// 1, highest register first. Not saved: RPR (read-only, derived from the
+/// active priorities), IAR/EOIR/DIR/HPPIR/SGI (operations, not state) and
+/// SRE_EL2 (no EL2 in the guest).
+pub fn icc_state_regs(ctlr: u64) -> Vec<SysReg> {
+    const AP0: [SysReg; 4] = [ICC_AP0R0_EL1, ICC_AP0R1_EL1, ICC_AP0R2_EL1, ICC_AP0R3_EL1];
+    const AP1: [SysReg; 4] = [ICC_AP1R0_EL1, ICC_AP1R1_EL1, ICC_AP1R2_EL1, ICC_AP1R3_EL1];
+    let n = apr_count(ctlr);
+    let mut regs = vec![
+        ICC_SRE_EL1,
+        ICC_CTLR_EL1,
+        ICC_IGRPEN0_EL1,
+        ICC_IGRPEN1_EL1,
+        ICC_PMR_EL1,
+        ICC_BPR0_EL1,
+        ICC_BPR1_EL1,
+    ];
+    regs.extend(AP0[..n].iter().rev());
+    regs.extend(AP1[..n].iter().rev());
+    regs
+}
+
+/// Checks an untrusted saved CPU-interface state: exactly the registers of
+/// [`icc_state_regs`] for its own ICC_CTLR_EL1 value, in that order.
+pub fn check_icc_state(state: &[(SysReg, u64)]) -> Result<(), String> {
+    let ctlr = state
+        .iter()
+        .find(|(r, _)| *r == ICC_CTLR_EL1)
+        .map(|&(_, v)| v)
+        .ok_or("the GIC CPU-interface state has no ICC_CTLR_EL1")?;
+    let want = icc_state_regs(ctlr);
+    let have: Vec<SysReg> = state.iter().map(|&(r, _)| r).collect();
+    if have != want {
+        return Err(format!(
+            "the GIC CPU-interface state holds {have:?}; expected {want:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// How long a vCPU that exited on WFI sleeps at most with an in-kernel GIC.
+///
+/// With an in-kernel GIC the VMM cannot see whether an interrupt is pending
+/// for a vCPU (the hypervisor holds the CPU interface, and SGIs between
+/// vCPUs never leave it), so a WFI exit, if the hypervisor reports one,
+/// sleeps until the vtimer deadline, a device interrupt, a kick, or this
+/// long, whichever comes first, and then lets the hypervisor decide.
+pub const KERNEL_GIC_WFI_MAX_SLEEP: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Whether a vCPU sleeping in WFI runs again.
+///
+/// `pending`: its IRQ line when the VMM knows it (userspace GIC), `None`
+/// when it cannot (in-kernel GIC). `due`: its wake-up deadline has passed.
+/// `interrupts_since`: a device interrupt was raised or another vCPU was
+/// started since it went to sleep.
+pub fn wfi_wakes(pending: Option<bool>, due: bool, interrupts_since: bool) -> bool {
+    due || pending.unwrap_or(interrupts_since)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What HVF reports on an M-series Mac as far as the API documents it:
+    /// 64 KiB distributor, two 64 KiB frames per redistributor, 64 KiB
+    /// alignment.
+    fn hvf_like() -> KernelGicParams {
+        KernelGicParams {
+            dist_size: 0x1_0000,
+            dist_align: 0x1_0000,
+            redist_region_size: 0x2_0000 * 8,
+            redist_size: 0x2_0000,
+            redist_align: 0x1_0000,
+            spi_base: 32,
+            spi_count: 988,
+        }
+    }
+
+    #[test]
+    fn names_are_stable_and_parse_back() {
+        assert_eq!(GicMode::Userspace.name(), "userspace");
+        assert_eq!(GicMode::Hvf.name(), "hvf");
+        for m in GicMode::ALL {
+            assert_eq!(m.name().parse::<GicMode>(), Ok(m));
+            assert_eq!(m.to_string(), m.name());
+        }
+        assert_eq!(GicMode::default(), GicMode::Userspace);
+        let e = "kernel".parse::<GicMode>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown GIC mode 'kernel' (this build knows 'userspace' and 'hvf')"
+        );
+        assert!("HVF".parse::<GicMode>().is_err());
+    }
+
+    #[test]
+    fn layout_fits_an_hvf_like_gic() {
+        for vcpus in 1..=layout::MAX_VCPUS {
+            assert_eq!(check_kernel_gic_fit(&hvf_like(), vcpus), Ok(()));
+        }
+        // A region sized for many more vCPUs still fits below the PL011.
+        let big = KernelGicParams {
+            redist_region_size: 0x2_0000 * 64,
+            ..hvf_like()
+        };
+        assert_eq!(check_kernel_gic_fit(&big, 8), Ok(()));
+    }
+
+    #[test]
+    fn layout_misfits_are_refused_with_the_reason() {
+        let fit = |p: KernelGicParams, v| check_kernel_gic_fit(&p, v);
+        let base = hvf_like();
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    dist_align: 0x1000_0000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::Misaligned {
+                what: "distributor",
+                ..
+            })
+        ));
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    redist_align: 0x10_0000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::Misaligned {
+                what: "redistributor",
+                ..
+            })
+        ));
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    dist_align: 0x3000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::BadAlignment { .. })
+        ));
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    dist_align: 0,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::BadAlignment { .. })
+        ));
+        assert_eq!(
+            fit(
+                KernelGicParams {
+                    dist_size: 0x10_0000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::DistributorTooLarge { size: 0x10_0000 })
+        );
+        assert_eq!(
+            fit(
+                KernelGicParams {
+                    redist_size: 0x4_0000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::RedistributorSize { size: 0x4_0000 })
+        );
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    redist_region_size: 0x100_0000,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::RedistributorRegionTooLarge { .. })
+        ));
+        assert_eq!(
+            fit(
+                KernelGicParams {
+                    redist_region_size: 0x2_0000 * 2,
+                    ..base
+                },
+                4
+            ),
+            Err(GicFitError::TooManyVcpus { fits: 2, vcpus: 4 })
+        );
+        // The PL011's SPI (INTID 33) must be in range.
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    spi_base: 40,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::SpiOutOfRange { intid: 33, .. })
+        ));
+        // virtio-blk's INTID 48 must be in range.
+        assert!(matches!(
+            fit(
+                KernelGicParams {
+                    spi_count: 16,
+                    ..base
+                },
+                1
+            ),
+            Err(GicFitError::SpiOutOfRange { intid: 48, .. })
+        ));
+    }
+
+    #[test]
+    fn icc_registers_follow_the_priority_bits() {
+        let head = [
+            ICC_SRE_EL1,
+            ICC_CTLR_EL1,
+            ICC_IGRPEN0_EL1,
+            ICC_IGRPEN1_EL1,
+            ICC_PMR_EL1,
+            ICC_BPR0_EL1,
+            ICC_BPR1_EL1,
+        ];
+        // 5 priority bits (PRIbits = 4): one register per group.
+        let five = icc_state_regs(4 << 8);
+        assert_eq!(five[..7], head);
+        assert_eq!(five[7..], [ICC_AP0R0_EL1, ICC_AP1R0_EL1]);
+        // 6 bits: two per group, highest first.
+        assert_eq!(
+            icc_state_regs(5 << 8)[7..],
+            [ICC_AP0R1_EL1, ICC_AP0R0_EL1, ICC_AP1R1_EL1, ICC_AP1R0_EL1]
+        );
+        // 7 and 8 bits: four per group.
+        for pri in [6u64, 7] {
+            assert_eq!(
+                icc_state_regs(pri << 8)[7..],
+                [
+                    ICC_AP0R3_EL1,
+                    ICC_AP0R2_EL1,
+                    ICC_AP0R1_EL1,
+                    ICC_AP0R0_EL1,
+                    ICC_AP1R3_EL1,
+                    ICC_AP1R2_EL1,
+                    ICC_AP1R1_EL1,
+                    ICC_AP1R0_EL1
+                ]
+            );
+        }
+        // Other CTLR bits do not matter.
+        assert_eq!(icc_state_regs(0xffff_f8ff | (4 << 8)), five);
+    }
+
+    #[test]
+    fn saved_icc_state_is_checked() {
+        let ctlr = 4 << 8;
+        let good: Vec<(SysReg, u64)> = icc_state_regs(ctlr)
+            .into_iter()
+            .map(|r| (r, if r == ICC_CTLR_EL1 { ctlr } else { 1 }))
+            .collect();
+        assert_eq!(check_icc_state(&good), Ok(()));
+        // Missing CTLR.
+        assert!(check_icc_state(&good[..1]).is_err());
+        assert!(check_icc_state(&[]).is_err());
+        // A register missing, reordered, or one too many.
+        let mut short = good.clone();
+        short.pop();
+        assert!(check_icc_state(&short).is_err());
+        let mut swapped = good.clone();
+        swapped.swap(2, 3);
+        assert!(check_icc_state(&swapped).is_err());
+        let mut extra = good.clone();
+        extra.push((ICC_AP0R1_EL1, 0));
+        assert!(check_icc_state(&extra).is_err());
+        // CTLR claiming 7 priority bits needs the AP*R1..3 registers.
+        let mut more_bits = good;
+        more_bits[1].1 = 6 << 8;
+        assert!(check_icc_state(&more_bits).is_err());
+    }
+
+    #[test]
+    fn wfi_wake_rule() {
+        // Userspace GIC: the line decides, or the deadline.
+        assert!(wfi_wakes(Some(true), false, false));
+        assert!(!wfi_wakes(Some(false), false, true));
+        assert!(wfi_wakes(Some(false), true, false));
+        // In-kernel GIC: any interrupt activity, or the deadline.
+        assert!(!wfi_wakes(None, false, false));
+        assert!(wfi_wakes(None, false, true));
+        assert!(wfi_wakes(None, true, false));
+    }
+}

@@ -1,0 +1,196 @@
+//! The VM's interrupt controller as the machine uses it: the userspace
+//! GICv3 model or an in-kernel GIC, behind the few operations the run loop,
+//! the devices and snapshots need. Nothing else in the machine knows which
+//! one it has.
+
+use crate::arch::layout::VTIMER_INTID;
+use crate::arch::sysreg::SysReg;
+use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
+use crate::devices::MmioDevice;
+use crate::hv::{GicMode, KernelGic, VcpuId};
+use crate::snapshot::GicSnapshot;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The interrupt controller of a running VM.
+#[derive(Clone)]
+pub(super) enum Irqchip {
+    /// The userspace GICv3 model: distributor and redistributors on the MMIO
+    /// bus, the CPU interface through trapped `ICC_*` registers, the vtimer
+    /// PPI driven by the backend's [`crate::hv::VcpuIo::vtimer_level`].
+    Userspace(Arc<Mutex<Gicv3>>),
+    /// An in-kernel GIC: the hypervisor owns the frames, the CPU interface
+    /// and the vtimer PPI; the VMM drives only device SPIs.
+    Kernel(Arc<dyn KernelGic>),
+}
+
+/// The GIC's MMIO frames for the bus: (name, base, size, device).
+pub(super) type GicRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
+
+impl Irqchip {
+    /// The mode, as recorded in snapshots.
+    pub(super) fn mode(&self) -> GicMode {
+        match self {
+            Irqchip::Userspace(_) => GicMode::Userspace,
+            Irqchip::Kernel(_) => GicMode::Hvf,
+        }
+    }
+
+    fn model(gic: &Mutex<Gicv3>) -> MutexGuard<'_, Gicv3> {
+        gic.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The MMIO regions the VMM must serve: the userspace GIC's distributor
+    /// and `vcpus` redistributors; none for an in-kernel GIC (the hypervisor
+    /// serves those addresses).
+    pub(super) fn mmio_regions(&self, vcpus: usize) -> Vec<GicRegion> {
+        use crate::arch::layout::{GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE};
+        match self {
+            Irqchip::Userspace(gic) => vec![
+                (
+                    "gicd",
+                    GICD_BASE,
+                    GICD_SIZE,
+                    Arc::new(Mutex::new(GicDistMmio(gic.clone()))),
+                ),
+                (
+                    "gicr",
+                    GICR_BASE,
+                    GICR_STRIDE * vcpus as u64,
+                    Arc::new(Mutex::new(GicRedistMmio(gic.clone()))),
+                ),
+            ],
+            Irqchip::Kernel(_) => Vec::new(),
+        }
+    }
+
+    /// Sets a device's level-triggered SPI.
+    pub(super) fn set_spi(&self, intid: u32, level: bool) {
+        match self {
+            Irqchip::Userspace(gic) => Self::model(gic).set_spi_level(intid, level),
+            Irqchip::Kernel(k) => {
+                if let Err(e) = k.set_spi(intid, level) {
+                    crate::warn_ratelimited!("in-kernel GIC: SPI {intid} level {level}: {e}");
+                }
+            }
+        }
+    }
+
+    /// The vCPUs with an interrupt pending, if the VMM can know
+    /// (userspace GIC); `None` for an in-kernel GIC.
+    pub(super) fn pending_vcpus(&self) -> Option<VcpuSet> {
+        match self {
+            Irqchip::Userspace(gic) => Some(Self::model(gic).pending_vcpus()),
+            Irqchip::Kernel(_) => None,
+        }
+    }
+
+    /// Whether `vcpu`'s IRQ line is asserted, if the VMM can know.
+    pub(super) fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
+        match self {
+            Irqchip::Userspace(gic) => Some(Self::model(gic).irq_pending(vcpu)),
+            Irqchip::Kernel(_) => None,
+        }
+    }
+
+    /// A trapped `MRS` of a CPU-interface register. An in-kernel GIC's
+    /// registers are not trapped, so there is nothing to answer: `None`.
+    pub(super) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+        match self {
+            Irqchip::Userspace(gic) => Self::model(gic).sysreg_read(vcpu, reg),
+            Irqchip::Kernel(_) => None,
+        }
+    }
+
+    /// A trapped `MSR`: `None` if the register is not the GIC's (or the GIC
+    /// is in-kernel), else the vCPUs whose pending state changed.
+    pub(super) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> Option<VcpuSet> {
+        match self {
+            Irqchip::Userspace(gic) => Self::model(gic).sysreg_write(vcpu, reg, value),
+            Irqchip::Kernel(_) => None,
+        }
+    }
+
+    /// The vCPU's virtual timer output changed. An in-kernel GIC gets the
+    /// timer from the hypervisor, which does not report it.
+    pub(super) fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
+        if let Irqchip::Userspace(gic) = self {
+            Self::model(gic).set_ppi_level(vcpu, VTIMER_INTID, level);
+        }
+    }
+
+    /// The GIC's state for a snapshot (every vCPU stopped). The per-vCPU
+    /// registers of an in-kernel GIC are in each vCPU's state.
+    pub(super) fn save(&self) -> crate::hv::Result<GicSnapshot> {
+        Ok(match self {
+            Irqchip::Userspace(gic) => GicSnapshot::Userspace(Self::model(gic).save()),
+            Irqchip::Kernel(k) => GicSnapshot::Hvf(k.save()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::layout::{GICD_BASE, GICR_BASE};
+    use crate::arch::sysreg::ICC_PMR_EL1;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An in-kernel GIC that records SPI levels.
+    #[derive(Default)]
+    struct RecordingGic {
+        spis: Mutex<Vec<(u32, bool)>>,
+        saves: AtomicUsize,
+    }
+
+    impl KernelGic for RecordingGic {
+        fn set_spi(&self, intid: u32, level: bool) -> crate::hv::Result<()> {
+            self.spis.lock().unwrap().push((intid, level));
+            Ok(())
+        }
+        fn save(&self) -> crate::hv::Result<Vec<u8>> {
+            self.saves.fetch_add(1, Ordering::Relaxed);
+            Ok(vec![7, 8, 9])
+        }
+        fn restore(&self, _blob: &[u8]) -> crate::hv::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn userspace_gic_routes_like_the_model() {
+        let chip = Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(2))));
+        assert_eq!(chip.mode(), GicMode::Userspace);
+        let regions = chip.mmio_regions(2);
+        let names: Vec<_> = regions.iter().map(|r| (r.0, r.1, r.2)).collect();
+        assert_eq!(
+            names,
+            [("gicd", GICD_BASE, 0x1_0000), ("gicr", GICR_BASE, 0x4_0000)]
+        );
+        assert_eq!(chip.irq_pending(0), Some(false));
+        assert_eq!(chip.pending_vcpus().map(|s| s.is_empty()), Some(true));
+        // The CPU interface answers (PMR resets to 0).
+        assert_eq!(chip.sysreg_read(0, ICC_PMR_EL1), Some(0));
+        assert!(chip.sysreg_write(0, ICC_PMR_EL1, 0xf0).is_some());
+        chip.set_spi(33, true);
+        chip.vtimer_level(1, true);
+        assert!(matches!(chip.save(), Ok(GicSnapshot::Userspace(_))));
+    }
+
+    #[test]
+    fn kernel_gic_gets_spis_and_nothing_else() {
+        let k = Arc::new(RecordingGic::default());
+        let chip = Irqchip::Kernel(k.clone());
+        assert_eq!(chip.mode(), GicMode::Hvf);
+        assert!(chip.mmio_regions(4).is_empty());
+        chip.set_spi(48, true);
+        chip.set_spi(48, false);
+        assert_eq!(*k.spis.lock().unwrap(), [(48, true), (48, false)]);
+        assert_eq!(chip.irq_pending(0), None);
+        assert_eq!(chip.pending_vcpus(), None);
+        assert_eq!(chip.sysreg_read(0, ICC_PMR_EL1), None);
+        assert_eq!(chip.sysreg_write(0, ICC_PMR_EL1, 1), None);
+        chip.vtimer_level(0, true);
+        assert_eq!(chip.save().unwrap(), GicSnapshot::Hvf(vec![7, 8, 9]));
+        assert_eq!(k.saves.load(Ordering::Relaxed), 1);
+    }
+}
