@@ -133,7 +133,7 @@ fn verify_detects_corruption() {
     let root = s.root();
     let out = ok(root, &["verify", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files"),
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files"),
         "{out}"
     );
     assert!(ok(root, &["verify", "golden+1"]).starts_with("ok golden+1: golden -> d1"));
@@ -235,13 +235,13 @@ fn verify_cached() {
     // A full verification hashes everything and records it.
     let out = ok(root, &["verify", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, ")
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files, ")
             && !out.contains("unchanged"),
         "{out}"
     );
     let out = ok(root, &["verify", "--cached", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, 0 B hashed, 12 files (")
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files, 0 B hashed, 15 files (")
             && out.contains("unchanged since verified"),
         "{out}"
     );
@@ -256,7 +256,7 @@ fn verify_cached() {
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
     flip_keep_times(&p, 100, 4);
     let out = ok(root, &["verify", "--cached", "d2"]);
-    assert!(out.contains(", 11 files ("), "{out}");
+    assert!(out.contains(", 14 files ("), "{out}");
     // A bad cache is reported on stderr, not fatal.
     std::fs::write(root.join("d1").join(snapshot_store::VERIFIED_FILE), b"[").unwrap();
     let o = vmstore(root, &["verify", "--cached", "d2"]);
