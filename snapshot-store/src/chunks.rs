@@ -677,4 +677,35 @@ mod tests {
         assert!(d.is_empty() && n == 0);
         assert_eq!(disk_digest(&d), sha256(b""));
     }
+
+    /// Timing printout (not asserted): hashing every chunk of a 64 MiB
+    /// image (8 MiB in debug builds) against re-hashing one chunk.
+    #[test]
+    fn one_chunk_against_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        let size: u64 = if cfg!(debug_assertions) {
+            8 << 20
+        } else {
+            64 << 20
+        };
+        let bytes: Vec<u8> = (0..size).map(|i| (i * 131 % 251) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let f = File::open(&p).unwrap();
+        let t = std::time::Instant::now();
+        let (mut d, read) = hash_disk(&f, &p, size, DISK_CHUNK_SIZE, None).unwrap();
+        let all = t.elapsed();
+        let t = std::time::Instant::now();
+        ChunkHasher::new(&f, &p, size, DISK_CHUNK_SIZE, None)
+            .update(&mut d, &[7])
+            .unwrap();
+        let top = disk_digest(&d);
+        let one = t.elapsed();
+        eprintln!(
+            "{} MiB image: all {read} chunks hashed in {all:?}; 1 chunk re-hashed and top digest in {one:?}",
+            size >> 20,
+        );
+        assert_eq!(read, size / DISK_CHUNK_SIZE);
+        assert_eq!(top, sha256(&d.concat()));
+    }
 }

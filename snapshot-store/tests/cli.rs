@@ -105,12 +105,20 @@ fn list_and_inspect() {
     assert!(out.contains("chain:          golden -> d1"), "{out}");
     assert!(out.contains("children:       d2"), "{out}");
     assert!(out.contains("diff pages:     2"), "{out}");
+    // The 64 KiB test disk is one (short) chunk.
+    assert!(
+        out.contains("disk:           64.0 KiB in 1 chunks of 256 KiB"),
+        "{out}"
+    );
+    assert!(out.contains("file:           disk.chunks"), "{out}");
     let v: serde_json::Value =
         serde_json::from_str(&ok(root, &["inspect", "d2", "--json"])).unwrap();
     assert_eq!(v["manifest"]["name"], "d2");
     assert_eq!(v["manifest"]["parent"]["name"], "d1");
     assert_eq!(v["chain"], serde_json::json!(["golden", "d1", "d2"]));
     assert_eq!(v["content_sha256"], s.layer("d2").unwrap().content_sha256);
+    assert_eq!(v["disk_chunks"], 1);
+    assert_eq!(v["manifest"]["disk"]["chunk_size"], 256 * 1024);
 
     let o = fails(
         root,
@@ -211,6 +219,15 @@ fn remove_gc_squash() {
     assert_eq!(
         std::fs::read(root.join("flat/disk.img")).unwrap(),
         std::fs::read(root.join("d2/disk.img")).unwrap()
+    );
+    // The squashed layer's chunk list is the top layer's.
+    assert_eq!(
+        std::fs::read(root.join("flat/disk.chunks")).unwrap(),
+        std::fs::read(root.join("d2/disk.chunks")).unwrap()
+    );
+    assert_eq!(
+        s.layer("flat").unwrap().manifest.disk,
+        s.layer("d2").unwrap().manifest.disk
     );
     fails(root, &["squash", "d2", "--name", "flat"], "already exists");
     fails(

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use snapshot_store::{
-    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_FILE, MEMORY_FILE,
-    VERIFIED_FILE,
+    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_CHUNKS_FILE, DISK_FILE,
+    MEMORY_FILE, VERIFIED_FILE,
 };
 
 struct Fixture {
@@ -169,6 +169,7 @@ fn store_wide_verify_blames_the_right_layer() {
         ("golden", MEMORY_FILE),
         ("d1", MEMORY_FILE),
         ("d2", DISK_FILE),
+        ("d1", DISK_CHUNKS_FILE),
         ("d1", "state.bin"),
     ] {
         let p = fx.store.root().join(layer).join(file);
@@ -245,6 +246,7 @@ fn replaced_parent_is_a_clear_error() {
 fn missing_files_are_clear_errors() {
     for (layer, file) in [
         ("d1", DISK_FILE),
+        ("d2", DISK_CHUNKS_FILE),
         ("d1", MEMORY_FILE),
         ("golden", MEMORY_FILE),
         ("d2", "state.bin"),
@@ -305,7 +307,13 @@ fn guest_writes_never_reach_the_store() {
 fn truncated_and_extended_files_are_detected() {
     let fx = fixture();
     for layer in ["golden", "d1", "d2"] {
-        for file in [MEMORY_FILE, DISK_FILE, "state.bin", "manifest.json"] {
+        for file in [
+            MEMORY_FILE,
+            DISK_FILE,
+            DISK_CHUNKS_FILE,
+            "state.bin",
+            "manifest.json",
+        ] {
             let p = fx.store.root().join(layer).join(file);
             let orig = std::fs::read(&p).unwrap();
             for new_len in [
