@@ -536,8 +536,10 @@ impl SnapshotWriter {
     /// chunks are read from the clone; the other digests are taken from the
     /// parent's `disk.chunks`, which is first checked against the parent's
     /// manifest. Otherwise every chunk holding data is hashed, and chunks
-    /// inside holes (`SEEK_DATA`/`SEEK_HOLE`) get the digest of zeros
-    /// without being read.
+    /// inside holes get the digest of zeros without being read (the holes
+    /// are found before this returns: two `lseek`s per data region).
+    /// Returns the clone method and the number of chunks hashed, for the
+    /// log.
     pub fn clone_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<DiskClone> {
         self.check_no_disk()?;
         let dst = self.tmp.join(DISK_FILE);
@@ -546,12 +548,8 @@ impl SnapshotWriter {
         let size = file.metadata().ctx(&dst, "stat")?.len();
         let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
             .map_err(|e| Error::Usage(format!("disk image {}: {e}", src.display())))?;
-        let parent = match written {
-            Some(_) => self.parent_chunks(size)?,
-            None => None,
-        };
-        let plan = match (written, parent) {
-            (Some(w), Some((path, entry))) => {
+        let written = match written {
+            Some(w) => {
                 let mut w = w.to_vec();
                 w.sort_unstable();
                 w.dedup();
@@ -561,12 +559,20 @@ impl SnapshotWriter {
                         src.display()
                     )));
                 }
-                HashPlan::Update {
-                    path,
-                    entry,
-                    chunks: w,
-                }
+                Some(w)
             }
+            None => None,
+        };
+        let parent = match written {
+            Some(_) => self.parent_chunks(size)?,
+            None => None,
+        };
+        let plan = match (written, parent) {
+            (Some(chunks), Some((path, entry))) => HashPlan::Update {
+                path,
+                entry,
+                chunks,
+            },
             _ => HashPlan::All(data_chunks(&file, &dst, size, DISK_CHUNK_SIZE)?),
         };
         let hashed = match &plan {

@@ -4,7 +4,8 @@
 //! [`VirtioDevice::process_queue`] with positioned I/O (`pread`/`pwrite`)
 //! through a bounce buffer; guest memory is only touched through vm-memory
 //! (virtio-queue's `Reader`/`Writer` and `write_obj`), so every byte the
-//! device writes is recorded in the dirty bitmap.
+//! device writes is recorded in the dirty bitmap. Writes to the disk file
+//! mark the `DISK_CHUNK_SIZE` chunks they touch, for the next snapshot.
 //!
 //! Request checks (§5.2.6): readable descriptors come before writable ones;
 //! the last descriptor is writable and its last byte is the status; the
