@@ -10,9 +10,11 @@ earlier spike's write-up (shared/seeds/003): median of N runs with min and max.
      In the same boot, in-guest `dd if=/dev/zero of=/dev/shm/blob bs=1M count=64`
      throughput, timed in the guest (busybox dd prints no rate).
   2. Snapshot write: a full layer (fresh boot, whole RAM) vs diffs after dirtying
-     8 and 64 MiB of /dev/shm in a restore of the root with --track-dirty:
-     `Snapshot-write-time`, the pages of the `[snapshot]` line, and (separately)
-     wall Ctrl-A s -> that console line.
+     8 and 64 MiB of /dev/shm, and after writing 8 MiB to a file on the root disk
+     (then `sync`), in a restore of the root with --track-dirty:
+     `Snapshot-write-time`, the pages of the `[snapshot]` line, the disk chunks
+     hashed (`Snapshot-disk-clone`), and (separately) wall Ctrl-A s -> that
+     console line.
   3. Restore of 1, 2 and 4 layers (golden, golden+1, golden+3): `Restore-time`,
      the `Restore-stages` medians, and wall spawn -> the shell prompt answering
      an Enter sent once the restore is logged.
@@ -65,6 +67,7 @@ CMD_TIMEOUT = 180.0  # one shell command, a snapshot write, an exit
 
 DD_MIB = 64  # in-guest dd throughput probe
 DIFF_MIB = (8, 64)  # dirtied before a diff snapshot
+DISK_WRITE_MIB = 8  # written to a file on the root disk before a diff snapshot
 CHAIN_MIB = 8  # dirtied per layer of the restore chain
 CHAIN_DEPTH = 3  # golden + 3 diffs -> 4 layers
 RESTORE_SPECS = (("golden", 1), ("golden+1", 2), (f"golden+{CHAIN_DEPTH}", 4))
@@ -72,6 +75,15 @@ BANDWIDTH_MIB = 256
 
 # The guest's clock in microseconds, from busybox adjtimex (date has no %N here).
 GUEST_CLOCK = r"adjtimex | sed -n 's/^ *time\.tv_[a-z]*: *//p'"
+
+
+def parse_disk_clone(text: str) -> dict:
+    """`METHOD (H of N chunks hashed[: note])`, the value of a `Snapshot-disk-clone` line."""
+    m = re.fullmatch(r"(.+?) \((\d+) of (\d+) chunks hashed(?:: ([^)]*))?\)", text.strip())
+    if not m:
+        raise ValueError(f"cannot parse Snapshot-disk-clone value {text!r}")
+    return {"method": m.group(1), "chunks_hashed": int(m.group(2)), "chunks": int(m.group(3)),
+            "reused": m.group(4) is not None}
 
 
 class StepError(Exception):
@@ -230,6 +242,7 @@ class Bench:
         write_ms = int(child.match.group(1))
         harness.expect(child, r"Snapshot-disk-clone = ([^\r\n]+)\r*\n", CMD_TIMEOUT, "Snapshot-disk-clone")
         clone = child.match.group(1).strip()
+        disk = parse_disk_clone(clone)
         harness.expect(child, rf"\[snapshot\] (full|diff) '{re.escape(name)}' \((\d+) pages, ([0-9.]+) MiB\) written",
                        CMD_TIMEOUT, f"the [snapshot] line of '{name}'")
         wall = time.perf_counter() - t0
@@ -237,7 +250,8 @@ class Bench:
         if got != kind:
             raise harness.ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
         return {"write_ms": write_ms, "pages": int(child.match.group(2)), "mib": float(child.match.group(3)),
-                "disk_clone": clone, "console_wall_s": wall}
+                "disk_clone": disk["method"], "disk_chunks_hashed": disk["chunks_hashed"],
+                "disk_chunks": disk["chunks"], "console_wall_s": wall}
 
     @staticmethod
     def restore_logged(child) -> dict:
@@ -393,6 +407,21 @@ class Bench:
               f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms")
         return snap
 
+    def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+        """Like diff_snapshot, but the guest writes mib MiB to a file on its root disk and syncs."""
+        with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', write {mib} MiB to /, sync, Ctrl-A s)"):
+            child, r = self.restore(parent, f"diff-{name}", "--track-dirty", "--name", name)
+            harness.run(child, f"dd if=/dev/zero of=/root/{name} bs=1M count={mib} 2>/dev/null && sync",
+                        CMD_TIMEOUT)
+            snap = self.snapshot(child, "diff", name)
+            self.quit_vm(child)
+        snap["disk_written_mib"] = mib
+        snap["restore_of_parent"] = r
+        print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
+              f"{snap['disk_chunks_hashed']} of {snap['disk_chunks']} disk chunks hashed, "
+              f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms")
+        return snap
+
     def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict:
         with self.step(f"restore '{spec}' ({layers} layers) run {i + 1}"):
             child, r = self.restore(spec, f"restore-{spec}-{i + 1}")
@@ -438,14 +467,19 @@ class Bench:
         full_names = ["golden"] + [f"full-{i + 1}" for i in range(1, n)]
         res["full"] = [self.full_snapshot(name, i) for i, name in enumerate(full_names)]
         diffs: dict = {str(m): [] for m in DIFF_MIB}
+        disk_diffs = []
         for i in range(n):
             for mib in DIFF_MIB:
                 diffs[str(mib)].append(self.diff_snapshot("golden", f"w{mib}-{i + 1}", mib, f"write run {i + 1}"))
+            disk_diffs.append(self.disk_diff_snapshot("golden", f"wd{DISK_WRITE_MIB}-{i + 1}", DISK_WRITE_MIB,
+                                                      f"write run {i + 1}"))
         res["diff"] = diffs
+        res["disk_diff"] = disk_diffs
 
         # Footprint of the write-measurement layers, then remove them so golden
         # has a single child chain for golden+N.
-        extra = [*full_names[1:], *(f"w{m}-{i + 1}" for m in DIFF_MIB for i in range(n))]
+        extra = [*full_names[1:], *(f"w{m}-{i + 1}" for m in DIFF_MIB for i in range(n)),
+                 *(f"wd{DISK_WRITE_MIB}-{i + 1}" for i in range(n))]
         with self.step("footprint of the write-measurement layers"):
             res["write_layers_footprint"] = {name: self.layer_footprint(name) for name in extra}
             for name in extra:
@@ -508,11 +542,14 @@ def summarize_all(raw: dict, runs: int) -> dict:
             "pages": stats([r["pages"] for r in rows], 0),
             "mib": stats([r["mib"] for r in rows]),
             "disk_clone": sorted({r["disk_clone"] for r in rows}),
+            "disk_chunks_hashed": stats([r["disk_chunks_hashed"] for r in rows], 0),
+            "disk_chunks": max(r["disk_chunks"] for r in rows),
         }
 
     s["snapshot_write"] = {"full": snap_summary(raw["full"])}
     for mib, rows in raw["diff"].items():
         s["snapshot_write"][f"diff_{mib}MiB"] = snap_summary(rows)
+    s["snapshot_write"][f"disk_{DISK_WRITE_MIB}MiB"] = snap_summary(raw["disk_diff"])
     s["chain_build"] = snap_summary(raw["chain_build"])
 
     s["restore"] = {}
@@ -642,22 +679,30 @@ def report(raw: dict, s: dict, info: dict) -> str:
     a("## 2. Snapshot write time — full vs diff")
     a("")
     a(f"Full: a fresh `--track-dirty` boot, logged in, Ctrl-A s (all of RAM). Diff: restore of that golden root "
-      f"with `--track-dirty`, `dd` N MiB of zeros into /dev/shm, Ctrl-A s. The last column is the bytes of "
-      f"memory.bin written at the measured disk bandwidth ({bw:.0f} MB/s), and the write time as a multiple of it. "
-      f"The store also sha256-hashes memory.bin (alongside the write) and the cloned {disk_mib:.0f} MiB disk.img "
-      f"(before commit); the next column is those bytes at the host's measured sha256 rate ({hr:.0f} MB/s).")
+      f"with `--track-dirty`, `dd` N MiB of zeros into /dev/shm (or, last row, into a file on the root disk, then "
+      f"`sync`), Ctrl-A s. The memory.bin column is its bytes at the measured disk bandwidth ({bw:.0f} MB/s), and "
+      f"the write time as a multiple of it. The store also sha256-hashes memory.bin (alongside the write) and the "
+      f"256 KiB chunks of the {disk_mib:.0f} MiB disk.img that were written since the parent (a full layer: those "
+      f"holding data), on a thread joined by commit; the last column is those bytes at the host's measured sha256 "
+      f"rate ({hr:.0f} MB/s).")
     a("")
-    a("| Snapshot | dirtied | pages (MiB) | Snapshot-write-time | Ctrl-A s → console line (wall) | "
-      "memory.bin at disk bandwidth → write time ÷ that | memory.bin + disk.img at sha256 rate |")
-    a("|---|---|---|---|---|---|---|")
+    a("| Snapshot | dirtied | pages (MiB) | disk chunks hashed | Snapshot-write-time | Ctrl-A s → console line (wall) | "
+      "memory.bin at disk bandwidth → write time ÷ that | memory.bin + hashed disk chunks at sha256 rate |")
+    a("|---|---|---|---|---|---|---|---|")
     rows = [("Full root", "(whole RAM)", w["full"])] + [
         (f"Diff", f"{m} MiB", w[f"diff_{m}MiB"]) for m in DIFF_MIB]
+    if f"disk_{DISK_WRITE_MIB}MiB" in w:
+        rows.append(("Diff", f"{DISK_WRITE_MIB} MiB to a file on / + sync", w[f"disk_{DISK_WRITE_MIB}MiB"]))
     for label, dirt, x in rows:
         bytes_ = x["mib"]["median"] * MIB
         ideal = bytes_ / 1e6 / bw * 1000 if bw else float("nan")
-        a(f"| {label} | {dirt} | {x['pages']['median']:.0f} ({x['mib']['median']:.1f}) | {ms(x['write_time'])} | "
-          f"{ms(x['console_wall'])} | {ideal:.0f} ms → {x['write_time']['median_s'] * 1000 / ideal:.1f}× | "
-          f"{(bytes_ + disk_mib * MIB) / 1e6 / hr * 1000:.0f} ms |")
+        hashed = x.get("disk_chunks_hashed")
+        chunks_txt = f"{num(hashed, '')} of {x['disk_chunks']}" if hashed else "—"
+        hashed_bytes = hashed["median"] * 256 * 1024 if hashed else disk_mib * MIB
+        a(f"| {label} | {dirt} | {x['pages']['median']:.0f} ({x['mib']['median']:.1f}) | {chunks_txt} | "
+          f"{ms(x['write_time'])} | {ms(x['console_wall'])} | "
+          f"{ideal:.0f} ms → {x['write_time']['median_s'] * 1000 / ideal:.1f}× | "
+          f"{(bytes_ + hashed_bytes) / 1e6 / hr * 1000:.0f} ms |")
     a("")
     clones = sorted({c for x in w.values() for c in x["disk_clone"]})
     t = s["targets"]["diff_write_proportional"]
@@ -754,8 +799,9 @@ def report(raw: dict, s: dict, info: dict) -> str:
       "bracketed by markers (scripts/harness.py); the VM is ended with Ctrl-A x and must exit 0.")
     a("- Full layers are taken after `sync` in the guest (a prepared base image), so their restored children "
       "have no file-system data left to write back; a diff whose guest did not write its disk reuses the "
-      "parent's disk image and hash (`Snapshot-disk-clone = ... unchanged since the parent`). A diff whose "
-      "guest wrote its disk pays a clone and a SHA-256 of the whole image.")
+      "parent's disk image and chunk digests (`Snapshot-disk-clone = METHOD (0 of N chunks hashed: unchanged "
+      "since the parent, ...)`). A diff whose guest wrote its disk pays a clone and a SHA-256 of the 256 KiB "
+      "chunks written since the parent (`H of N chunks hashed`).")
     a("- Each diff layer comes from restoring its parent with `--track-dirty --name NEW`, dirtying N MiB with "
       "`dd if=/dev/zero` into /dev/shm and Ctrl-A s (the designed diff path). The §2 diffs are all children of "
       "golden and are removed (after their footprint is recorded) before the d1..d3 chain is built, so that "

@@ -30,12 +30,22 @@ def spawn(boot_bin, args, backend, log):
     return harness.spawn(argv, log_path=log, timeout=BOOT_TIMEOUT)
 
 
-def snapshot(child, kind, name):
+def snapshot_disk(child, kind, name):
+    """Ctrl-A s; returns the pages of the `[snapshot]` line and H, N of
+    `Snapshot-disk-clone = METHOD (H of N chunks hashed...)`."""
     child.send("\x01s")
     harness.expect(child, r"Snapshot-write-time = \d+ ms", CMD_TIMEOUT, "Snapshot-write-time")
+    harness.expect(child, r"Snapshot-disk-clone = [^(\r\n]+ \((\d+) of (\d+) chunks hashed", CMD_TIMEOUT,
+                   "Snapshot-disk-clone")
+    hashed, chunks = int(child.match.group(1)), int(child.match.group(2))
     harness.expect(child, rf"\[snapshot\] {kind} '{re.escape(name)}' \((\d+) pages, [0-9.]+ MiB\) written",
                    CMD_TIMEOUT, f"the {kind} snapshot line")
-    return int(child.match.group(1))
+    return int(child.match.group(1)), hashed, chunks
+
+
+def snapshot(child, kind, name):
+    """Ctrl-A s; returns the pages of the `[snapshot]` line."""
+    return snapshot_disk(child, kind, name)[0]
 
 
 def quit_vm(child):
@@ -235,6 +245,28 @@ def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, boot_bin, backend
     try:
         assert harness.run(child, "sha256sum /dev/shm/a", CMD_TIMEOUT).split()[0] == sum_a
         assert harness.run(child, "cat /dev/shm/b", CMD_TIMEOUT) == "b"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+
+def test_disk_diff_hashes_only_written_chunks(chain, boot_bin, backend, tmp_path):
+    """A diff after the guest writes a small file to its root disk re-hashes
+    a few 256 KiB chunks, not the whole disk; its restore has the file."""
+    store = fresh_copy(chain, tmp_path)
+    child = restore(boot_bin, store, "golden", backend, tmp_path / "w.log", "--track-dirty", "--name", "w")
+    try:
+        harness.run(child, "echo chunked > /root/small.txt && sync", CMD_TIMEOUT)
+        _, hashed, chunks = snapshot_disk(child, "diff", "w")
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+    disk_size = (store / "golden" / "disk.img").stat().st_size
+    assert chunks == -(-disk_size // (256 << 10))
+    assert 0 < hashed < chunks // 4, f"{hashed} of {chunks} chunks hashed"
+    child = restore(boot_bin, store, "w", backend, tmp_path / "w2.log")
+    try:
+        assert harness.run(child, "cat /root/small.txt", CMD_TIMEOUT) == "chunked"
         quit_vm(child)
     finally:
         harness.terminate(child)

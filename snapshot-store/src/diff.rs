@@ -368,7 +368,7 @@ mod tests {
         expect(&file(&idx)[..50], "truncated diff header");
         expect(&patch(&idx, 0, b"X", false), "bad magic");
         expect(
-            &patch(&idx, 8, &2u16.to_le_bytes(), false),
+            &patch(&idx, 8, &1u16.to_le_bytes(), false),
             "format version",
         );
         expect(

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::Progress;
 
 /// A sha256 digest (32 bytes).
@@ -40,17 +40,6 @@ pub fn hex(bytes: &[u8]) -> String {
 /// `true` if `s` is 64 lower-case hex digits (a sha256 in manifest form).
 pub fn is_sha256_hex(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// sha256 of a whole file, which must be exactly `expected_len` bytes long
-/// (a file that grows or shrinks while being read is reported as corrupt).
-pub(crate) fn sha256_file(
-    path: &Path,
-    expected_len: u64,
-    progress: Option<&(dyn Fn(Progress<'_>) + Sync)>,
-) -> Result<Sha256Digest> {
-    let file = File::open(path).ctx(path, "open")?;
-    sha256_open_file(&file, path, expected_len, progress)
 }
 
 /// sha256 of the whole of the open file `file` (named `path` in errors),
@@ -128,10 +117,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"abc").unwrap();
-        assert_eq!(sha256_file(&p, 3, None).unwrap(), sha256(b"abc"));
-        let e = sha256_file(&p, 4, None).unwrap_err().to_string();
+        let f = |len| sha256_open_file(&File::open(&p).unwrap(), &p, len, None);
+        assert_eq!(f(3).unwrap(), sha256(b"abc"));
+        let e = f(4).unwrap_err().to_string();
         assert!(e.contains("changed size"), "{e}");
-        let e = sha256_file(&p, 2, None).unwrap_err().to_string();
+        let e = f(2).unwrap_err().to_string();
         assert!(e.contains("changed size"), "{e}");
     }
 }

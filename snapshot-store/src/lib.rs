@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! vmstore/
-//!   golden/   manifest.json  memory.bin (full RAM)   state.bin  disk.img  verified.json
-//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.img  verified.json
+//!   golden/   manifest.json  memory.bin (full RAM)   state.bin  disk.img  disk.chunks  verified.json
+//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.img  disk.chunks  verified.json
 //!   .tmp-d2-4242-1f0c.../    (a snapshot being written; never a layer)
 //! ```
 //!
@@ -19,7 +19,9 @@
 //! ([`SnapshotWriter::write_full_memory`] or
 //! [`SnapshotWriter::write_diff_memory`]), state
 //! ([`SnapshotWriter::write_state`]) and the disk
-//! ([`SnapshotWriter::clone_disk`]), then [`SnapshotWriter::commit`], which
+//! ([`SnapshotWriter::clone_disk`], which re-hashes only the
+//! [`DISK_CHUNK_SIZE`] chunks the guest wrote since the parent, or
+//! [`SnapshotWriter::reuse_parent_disk`]), then [`SnapshotWriter::commit`], which
 //! makes the layer durable and visible atomically. At restore time it calls
 //! [`Store::resolve`], [`verify_chain_cached`], [`map_chain_memory`] (or
 //! [`map_base_memory`] and [`overlay_diffs_mapped`] to time the stages) and
@@ -36,6 +38,7 @@
 //! Nothing here measures time; callers time the stages they care about.
 
 mod cache;
+mod chunks;
 mod clone;
 mod diff;
 mod error;
@@ -51,6 +54,12 @@ mod verify;
 mod writer;
 
 pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
+pub use chunks::{
+    check_chunk_geometry, disk_chunk_count, disk_chunks_file_size, disk_digest, encode_disk_chunks,
+    parse_disk_chunks, parse_disk_chunks_header, DiskChunks, DiskChunksHeader,
+    DISK_CHUNKS_HEADER_LEN, DISK_CHUNKS_MAGIC, DISK_CHUNK_SIZE, MAX_DISK_CHUNKS,
+    MAX_DISK_CHUNK_SIZE, MIN_DISK_CHUNK_SIZE,
+};
 pub use clone::{clone_file, sparse_copy, CloneMethod};
 pub use diff::{
     diff_data_offset, diff_file_size, encode_diff_prefix, parse_diff_file, parse_diff_header,
@@ -59,9 +68,9 @@ pub use diff::{
 pub use error::{Error, ParseError, Result};
 pub use hash::{hex, sha256, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 pub use manifest::{
-    parse_manifest, FileEntry, FormatVersion, LayerKind, Manifest, ParentRef, FORMAT_VERSION,
-    MAX_CREATOR_LEN, MAX_MANIFEST_BYTES, MAX_PAGE_SIZE, MAX_RAM_SIZE, MAX_TAG_LEN, MAX_VCPUS,
-    MIN_PAGE_SIZE,
+    parse_manifest, DiskEntry, FileEntry, FormatVersion, LayerKind, Manifest, ParentRef,
+    FORMAT_VERSION, MAX_CREATOR_LEN, MAX_MANIFEST_BYTES, MAX_PAGE_SIZE, MAX_RAM_SIZE, MAX_TAG_LEN,
+    MAX_VCPUS, MIN_PAGE_SIZE,
 };
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
 pub use restore::{
@@ -79,7 +88,7 @@ pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
-pub use writer::{LayerMeta, SnapshotWriter};
+pub use writer::{DiskClone, LayerMeta, SnapshotWriter};
 
 /// File name of a layer's manifest.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -89,6 +98,8 @@ pub const MEMORY_FILE: &str = "memory.bin";
 pub const STATE_FILE: &str = "state.bin";
 /// File name of a layer's disk image clone.
 pub const DISK_FILE: &str = "disk.img";
+/// File name of a layer's disk chunk digests (present with `disk.img`).
+pub const DISK_CHUNKS_FILE: &str = "disk.chunks";
 
 /// Progress of a long operation, for progress lines. Delivered to a
 /// callback that may be called from several threads at once.

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::chunks::check_chunk_geometry;
 use crate::diff::diff_file_size;
 use crate::error::ParseError;
 use crate::hash::{hex, is_sha256_hex, sha256};
@@ -29,8 +30,8 @@ pub const MAX_TAG_LEN: usize = 64;
 /// Longest `creator` string, in bytes.
 pub const MAX_CREATOR_LEN: usize = 128;
 
-/// A store format version. All store files (manifest, diff memory, state)
-/// carry one.
+/// A store format version. All store files (manifest, diff memory, state,
+/// disk chunk list) carry one.
 ///
 /// Compatibility rule (Firecracker's): a reader accepts a file whose major
 /// equals its own and whose minor is not newer than its own. Minor versions
@@ -45,7 +46,7 @@ pub struct FormatVersion {
 }
 
 /// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 1, minor: 0 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 2, minor: 0 };
 
 impl FormatVersion {
     /// Check that this reader can read a file of version `self`.
@@ -107,6 +108,22 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
+/// Size, chunk size and digest of a layer's disk image.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DiskEntry {
+    /// Length of `disk.img` in bytes (`st_size`).
+    pub size: u64,
+    /// Chunk size of the digests in `disk.chunks`, in bytes (a power of two,
+    /// see [`crate::check_chunk_geometry`]; the writer uses
+    /// [`crate::DISK_CHUNK_SIZE`]).
+    pub chunk_size: u64,
+    /// The disk's digest, lower-case hex: sha256 of the concatenated sha256
+    /// digests of its chunks, which is also the sha256 of the digest list
+    /// in `disk.chunks`.
+    pub sha256: String,
+}
+
 /// The contents of `manifest.json`. Field order is the serialization order.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -146,9 +163,9 @@ pub struct Manifest {
     pub diff_pages: Option<u64>,
     /// `state.bin`.
     pub state: FileEntry,
-    /// `disk.img`, if the VM had a disk.
+    /// `disk.img` and `disk.chunks`, if the VM had a disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk: Option<FileEntry>,
+    pub disk: Option<DiskEntry>,
     /// sha256 of this manifest's canonical bytes with this field set to 64
     /// zeros, lower-case hex.
     pub manifest_sha256: String,
@@ -266,6 +283,9 @@ impl Manifest {
             ));
         }
         if let Some(disk) = &self.disk {
+            if let Err(e) = check_chunk_geometry(disk.chunk_size, disk.size) {
+                return err(format!("disk: {e}"));
+            }
             check_hash("disk.sha256", &disk.sha256)?;
         }
         check_hash("manifest_sha256", &self.manifest_sha256)?;
@@ -387,8 +407,9 @@ pub(crate) mod tests {
                 size: 100,
                 sha256: "02".repeat(32),
             },
-            disk: Some(FileEntry {
+            disk: Some(DiskEntry {
                 size: 4096,
+                chunk_size: crate::DISK_CHUNK_SIZE,
                 sha256: "03".repeat(32),
             }),
             manifest_sha256: String::new(),
@@ -426,7 +447,7 @@ pub(crate) mod tests {
 
     #[test]
     fn rejects_newer_or_other_versions_first() {
-        for (maj, min) in [(1, 1), (2, 0), (0, 9)] {
+        for (maj, min) in [(1, 0), (1, 1), (2, 1), (3, 0), (0, 9)] {
             // A newer file may carry fields we do not know: the version
             // error must win over the schema error.
             let mut v: serde_json::Value =
@@ -506,6 +527,14 @@ pub(crate) mod tests {
             (
                 Box::new(|m| m.disk.as_mut().unwrap().sha256 = "x".repeat(64)),
                 "disk.sha256",
+            ),
+            (
+                Box::new(|m| m.disk.as_mut().unwrap().chunk_size = 1000),
+                "disk: chunk size",
+            ),
+            (
+                Box::new(|m| m.disk.as_mut().unwrap().size = u64::MAX),
+                "disk: disk of",
             ),
             (
                 Box::new(|m| {

@@ -186,7 +186,7 @@ mod tests {
         b[3] ^= 1;
         expect(&b, "bad magic");
         let mut b = good.clone();
-        b[8] = 2;
+        b[8] = 1;
         expect(&b, "format version");
         let mut b = good.clone();
         b[12] = 64;

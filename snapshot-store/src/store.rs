@@ -768,8 +768,8 @@ impl Store {
         w.write_full_memory(&memory)?;
         w.write_state(&state)?;
         if let Some(disk) = top.disk_path() {
-            let method = w.clone_disk(&disk)?;
-            stage(&format!("disk cloned by {method}"));
+            let clone = w.clone_disk(&disk, None)?;
+            stage(&format!("disk cloned by {clone}"));
         }
         stage("committing");
         w.commit()

@@ -4,18 +4,22 @@
 
 use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::cache::{self, CacheEntry, Entries, Stamp};
+use crate::chunks::{
+    check_disk_chunks_file, chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest,
+    hash_disk, read_disk_chunks,
+};
 use crate::error::{Error, IoContext, Result};
-use crate::hash::{hex, sha256_open_file, Sha256Digest};
-use crate::manifest::{FileEntry, LayerKind, MAX_MANIFEST_BYTES};
+use crate::hash::{hex, sha256_open_file};
+use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::restore::{check_diff_against_manifest, read_diff_prefix};
 use crate::state::{parse_state_header, read_up_to, STATE_HEADER_LEN};
 use crate::store::{check_link, Chain, Layer, Store};
-use crate::{ProgressFn, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::{ProgressFn, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 
 /// How the sha256 of a verified file was established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,11 +69,25 @@ pub struct VerifyReport {
     pub cache_notes: Vec<String>,
 }
 
+/// What a job checks about its file.
+enum Check {
+    /// The sha256 of the whole file equals the job's `expect`.
+    File,
+    /// `disk.chunks`: well-formed, agrees with the manifest's disk entry,
+    /// and its digest list hashes to `expect`.
+    ChunkList(DiskEntry),
+    /// `disk.img`: its chunk digests (holes skipped as zeros) hash to
+    /// `expect`; on a mismatch the first chunk whose digest differs from
+    /// the list at `list` is named.
+    Disk { list: PathBuf, entry: DiskEntry },
+}
+
 struct Job {
     path: PathBuf,
     file: &'static str,
     size: u64,
     expect: String,
+    check: Check,
     owner: usize,
     /// From the `lstat` of the cheap checks; what the cache is asked about.
     stamp: Stamp,
@@ -110,7 +128,7 @@ fn check_regular(path: &std::path::Path, size: u64) -> Result<Metadata> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::corrupt(
                 path,
-                format!("missing (listed in {MANIFEST_FILE} with {size} bytes)"),
+                format!("missing ({MANIFEST_FILE} implies {size} bytes)"),
             ))
         }
         Err(e) => return Err(Error::io(path, "stat", e)),
@@ -127,10 +145,10 @@ fn check_regular(path: &std::path::Path, size: u64) -> Result<Metadata> {
     Ok(meta)
 }
 
-/// Check that the layer's `file` is a regular file of `entry.size` bytes.
-fn check_file(layer: &Layer, file: &str, entry: &FileEntry) -> Result<(PathBuf, Metadata)> {
+/// Check that the layer's `file` is a regular file of `size` bytes.
+fn check_file(layer: &Layer, file: &str, size: u64) -> Result<(PathBuf, Metadata)> {
     let path = layer.dir.join(file);
-    let meta = check_regular(&path, entry.size)?;
+    let meta = check_regular(&path, size)?;
     Ok((path, meta))
 }
 
@@ -154,11 +172,12 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         file: MANIFEST_FILE,
         size: mmeta.len(),
         expect: layer.content_sha256.clone(),
+        check: Check::File,
         owner,
         stamp: Stamp::of(&mmeta),
     });
 
-    let (mem, meta) = check_file(layer, MEMORY_FILE, &m.memory)?;
+    let (mem, meta) = check_file(layer, MEMORY_FILE, m.memory.size)?;
     if m.kind == LayerKind::Diff {
         let f = File::open(&mem).ctx(&mem, "open")?;
         let (h, _) = read_diff_prefix(&f, &mem, m.memory.size)?;
@@ -169,11 +188,12 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         file: MEMORY_FILE,
         size: m.memory.size,
         expect: m.memory.sha256.clone(),
+        check: Check::File,
         owner,
         stamp: Stamp::of(&meta),
     });
 
-    let (state, meta) = check_file(layer, STATE_FILE, &m.state)?;
+    let (state, meta) = check_file(layer, STATE_FILE, m.state.size)?;
     let mut head = [0u8; STATE_HEADER_LEN];
     let got =
         read_up_to(&mut File::open(&state).ctx(&state, "open")?, &mut head).ctx(&state, "read")?;
@@ -192,17 +212,34 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         file: STATE_FILE,
         size: m.state.size,
         expect: m.state.sha256.clone(),
+        check: Check::File,
         owner,
         stamp: Stamp::of(&meta),
     });
 
     if let Some(disk) = &m.disk {
-        let (path, meta) = check_file(layer, DISK_FILE, disk)?;
+        // The manifest's geometry was checked when it was parsed.
+        let list_size = disk_chunks_file_size(disk_chunk_count(disk.size, disk.chunk_size));
+        let (list, meta) = check_file(layer, DISK_CHUNKS_FILE, list_size)?;
+        jobs.push(Job {
+            path: list.clone(),
+            file: DISK_CHUNKS_FILE,
+            size: list_size,
+            expect: disk.sha256.clone(),
+            check: Check::ChunkList(disk.clone()),
+            owner,
+            stamp: Stamp::of(&meta),
+        });
+        let (path, meta) = check_file(layer, DISK_FILE, disk.size)?;
         jobs.push(Job {
             path,
             file: DISK_FILE,
             size: disk.size,
             expect: disk.sha256.clone(),
+            check: Check::Disk {
+                list,
+                entry: disk.clone(),
+            },
             owner,
             stamp: Stamp::of(&meta),
         });
@@ -238,20 +275,66 @@ fn hash_job(job: &Job, progress: Option<ProgressFn<'_>>) -> Result<Option<Stamp>
     if !before.is_file() {
         return Err(Error::corrupt(&job.path, "not a regular file"));
     }
-    let d: Sha256Digest = sha256_open_file(&f, &job.path, job.size, progress)?;
-    let found = hex(&d);
-    if found != job.expect {
-        return Err(Error::corrupt(
-            &job.path,
-            format!(
-                "sha256 mismatch: content is corrupted (expected {}, found {found})",
-                job.expect
-            ),
-        ));
+    match &job.check {
+        Check::File => {
+            let found = hex(&sha256_open_file(&f, &job.path, job.size, progress)?);
+            if found != job.expect {
+                return Err(Error::corrupt(
+                    &job.path,
+                    format!(
+                        "sha256 mismatch: content is corrupted (expected {}, found {found})",
+                        job.expect
+                    ),
+                ));
+            }
+        }
+        Check::ChunkList(entry) => {
+            check_disk_chunks_file(&f, &job.path, entry)?;
+        }
+        Check::Disk { list, entry } => check_disk(&f, job, list, entry, progress)?,
     }
     let after = f.metadata().ctx(&job.path, "stat")?;
     let stamp = Stamp::of(&before);
     Ok((stamp == Stamp::of(&after) && cache::settled(&stamp, t0)).then_some(stamp))
+}
+
+/// Hash the disk image `f` of `job` in chunks and compare with the
+/// manifest; on a mismatch, name the first chunk that differs from the
+/// digest list at `list` (if that list is itself intact).
+fn check_disk(
+    f: &File,
+    job: &Job,
+    list: &Path,
+    entry: &DiskEntry,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<()> {
+    let (digests, _) = hash_disk(f, &job.path, job.size, entry.chunk_size, progress)?;
+    let found = hex(&disk_digest(&digests));
+    if found == job.expect {
+        return Ok(());
+    }
+    let first_bad = read_disk_chunks(list, entry).ok().and_then(|l| {
+        let i = l.digests.iter().zip(&digests).position(|(a, b)| a != b)?;
+        Some(i as u64)
+    });
+    Err(Error::corrupt(
+        &job.path,
+        match first_bad {
+            Some(i) => {
+                let r = chunk_range(i, entry.chunk_size, entry.size);
+                format!(
+                    "sha256 mismatch in chunk {i} (bytes {}..{}): content is corrupted (its digest differs from {})",
+                    r.start,
+                    r.end,
+                    list.display()
+                )
+            }
+            None => format!(
+                "sha256 mismatch: content is corrupted (disk digest expected {}, found {found})",
+                job.expect
+            ),
+        },
+    ))
 }
 
 /// Hash the jobs numbered `which` once each, largest first, on up to

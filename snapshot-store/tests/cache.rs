@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use common::*;
 use snapshot_store::{
-    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, DISK_FILE, MANIFEST_FILE,
-    MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
+    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, DISK_CHUNKS_FILE,
+    DISK_FILE, MANIFEST_FILE, MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
 };
 
 /// Larger than the size above which commit waits for stamps to settle
@@ -71,7 +71,13 @@ fn commit_records_and_cached_verify_skips_hashing() {
     let golden = fx.store.root().join("golden");
     // Commit recorded the big base (it waited for its stamps to settle):
     // the first restore does not hash it.
-    for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+    for f in [
+        MANIFEST_FILE,
+        MEMORY_FILE,
+        STATE_FILE,
+        DISK_FILE,
+        DISK_CHUNKS_FILE,
+    ] {
         assert_eq!(
             cached_stamp(&golden, f),
             Some(stamp(&golden.join(f))),
@@ -80,8 +86,8 @@ fn commit_records_and_cached_verify_skips_hashing() {
     }
     let first = cached(&fx).unwrap();
     assert_eq!(first.layers, 3);
-    assert_eq!(first.files, 11);
-    assert_eq!(first.files_hashed + first.files_cached, 11);
+    assert_eq!(first.files, 13);
+    assert_eq!(first.files_hashed + first.files_cached, 13);
     assert_eq!(source(&first, &golden.join(MEMORY_FILE)), HashSource::Cache);
     assert!(first.bytes_cached >= BIG_RAM as u64, "{first:?}");
     assert!(first.bytes_hashed < 1 << 20, "{first:?}");
@@ -89,7 +95,7 @@ fn commit_records_and_cached_verify_skips_hashing() {
     // The small diffs may have been too fresh to record at commit; once
     // verified they are recorded too, and then nothing is hashed.
     let hot = warm(&fx);
-    assert_eq!((hot.files_cached, hot.files_hashed), (11, 0), "{hot:?}");
+    assert_eq!((hot.files_cached, hot.files_hashed), (13, 0), "{hot:?}");
     assert_eq!(hot.bytes_cached, first.bytes_cached + first.bytes_hashed);
     assert!(hot.checked.iter().all(|c| c.source == HashSource::Cache));
     // A hot cached verification writes nothing.
@@ -98,7 +104,7 @@ fn commit_records_and_cached_verify_skips_hashing() {
     assert_eq!(fingerprint(fx.store.root()), before);
     // The full verification still hashes everything.
     let full = verify_chain(&fx.store.resolve("d2").unwrap()).unwrap();
-    assert_eq!((full.files_hashed, full.files_cached), (11, 0));
+    assert_eq!((full.files_hashed, full.files_cached), (13, 0));
     assert_eq!(full.bytes_hashed, hot.bytes_cached);
     assert!(full.checked.iter().all(|c| c.source == HashSource::Hashed));
 }
@@ -175,9 +181,9 @@ fn full_verify_records_and_fresh_changes_are_not_recorded() {
     settle();
     // A full verification records what it hashed.
     let full = verify_chain(&fx.store.resolve("d2").unwrap()).unwrap();
-    assert_eq!(full.files_hashed, 11);
+    assert_eq!(full.files_hashed, 13);
     let r = cached(&fx).unwrap();
-    assert_eq!((r.files_cached, r.bytes_hashed), (11, 0), "{r:?}");
+    assert_eq!((r.files_cached, r.bytes_hashed), (13, 0), "{r:?}");
 
     // A file changed just now verifies, but its stamp is too fresh to be
     // recorded: a change in the same clock tick would keep its ctime.
@@ -190,7 +196,7 @@ fn full_verify_records_and_fresh_changes_are_not_recorded() {
         assert_eq!(cached_stamp(state.parent().unwrap(), STATE_FILE), None);
     }
     let r = warm(&fx);
-    assert_eq!(r.files_cached, 11);
+    assert_eq!(r.files_cached, 13);
     assert_eq!(
         cached_stamp(state.parent().unwrap(), STATE_FILE),
         Some(stamp(&state))
@@ -414,12 +420,18 @@ fn commit_cache_later_records_every_file_once_joined() {
     let mut w = store.begin("golden", meta(ram.len() as u64)).unwrap();
     w.write_full_memory(&ram).unwrap();
     w.write_state(b"s").unwrap();
-    w.clone_disk(&disk).unwrap();
+    w.clone_disk(&disk, None).unwrap();
     let (layer, cache) = w.commit_cache_later().unwrap();
     // Durable and visible before the cache thread is done.
     assert!(store.contains("golden"));
     cache.join().unwrap();
-    for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+    for f in [
+        MANIFEST_FILE,
+        MEMORY_FILE,
+        STATE_FILE,
+        DISK_FILE,
+        DISK_CHUNKS_FILE,
+    ] {
         assert_eq!(
             cached_stamp(&layer.dir, f),
             Some(stamp(&layer.dir.join(f))),
@@ -428,5 +440,5 @@ fn commit_cache_later_records_every_file_once_joined() {
     }
     let r = verify_chain_cached(&store.resolve("golden").unwrap()).unwrap();
     assert_eq!((r.files_hashed, r.bytes_hashed), (0, 0), "{r:?}");
-    assert_eq!(r.files_cached, 4);
+    assert_eq!(r.files_cached, 5);
 }

@@ -105,12 +105,20 @@ fn list_and_inspect() {
     assert!(out.contains("chain:          golden -> d1"), "{out}");
     assert!(out.contains("children:       d2"), "{out}");
     assert!(out.contains("diff pages:     2"), "{out}");
+    // The 64 KiB test disk is one (short) chunk.
+    assert!(
+        out.contains("disk:           64.0 KiB in 1 chunks of 256 KiB"),
+        "{out}"
+    );
+    assert!(out.contains("file:           disk.chunks"), "{out}");
     let v: serde_json::Value =
         serde_json::from_str(&ok(root, &["inspect", "d2", "--json"])).unwrap();
     assert_eq!(v["manifest"]["name"], "d2");
     assert_eq!(v["manifest"]["parent"]["name"], "d1");
     assert_eq!(v["chain"], serde_json::json!(["golden", "d1", "d2"]));
     assert_eq!(v["content_sha256"], s.layer("d2").unwrap().content_sha256);
+    assert_eq!(v["disk_chunks"], 1);
+    assert_eq!(v["manifest"]["disk"]["chunk_size"], 256 * 1024);
 
     let o = fails(
         root,
@@ -133,7 +141,7 @@ fn verify_detects_corruption() {
     let root = s.root();
     let out = ok(root, &["verify", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files"),
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files"),
         "{out}"
     );
     assert!(ok(root, &["verify", "golden+1"]).starts_with("ok golden+1: golden -> d1"));
@@ -212,6 +220,15 @@ fn remove_gc_squash() {
         std::fs::read(root.join("flat/disk.img")).unwrap(),
         std::fs::read(root.join("d2/disk.img")).unwrap()
     );
+    // The squashed layer's chunk list is the top layer's.
+    assert_eq!(
+        std::fs::read(root.join("flat/disk.chunks")).unwrap(),
+        std::fs::read(root.join("d2/disk.chunks")).unwrap()
+    );
+    assert_eq!(
+        s.layer("flat").unwrap().manifest.disk,
+        s.layer("d2").unwrap().manifest.disk
+    );
     fails(root, &["squash", "d2", "--name", "flat"], "already exists");
     fails(
         root,
@@ -235,13 +252,13 @@ fn verify_cached() {
     // A full verification hashes everything and records it.
     let out = ok(root, &["verify", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, ")
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files, ")
             && !out.contains("unchanged"),
         "{out}"
     );
     let out = ok(root, &["verify", "--cached", "d2"]);
     assert!(
-        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 12 files, 0 B hashed, 12 files (")
+        out.starts_with("ok d2: golden -> d1 -> d2 (3 layers, 15 files, 0 B hashed, 15 files (")
             && out.contains("unchanged since verified"),
         "{out}"
     );
@@ -256,7 +273,7 @@ fn verify_cached() {
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
     flip_keep_times(&p, 100, 4);
     let out = ok(root, &["verify", "--cached", "d2"]);
-    assert!(out.contains(", 11 files ("), "{out}");
+    assert!(out.contains(", 14 files ("), "{out}");
     // A bad cache is reported on stderr, not fatal.
     std::fs::write(root.join("d1").join(snapshot_store::VERIFIED_FILE), b"[").unwrap();
     let o = vmstore(root, &["verify", "--cached", "d2"]);

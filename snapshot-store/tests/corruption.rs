@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use snapshot_store::{
-    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_FILE, MEMORY_FILE,
-    VERIFIED_FILE,
+    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_CHUNKS_FILE, DISK_FILE,
+    MEMORY_FILE, VERIFIED_FILE,
 };
 
 struct Fixture {
@@ -89,7 +89,7 @@ fn every_single_byte_change_is_detected() {
     let fx = fixture();
     assert_eq!(restore(&fx.store, "d2").unwrap(), fx.ram);
     let files = layer_files(&fx.store);
-    assert_eq!(files.len(), 12);
+    assert_eq!(files.len(), 15);
     // Resolving reads only manifests; a resolved chain is what the VMM
     // verifies, so other files are checked against it directly.
     let resolved = fx.store.resolve("d2").unwrap();
@@ -97,9 +97,9 @@ fn every_single_byte_change_is_detected() {
     // ctime): once those ctimes have settled, a verification records every
     // file, and a cached verification then hashes nothing.
     settle();
-    assert_eq!(verify_chain(&resolved).unwrap().files_hashed, 12);
+    assert_eq!(verify_chain(&resolved).unwrap().files_hashed, 15);
     let hot = verify_chain_cached(&resolved).unwrap();
-    assert_eq!((hot.files_cached, hot.bytes_hashed), (12, 0), "{hot:?}");
+    assert_eq!((hot.files_cached, hot.bytes_hashed), (15, 0), "{hot:?}");
     for path in &files {
         let dir = path.parent().unwrap();
         assert_eq!(cached_stamp(dir, file_name(path)), Some(stamp(path)));
@@ -155,7 +155,7 @@ fn every_single_byte_change_is_detected() {
     // Contents are back, but every ctime moved: the cached path hashes
     // every file again (and passes).
     let r = verify_chain_cached(&resolved).unwrap();
-    assert_eq!((r.files_hashed, r.files_cached), (12, 0), "{r:?}");
+    assert_eq!((r.files_hashed, r.files_cached), (15, 0), "{r:?}");
     assert_eq!(restore(&fx.store, "d2").unwrap(), fx.ram);
     assert!(checked > 25_000, "{checked}");
 }
@@ -169,6 +169,7 @@ fn store_wide_verify_blames_the_right_layer() {
         ("golden", MEMORY_FILE),
         ("d1", MEMORY_FILE),
         ("d2", DISK_FILE),
+        ("d1", DISK_CHUNKS_FILE),
         ("d1", "state.bin"),
     ] {
         let p = fx.store.root().join(layer).join(file);
@@ -245,6 +246,7 @@ fn replaced_parent_is_a_clear_error() {
 fn missing_files_are_clear_errors() {
     for (layer, file) in [
         ("d1", DISK_FILE),
+        ("d2", DISK_CHUNKS_FILE),
         ("d1", MEMORY_FILE),
         ("golden", MEMORY_FILE),
         ("d2", "state.bin"),
@@ -305,7 +307,13 @@ fn guest_writes_never_reach_the_store() {
 fn truncated_and_extended_files_are_detected() {
     let fx = fixture();
     for layer in ["golden", "d1", "d2"] {
-        for file in [MEMORY_FILE, DISK_FILE, "state.bin", "manifest.json"] {
+        for file in [
+            MEMORY_FILE,
+            DISK_FILE,
+            DISK_CHUNKS_FILE,
+            "state.bin",
+            "manifest.json",
+        ] {
             let p = fx.store.root().join(layer).join(file);
             let orig = std::fs::read(&p).unwrap();
             for new_len in [

@@ -6,8 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use common::*;
 use snapshot_store::{
-    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
-    STATE_FILE,
+    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE,
+    MEMORY_FILE, STATE_FILE,
 };
 
 fn store() -> (tempfile::TempDir, Store) {
@@ -47,15 +47,28 @@ fn commit_writes_a_complete_readonly_layer() {
     );
     w.write_full_memory(&ram).unwrap();
     w.write_state(b"vcpu+gic+devices").unwrap();
-    let method = w.clone_disk(&disk).unwrap();
+    let clone = w.clone_disk(&disk, Some(&[0])).unwrap();
     assert!(matches!(
-        method,
+        clone.method,
         CloneMethod::Clonefile | CloneMethod::Ficlone | CloneMethod::SparseCopy
     ));
+    // A full layer has no parent: the written set is ignored and the one
+    // chunk of the 64 KiB image is hashed.
+    assert_eq!((clone.chunks, clone.hashed), (1, 1));
+    assert!(
+        clone.to_string().ends_with(" (1 of 1 chunks hashed)"),
+        "{clone}"
+    );
     let layer = w.commit().unwrap();
     assert!(work_dirs(&s).is_empty(), "{:?}", work_dirs(&s));
     assert_eq!(layer.kind(), LayerKind::Full);
-    for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+    for f in [
+        MANIFEST_FILE,
+        MEMORY_FILE,
+        STATE_FILE,
+        DISK_FILE,
+        DISK_CHUNKS_FILE,
+    ] {
         let m = std::fs::metadata(layer.dir.join(f)).unwrap();
         assert_eq!(m.permissions().mode() & 0o777, 0o444, "{f}");
     }
@@ -77,7 +90,7 @@ fn commit_writes_a_complete_readonly_layer() {
     );
     let chain = s.resolve("golden").unwrap();
     let rep = verify_chain(&chain).unwrap();
-    assert_eq!((rep.layers, rep.files), (1, 4));
+    assert_eq!((rep.layers, rep.files), (1, 5));
 }
 
 #[test]
@@ -189,7 +202,9 @@ fn work_dir_is_removed_on_every_error() {
     let mut w = s.begin("a", meta(ram.len() as u64)).unwrap();
     let tmp = w.work_dir().to_path_buf();
     w.write_full_memory(&ram).unwrap();
-    let e = w.clone_disk(&d.path().join("missing.img")).unwrap_err();
+    let e = w
+        .clone_disk(&d.path().join("missing.img"), None)
+        .unwrap_err();
     assert!(e.to_string().contains("missing.img"), "{e}");
     drop(w);
     assert!(!tmp.exists());
@@ -337,7 +352,8 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     let mut w = s.begin("d1", g.child_meta("test")).unwrap();
     w.write_diff_memory([(1u64, &ram[..PS as usize])]).unwrap();
     w.write_state(b"d1").unwrap();
-    w.reuse_parent_disk().unwrap();
+    let clone = w.reuse_parent_disk().unwrap();
+    assert_eq!((clone.chunks, clone.hashed), (1, 0));
     let d1 = w.commit().unwrap();
     let d1_disk = d1.dir.join(snapshot_store::DISK_FILE);
     let after = std::fs::metadata(&golden_disk).unwrap();
@@ -346,6 +362,10 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
         std::fs::read(&golden_disk).unwrap()
     );
     assert_eq!(d1.manifest.disk, g.manifest.disk);
+    assert_eq!(
+        std::fs::read(d1.dir.join(DISK_CHUNKS_FILE)).unwrap(),
+        std::fs::read(g.dir.join(DISK_CHUNKS_FILE)).unwrap()
+    );
     // The parent's file was not touched (its cache stays valid).
     assert_eq!(
         (after.ctime(), after.ctime_nsec()),

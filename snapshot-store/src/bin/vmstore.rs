@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use snapshot_store::{
-    LayerKind, Progress, Store, DEFAULT_STORE_DIR, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
-    STATE_FILE,
+    disk_chunk_count, LayerKind, Progress, Store, DEFAULT_STORE_DIR, DISK_CHUNKS_FILE, DISK_FILE,
+    MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
 };
 
 /// Manage an Ignition snapshot store: one directory per snapshot (layer),
@@ -185,7 +185,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let children = store.children(&name).unwrap_or_default();
             let mut files = Vec::new();
-            for f in [MANIFEST_FILE, MEMORY_FILE, STATE_FILE, DISK_FILE] {
+            for f in [
+                MANIFEST_FILE,
+                MEMORY_FILE,
+                STATE_FILE,
+                DISK_FILE,
+                DISK_CHUNKS_FILE,
+            ] {
                 if let Ok(m) = std::fs::symlink_metadata(layer.dir.join(f)) {
                     use std::os::unix::fs::MetadataExt;
                     files.push((f, m.len(), m.blocks() * 512));
@@ -199,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "dir": layer.dir,
                     "chain": chain,
                     "children": children,
+                    "disk_chunks": m.disk.as_ref().map(|d| disk_chunk_count(d.size, d.chunk_size)),
                     "files": files.iter().map(|(f, l, p)| serde_json::json!({
                         "name": f, "logical_bytes": l, "physical_bytes": p
                     })).collect::<Vec<_>>(),
@@ -242,6 +249,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         "diff pages:     {p} ({} of RAM, {:.2}%)",
                         mib(p * m.page_size),
                         100.0 * p as f64 / m.ram_pages() as f64
+                    )?;
+                }
+                if let Some(d) = &m.disk {
+                    writeln!(
+                        out,
+                        "disk:           {} in {} chunks of {} KiB (sha256 of the chunk digests {})",
+                        mib(d.size),
+                        disk_chunk_count(d.size, d.chunk_size),
+                        d.chunk_size >> 10,
+                        d.sha256
                     )?;
                 }
                 for (f, l, p) in &files {

@@ -52,7 +52,7 @@ pub fn full(store: &Store, name: &str, ram: &[u8], state: &[u8], disk: Option<&P
     w.write_full_memory(ram).unwrap();
     w.write_state(state).unwrap();
     if let Some(d) = disk {
-        w.clone_disk(d).unwrap();
+        w.clone_disk(d, None).unwrap();
     }
     w.commit().unwrap()
 }
@@ -73,7 +73,7 @@ pub fn diff(
     w.write_diff_from_ram(ram, dirty.iter().copied()).unwrap();
     w.write_state(state).unwrap();
     if let Some(d) = disk {
-        w.clone_disk(d).unwrap();
+        w.clone_disk(d, None).unwrap();
     }
     w.commit().unwrap()
 }

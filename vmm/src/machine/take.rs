@@ -140,18 +140,21 @@ impl<V: Vm> Snapshotter<V> {
         };
         let diff = meta.parent.is_some();
         let mut w = store.begin(name, meta)?;
-        // The disk first, so that a changed image is hashed while memory is
-        // written. An image unchanged since the parent is the parent's.
-        let disk_written = shared
+        // The disk first, so that its changed chunks are hashed while memory
+        // is written. An image unchanged since the parent is the parent's.
+        let written = shared
             .blk
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .device()
-            .written();
-        let (clone, disk_reused) = if diff && !disk_written {
+            .written_chunks();
+        let (clone, disk_reused) = if diff && written.is_empty() {
             (w.reuse_parent_disk()?, true)
         } else {
-            (w.clone_disk(&self.disk)?, false)
+            (
+                w.clone_disk(&self.disk, diff.then_some(&written[..]))?,
+                false,
+            )
         };
         // SAFETY: every vCPU is parked (`pause` returned) and the block device
         // is quiesced, so nothing writes guest RAM while `bytes` is alive.
@@ -180,7 +183,7 @@ impl<V: Vm> Snapshotter<V> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .device_mut()
-            .mark_unwritten();
+            .clear_written_chunks();
         if self.track_dirty {
             match self.vm.rearm_dirty_tracking() {
                 Ok(()) => {
@@ -200,9 +203,12 @@ impl<V: Vm> Snapshotter<V> {
         }
         console::message(&format!("Snapshot-write-time = {write_ms} ms"));
         console::message(&format!(
-            "Snapshot-disk-clone = {clone}{}",
+            "Snapshot-disk-clone = {} ({} of {} chunks hashed{})",
+            clone.method,
+            clone.hashed,
+            clone.chunks,
             if disk_reused {
-                " (unchanged since the parent: its image and hash reused)"
+                ": unchanged since the parent, its image and digests reused"
             } else {
                 ""
             }

@@ -4,7 +4,8 @@
 //! [`VirtioDevice::process_queue`] with positioned I/O (`pread`/`pwrite`)
 //! through a bounce buffer; guest memory is only touched through vm-memory
 //! (virtio-queue's `Reader`/`Writer` and `write_obj`), so every byte the
-//! device writes is recorded in the dirty bitmap.
+//! device writes is recorded in the dirty bitmap. Writes to the disk file
+//! mark the `DISK_CHUNK_SIZE` chunks they touch, for the next snapshot.
 //!
 //! Request checks (§5.2.6): readable descriptors come before writable ones;
 //! the last descriptor is writable and its last byte is the status; the
@@ -17,6 +18,7 @@
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
 use crate::memory::GuestMemory;
 use serde::{Deserialize, Serialize};
+use snapshot_store::DISK_CHUNK_SIZE;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -62,8 +64,60 @@ pub struct Block {
     acked_features: u64,
     config: [u8; CONFIG_LEN],
     bounce: Vec<u8>,
-    /// Whether a write reached the file since [`Block::mark_unwritten`].
-    written: bool,
+    /// Chunks a write reached since [`Block::clear_written_chunks`].
+    written: WrittenChunks,
+}
+
+/// One bit per [`DISK_CHUNK_SIZE`]-byte chunk of the disk file: set when a
+/// write request touched any byte of the chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WrittenChunks {
+    bits: Vec<u64>,
+    /// Number of chunks (`ceil(file length / DISK_CHUNK_SIZE)`).
+    chunks: u64,
+}
+
+impl WrittenChunks {
+    /// No chunk written, for a disk file of `len` bytes.
+    fn new(len: u64) -> Self {
+        let chunks = len.div_ceil(DISK_CHUNK_SIZE);
+        WrittenChunks {
+            bits: vec![0; chunks.div_ceil(64) as usize],
+            chunks,
+        }
+    }
+
+    /// Marks every chunk overlapping bytes `[offset, offset + len)`. Bytes
+    /// beyond the file are ignored (the device never writes there).
+    fn mark(&mut self, offset: u64, len: u64) {
+        if len == 0 || self.chunks == 0 {
+            return;
+        }
+        let first = offset / DISK_CHUNK_SIZE;
+        let last = ((offset.saturating_add(len) - 1) / DISK_CHUNK_SIZE).min(self.chunks - 1);
+        for c in first..=last {
+            if let Some(word) = self.bits.get_mut((c / 64) as usize) {
+                *word |= 1 << (c % 64);
+            }
+        }
+    }
+
+    /// The marked chunk indices, increasing.
+    fn list(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (w, &word) in self.bits.iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                out.push(w as u64 * 64 + u64::from(rest.trailing_zeros()));
+                rest &= rest - 1;
+            }
+        }
+        out
+    }
+
+    fn clear(&mut self) {
+        self.bits.fill(0);
+    }
 }
 
 /// Saved virtio-blk state. The disk contents are not part of it; restore
@@ -112,7 +166,7 @@ impl Block {
             acked_features: 0,
             config,
             bounce: vec![0; BOUNCE_LEN],
-            written: false,
+            written: WrittenChunks::new(len),
         })
     }
 
@@ -121,16 +175,17 @@ impl Block {
         self.capacity
     }
 
-    /// Whether any guest write reached the disk file since the device was
-    /// created or [`Block::mark_unwritten`] was last called (a snapshot uses
-    /// it to reuse its parent's disk image).
-    pub fn written(&self) -> bool {
-        self.written
+    /// The chunks (`byte offset / DISK_CHUNK_SIZE`, increasing) that guest
+    /// writes reached since the device was created or
+    /// [`Block::clear_written_chunks`] was last called: a snapshot re-hashes
+    /// only these, and reuses its parent's disk image if there are none.
+    pub fn written_chunks(&self) -> Vec<u64> {
+        self.written.list()
     }
 
-    /// Forgets earlier writes (after a snapshot captured the disk).
-    pub fn mark_unwritten(&mut self) {
-        self.written = false;
+    /// Forgets earlier writes (after a snapshot captured the disk durably).
+    pub fn clear_written_chunks(&mut self) {
+        self.written.clear();
     }
 
     /// Whether the disk is read-only to the guest.
@@ -318,8 +373,9 @@ impl Block {
                 crate::warn_ratelimited!("virtio-blk: copy from guest: {e}");
                 return (S_IOERR, 0);
             }
-            // Set before the write: a failed write may still have changed bytes.
-            self.written = true;
+            // Marked before the write: a failed write may still have changed
+            // bytes. disk_offset checked the range against the capacity.
+            self.written.mark(offset + done, n as u64);
             if let Err(e) = self.file.write_all_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: write at {}: {e}", offset + done);
                 return (S_IOERR, 0);
@@ -591,12 +647,16 @@ mod tests {
             0,
             &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
         );
-        assert!(!blk.written());
+        assert!(blk.written_chunks().is_empty());
         blk.process_queue(0, &mut q, ram.memory()).unwrap();
         assert_eq!(status(&ram), S_OK);
-        assert!(blk.written(), "a write is remembered for the next snapshot");
-        blk.mark_unwritten();
-        assert!(!blk.written());
+        assert_eq!(
+            blk.written_chunks(),
+            [0],
+            "remembered for the next snapshot"
+        );
+        blk.clear_written_chunks();
+        assert!(blk.written_chunks().is_empty());
         assert_eq!(used_elem(&ram, 0), (0, 1));
         let mut back = vec![0u8; 1536];
         f.read_exact_at(&mut back, 3 * 512 - 256).unwrap();
@@ -609,6 +669,83 @@ mod tests {
             back[1280..],
             (2560..2816).map(pattern).collect::<Vec<_>>()[..]
         );
+    }
+
+    #[test]
+    fn writes_mark_exactly_the_chunks_they_touch() {
+        let ram = ram();
+        // Three whole chunks and a 1 KiB partial one; sparse.
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(3 * DISK_CHUNK_SIZE + 1024).unwrap();
+        let mut blk = Block::new(f, false, "x").unwrap();
+        let (vq, mut q) = queue(&ram);
+        let per_chunk = DISK_CHUNK_SIZE / SECTOR_SIZE;
+        let mut next = 0u16;
+        let mut request = |blk: &mut Block, req_type: u32, sector: u64, len: u32| {
+            header(&ram, req_type, sector);
+            let writable = req_type == VIRTIO_BLK_T_IN;
+            add_chain(
+                &vq,
+                next,
+                &[(HDR, 16, false), (DATA, len, writable), (STATUS, 1, true)],
+            );
+            next += 3;
+            blk.process_queue(0, &mut q, ram.memory()).unwrap();
+            status(&ram)
+        };
+        // Reads mark nothing.
+        assert_eq!(
+            request(&mut blk, VIRTIO_BLK_T_IN, per_chunk - 1, 1024),
+            S_OK
+        );
+        assert!(blk.written_chunks().is_empty());
+        // The last sector of chunk 0 and the first of chunk 1: both.
+        assert_eq!(
+            request(&mut blk, VIRTIO_BLK_T_OUT, per_chunk - 1, 1024),
+            S_OK
+        );
+        assert_eq!(blk.written_chunks(), [0, 1]);
+        // The last sectors of the disk: the short last chunk.
+        assert_eq!(
+            request(&mut blk, VIRTIO_BLK_T_OUT, 3 * per_chunk, 1024),
+            S_OK
+        );
+        assert_eq!(blk.written_chunks(), [0, 1, 3]);
+        // A refused write (past the end) marks nothing.
+        assert_eq!(
+            request(&mut blk, VIRTIO_BLK_T_OUT, 3 * per_chunk + 1, 1024),
+            S_IOERR
+        );
+        assert_eq!(blk.written_chunks(), [0, 1, 3]);
+        blk.clear_written_chunks();
+        assert!(blk.written_chunks().is_empty());
+        // One sector inside chunk 2.
+        assert_eq!(
+            request(&mut blk, VIRTIO_BLK_T_OUT, 2 * per_chunk + 5, 512),
+            S_OK
+        );
+        assert_eq!(blk.written_chunks(), [2]);
+    }
+
+    #[test]
+    fn chunk_marks_stay_in_bounds() {
+        let mut w = WrittenChunks::new(2 * DISK_CHUNK_SIZE + 1);
+        w.mark(0, 0);
+        assert!(w.list().is_empty());
+        w.mark(u64::MAX - 10, u64::MAX);
+        w.mark(10 * DISK_CHUNK_SIZE, 1);
+        assert!(w.list().is_empty(), "bytes beyond the file are ignored");
+        w.mark(2 * DISK_CHUNK_SIZE, DISK_CHUNK_SIZE);
+        assert_eq!(w.list(), [2]);
+        w.mark(DISK_CHUNK_SIZE - 1, 2);
+        assert_eq!(w.list(), [0, 1, 2]);
+        let mut many = WrittenChunks::new(130 * DISK_CHUNK_SIZE);
+        many.mark(63 * DISK_CHUNK_SIZE, 3 * DISK_CHUNK_SIZE);
+        many.mark(129 * DISK_CHUNK_SIZE, 1);
+        assert_eq!(many.list(), [63, 64, 65, 129]);
+        let mut empty = WrittenChunks::new(0);
+        empty.mark(0, 512);
+        assert!(empty.list().is_empty());
     }
 
     #[test]
