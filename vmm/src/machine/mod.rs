@@ -17,7 +17,7 @@ use crate::console::{self, EscapeParser, Key};
 use crate::devices::boot_timer::BootTimer;
 use crate::devices::gicv3::Gicv3;
 use crate::devices::pl011::Pl011;
-use crate::devices::virtio::block::Block;
+use crate::devices::virtio::block::{BackingFile, Block};
 use crate::devices::virtio::mmio::VirtioMmio;
 use crate::devices::{IrqLine, MmioBus};
 use crate::hv::exit_decision::vtimer_deadline_ns;
@@ -370,7 +370,7 @@ where
             plan_fresh(f, gic)?
         }
         BootSource::Restore { spec } => {
-            restore::plan(&hv, spec, cfg.gic, &cfg.snapshots, &mut stages)?
+            restore::plan(&hv, spec, cfg.gic, &cfg.snapshots, t0, &mut stages)?
         }
     };
     let cpus = plan.cpus;
@@ -413,22 +413,25 @@ where
     stages.gic = t.elapsed();
 
     let t = Instant::now();
-    // Keeps a restored VM's working disk until exit.
-    let mut _work_dir = None;
-    let (disk, disk_path) = match plan.disk {
-        PlanDisk::Open { file, path } => (file, path),
-        PlanDisk::Copying(copy) => {
-            let w = copy.wait()?;
-            stages.disk = w.took;
-            stages.disk_wait = t.elapsed();
-            _work_dir = Some(w.dir);
-            (w.file, w.path)
+    // A restored VM's working disk is still being copied: the block device
+    // waits for it on first use. `_copying` outlives the device's copy of
+    // the wait and removes the work directory at exit.
+    let mut _copying = None;
+    let blk_region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+    let (blk, disk_path) = match plan.disk {
+        PlanDisk::Open { file, path } => (
+            Block::new(file, false, "ignition-vda")
+                .with_context(|| format!("cannot use disk image {}", path.display()))?,
+            path,
+        ),
+        PlanDisk::Copying(mut copy) => {
+            let backing = BackingFile::pending(copy.take_wait());
+            let blk = Block::with_backing(backing, copy.len, false, "ignition-vda");
+            let path = copy.path.clone();
+            _copying = Some(copy);
+            (blk, path)
         }
     };
-    let t = Instant::now();
-    let blk_region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
-    let blk = Block::new(disk, false, "ignition-vda")
-        .with_context(|| format!("cannot use disk image {}", disk_path.display()))?;
     let vm_start = Instant::now();
     let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
         let spi = |intid: u32| -> Arc<dyn IrqLine> {

@@ -22,10 +22,6 @@ pub(super) struct Stages {
     pub map_base: Duration,
     pub overlay: Duration,
     pub state: Duration,
-    /// The working-disk copy, on its own thread alongside the other stages.
-    pub disk: Duration,
-    /// How long the main thread waited for that copy.
-    pub disk_wait: Duration,
     pub vm_create: Duration,
     pub gic: Duration,
     pub devices: Duration,
@@ -34,20 +30,18 @@ pub(super) struct Stages {
 
 impl Stages {
     /// Prints `Restore-time = N ms` and the per-stage breakdown (µs). The
-    /// disk copy runs in parallel with the stages from map base to GIC; only
-    /// its `waited` part adds to the total.
+    /// working-disk copy is not a stage: it runs on its own thread, and
+    /// reports itself (`Restore-disk-copy`).
     pub(super) fn report(&self, total: Duration) {
         console::message(&format!("Restore-time = {} ms", total.as_millis()));
         let us = |d: Duration| d.as_micros();
         console::message(&format!(
-            "Restore-stages: total {} us, resolve+verify {} us, map base {} us, overlay {} us, state {} us, disk clone {} us (waited {} us), VM create {} us, GIC {} us, devices {} us, vCPUs {} us",
+            "Restore-stages: total {} us, resolve+verify {} us, map base {} us, overlay {} us, state {} us, VM create {} us, GIC {} us, devices {} us, vCPUs {} us",
             us(total),
             us(self.resolve_verify),
             us(self.map_base),
             us(self.overlay),
             us(self.state),
-            us(self.disk),
-            us(self.disk_wait),
             us(self.vm_create),
             us(self.gic),
             us(self.devices),
@@ -68,71 +62,86 @@ impl Drop for WorkDir {
     }
 }
 
-/// A restored VM's working disk: `disk.img` in its [`WorkDir`], open
-/// read-write.
-pub(super) struct WorkingDisk {
-    pub file: std::fs::File,
+/// A restored VM's working disk, `disk.img` in a new [`WorkDir`], being
+/// copied from the snapshot on a background thread: the guest starts without
+/// waiting for it, and its first disk request (or a snapshot) waits for the
+/// copy ([`crate::devices::virtio::block::BackingFile::pending`]). Dropping it
+/// waits for the thread, so an error elsewhere leaves nothing behind.
+pub(super) struct CopyingDisk {
+    /// The working disk's path.
     pub path: PathBuf,
-    pub dir: WorkDir,
-    /// How long the copy took on its thread.
-    pub took: Duration,
+    /// Its length in bytes (the snapshot image's).
+    pub len: u64,
+    /// The work directory, removed when this is dropped.
+    _dir: WorkDir,
+    copy: Option<std::thread::JoinHandle<std::io::Result<std::fs::File>>>,
 }
-
-/// The working disk being copied on a background thread, so that the copy
-/// overlaps mapping memory and decoding state. Dropping it waits for the
-/// thread (and so removes the copy), so an error elsewhere leaves nothing.
-pub(super) struct CopyingDisk(Option<std::thread::JoinHandle<anyhow::Result<WorkingDisk>>>);
 
 impl CopyingDisk {
     /// Starts copying the snapshot disk `src` into a new work directory of
-    /// `store`.
-    fn start(store: &Store, src: PathBuf) -> anyhow::Result<Self> {
+    /// `store`. When done, the thread logs `Restore-disk-copy = N us
+    /// (METHOD); ready M us after restore start` (from `t0`).
+    fn start(store: &Store, src: PathBuf, t0: Instant) -> anyhow::Result<Self> {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let dir = store
             .root()
             .join(format!(".tmp-run-{}-{nonce:016x}", std::process::id()));
-        let handle = std::thread::Builder::new()
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = WorkDir(dir);
+        let len = std::fs::metadata(&src)
+            .with_context(|| format!("cannot stat {}", src.display()))?
+            .len();
+        let path = dir.0.join("disk.img");
+        let dst = path.clone();
+        let copy = std::thread::Builder::new()
             .name("restore-disk".into())
             .spawn(move || {
                 let t = Instant::now();
-                std::fs::create_dir(&dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-                let dir = WorkDir(dir);
-                let path = dir.0.join("disk.img");
-                clone_file(&src, &path)?;
-                let mut perms = std::fs::metadata(&path)?.permissions();
+                let method = clone_file(&src, &dst).map_err(std::io::Error::other)?;
+                let mut perms = std::fs::metadata(&dst)?.permissions();
                 #[allow(clippy::permissions_set_readonly_false)]
                 perms.set_readonly(false);
-                std::fs::set_permissions(&path, perms)?;
+                std::fs::set_permissions(&dst, perms)?;
                 let file = std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
-                    .open(&path)
-                    .with_context(|| format!("cannot open {}", path.display()))?;
-                Ok(WorkingDisk {
-                    file,
-                    path,
-                    dir,
-                    took: t.elapsed(),
-                })
+                    .open(&dst)?;
+                console::message(&format!(
+                    "Restore-disk-copy = {} us ({method}); ready {} us after restore start",
+                    t.elapsed().as_micros(),
+                    t0.elapsed().as_micros()
+                ));
+                Ok(file)
             })
             .context("cannot spawn the disk copy thread")?;
-        Ok(Self(Some(handle)))
+        Ok(Self {
+            path,
+            len,
+            _dir: dir,
+            copy: Some(copy),
+        })
     }
 
-    /// Waits for the copy.
-    pub(super) fn wait(mut self) -> anyhow::Result<WorkingDisk> {
-        let h = self.0.take().expect("waited once");
-        h.join()
-            .map_err(|_| anyhow::anyhow!("the disk copy thread panicked"))?
+    /// The copy's result, for the block device: a closure that waits for
+    /// the thread.
+    pub(super) fn take_wait(
+        &mut self,
+    ) -> impl FnOnce() -> std::io::Result<std::fs::File> + Send + 'static {
+        let copy = self.copy.take();
+        move || match copy {
+            Some(h) => h
+                .join()
+                .map_err(|_| std::io::Error::other("the disk copy thread panicked"))?,
+            None => Err(std::io::Error::other("the disk copy was already taken")),
+        }
     }
 }
 
 impl Drop for CopyingDisk {
     fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
+        if let Some(h) = self.copy.take() {
             let _ = h.join();
         }
     }
@@ -167,6 +176,7 @@ pub(super) fn plan<H: Hypervisor>(
     spec: &str,
     requested: Option<GicMode>,
     opts: &SnapshotOptions,
+    t0: Instant,
     stages: &mut Stages,
 ) -> anyhow::Result<Plan> {
     let t = Instant::now();
@@ -198,7 +208,7 @@ pub(super) fn plan<H: Hypervisor>(
     let src = top
         .disk_path()
         .with_context(|| format!("snapshot '{}' has no disk image", top.name))?;
-    let disk = CopyingDisk::start(&store, src)?;
+    let disk = CopyingDisk::start(&store, src, t0)?;
     stages.resolve_verify = t.elapsed();
 
     let t = Instant::now();

@@ -151,6 +151,14 @@ impl<V: Vm> Snapshotter<V> {
         let (clone, disk_reused) = if diff && written.is_empty() {
             (w.reuse_parent_disk()?, true)
         } else {
+            // A restored VM's working disk may still be being copied.
+            shared
+                .blk
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .device_mut()
+                .wait_ready()
+                .context("the VM's disk image is not usable")?;
             (
                 w.clone_disk(&self.disk, diff.then_some(&written[..]))?,
                 false,

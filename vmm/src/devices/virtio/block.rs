@@ -55,9 +55,53 @@ const S_OK: u8 = VIRTIO_BLK_S_OK as u8;
 const S_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
 const S_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 
+/// The host file behind a [`Block`]: open, or still being made on another
+/// thread (a restored VM's private copy of its snapshot's disk, so the guest
+/// need not wait for the copy before it runs). The first access waits for
+/// it; if making it failed, every access fails with that error.
+pub struct BackingFile(Backing);
+
+enum Backing {
+    Ready(File),
+    Pending(Box<dyn FnOnce() -> io::Result<File> + Send>),
+    Failed(String),
+}
+
+impl BackingFile {
+    /// An open file.
+    pub fn ready(file: File) -> Self {
+        Self(Backing::Ready(file))
+    }
+
+    /// A file that `wait` produces (blocking until it is ready).
+    pub fn pending(wait: impl FnOnce() -> io::Result<File> + Send + 'static) -> Self {
+        Self(Backing::Pending(Box::new(wait)))
+    }
+
+    /// The file, waiting for it if it is still being made.
+    pub fn get(&mut self) -> io::Result<&File> {
+        if matches!(self.0, Backing::Pending(_)) {
+            let Backing::Pending(wait) =
+                std::mem::replace(&mut self.0, Backing::Failed(String::new()))
+            else {
+                unreachable!("checked above")
+            };
+            self.0 = match wait() {
+                Ok(f) => Backing::Ready(f),
+                Err(e) => Backing::Failed(e.to_string()),
+            };
+        }
+        match &self.0 {
+            Backing::Ready(f) => Ok(f),
+            Backing::Failed(e) => Err(io::Error::other(format!("the disk image is unusable: {e}"))),
+            Backing::Pending(_) => unreachable!("resolved above"),
+        }
+    }
+}
+
 /// A virtio block device over a host file.
 pub struct Block {
-    file: File,
+    file: BackingFile,
     read_only: bool,
     capacity: u64,
     serial: [u8; ID_BYTES],
@@ -144,6 +188,17 @@ impl Block {
     /// GET_ID, truncated to 20 bytes.
     pub fn new(file: File, read_only: bool, serial: &str) -> io::Result<Self> {
         let len = file.metadata()?.len();
+        Ok(Self::with_backing(
+            BackingFile::ready(file),
+            len,
+            read_only,
+            serial,
+        ))
+    }
+
+    /// As [`Block::new`], over a backing file of `len` bytes that may still
+    /// be being made ([`BackingFile::pending`]).
+    pub fn with_backing(file: BackingFile, len: u64, read_only: bool, serial: &str) -> Self {
         if len % SECTOR_SIZE != 0 {
             tracing::warn!(
                 "virtio-blk: disk length {len} is not a multiple of {SECTOR_SIZE}; the last {} bytes are hidden",
@@ -158,7 +213,7 @@ impl Block {
         config[0..8].copy_from_slice(&capacity.to_le_bytes());
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
-        Ok(Block {
+        Block {
             file,
             read_only,
             capacity,
@@ -167,7 +222,12 @@ impl Block {
             config,
             bounce: vec![0; BOUNCE_LEN],
             written: WrittenChunks::new(len),
-        })
+        }
+    }
+
+    /// Waits until the backing file is ready (a snapshot clones it).
+    pub fn wait_ready(&mut self) -> io::Result<()> {
+        self.file.get().map(|_| ())
     }
 
     /// Capacity in 512-byte sectors.
@@ -284,7 +344,7 @@ impl Block {
                 (S_IOERR, 0)
             }
             VIRTIO_BLK_T_OUT => self.write_disk(&mut reader, sector, data_out),
-            VIRTIO_BLK_T_FLUSH => match self.file.sync_data() {
+            VIRTIO_BLK_T_FLUSH => match self.file.get().and_then(File::sync_data) {
                 Ok(()) => (S_OK, 0),
                 Err(e) => {
                     crate::warn_ratelimited!("virtio-blk: flush: {e}");
@@ -339,11 +399,18 @@ impl Block {
             crate::warn_ratelimited!("virtio-blk: writable buffers: {e}");
             return (S_IOERR, 0);
         }
+        let file = match self.file.get() {
+            Ok(f) => f,
+            Err(e) => {
+                crate::warn_ratelimited!("virtio-blk: {e}");
+                return (S_IOERR, 0);
+            }
+        };
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(BOUNCE_LEN as u64) as usize;
             let buf = &mut self.bounce[..n];
-            if let Err(e) = self.file.read_exact_at(buf, offset + done) {
+            if let Err(e) = file.read_exact_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: read at {}: {e}", offset + done);
                 return (S_IOERR, writer.bytes_written());
             }
@@ -365,6 +432,13 @@ impl Block {
         let Some(offset) = self.disk_offset(sector, len) else {
             return (S_IOERR, 0);
         };
+        let file = match self.file.get() {
+            Ok(f) => f,
+            Err(e) => {
+                crate::warn_ratelimited!("virtio-blk: {e}");
+                return (S_IOERR, 0);
+            }
+        };
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(BOUNCE_LEN as u64) as usize;
@@ -376,7 +450,7 @@ impl Block {
             // Marked before the write: a failed write may still have changed
             // bytes. disk_offset checked the range against the capacity.
             self.written.mark(offset + done, n as u64);
-            if let Err(e) = self.file.write_all_at(buf, offset + done) {
+            if let Err(e) = file.write_all_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: write at {}: {e}", offset + done);
                 return (S_IOERR, 0);
             }
@@ -631,6 +705,62 @@ mod tests {
         let dirty = ram.vmm_dirty();
         assert!(dirty.is_bit_set(4) && dirty.is_bit_set(5), "data pages");
         assert!(!dirty.is_bit_set(3) && !dirty.is_bit_set(6));
+    }
+
+    /// A read of sector 2 into [`DATA`] (1 KiB), as request `idx`.
+    fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemory>, idx: u16) {
+        header(ram, VIRTIO_BLK_T_IN, 2);
+        add_chain(
+            vq,
+            idx,
+            &[(HDR, 16, false), (DATA, 1024, true), (STATUS, 1, true)],
+        );
+    }
+
+    #[test]
+    fn a_pending_backing_file_is_waited_for_on_first_use() {
+        let ram = ram();
+        let (_, f) = disk(false);
+        let (tx, rx) = std::sync::mpsc::channel::<File>();
+        let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let w = waited.clone();
+        let backing = BackingFile::pending(move || {
+            w.store(true, std::sync::atomic::Ordering::SeqCst);
+            rx.recv().map_err(io::Error::other)
+        });
+        let mut blk = Block::with_backing(backing, SECTORS * SECTOR_SIZE, false, "x");
+        assert_eq!(blk.capacity(), SECTORS);
+        assert!(
+            !waited.load(std::sync::atomic::Ordering::SeqCst),
+            "not before use"
+        );
+        tx.send(f.try_clone().unwrap()).unwrap();
+        let (vq, mut q) = queue(&ram);
+        read_request(&ram, &vq, 0);
+        blk.process_queue(0, &mut q, ram.memory()).unwrap();
+        assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(status(&ram), S_OK);
+        let expected: Vec<u8> = (1024..2048).map(pattern).collect();
+        assert_eq!(read_guest(&ram, DATA, 1024), expected);
+        blk.wait_ready().unwrap();
+    }
+
+    #[test]
+    fn a_failed_backing_file_fails_every_request() {
+        let ram = ram();
+        let backing = BackingFile::pending(|| Err(io::Error::other("copy failed")));
+        let mut blk = Block::with_backing(backing, SECTORS * SECTOR_SIZE, false, "x");
+        let (vq, mut q) = queue(&ram);
+        read_request(&ram, &vq, 0);
+        blk.process_queue(0, &mut q, ram.memory()).unwrap();
+        assert_eq!(status(&ram), S_IOERR);
+        let e = blk.wait_ready().unwrap_err();
+        assert!(e.to_string().contains("copy failed"), "{e}");
+        // Still failing, without calling the closure again.
+        read_request(&ram, &vq, 3);
+        ram.memory().write_obj(0u8, GuestAddress(STATUS)).unwrap();
+        blk.process_queue(0, &mut q, ram.memory()).unwrap();
+        assert_eq!(status(&ram), S_IOERR);
     }
 
     #[test]
