@@ -59,43 +59,38 @@ const S_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 /// thread (a restored VM's private copy of its snapshot's disk, so the guest
 /// need not wait for the copy before it runs). The first access waits for
 /// it; if making it failed, every access fails with that error.
-pub struct BackingFile(Backing);
-
-enum Backing {
-    Ready(File),
-    Pending(Box<dyn FnOnce() -> io::Result<File> + Send>),
-    Failed(String),
+pub struct BackingFile {
+    /// The file, or why it is unusable.
+    file: Result<File, String>,
+    /// Makes the file, on first use.
+    pending: Option<Box<dyn FnOnce() -> io::Result<File> + Send>>,
 }
 
 impl BackingFile {
     /// An open file.
     pub fn ready(file: File) -> Self {
-        Self(Backing::Ready(file))
+        Self {
+            file: Ok(file),
+            pending: None,
+        }
     }
 
     /// A file that `wait` produces (blocking until it is ready).
     pub fn pending(wait: impl FnOnce() -> io::Result<File> + Send + 'static) -> Self {
-        Self(Backing::Pending(Box::new(wait)))
+        Self {
+            file: Err("not made yet".into()),
+            pending: Some(Box::new(wait)),
+        }
     }
 
     /// The file, waiting for it if it is still being made.
     pub fn get(&mut self) -> io::Result<&File> {
-        if matches!(self.0, Backing::Pending(_)) {
-            let Backing::Pending(wait) =
-                std::mem::replace(&mut self.0, Backing::Failed(String::new()))
-            else {
-                unreachable!("checked above")
-            };
-            self.0 = match wait() {
-                Ok(f) => Backing::Ready(f),
-                Err(e) => Backing::Failed(e.to_string()),
-            };
+        if let Some(wait) = self.pending.take() {
+            self.file = wait().map_err(|e| e.to_string());
         }
-        match &self.0 {
-            Backing::Ready(f) => Ok(f),
-            Backing::Failed(e) => Err(io::Error::other(format!("the disk image is unusable: {e}"))),
-            Backing::Pending(_) => unreachable!("resolved above"),
-        }
+        self.file
+            .as_ref()
+            .map_err(|e| io::Error::other(format!("the disk image is unusable: {e}")))
     }
 }
 
