@@ -74,8 +74,9 @@ fn default_cmdline() -> String {
 ///
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
 /// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
-/// ms` (with a `Restore-stages:` breakdown). Logs: set RUST_LOG (e.g.
-/// RUST_LOG=debug).
+/// ms` (with a `Restore-stages:` breakdown; the private disk copy, which the
+/// guest's first disk request waits for, reports `Restore-disk-copy`). Logs:
+/// set RUST_LOG (e.g. RUST_LOG=debug).
 #[derive(Parser, Debug)]
 #[command(name = "boot", version, verbatim_doc_comment)]
 struct Args {
