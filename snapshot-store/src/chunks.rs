@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, IoContext, ParseError, Result};
 use crate::hash::{hex, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 use crate::manifest::{DiskEntry, FormatVersion, FORMAT_VERSION};
+use crate::prelude::{check_prelude, u64_at};
 use crate::{Progress, ProgressFn};
 
 /// Chunk size of the disk digests this crate writes, in bytes (256 KiB).
@@ -139,35 +140,15 @@ pub fn check_chunk_geometry(chunk_size: u64, disk_size: u64) -> Result<u64, Pars
     Ok(n)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(v)
-}
-
 /// Parse and bound-check the 72-byte header at the start of `bytes`
 /// (untrusted). The digest list and checksum are not checked.
 pub fn parse_disk_chunks_header(bytes: &[u8]) -> Result<DiskChunksHeader, ParseError> {
-    if bytes.len() < DISK_CHUNKS_HEADER_LEN {
-        return Err(ParseError::new(format!(
-            "truncated header: {} bytes, need {DISK_CHUNKS_HEADER_LEN}",
-            bytes.len()
-        )));
-    }
-    if bytes[..8] != DISK_CHUNKS_MAGIC {
-        return Err(ParseError::new("bad magic: not a disk chunk list"));
-    }
-    let version = FormatVersion {
-        major: u16::from_le_bytes([bytes[8], bytes[9]]),
-        minor: u16::from_le_bytes([bytes[10], bytes[11]]),
-    };
-    version.check_readable()?;
-    let header_len = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
-    if header_len as usize != DISK_CHUNKS_HEADER_LEN {
-        return Err(ParseError::new(format!(
-            "header length {header_len}, expected {DISK_CHUNKS_HEADER_LEN}"
-        )));
-    }
+    let version = check_prelude(
+        bytes,
+        &DISK_CHUNKS_MAGIC,
+        DISK_CHUNKS_HEADER_LEN,
+        "a disk chunk list",
+    )?;
     let chunk_size = u64_at(bytes, 16);
     let disk_size = u64_at(bytes, 24);
     let chunk_count = u64_at(bytes, 32);

@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ParseError;
 use crate::manifest::{check_geometry, FormatVersion, FORMAT_VERSION};
+use crate::prelude::{check_prelude, u64_at};
 
 /// Magic bytes at offset 0 of a diff memory file.
 pub const DIFF_MAGIC: [u8; 8] = *b"IGNDIFF\0";
@@ -71,45 +72,12 @@ pub fn diff_file_size(page_size: u64, pages: u64) -> Option<u64> {
     diff_data_offset(page_size, pages)?.checked_add(pages.checked_mul(page_size)?)
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
 /// Parse and check the 96-byte fixed header at the start of `bytes`
 /// (untrusted). Does not check the digest, which also covers the index; see
 /// [`parse_diff_prefix`].
 pub fn parse_diff_header(bytes: &[u8]) -> Result<DiffHeader, ParseError> {
     let err = |m: String| Err(ParseError(m));
-    if bytes.len() < DIFF_HEADER_LEN {
-        return err(format!(
-            "truncated diff header: {} bytes, need {DIFF_HEADER_LEN}",
-            bytes.len()
-        ));
-    }
-    if bytes[..8] != DIFF_MAGIC {
-        return err("bad magic: not a diff memory file".into());
-    }
-    let version = FormatVersion {
-        major: u16_at(bytes, 8),
-        minor: u16_at(bytes, 10),
-    };
-    version.check_readable()?;
-    let header_len = u32_at(bytes, 12);
-    if header_len as usize != DIFF_HEADER_LEN {
-        return err(format!(
-            "header length {header_len}, expected {DIFF_HEADER_LEN}"
-        ));
-    }
+    let version = check_prelude(bytes, &DIFF_MAGIC, DIFF_HEADER_LEN, "a diff memory file")?;
     let page_size = u64_at(bytes, 16);
     let ram_size = u64_at(bytes, 24);
     check_geometry(page_size, 0, ram_size)?;
@@ -365,7 +333,7 @@ mod tests {
     #[test]
     fn rejects_malformed() {
         let idx = [3u64, 7, 9];
-        expect(&file(&idx)[..50], "truncated diff header");
+        expect(&file(&idx)[..50], "truncated header of a diff memory file");
         expect(&patch(&idx, 0, b"X", false), "bad magic");
         expect(
             &patch(&idx, 8, &1u16.to_le_bytes(), false),

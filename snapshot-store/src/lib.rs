@@ -46,6 +46,7 @@ mod fsutil;
 mod hash;
 mod manifest;
 mod name;
+mod prelude;
 mod restore;
 mod state;
 mod store;

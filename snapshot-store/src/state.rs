@@ -17,6 +17,7 @@ use std::path::Path;
 use crate::error::{Error, IoContext, ParseError, Result};
 use crate::hash::sha256;
 use crate::manifest::{FormatVersion, FORMAT_VERSION};
+use crate::prelude::check_prelude;
 
 /// Magic bytes at offset 0 of `state.bin`.
 pub const STATE_MAGIC: [u8; 8] = *b"IGNSTATE";
@@ -39,26 +40,7 @@ pub struct StateHeader {
 /// Parse and bound-check the 56-byte header at the start of `bytes`
 /// (untrusted). The payload is not looked at.
 pub fn parse_state_header(bytes: &[u8]) -> Result<StateHeader, ParseError> {
-    if bytes.len() < STATE_HEADER_LEN {
-        return Err(ParseError::new(format!(
-            "truncated state header: {} bytes, need {STATE_HEADER_LEN}",
-            bytes.len()
-        )));
-    }
-    if bytes[..8] != STATE_MAGIC {
-        return Err(ParseError::new("bad magic: not a state file"));
-    }
-    let version = FormatVersion {
-        major: u16::from_le_bytes([bytes[8], bytes[9]]),
-        minor: u16::from_le_bytes([bytes[10], bytes[11]]),
-    };
-    version.check_readable()?;
-    let header_len = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
-    if header_len as usize != STATE_HEADER_LEN {
-        return Err(ParseError::new(format!(
-            "header length {header_len}, expected {STATE_HEADER_LEN}"
-        )));
-    }
+    let version = check_prelude(bytes, &STATE_MAGIC, STATE_HEADER_LEN, "a state file")?;
     let mut len = [0u8; 8];
     len.copy_from_slice(&bytes[16..24]);
     let payload_len = u64::from_le_bytes(len);
