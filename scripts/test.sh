@@ -9,5 +9,11 @@ echo "[test] cargo build --release"
 cargo build --release --workspace --bins
 echo "[test] cargo test"
 cargo test --workspace --release
+# The device models and the store's parsers again with overflow checks (a
+# debug build), where a guest- or file-controlled value that overflows
+# panics instead of wrapping; without the emu backend, whose C build is slow.
+echo "[test] cargo test (debug: overflow checks) of devices and parsers"
+cargo test -p ignition-vmm --no-default-features --lib devices::
+cargo test -p snapshot-store --lib
 echo "[test] pytest"
 python3 -m pytest -q scripts/tests "$@"

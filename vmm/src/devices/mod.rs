@@ -6,6 +6,8 @@
 pub mod boot_timer;
 pub mod bus;
 pub mod gicv3;
+#[cfg(test)]
+mod hostile_guest;
 pub mod pl011;
 pub mod virtio;
 

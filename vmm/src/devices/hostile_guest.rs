@@ -1,0 +1,310 @@
+//! A misbehaving guest against every device model: long pseudo-random
+//! sequences of MMIO accesses (any offset in and just past each region, any
+//! size, any alignment, any value), GIC system-register accesses with any
+//! encoding, and virtqueues set up at random guest addresses over RAM full of
+//! random bytes. The host must never panic; whatever the guest gets back (an
+//! error, a fault, zeros) is allowed. Deterministic (fixed seeds), so a
+//! failure reproduces.
+
+use crate::arch::layout::{self, RAM_BASE};
+use crate::arch::sysreg::SysReg;
+use crate::devices::boot_timer::BootTimer;
+use crate::devices::bus::MmioBus;
+use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3};
+use crate::devices::pl011::tests::TestIrq;
+use crate::devices::pl011::Pl011;
+use crate::devices::virtio::block::Block;
+use crate::devices::virtio::VirtioMmio;
+use crate::devices::MmioDevice;
+use crate::memory::GuestRam;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use vm_memory::{Bytes, GuestAddress};
+
+const VCPUS: usize = 2;
+/// Guest RAM of the test machine: 1 MiB.
+const RAM_SIZE: u64 = 1 << 20;
+
+/// xorshift64*: deterministic and good enough to spread accesses.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The machine's devices on a bus at the layout's addresses, over `ram`.
+struct Machine {
+    bus: MmioBus,
+    blk: Arc<Mutex<VirtioMmio<Block>>>,
+    /// (base, size) of every region, for choosing addresses.
+    regions: Vec<(u64, u64)>,
+    _disk: tempfile::NamedTempFile,
+}
+
+fn machine(ram: &Arc<GuestRam>) -> Machine {
+    let gic = Arc::new(Mutex::new(Gicv3::new(VCPUS)));
+    let mut bus = MmioBus::new();
+    let mut regions = Vec::new();
+    let mut add = |name, base, size, dev: Arc<Mutex<dyn MmioDevice>>| {
+        bus.insert(name, base, size, dev).unwrap();
+        regions.push((base, size));
+    };
+    add(
+        "gicd",
+        layout::GICD_BASE,
+        layout::GICD_SIZE,
+        Arc::new(Mutex::new(GicDistMmio(gic.clone()))),
+    );
+    add(
+        "gicr",
+        layout::GICR_BASE,
+        layout::GICR_STRIDE * VCPUS as u64,
+        Arc::new(Mutex::new(GicRedistMmio(gic.clone()))),
+    );
+    add(
+        "pl011",
+        layout::PL011.base,
+        layout::PL011.size,
+        Arc::new(Mutex::new(Pl011::new(
+            Box::new(std::io::sink()),
+            Arc::new(TestIrq::default()),
+        ))),
+    );
+    add(
+        "boot-timer",
+        layout::BOOT_TIMER.base,
+        layout::BOOT_TIMER.size,
+        Arc::new(Mutex::new(BootTimer::new(Instant::now(), Box::new(|_| {})))),
+    );
+    let disk = tempfile::NamedTempFile::new().unwrap();
+    disk.as_file().set_len(64 * 1024).unwrap();
+    let block = Block::new(disk.reopen().unwrap(), false, "hostile").unwrap();
+    let blk = Arc::new(Mutex::new(
+        VirtioMmio::new(block, ram.clone(), Arc::new(TestIrq::default())).unwrap(),
+    ));
+    let region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+    add("virtio-blk", region.base, region.size, blk.clone());
+    Machine {
+        bus,
+        blk,
+        regions,
+        _disk: disk,
+    }
+}
+
+/// One access of a random size (including invalid ones) at a random offset
+/// in, or just past, a random region.
+fn random_access(m: &Machine, rng: &mut Rng) {
+    let (base, size) = m.regions[rng.below(m.regions.len() as u64) as usize];
+    let offset = rng.below(size + 0x100);
+    let len = [1, 2, 4, 8, 3, 16, 0][rng.below(7) as usize];
+    let vcpu = rng.below(VCPUS as u64 + 1) as usize;
+    let mut data = vec![0u8; len];
+    if rng.below(2) == 0 {
+        let _ = m.bus.read(vcpu, base + offset, &mut data);
+    } else {
+        for b in &mut data {
+            *b = rng.next() as u8;
+        }
+        let _ = m.bus.write(vcpu, base + offset, &data);
+    }
+}
+
+fn fill_ram(ram: &GuestRam, rng: &mut Rng) {
+    let mut page = vec![0u8; 4096];
+    for at in (0..RAM_SIZE).step_by(page.len()) {
+        for b in &mut page {
+            *b = rng.next() as u8;
+        }
+        ram.memory()
+            .write_slice(&page, GuestAddress(RAM_BASE + at))
+            .unwrap();
+    }
+}
+
+/// A random guest address: mostly inside RAM, sometimes anywhere.
+fn guest_addr(rng: &mut Rng) -> u64 {
+    if rng.below(8) == 0 {
+        rng.next()
+    } else {
+        RAM_BASE + rng.below(RAM_SIZE + 0x1000)
+    }
+}
+
+#[test]
+fn random_mmio_never_panics_the_host() {
+    let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
+    let m = machine(&ram);
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for _ in 0..200_000 {
+        random_access(&m, &mut rng);
+    }
+}
+
+#[test]
+fn random_gic_system_registers_never_panic_the_host() {
+    let mut gic = Gicv3::new(VCPUS);
+    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    for i in 0..200_000u64 {
+        // Mostly the ICC space (op0 3, op1 0 or 6, CRn 12), sometimes any.
+        let reg = if rng.below(4) == 0 {
+            SysReg::new(
+                rng.below(4) as u8,
+                rng.below(8) as u8,
+                rng.below(16) as u8,
+                rng.below(16) as u8,
+                rng.below(8) as u8,
+            )
+        } else {
+            SysReg::new(
+                3,
+                [0, 6][rng.below(2) as usize],
+                12,
+                rng.below(16) as u8,
+                rng.below(8) as u8,
+            )
+        };
+        let vcpu = rng.below(VCPUS as u64) as usize;
+        if rng.below(2) == 0 {
+            let _ = gic.sysreg_read(vcpu, reg);
+        } else {
+            let _ = gic.sysreg_write(vcpu, reg, rng.next());
+        }
+        if i % 16 == 0 {
+            gic.set_spi_level(rng.below(1100) as u32, rng.below(2) == 0);
+            gic.set_ppi_level(vcpu, rng.below(40) as u32, rng.below(2) == 0);
+        }
+        let _ = gic.irq_pending(vcpu);
+    }
+    // The state of a GIC driven like that still saves and restores.
+    let state = gic.save();
+    Gicv3::restore(VCPUS, &state).unwrap();
+}
+
+/// Writes a plausible but hostile request at `desc`/`avail` (both in RAM):
+/// a chain of up to 4 descriptors with random lengths, flags, addresses and
+/// request header, published as avail entry 0.
+fn plant_request(ram: &GuestRam, rng: &mut Rng, desc: u64, avail: u64, qsize: u16) {
+    let mem = ram.memory();
+    let n = 1 + rng.below(4) as u16;
+    for i in 0..n {
+        let addr = if rng.below(4) == 0 {
+            guest_addr(rng)
+        } else {
+            RAM_BASE + rng.below(RAM_SIZE)
+        };
+        let len = [16u32, 1, 512, 4096, 0, rng.next() as u32][rng.below(6) as usize];
+        let mut flags: u16 = if rng.below(3) == 0 { 2 } else { 0 }; // WRITE
+        let mut next = i + 1;
+        if i + 1 < n {
+            flags |= 1; // NEXT
+        }
+        if rng.below(16) == 0 {
+            next = rng.next() as u16; // out of range or a loop
+            flags |= 1;
+        }
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        let _ = mem.write_slice(&d, GuestAddress(desc + 16 * u64::from(i)));
+        if i == 0 && rng.below(2) == 0 {
+            // A request header: type IN, OUT, FLUSH, GET_ID or junk; sector.
+            let kind = [0u32, 1, 4, 8, rng.next() as u32][rng.below(5) as usize];
+            let mut h = [0u8; 16];
+            h[..4].copy_from_slice(&kind.to_le_bytes());
+            h[8..].copy_from_slice(&rng.below(200).to_le_bytes());
+            let _ = mem.write_slice(&h, GuestAddress(addr));
+        }
+    }
+    // avail: flags, idx = 1, ring[0] = 0 (sometimes a bad head).
+    let head = if rng.below(8) == 0 {
+        rng.next() as u16
+    } else {
+        0
+    };
+    let _ = mem.write_obj(0u16, GuestAddress(avail));
+    let _ = mem.write_obj(
+        1u16 + rng.below(u64::from(qsize)) as u16,
+        GuestAddress(avail + 2),
+    );
+    let _ = mem.write_obj(head, GuestAddress(avail + 4));
+}
+
+#[test]
+fn virtqueues_at_random_addresses_over_random_memory_never_panic_the_host() {
+    use crate::devices::virtio::mmio::tests::w;
+    let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
+    let m = machine(&ram);
+    let mut rng = Rng(0x0bad_5eed_0bad_5eed);
+    // Requests the device completed (the used index it published moved).
+    let mut used = 0u32;
+    for _ in 0..300 {
+        fill_ram(&ram, &mut rng);
+        let qsize = 1u16 << rng.below(9);
+        // Aligned as virtio 1.2 §2.7 requires, except sometimes.
+        let [desc, avail, dev] = [16u64, 2, 4].map(|align| {
+            let a = guest_addr(&mut rng);
+            if rng.below(8) == 0 {
+                a
+            } else {
+                a & !(align - 1)
+            }
+        });
+        let dev_in_ram = (RAM_BASE..RAM_BASE + RAM_SIZE - 4).contains(&dev);
+        if (RAM_BASE..RAM_BASE + RAM_SIZE - 64).contains(&desc)
+            && (RAM_BASE..RAM_BASE + RAM_SIZE - 8).contains(&avail)
+        {
+            plant_request(&ram, &mut rng, desc, avail, qsize);
+        }
+        if dev_in_ram {
+            ram.memory().write_obj(0u16, GuestAddress(dev + 2)).unwrap();
+        }
+        {
+            let mut blk = m.blk.lock().unwrap();
+            // A driver that follows the status protocol, then sets up queue 0
+            // at random addresses with a random size.
+            w(&mut *blk, 0x070, 0); // reset
+            for status in [1u32, 3] {
+                w(&mut *blk, 0x070, status);
+            }
+            w(&mut *blk, 0x024, 1); // DriverFeaturesSel: VERSION_1 is bit 32
+            w(&mut *blk, 0x020, 1);
+            w(&mut *blk, 0x070, 11); // FEATURES_OK
+            w(&mut *blk, 0x030, 0); // QueueSel
+            w(&mut *blk, 0x038, u32::from(qsize)); // QueueNum
+            for (reg, a) in [(0x080u64, desc), (0x090, avail), (0x0a0, dev)] {
+                w(&mut *blk, reg, a as u32);
+                w(&mut *blk, reg + 4, (a >> 32) as u32);
+            }
+            w(&mut *blk, 0x044, 1); // QueueReady
+            w(&mut *blk, 0x070, 15); // DRIVER_OK
+        }
+        // Notifications, with random register noise in between.
+        for _ in 0..8 {
+            let _ = m.bus.write(
+                0,
+                layout::virtio_mmio(layout::VIRTIO_BLK_SLOT).base + 0x050,
+                &0u32.to_le_bytes(),
+            );
+            random_access(&m, &mut rng);
+        }
+        if dev_in_ram {
+            let idx: u16 = ram.memory().read_obj(GuestAddress(dev + 2)).unwrap();
+            used += u32::from(idx != 0);
+        }
+    }
+    // The hostile requests reached the request path, not just the checks in
+    // front of it.
+    assert!(used > 10, "only {used} rounds completed a request");
+}
