@@ -452,4 +452,105 @@ mod tests {
             .replace("{\"hvf\":", "{\"vgic\":");
         assert!(MachineState::decode(json.as_bytes()).is_err());
     }
+
+    fn xorshift(rng: &mut u64) -> u64 {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    }
+
+    /// JSON pointers to every number, string and array in `v`.
+    fn targets(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Array(a) => {
+                out.push(at.clone());
+                for (i, x) in a.iter().enumerate() {
+                    targets(x, format!("{at}/{i}"), out);
+                }
+            }
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    targets(x, format!("{at}/{k}"), out);
+                }
+            }
+            serde_json::Value::Number(_) | serde_json::Value::String(_) => out.push(at),
+            _ => {}
+        }
+    }
+
+    /// Changes one number, string or array of `v`: a number to a small,
+    /// large or extreme value, a string to another mode name or junk, an
+    /// array truncated or grown with copies of its first element.
+    fn mutate(v: &mut serde_json::Value, paths: &[String], rng: &mut u64) {
+        let path = &paths[(xorshift(rng) % paths.len() as u64) as usize];
+        let r = xorshift(rng);
+        let Some(x) = v.pointer_mut(path) else {
+            return;
+        };
+        match x {
+            serde_json::Value::Number(_) => {
+                *x = match r % 5 {
+                    0 => 0.into(),
+                    1 => (r >> 3 & 0xff).into(),
+                    2 => (r >> 3 & 0xffff_ffff).into(),
+                    3 => u64::MAX.into(),
+                    _ => (r >> 3).into(),
+                }
+            }
+            serde_json::Value::String(_) => {
+                *x = ["", "hvf", "userspace", "zz", "0"][(r % 5) as usize].into();
+            }
+            serde_json::Value::Array(a) => {
+                if r % 2 == 0 {
+                    a.truncate((r >> 1) as usize % (a.len() + 1));
+                } else if let Some(first) = a.first().cloned() {
+                    for _ in 0..(r >> 1) % 40 {
+                        a.push(first.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A state file is untrusted (a store can be hand-made): whatever a
+    /// decodable state says, restoring the devices from it errors or works,
+    /// and never panics.
+    #[test]
+    fn hostile_states_never_panic_device_restore() {
+        let good = serde_json::to_value(userspace()).unwrap();
+        let mut paths = Vec::new();
+        targets(&good, String::new(), &mut paths);
+        let ram = Arc::new(GuestRam::new_anonymous(64 << 20).unwrap());
+        let mut rng = 0x5eed_1234_abcd_ef01u64;
+        let mut decoded = 0;
+        for _ in 0..3000 {
+            let mut v = good.clone();
+            for _ in 0..1 + xorshift(&mut rng) % 3 {
+                mutate(&mut v, &paths, &mut rng);
+            }
+            let Ok(st) = MachineState::decode(&serde_json::to_vec(&v).unwrap()) else {
+                continue;
+            };
+            decoded += 1;
+            if let GicSnapshot::Userspace(g) = &st.gic {
+                let _ = Gicv3::restore(st.vcpus.len(), g);
+            }
+            let mut uart = Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq));
+            let _ = uart.restore(&st.pl011);
+            BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).restore(&st.boot_timer);
+            let disk = tempfile::tempfile().unwrap();
+            disk.set_len(1 << 20).unwrap();
+            let mut blk = VirtioMmio::new(
+                Block::new(disk, false, "test").unwrap(),
+                ram.clone(),
+                Arc::new(NoIrq),
+            )
+            .unwrap();
+            let _ = blk.restore(&st.virtio_blk);
+        }
+        // The mutations leave many states decodable, so restore really ran.
+        assert!(decoded > 300, "only {decoded} mutated states decoded");
+    }
 }
