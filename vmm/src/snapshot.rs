@@ -6,6 +6,7 @@
 //! [`MachineState::decode`] checks the format version and the shape, and each
 //! device's `restore` validates its own fields.
 
+use crate::arch::exception::{current_el, PSTATE_NRW};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::devices::boot_timer::BootTimerState;
 use crate::devices::gicv3::GicState;
@@ -273,6 +274,14 @@ impl MachineState {
             )));
         }
         for (id, vcpu) in s.vcpus.iter().enumerate() {
+            // A guest runs at EL0 or EL1 in AArch64 state; anything else in
+            // a state file is damage or a hand-made store.
+            if vcpu.pstate & PSTATE_NRW != 0 || current_el(vcpu.pstate) > 1 {
+                return Err(StateError::Inconsistent(format!(
+                    "vCPU {id} has PSTATE {:#x}: not AArch64 EL0 or EL1",
+                    vcpu.pstate
+                )));
+            }
             match &s.gic {
                 GicSnapshot::Userspace(_) if !vcpu.gic_cpu.is_empty() => {
                     return Err(StateError::Inconsistent(format!(
@@ -511,6 +520,23 @@ mod tests {
                 }
             }
             _ => {}
+        }
+    }
+
+    #[test]
+    fn vcpus_must_be_at_el0_or_el1_in_aarch64() {
+        for (pstate, ok) in [
+            (0x3c5, true),
+            (0x3c4, true),
+            (0, true),
+            (0x3c9, false),
+            (0x3cd, false),
+            (0x10, false),
+        ] {
+            let mut s = userspace();
+            s.vcpus[1].pstate = pstate;
+            let r = MachineState::decode(&s.encode());
+            assert_eq!(r.is_ok(), ok, "PSTATE {pstate:#x}: {r:?}");
         }
     }
 
