@@ -3,7 +3,8 @@
 golden (full) -> d1 -> d2 -> d3 (diffs), each diff made by restoring its parent
 with --track-dirty and writing a file of known content into /dev/shm. Then
 restores of golden+3 and d1 are checked, the disk's state at the snapshot
-instant, a process surviving restore, and refusals on a damaged store.
+instant, a process surviving restore, refusals on a damaged store, and a
+2-vCPU guest through a full and a diff snapshot.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 import harness
-from test_boot_e2e import BOOT_TIMEOUT, CMD_TIMEOUT
+from test_boot_e2e import BOOT_TIMEOUT, CMD_TIMEOUT, cpu_busy_ticks
 
 MEM = "256"
 
@@ -272,6 +274,52 @@ def test_disk_diff_hashes_only_written_chunks(chain, boot_bin, backend, tmp_path
     child = restore(boot_bin, store, "w", backend, tmp_path / "w2.log")
     try:
         assert harness.run(child, "cat /root/small.txt", CMD_TIMEOUT) == "chunked"
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+
+def test_two_vcpus_snapshot_and_restore(guest_out, boot_bin, backend, tmp_path):
+    """SMP through a full and a diff snapshot: after each restore both vCPUs
+    are online and run (busy loops started before the snapshot keep both
+    busy), and memory written before the snapshot is there."""
+    store = tmp_path / "store"
+    disk = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    child = spawn(boot_bin, ["--kernel", str(guest_out / "Image"), "--disk", str(disk), "--mem", MEM,
+                             "--cpus", "2", "--store", str(store), "--track-dirty", "--name", "smp"],
+                  backend, tmp_path / "smp.log")
+    try:
+        harness.login(child, timeout=BOOT_TIMEOUT)
+        harness.run(child, "for i in 1 2; do (while :; do :; done) & done", CMD_TIMEOUT)
+        harness.run(child, "echo two-cpus > /dev/shm/smp", CMD_TIMEOUT)
+        snapshot(child, "full", "smp")
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+    def both_cpus_run(child):
+        assert harness.run(child, "cat /sys/devices/system/cpu/online", CMD_TIMEOUT) == "0-1"
+        before = cpu_busy_ticks(child)
+        time.sleep(2)
+        after = cpu_busy_ticks(child)
+        for cpu in ("cpu0", "cpu1"):
+            assert after[cpu] - before[cpu] >= 30, f"{cpu} is not running: {before} -> {after}"
+
+    child = restore(boot_bin, store, "smp", backend, tmp_path / "r1.log", "--track-dirty", "--name", "smp-d1")
+    try:
+        both_cpus_run(child)
+        assert harness.run(child, "cat /dev/shm/smp", CMD_TIMEOUT) == "two-cpus"
+        harness.run(child, "echo diff > /dev/shm/d1", CMD_TIMEOUT)
+        snapshot(child, "diff", "smp-d1")
+        quit_vm(child)
+    finally:
+        harness.terminate(child)
+
+    child = restore(boot_bin, store, "smp+1", backend, tmp_path / "r2.log")
+    try:
+        both_cpus_run(child)
+        assert harness.run(child, "cat /dev/shm/smp /dev/shm/d1", CMD_TIMEOUT) == "two-cpus\ndiff"
         quit_vm(child)
     finally:
         harness.terminate(child)
