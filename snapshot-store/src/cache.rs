@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, ParseError, Result};
 use crate::fsutil::nonce;
 use crate::hash::is_sha256_hex;
-use crate::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::LAYER_FILES;
 
 /// File name of a layer's verified-file cache (not part of the layer; see
 /// `FORMAT.md`).
@@ -234,15 +234,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<Entries, String> {
         ));
     }
     for (name, e) in &c.files {
-        if ![
-            MANIFEST_FILE,
-            MEMORY_FILE,
-            STATE_FILE,
-            DISK_FILE,
-            DISK_CHUNKS_FILE,
-        ]
-        .contains(&name.as_str())
-        {
+        if !LAYER_FILES.contains(&name.as_str()) {
             return Err(format!("entry for unknown file {name:?}"));
         }
         if !is_sha256_hex(&e.sha256) {
@@ -368,6 +360,7 @@ pub(crate) fn record_written(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{MEMORY_FILE, STATE_FILE};
 
     fn stamp(ctime_ns: i128) -> Stamp {
         Stamp {

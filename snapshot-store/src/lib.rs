@@ -101,6 +101,15 @@ pub const STATE_FILE: &str = "state.bin";
 pub const DISK_FILE: &str = "disk.img";
 /// File name of a layer's disk chunk digests (present with `disk.img`).
 pub const DISK_CHUNKS_FILE: &str = "disk.chunks";
+/// Every file a layer may hold, in the order they are listed and checked
+/// (the disk's two only if the VM had a disk).
+pub const LAYER_FILES: [&str; 5] = [
+    MANIFEST_FILE,
+    MEMORY_FILE,
+    STATE_FILE,
+    DISK_FILE,
+    DISK_CHUNKS_FILE,
+];
 
 /// Progress of a long operation, for progress lines. Delivered to a
 /// callback that may be called from several threads at once.

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use common::*;
 use snapshot_store::{
-    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, DISK_CHUNKS_FILE,
-    DISK_FILE, MANIFEST_FILE, MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
+    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, LAYER_FILES,
+    MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
 };
 
 /// Larger than the size above which commit waits for stamps to settle
@@ -71,13 +71,7 @@ fn commit_records_and_cached_verify_skips_hashing() {
     let golden = fx.store.root().join("golden");
     // Commit recorded the big base (it waited for its stamps to settle):
     // the first restore does not hash it.
-    for f in [
-        MANIFEST_FILE,
-        MEMORY_FILE,
-        STATE_FILE,
-        DISK_FILE,
-        DISK_CHUNKS_FILE,
-    ] {
+    for f in LAYER_FILES {
         assert_eq!(
             cached_stamp(&golden, f),
             Some(stamp(&golden.join(f))),
@@ -425,13 +419,7 @@ fn commit_cache_later_records_every_file_once_joined() {
     // Durable and visible before the cache thread is done.
     assert!(store.contains("golden"));
     cache.join().unwrap();
-    for f in [
-        MANIFEST_FILE,
-        MEMORY_FILE,
-        STATE_FILE,
-        DISK_FILE,
-        DISK_CHUNKS_FILE,
-    ] {
+    for f in LAYER_FILES {
         assert_eq!(
             cached_stamp(&layer.dir, f),
             Some(stamp(&layer.dir.join(f))),

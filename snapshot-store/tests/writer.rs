@@ -6,8 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use common::*;
 use snapshot_store::{
-    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE,
-    MEMORY_FILE, STATE_FILE,
+    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_CHUNKS_FILE, LAYER_FILES,
+    MANIFEST_FILE, MEMORY_FILE,
 };
 
 fn store() -> (tempfile::TempDir, Store) {
@@ -62,13 +62,7 @@ fn commit_writes_a_complete_readonly_layer() {
     let layer = w.commit().unwrap();
     assert!(work_dirs(&s).is_empty(), "{:?}", work_dirs(&s));
     assert_eq!(layer.kind(), LayerKind::Full);
-    for f in [
-        MANIFEST_FILE,
-        MEMORY_FILE,
-        STATE_FILE,
-        DISK_FILE,
-        DISK_CHUNKS_FILE,
-    ] {
+    for f in LAYER_FILES {
         let m = std::fs::metadata(layer.dir.join(f)).unwrap();
         assert_eq!(m.permissions().mode() & 0o777, 0o444, "{f}");
     }

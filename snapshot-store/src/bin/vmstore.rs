@@ -7,8 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use snapshot_store::{
-    disk_chunk_count, LayerKind, Progress, Store, DEFAULT_STORE_DIR, DISK_CHUNKS_FILE, DISK_FILE,
-    MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
+    disk_chunk_count, LayerKind, Progress, Store, DEFAULT_STORE_DIR, LAYER_FILES,
 };
 
 /// Manage an Ignition snapshot store: one directory per snapshot (layer),
@@ -185,13 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let children = store.children(&name).unwrap_or_default();
             let mut files = Vec::new();
-            for f in [
-                MANIFEST_FILE,
-                MEMORY_FILE,
-                STATE_FILE,
-                DISK_FILE,
-                DISK_CHUNKS_FILE,
-            ] {
+            for f in LAYER_FILES {
                 if let Ok(m) = std::fs::symlink_metadata(layer.dir.join(f)) {
                     use std::os::unix::fs::MetadataExt;
                     files.push((f, m.len(), m.blocks() * 512));
