@@ -70,11 +70,13 @@ impl Drop for WorkDir {
     }
 }
 
+/// How long a failed restore waits for its working-disk copy to end.
+const COPY_WAIT_ON_ERROR: Duration = Duration::from_secs(2);
+
 /// A restored VM's working disk, `disk.img` in a new [`WorkDir`], being
 /// copied from the snapshot on a background thread: the guest starts without
 /// waiting for it, and its first disk request (or a snapshot) waits for the
-/// copy ([`crate::devices::virtio::block::BackingFile::pending`]). Dropping it
-/// waits for the thread, so an error elsewhere leaves nothing behind.
+/// copy ([`crate::devices::virtio::block::BackingFile::pending`]).
 pub(super) struct CopyingDisk {
     /// The working disk's path.
     pub path: PathBuf,
@@ -148,9 +150,21 @@ impl CopyingDisk {
 }
 
 impl Drop for CopyingDisk {
+    /// Only reached with the copy still owned, on an error path (the
+    /// restore failed): waits up to [`COPY_WAIT_ON_ERROR`] for the copy to
+    /// end, so that its directory is removed whole; a copy of a large image
+    /// that is still running then is left to the exiting process, so the
+    /// error is not delayed by it (its file is unlinked with the directory;
+    /// `vmstore gc` removes anything left once this process has exited).
     fn drop(&mut self) {
         if let Some(h) = self.copy.take() {
-            let _ = h.join();
+            let t = Instant::now();
+            while !h.is_finished() && t.elapsed() < COPY_WAIT_ON_ERROR {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
         }
     }
 }
