@@ -88,10 +88,11 @@ pub(super) struct CopyingDisk {
 }
 
 impl CopyingDisk {
-    /// Starts copying the snapshot disk `src` into a new work directory of
-    /// `store`. When done, the thread logs `Restore-disk-copy = N us
-    /// (METHOD); ready M us after restore start` (from `t0`).
-    fn start(store: &Store, src: PathBuf, t0: Instant) -> anyhow::Result<Self> {
+    /// Starts copying the snapshot disk `src` (`len` bytes, as its manifest
+    /// says; verification checks the file against that) into a new work
+    /// directory of `store`. When done, the thread logs `Restore-disk-copy
+    /// = N us (METHOD); ready M us after restore start` (from `t0`).
+    fn start(store: &Store, src: PathBuf, len: u64, t0: Instant) -> anyhow::Result<Self> {
         let nonce = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -100,9 +101,6 @@ impl CopyingDisk {
             .join(format!(".tmp-run-{}-{nonce:016x}", std::process::id()));
         std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = WorkDir(dir);
-        let len = std::fs::metadata(&src)
-            .with_context(|| format!("cannot stat {}", src.display()))?
-            .len();
         let path = dir.0.join("disk.img");
         let dst = path.clone();
         let copy = std::thread::Builder::new()
@@ -226,10 +224,10 @@ pub(super) fn plan<H: Hypervisor>(
             m.ram_base_gpa
         );
     }
-    let src = top
-        .disk_path()
-        .with_context(|| format!("snapshot '{}' has no disk image", top.name))?;
-    let disk = CopyingDisk::start(&store, src, t0)?;
+    let (Some(src), Some(entry)) = (top.disk_path(), &m.disk) else {
+        bail!("snapshot '{}' has no disk image", top.name);
+    };
+    let disk = CopyingDisk::start(&store, src, entry.size, t0)?;
     stages.resolve = t.elapsed();
 
     // Verification (hashes, from the cache when files are unchanged) runs

@@ -94,6 +94,18 @@ impl BackingFile {
     }
 }
 
+/// The backing file, or `None` (logged) if it is unusable: the request
+/// then fails with IOERR.
+fn usable(file: &mut BackingFile) -> Option<&File> {
+    match file.get() {
+        Ok(f) => Some(f),
+        Err(e) => {
+            crate::warn_ratelimited!("virtio-blk: {e}");
+            None
+        }
+    }
+}
+
 /// A virtio block device over a host file.
 pub struct Block {
     file: BackingFile,
@@ -339,12 +351,13 @@ impl Block {
                 (S_IOERR, 0)
             }
             VIRTIO_BLK_T_OUT => self.write_disk(&mut reader, sector, data_out),
-            VIRTIO_BLK_T_FLUSH => match self.file.get().and_then(File::sync_data) {
-                Ok(()) => (S_OK, 0),
-                Err(e) => {
+            VIRTIO_BLK_T_FLUSH => match usable(&mut self.file).map(File::sync_data) {
+                Some(Ok(())) => (S_OK, 0),
+                Some(Err(e)) => {
                     crate::warn_ratelimited!("virtio-blk: flush: {e}");
                     (S_IOERR, 0)
                 }
+                None => (S_IOERR, 0),
             },
             VIRTIO_BLK_T_GET_ID => self.get_id(chain, mem, data_in),
             other => {
@@ -394,12 +407,8 @@ impl Block {
             crate::warn_ratelimited!("virtio-blk: writable buffers: {e}");
             return (S_IOERR, 0);
         }
-        let file = match self.file.get() {
-            Ok(f) => f,
-            Err(e) => {
-                crate::warn_ratelimited!("virtio-blk: {e}");
-                return (S_IOERR, 0);
-            }
+        let Some(file) = usable(&mut self.file) else {
+            return (S_IOERR, 0);
         };
         let mut done = 0u64;
         while done < len {
@@ -427,12 +436,8 @@ impl Block {
         let Some(offset) = self.disk_offset(sector, len) else {
             return (S_IOERR, 0);
         };
-        let file = match self.file.get() {
-            Ok(f) => f,
-            Err(e) => {
-                crate::warn_ratelimited!("virtio-blk: {e}");
-                return (S_IOERR, 0);
-            }
+        let Some(file) = usable(&mut self.file) else {
+            return (S_IOERR, 0);
         };
         let mut done = 0u64;
         while done < len {
