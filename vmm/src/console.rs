@@ -5,6 +5,7 @@
 //! lists the escapes, `a` or a second `Ctrl-A` sends a literal `Ctrl-A`;
 //! any other key is dropped.
 
+use crate::sync::Locked;
 use nix::sys::termios::{self, SetArg, Termios};
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -80,7 +81,7 @@ impl RawTerminal {
         termios::cfmakeraw(&mut raw);
         // Keep output post-processing so host log lines stay readable.
         raw.output_flags = saved.output_flags;
-        *SAVED.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+        *SAVED.locked() = Some(saved);
         install_restore_paths();
         termios::tcsetattr(fd, SetArg::TCSANOW, &raw).map_err(std::io::Error::from)?;
         Ok(RawTerminal { active: true })

@@ -13,3 +13,4 @@ pub mod logging;
 pub mod machine;
 pub mod memory;
 pub mod snapshot;
+pub mod sync;

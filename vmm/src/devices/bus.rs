@@ -2,6 +2,7 @@
 
 use super::{AccessError, MmioDevice};
 use crate::hv::MmioFault;
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 
 /// A registered range.
@@ -77,11 +78,7 @@ impl MmioBus {
     /// faults; other device refusals read as zero and are logged.
     pub fn read(&self, vcpu: usize, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
         let e = self.lookup(gpa, data.len())?;
-        let result = e
-            .device
-            .lock()
-            .expect("device lock poisoned")
-            .read(vcpu, gpa - e.base, data);
+        let result = e.device.locked().read(vcpu, gpa - e.base, data);
         if let Err(err) = result {
             data.fill(0);
             return self.refused(e, gpa, data.len(), err);
@@ -92,11 +89,7 @@ impl MmioBus {
     /// Dispatches a store, as for [`MmioBus::read`].
     pub fn write(&self, vcpu: usize, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
         let e = self.lookup(gpa, data.len())?;
-        let result = e
-            .device
-            .lock()
-            .expect("device lock poisoned")
-            .write(vcpu, gpa - e.base, data);
+        let result = e.device.locked().write(vcpu, gpa - e.base, data);
         match result {
             Err(err) => self.refused(e, gpa, data.len(), err),
             Ok(()) => Ok(()),

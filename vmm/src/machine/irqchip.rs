@@ -9,7 +9,8 @@ use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
 use crate::devices::MmioDevice;
 use crate::hv::{GicMode, KernelGic, VcpuId};
 use crate::snapshot::GicSnapshot;
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::Locked;
+use std::sync::{Arc, Mutex};
 
 /// The interrupt controller of a running VM.
 #[derive(Clone)]
@@ -33,10 +34,6 @@ impl Irqchip {
             Irqchip::Userspace(_) => GicMode::Userspace,
             Irqchip::Kernel(_) => GicMode::Hvf,
         }
-    }
-
-    fn model(gic: &Mutex<Gicv3>) -> MutexGuard<'_, Gicv3> {
-        gic.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The MMIO regions the VMM must serve: the userspace GIC's distributor
@@ -66,7 +63,7 @@ impl Irqchip {
     /// Sets a device's level-triggered SPI.
     pub(super) fn set_spi(&self, intid: u32, level: bool) {
         match self {
-            Irqchip::Userspace(gic) => Self::model(gic).set_spi_level(intid, level),
+            Irqchip::Userspace(gic) => gic.locked().set_spi_level(intid, level),
             Irqchip::Kernel(k) => {
                 if let Err(e) = k.set_spi(intid, level) {
                     crate::warn_ratelimited!("in-kernel GIC: SPI {intid} level {level}: {e}");
@@ -79,7 +76,7 @@ impl Irqchip {
     /// (userspace GIC); `None` for an in-kernel GIC.
     pub(super) fn pending_vcpus(&self) -> Option<VcpuSet> {
         match self {
-            Irqchip::Userspace(gic) => Some(Self::model(gic).pending_vcpus()),
+            Irqchip::Userspace(gic) => Some(gic.locked().pending_vcpus()),
             Irqchip::Kernel(_) => None,
         }
     }
@@ -87,7 +84,7 @@ impl Irqchip {
     /// Whether `vcpu`'s IRQ line is asserted, if the VMM can know.
     pub(super) fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
         match self {
-            Irqchip::Userspace(gic) => Some(Self::model(gic).irq_pending(vcpu)),
+            Irqchip::Userspace(gic) => Some(gic.locked().irq_pending(vcpu)),
             Irqchip::Kernel(_) => None,
         }
     }
@@ -96,7 +93,7 @@ impl Irqchip {
     /// registers are not trapped, so there is nothing to answer: `None`.
     pub(super) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
         match self {
-            Irqchip::Userspace(gic) => Self::model(gic).sysreg_read(vcpu, reg),
+            Irqchip::Userspace(gic) => gic.locked().sysreg_read(vcpu, reg),
             Irqchip::Kernel(_) => None,
         }
     }
@@ -105,7 +102,7 @@ impl Irqchip {
     /// is in-kernel), else the vCPUs whose pending state changed.
     pub(super) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> Option<VcpuSet> {
         match self {
-            Irqchip::Userspace(gic) => Self::model(gic).sysreg_write(vcpu, reg, value),
+            Irqchip::Userspace(gic) => gic.locked().sysreg_write(vcpu, reg, value),
             Irqchip::Kernel(_) => None,
         }
     }
@@ -114,7 +111,7 @@ impl Irqchip {
     /// timer from the hypervisor, which does not report it.
     pub(super) fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
         if let Irqchip::Userspace(gic) = self {
-            Self::model(gic).set_ppi_level(vcpu, VTIMER_INTID, level);
+            gic.locked().set_ppi_level(vcpu, VTIMER_INTID, level);
         }
     }
 
@@ -122,7 +119,7 @@ impl Irqchip {
     /// registers of an in-kernel GIC are in each vCPU's state.
     pub(super) fn save(&self) -> crate::hv::Result<GicSnapshot> {
         Ok(match self {
-            Irqchip::Userspace(gic) => GicSnapshot::Userspace(Self::model(gic).save()),
+            Irqchip::Userspace(gic) => GicSnapshot::Userspace(gic.locked().save()),
             Irqchip::Kernel(k) => GicSnapshot::Hvf(k.save()?),
         })
     }

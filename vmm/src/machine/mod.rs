@@ -27,6 +27,7 @@ use crate::hv::{
 };
 use crate::memory::GuestRam;
 use crate::snapshot::{self, GicSnapshot, MachineState, VcpuPower, VcpuState};
+use crate::sync::Locked;
 use anyhow::{bail, Context};
 use irqchip::Irqchip;
 use std::io::{Read, Write};
@@ -155,11 +156,11 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Control> {
-        self.control.lock().unwrap_or_else(|e| e.into_inner())
+        self.control.locked()
     }
 
     fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
-        let kicks = self.kicks.lock().unwrap_or_else(|e| e.into_inner());
+        let kicks = self.kicks.locked();
         for (id, k) in kicks.iter().enumerate() {
             if let (true, Some(k)) = (which(id), k) {
                 k.kick();
@@ -582,12 +583,7 @@ where
     for t in threads {
         let _ = t.join();
     }
-    let writers = std::mem::take(
-        &mut *shared
-            .cache_writers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()),
-    );
+    let writers = std::mem::take(&mut *shared.cache_writers.locked());
     for w in writers {
         let _ = w.join();
     }
@@ -703,11 +699,7 @@ fn spawn_console_input(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send
 fn feed_uart(shared: &Shared, pending: &mut std::collections::VecDeque<u8>) {
     while !pending.is_empty() && !shared.finished() {
         let bytes = pending.make_contiguous();
-        let taken = shared
-            .uart
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .enqueue_rx(bytes);
+        let taken = shared.uart.locked().enqueue_rx(bytes);
         pending.drain(..taken);
         if !pending.is_empty() {
             std::thread::sleep(Duration::from_millis(1));
@@ -733,7 +725,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
                     .with_context(|| format!("cannot restore vCPU {id}"))?;
             }
         }
-        shared.kicks.lock().unwrap_or_else(|e| e.into_inner())[id] = Some(vcpu.kicker());
+        shared.kicks.locked()[id] = Some(vcpu.kicker());
         vcpus.push(RunVcpu { vcpu, wfi: None });
     }
     if let Start::Restore { states, kernel_gic } = &start {

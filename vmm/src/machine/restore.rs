@@ -7,6 +7,7 @@ use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
 use crate::snapshot::MachineState;
+use crate::sync::Locked;
 use anyhow::{bail, Context};
 use snapshot_store::{
     clone_file, map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store,
@@ -326,19 +327,13 @@ fn map_and_decode(
 pub(super) fn apply_devices(shared: &Shared, st: &MachineState) -> anyhow::Result<()> {
     shared
         .uart
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .locked()
         .restore(&st.pl011)
         .context("cannot restore the PL011")?;
-    shared
-        .boot_timer
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .restore(&st.boot_timer);
+    shared.boot_timer.locked().restore(&st.boot_timer);
     shared
         .blk
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .locked()
         .restore(&st.virtio_blk)
         .context("cannot restore virtio-blk")?;
     Ok(())

@@ -13,6 +13,7 @@ use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
 use crate::snapshot::{MachineState, VcpuState, MACHINE_STATE_VERSION};
+use crate::sync::Locked;
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
@@ -102,8 +103,7 @@ impl<V: Vm> Snapshotter<V> {
         let ram = &shared.ram;
         shared
             .blk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .quiesce()
             .context("cannot quiesce the block device")?;
         let power = shared.lock().power.clone();
@@ -118,13 +118,9 @@ impl<V: Vm> Snapshotter<V> {
                 .irqchip
                 .save()
                 .context("cannot save the GIC's state")?,
-            pl011: shared.uart.lock().unwrap_or_else(|e| e.into_inner()).save(),
-            boot_timer: shared
-                .boot_timer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .save(),
-            virtio_blk: shared.blk.lock().unwrap_or_else(|e| e.into_inner()).save(),
+            pl011: shared.uart.locked().save(),
+            boot_timer: shared.boot_timer.locked().save(),
+            virtio_blk: shared.blk.locked().save(),
         };
         let store = Store::create(&self.store)
             .with_context(|| format!("cannot open the snapshot store {}", self.store.display()))?;
@@ -142,20 +138,14 @@ impl<V: Vm> Snapshotter<V> {
         let mut w = store.begin(name, meta)?;
         // The disk first, so that its changed chunks are hashed while memory
         // is written. An image unchanged since the parent is the parent's.
-        let written = shared
-            .blk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .device()
-            .written_chunks();
+        let written = shared.blk.locked().device().written_chunks();
         let (clone, disk_reused) = if diff && written.is_empty() {
             (w.reuse_parent_disk()?, true)
         } else {
             // A restored VM's working disk may still be being copied.
             shared
                 .blk
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .device_mut()
                 .wait_ready()
                 .context("the VM's disk image is not usable")?;
@@ -179,19 +169,10 @@ impl<V: Vm> Snapshotter<V> {
         };
         w.write_state(&state.encode())?;
         let (layer, cache) = w.commit_cache_later()?;
-        shared
-            .cache_writers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cache);
+        shared.cache_writers.locked().push(cache);
         let write_ms = t.elapsed().as_millis();
         // The layer is durable: only now forget what was dirty.
-        shared
-            .blk
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .device_mut()
-            .clear_written_chunks();
+        shared.blk.locked().device_mut().clear_written_chunks();
         if self.track_dirty {
             match self.vm.rearm_dirty_tracking() {
                 Ok(()) => {

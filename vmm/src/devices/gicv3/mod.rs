@@ -30,7 +30,8 @@ pub use state::{CpuIfState, GicState, GicStateError, IrqState, RedistState, SpiS
 
 use crate::arch::layout::{MAX_VCPUS, NUM_SPIS, SPI_BASE_INTID};
 use crate::devices::{AccessError, MmioDevice};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use crate::sync::Locked;
+use std::sync::{Arc, Mutex};
 
 /// Number of SGIs per vCPU (INTIDs 0-15).
 const SGIS: usize = 16;
@@ -298,12 +299,6 @@ fn can_signal(c: &CpuIfState, prio: u8) -> bool {
     running == IDLE_PRIORITY || prio & mask < running & mask
 }
 
-fn lock(gic: &Mutex<Gicv3>) -> MutexGuard<'_, Gicv3> {
-    // The model never panics while locked; a poisoned lock still holds a
-    // consistent state.
-    gic.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The distributor on the MMIO bus: map it at
 /// [`crate::arch::layout::GICD_BASE`] with size
 /// [`crate::arch::layout::GICD_SIZE`].
@@ -311,11 +306,11 @@ pub struct GicDistMmio(pub Arc<Mutex<Gicv3>>);
 
 impl MmioDevice for GicDistMmio {
     fn read(&mut self, _vcpu: usize, offset: u64, data: &mut [u8]) -> Result<(), AccessError> {
-        lock(&self.0).dist_read(offset, data)
+        self.0.locked().dist_read(offset, data)
     }
 
     fn write(&mut self, _vcpu: usize, offset: u64, data: &[u8]) -> Result<(), AccessError> {
-        lock(&self.0).dist_write(offset, data)
+        self.0.locked().dist_write(offset, data)
     }
 }
 
@@ -327,10 +322,10 @@ pub struct GicRedistMmio(pub Arc<Mutex<Gicv3>>);
 
 impl MmioDevice for GicRedistMmio {
     fn read(&mut self, _vcpu: usize, offset: u64, data: &mut [u8]) -> Result<(), AccessError> {
-        lock(&self.0).redist_read(offset, data)
+        self.0.locked().redist_read(offset, data)
     }
 
     fn write(&mut self, _vcpu: usize, offset: u64, data: &[u8]) -> Result<(), AccessError> {
-        lock(&self.0).redist_write(offset, data)
+        self.0.locked().redist_write(offset, data)
     }
 }

@@ -62,6 +62,7 @@ use crate::hv::{
     VcpuIo, Vm,
 };
 use crate::memory::GuestRam;
+use crate::sync::Locked;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
@@ -124,7 +125,7 @@ impl VcpuShared {
 
     /// Queues a 16 KiB code page (physical address) for invalidation.
     pub(crate) fn queue_ic(&self, page: u64) {
-        let mut q = self.ic_pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.ic_pages.locked();
         if q.last() == Some(&page) {
             return;
         }
@@ -649,19 +650,9 @@ impl EmuVcpu {
         if att & ATTN_TB != 0 {
             uc.flush_tb().map_err(uc_err("flush translated blocks"))?;
             // A full flush covers queued pages.
-            self.shared
-                .ic_pages
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
+            self.shared.ic_pages.locked().clear();
         } else if att & ATTN_IC != 0 {
-            let pages = std::mem::take(
-                &mut *self
-                    .shared
-                    .ic_pages
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            let pages = std::mem::take(&mut *self.shared.ic_pages.locked());
             if !pages.is_empty() {
                 self.invalidate_code(&pages)?;
             }

@@ -5,6 +5,7 @@
 //! virtual count is the physical count minus its vtimer offset. A per-VM
 //! thread wakes vCPUs whose timer deadline passes while they run.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -121,7 +122,7 @@ impl TimerThread {
     /// Sets (or clears) vCPU `id`'s wake-up time.
     pub(crate) fn arm(&self, id: usize, at: Option<Instant>) {
         let (lock, cv) = &*self.state;
-        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock.locked();
         if let Some(d) = g.deadlines.get_mut(id) {
             if *d != at {
                 *d = at;
@@ -134,7 +135,7 @@ impl TimerThread {
 impl Drop for TimerThread {
     fn drop(&mut self) {
         let (lock, cv) = &*self.state;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).shutdown = true;
+        lock.locked().shutdown = true;
         cv.notify_one();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -144,7 +145,7 @@ impl Drop for TimerThread {
 
 fn run(state: &(Mutex<TimerState>, Condvar), vcpus: &[Arc<VcpuShared>]) {
     let (lock, cv) = state;
-    let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock.locked();
     loop {
         if g.shutdown {
             return;
