@@ -206,6 +206,19 @@ impl Shared {
     }
 }
 
+/// Ends the VM with an error if dropped while its thread panics.
+struct EndOnPanic<'a>(&'a Shared);
+
+impl Drop for EndOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let name = std::thread::current().name().unwrap_or("?").to_string();
+            self.0
+                .finish(VmExit::Error(format!("thread {name} panicked (see above)")));
+        }
+    }
+}
+
 /// A level-triggered SPI from a device to the GIC.
 struct SpiLine {
     intid: u32,
@@ -240,8 +253,15 @@ impl VcpuIo for Io<'_> {
 
     fn mmio_write(&mut self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
         let r = self.shared.bus.write(vcpu, gpa, data);
-        if let Err(e) = &r {
-            crate::warn_ratelimited!("vCPU {vcpu}: {e}");
+        match &r {
+            Err(e) => crate::warn_ratelimited!("vCPU {vcpu}: {e}"),
+            // A distributor or redistributor write (enable, pending, routing,
+            // wake) can make an interrupt pending on another vCPU, which may
+            // be waiting in WFI.
+            Ok(()) if (layout::GICD_BASE..layout::GIC_WINDOW_END).contains(&gpa) => {
+                self.shared.interrupts_changed();
+            }
+            Ok(()) => {}
         }
         r
     }
@@ -540,6 +560,9 @@ where
             std::thread::Builder::new()
                 .name(format!("vcpu{}", ids[0]))
                 .spawn(move || {
+                    // A panic ends the VM with an error instead of leaving the
+                    // other threads waiting for this one.
+                    let _ended = EndOnPanic(&shared);
                     if let Err(e) = vcpu_thread(&*vm, &shared, &ids, start) {
                         shared.finish(VmExit::Error(format!("{e:#}")));
                     }
