@@ -192,12 +192,7 @@ mod hex_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        use std::fmt::Write;
-        let mut hex = String::with_capacity(bytes.len() * 2);
-        for b in bytes {
-            let _ = write!(hex, "{b:02x}");
-        }
-        s.serialize_str(&hex)
+        s.serialize_str(&snapshot_store::hex(bytes))
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {

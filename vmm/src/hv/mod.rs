@@ -216,6 +216,9 @@ pub trait Vm: Send + Sync {
     /// first guest write to each 16 KiB page is recorded and makes the page
     /// writable; the faulting instruction completes exactly once. Used to
     /// start dirty tracking and to re-arm it after a snapshot is on disk.
+    /// Call only while no vCPU runs (before they start, or with all of them
+    /// parked): the bitmap is cleared before RAM is protected, so a write in
+    /// between would be lost.
     fn rearm_dirty_tracking(&self) -> Result<()>;
     /// The 16 KiB pages (indices from the start of RAM, ascending) the guest
     /// wrote since the last [`Vm::rearm_dirty_tracking`]. Does not clear them,

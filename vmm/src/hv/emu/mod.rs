@@ -811,14 +811,7 @@ impl EmuVcpu {
         let err = uc_err("complete MMIO access");
         if let insn::Kind::Load { signed, dst64 } = d.kind {
             for (i, rt) in regs.iter().flatten().enumerate() {
-                let mut v = loaded[i];
-                if signed && n < 8 {
-                    let shift = 64 - 8 * n as u32;
-                    v = (((v << shift) as i64) >> shift) as u64;
-                }
-                if !dst64 {
-                    v &= 0xffff_ffff;
-                }
+                let v = esr::extend(loaded[i], d.size, signed, dst64);
                 uc.set_x(*rt, v).map_err(&err)?;
             }
         }

@@ -5,6 +5,9 @@
 //! virtual count is the physical count minus its vtimer offset. A per-VM
 //! thread wakes vCPUs whose timer deadline passes while they run.
 
+use crate::hv::exit_decision::{
+    ticks_to_ns, vtimer_asserted, CNTV_CTL_ENABLE, CNTV_CTL_IMASK, CNTV_CTL_ISTATUS,
+};
 use crate::sync::Locked;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -19,13 +22,6 @@ pub const COUNTER_HZ: u64 = 24_000_000;
 
 const NS_PER_SEC: u128 = 1_000_000_000;
 
-/// CNTV_CTL_EL0.ENABLE.
-pub const CTL_ENABLE: u64 = 1 << 0;
-/// CNTV_CTL_EL0.IMASK.
-pub const CTL_IMASK: u64 = 1 << 1;
-/// CNTV_CTL_EL0.ISTATUS (read-only).
-pub const CTL_ISTATUS: u64 = 1 << 2;
-
 /// Guest ticks in `d` (truncated).
 pub fn ticks(d: Duration) -> u64 {
     (d.as_nanos() * u128::from(COUNTER_HZ) / NS_PER_SEC) as u64
@@ -33,8 +29,7 @@ pub fn ticks(d: Duration) -> u64 {
 
 /// The time after which at least `ticks` ticks have elapsed.
 pub fn duration_of(ticks: u64) -> Duration {
-    let ns = (u128::from(ticks) * NS_PER_SEC).div_ceil(u128::from(COUNTER_HZ));
-    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+    Duration::from_nanos(ticks_to_ns(ticks, COUNTER_HZ))
 }
 
 /// The EL1 virtual timer of one vCPU (Arm ARM D11.2.4).
@@ -49,22 +44,27 @@ pub struct VTimer {
 impl VTimer {
     /// Timer condition met: enabled and the virtual count reached CVAL.
     pub fn istatus(&self, vcount: u64) -> bool {
-        self.ctl & CTL_ENABLE != 0 && vcount >= self.cval
+        self.ctl & CNTV_CTL_ENABLE != 0 && vcount >= self.cval
     }
 
     /// The output line: ENABLE && !IMASK && ISTATUS.
     pub fn level(&self, vcount: u64) -> bool {
-        self.istatus(vcount) && self.ctl & CTL_IMASK == 0
+        vtimer_asserted(self.read_ctl(vcount))
     }
 
     /// CNTV_CTL_EL0 as the guest reads it.
     pub fn read_ctl(&self, vcount: u64) -> u64 {
-        self.ctl | if self.istatus(vcount) { CTL_ISTATUS } else { 0 }
+        self.ctl
+            | if self.istatus(vcount) {
+                CNTV_CTL_ISTATUS
+            } else {
+                0
+            }
     }
 
     /// A guest write of CNTV_CTL_EL0 (ISTATUS is read-only).
     pub fn write_ctl(&mut self, v: u64) {
-        self.ctl = v & (CTL_ENABLE | CTL_IMASK);
+        self.ctl = v & (CNTV_CTL_ENABLE | CNTV_CTL_IMASK);
     }
 
     /// CNTV_TVAL_EL0: CVAL - count, as a signed 32-bit value.
@@ -80,7 +80,8 @@ impl VTimer {
     /// The physical count at which the output rises, if it is low now and
     /// can rise without a register write.
     pub fn deadline(&self, vcount: u64, offset: u64) -> Option<u64> {
-        if self.ctl & (CTL_ENABLE | CTL_IMASK) != CTL_ENABLE || self.istatus(vcount) {
+        if self.ctl & (CNTV_CTL_ENABLE | CNTV_CTL_IMASK) != CNTV_CTL_ENABLE || self.istatus(vcount)
+        {
             return None;
         }
         self.cval.checked_add(offset)
@@ -194,14 +195,17 @@ mod tests {
             ..VTimer::default()
         };
         assert!(!t.istatus(200)); // disabled
-        t.write_ctl(CTL_ENABLE | CTL_ISTATUS);
-        assert_eq!(t.ctl, CTL_ENABLE);
+        t.write_ctl(CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS);
+        assert_eq!(t.ctl, CNTV_CTL_ENABLE);
         assert!(!t.level(99));
         assert!(t.level(100));
-        assert_eq!(t.read_ctl(150), CTL_ENABLE | CTL_ISTATUS);
-        t.write_ctl(CTL_ENABLE | CTL_IMASK);
+        assert_eq!(t.read_ctl(150), CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS);
+        t.write_ctl(CNTV_CTL_ENABLE | CNTV_CTL_IMASK);
         assert!(t.istatus(150) && !t.level(150));
-        assert_eq!(t.read_ctl(150), CTL_ENABLE | CTL_IMASK | CTL_ISTATUS);
+        assert_eq!(
+            t.read_ctl(150),
+            CNTV_CTL_ENABLE | CNTV_CTL_IMASK | CNTV_CTL_ISTATUS
+        );
     }
 
     #[test]
@@ -217,17 +221,17 @@ mod tests {
     #[test]
     fn deadline_only_when_the_output_can_rise() {
         let mut t = VTimer {
-            ctl: CTL_ENABLE,
+            ctl: CNTV_CTL_ENABLE,
             cval: 500,
         };
         assert_eq!(t.deadline(100, 7), Some(507));
         assert_eq!(t.deadline(600, 7), None); // already fired
-        t.ctl |= CTL_IMASK;
+        t.ctl |= CNTV_CTL_IMASK;
         assert_eq!(t.deadline(100, 7), None);
         t.ctl = 0;
         assert_eq!(t.deadline(100, 7), None);
         let t = VTimer {
-            ctl: CTL_ENABLE,
+            ctl: CNTV_CTL_ENABLE,
             cval: u64::MAX,
         };
         assert_eq!(t.deadline(0, 1), None);

@@ -174,11 +174,6 @@ impl HvfHypervisor {
         })?;
         Ok(HvfHypervisor { freq })
     }
-
-    /// Frequency of the guest's generic counter in Hz.
-    pub fn counter_frequency(&self) -> u64 {
-        self.freq
-    }
 }
 
 impl Hypervisor for HvfHypervisor {
@@ -251,7 +246,6 @@ impl Hypervisor for HvfHypervisor {
         let mut shared = VmShared {
             dirty: PageBitmap::new(pages),
             write_protect_armed: AtomicBool::new(false),
-            tracking: AtomicBool::new(false),
             vtimer_offset: host_count(),
             freq: self.freq,
             kgic: None,
@@ -277,8 +271,6 @@ struct VmShared {
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).
     write_protect_armed: AtomicBool,
-    /// Dirty tracking is on: re-protect RAM after taking the bitmap.
-    tracking: AtomicBool,
     /// Vtimer offset given to every vCPU at creation (the host count at VM
     /// creation, so the guest's virtual count starts near 0 on all vCPUs).
     vtimer_offset: u64,
@@ -366,23 +358,6 @@ pub struct HvfVm {
     vcpus: usize,
 }
 
-impl HvfVm {
-    /// Whether dirty tracking is on.
-    pub fn dirty_tracking(&self) -> bool {
-        self.shared.tracking.load(Ordering::Acquire)
-    }
-
-    /// The vtimer offset every vCPU starts with (guest ticks).
-    pub fn initial_vtimer_offset(&self) -> u64 {
-        self.shared.vtimer_offset
-    }
-
-    /// Number of vCPUs the VM was created for.
-    pub fn vcpus(&self) -> usize {
-        self.vcpus
-    }
-}
-
 impl Vm for HvfVm {
     type Vcpu = HvfVcpu;
 
@@ -417,7 +392,6 @@ impl Vm for HvfVm {
         self.shared
             .write_protect_armed
             .store(true, Ordering::Release);
-        self.shared.tracking.store(true, Ordering::Release);
         self.shared.dirty.clear();
         self.shared.protect_all(Prot::ReadExec)
     }
