@@ -326,45 +326,21 @@ fn zero_digest(len: u64) -> Sha256Digest {
 }
 
 /// Ranges of chunk indices (increasing, disjoint) that hold data according
-/// to `SEEK_DATA`/`SEEK_HOLE`; the other chunks of the `size`-byte file
-/// lie entirely in holes and read as zeros. Where the file system does not
-/// report holes, every chunk is data. Costs two `lseek`s per data region.
+/// to `SEEK_DATA`/`SEEK_HOLE` ([`crate::fsutil::data_regions`]); the other
+/// chunks of the `size`-byte file lie entirely in holes and read as zeros.
 pub(crate) fn data_chunks(
     file: &File,
     path: &Path,
     size: u64,
     chunk_size: u64,
 ) -> Result<Vec<Range<u64>>> {
-    use nix::errno::Errno;
-    use nix::unistd::{lseek, Whence};
     let mut out: Vec<Range<u64>> = Vec::new();
-    let mut pos = 0u64;
-    while pos < size {
-        let off = i64::try_from(pos).unwrap_or(i64::MAX);
-        let data = match lseek(file, off as libc::off_t, Whence::SeekData) {
-            Ok(o) => o as u64,
-            // No data after pos: the rest is a hole.
-            Err(Errno::ENXIO) => break,
-            // SEEK_DATA unsupported: everything is data.
-            Err(Errno::EINVAL) => pos,
-            Err(e) => return Err(Error::io(path, "lseek(SEEK_DATA)", e.into())),
-        };
-        if data >= size {
-            break;
-        }
-        let hole = match lseek(file, data as libc::off_t, Whence::SeekHole) {
-            Ok(o) => (o as u64).min(size),
-            Err(Errno::EINVAL) | Err(Errno::ENXIO) => size,
-            Err(e) => return Err(Error::io(path, "lseek(SEEK_HOLE)", e.into())),
-        };
-        // Nonsense from the file system: treat the rest as data.
-        let hole = if hole <= data { size } else { hole };
-        let r = data / chunk_size..hole.div_ceil(chunk_size);
+    for region in crate::fsutil::data_regions(file, path, size)? {
+        let r = region.start / chunk_size..region.end.div_ceil(chunk_size);
         match out.last_mut() {
             Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
             _ => out.push(r),
         }
-        pos = hole;
     }
     Ok(out)
 }

@@ -68,16 +68,7 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<CloneMethod> {
 
 #[cfg(target_os = "macos")]
 fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
-    use std::os::unix::ffi::OsStrExt;
-    let to_c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
-            Error::io(
-                p,
-                "clone",
-                io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
-            )
-        })
-    };
+    let to_c = |p: &Path| crate::fsutil::cstr(p).map_err(|e| Error::io(p, "clone", e));
     let (s, d) = (to_c(src)?, to_c(dst)?);
     // SAFETY: both pointers are NUL-terminated strings that outlive the
     // call; flags 0 follows a symlinked source and never overwrites `dst`.
@@ -204,33 +195,11 @@ fn kernel_copy(_: &File, _: &Path, _: &File, _: &Path, off: u64, _end: u64) -> R
 }
 
 fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path, mut in_kernel: bool) -> Result<()> {
-    use nix::unistd::{lseek, Whence};
     let len = s.metadata().ctx(src, "stat")?.len();
     // Allocated on first use: only if the kernel cannot copy.
     let mut buf = Vec::new();
-    let mut pos: u64 = 0;
-    while pos < len {
-        let data = match lseek(s, pos as libc::off_t, Whence::SeekData) {
-            Ok(off) => off as u64,
-            // No data after pos: the rest is a hole.
-            Err(nix::errno::Errno::ENXIO) => break,
-            // SEEK_DATA unsupported: treat everything as data.
-            Err(nix::errno::Errno::EINVAL) => pos,
-            Err(e) => return Err(Error::io(src, "lseek(SEEK_DATA)", e.into())),
-        };
-        if data >= len {
-            break;
-        }
-        let mut hole = match lseek(s, data as libc::off_t, Whence::SeekHole) {
-            Ok(off) => (off as u64).min(len),
-            Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENXIO) => len,
-            Err(e) => return Err(Error::io(src, "lseek(SEEK_HOLE)", e.into())),
-        };
-        if hole <= data {
-            // Nonsense from the filesystem: copy the rest as data.
-            hole = len;
-        }
-        let mut off = data;
+    for region in crate::fsutil::data_regions(s, src, len)? {
+        let (mut off, hole) = (region.start, region.end);
         if in_kernel {
             off = kernel_copy(s, src, d, dst, off, hole)?;
             in_kernel = off == hole;
@@ -254,7 +223,6 @@ fn sparse_copy_fds(s: &File, src: &Path, d: &File, dst: &Path, mut in_kernel: bo
             d.write_all_at(&buf[..n], off).ctx(dst, "write")?;
             off += n as u64;
         }
-        pos = hole;
     }
     d.set_len(len).ctx(dst, "set length")?;
     Ok(())

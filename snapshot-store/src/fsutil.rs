@@ -60,7 +60,7 @@ pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     })
 }
 
-fn cstr(p: &Path) -> io::Result<std::ffi::CString> {
+pub(crate) fn cstr(p: &Path) -> io::Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
@@ -155,6 +155,44 @@ pub(crate) fn nonce() -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// Byte ranges of the `size`-byte `file` (increasing, disjoint) that hold
+/// data according to `SEEK_DATA`/`SEEK_HOLE`; the rest is holes, which read
+/// as zeros. Where the file system does not report holes, or reports
+/// nonsense, the rest of the file counts as data. Two `lseek`s per region.
+pub(crate) fn data_regions(
+    file: &std::fs::File,
+    path: &Path,
+    size: u64,
+) -> Result<Vec<std::ops::Range<u64>>> {
+    use nix::errno::Errno;
+    use nix::unistd::{lseek, Whence};
+    let mut out = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let off = libc::off_t::try_from(pos).unwrap_or(libc::off_t::MAX);
+        let data = match lseek(file, off, Whence::SeekData) {
+            Ok(o) => o as u64,
+            // No data after pos: the rest is a hole.
+            Err(Errno::ENXIO) => break,
+            // SEEK_DATA unsupported: everything is data.
+            Err(Errno::EINVAL) => pos,
+            Err(e) => return Err(crate::error::Error::io(path, "lseek(SEEK_DATA)", e.into())),
+        };
+        if data >= size {
+            break;
+        }
+        let hole = match lseek(file, data as libc::off_t, Whence::SeekHole) {
+            Ok(o) => (o as u64).min(size),
+            Err(Errno::EINVAL) | Err(Errno::ENXIO) => size,
+            Err(e) => return Err(crate::error::Error::io(path, "lseek(SEEK_HOLE)", e.into())),
+        };
+        let hole = if hole <= data { size } else { hole };
+        out.push(data..hole);
+        pos = hole;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
