@@ -178,7 +178,8 @@ struct VersionProbe {
     format: FormatVersion,
 }
 
-const ZERO_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub(crate) const ZERO_HASH: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
 
 impl Manifest {
     /// The canonical file bytes: pretty JSON (two-space indent) and `\n`.

@@ -17,7 +17,7 @@ use std::path::Path;
 use crate::error::{Error, IoContext, ParseError, Result};
 use crate::hash::sha256;
 use crate::manifest::{FormatVersion, FORMAT_VERSION};
-use crate::prelude::check_prelude;
+use crate::prelude::{check_prelude, u64_at};
 
 /// Magic bytes at offset 0 of `state.bin`.
 pub const STATE_MAGIC: [u8; 8] = *b"IGNSTATE";
@@ -41,9 +41,7 @@ pub struct StateHeader {
 /// (untrusted). The payload is not looked at.
 pub fn parse_state_header(bytes: &[u8]) -> Result<StateHeader, ParseError> {
     let version = check_prelude(bytes, &STATE_MAGIC, STATE_HEADER_LEN, "a state file")?;
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&bytes[16..24]);
-    let payload_len = u64::from_le_bytes(len);
+    let payload_len = u64_at(bytes, 16);
     if payload_len > MAX_STATE_BYTES {
         return Err(ParseError::new(format!(
             "payload length {payload_len} exceeds the {MAX_STATE_BYTES}-byte limit"

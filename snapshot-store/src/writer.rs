@@ -90,7 +90,7 @@ impl LayerMeta {
 
     /// Check the values by validating a manifest with placeholder files.
     fn validate(&self, name: &str) -> Result<()> {
-        let zero = "0".repeat(64);
+        let zero = crate::manifest::ZERO_HASH.to_string();
         let entry = |size| FileEntry {
             size,
             sha256: zero.clone(),
@@ -122,11 +122,6 @@ fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
     let Some(p) = &meta.parent else {
         return Ok(());
     };
-    if p.name == name {
-        return Err(Error::Usage(format!(
-            "snapshot name '{name}' is the name of its parent; choose a new name"
-        )));
-    }
     if !store.contains(&p.name) {
         return Err(Error::Chain(format!(
             "parent '{}' of new snapshot '{name}' is not in store {}",
