@@ -6,7 +6,7 @@ use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use crate::cache::{self, CacheEntry, Entries, Stamp};
 use crate::chunks::{
@@ -368,7 +368,7 @@ fn run_jobs(
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&k) = order.get(n) else { break };
                 let r = hash_job(&jobs[which[k]], progress);
-                *results[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                *results[k].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
             });
         }
     });
@@ -376,7 +376,7 @@ fn run_jobs(
         .into_iter()
         .map(|m| {
             m.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(PoisonError::into_inner)
                 .unwrap_or_else(|| Err(Error::Usage("file was not hashed".into())))
         })
         .collect()

@@ -27,7 +27,7 @@ use crate::hv::{
 };
 use crate::memory::GuestRam;
 use crate::snapshot::{self, GicSnapshot, MachineState, VcpuPower, VcpuState};
-use crate::sync::Locked;
+use crate::sync::{Locked, Waited};
 use anyhow::{bail, Context};
 use irqchip::Irqchip;
 use std::io::{Read, Write};
@@ -577,7 +577,7 @@ where
         let t = Instant::now();
         let mut c = shared.lock();
         while c.created < shared.threads && c.exit.is_none() {
-            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+            c = shared.wake.waited(c);
         }
         drop(c);
         let loaded = kgic
@@ -590,7 +590,7 @@ where
     if let BootSource::Restore { .. } = cfg.source {
         let mut c = shared.lock();
         while c.ready < shared.threads && c.exit.is_none() {
-            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+            c = shared.wake.waited(c);
         }
         drop(c);
         stages.vcpus = t.elapsed();
@@ -599,7 +599,7 @@ where
     let why = {
         let mut c = shared.lock();
         while c.exit.is_none() {
-            c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+            c = shared.wake.waited(c);
         }
         c.exit.clone().expect("checked above")
     };
@@ -757,7 +757,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             c.created += 1;
             shared.wake.notify_all();
             while c.gic_loaded.is_none() && c.exit.is_none() {
-                c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+                c = shared.wake.waited(c);
             }
             match &c.gic_loaded {
                 Some(Ok(())) => {}
@@ -852,10 +852,10 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             match next_deadline {
                 Some(d) => {
                     let wait = d.saturating_duration_since(Instant::now());
-                    drop(shared.wake.wait_timeout(c, wait));
+                    drop(shared.wake.waited_for(c, wait));
                 }
                 None => {
-                    drop(shared.wake.wait(c));
+                    drop(shared.wake.waited(c));
                 }
             }
         }
@@ -881,7 +881,7 @@ fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
     c.parked += 1;
     shared.wake.notify_all();
     while c.pause && c.exit.is_none() {
-        c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+        c = shared.wake.waited(c);
     }
     c.parked -= 1;
 }

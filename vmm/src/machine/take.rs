@@ -13,7 +13,7 @@ use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
 use crate::snapshot::{MachineState, VcpuState, MACHINE_STATE_VERSION};
-use crate::sync::Locked;
+use crate::sync::{Locked, Waited};
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
@@ -230,7 +230,7 @@ fn pause(shared: &Shared) -> anyhow::Result<Vec<VcpuState>> {
     shared.kick_where(|_| true);
     let mut c = shared.lock();
     while c.parked < shared.threads && c.exit.is_none() {
-        c = shared.wake.wait(c).unwrap_or_else(|e| e.into_inner());
+        c = shared.wake.waited(c);
     }
     if c.exit.is_some() {
         anyhow::bail!("the VM is shutting down");

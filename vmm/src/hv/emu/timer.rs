@@ -8,7 +8,7 @@
 use crate::hv::exit_decision::{
     ticks_to_ns, vtimer_asserted, CNTV_CTL_ENABLE, CNTV_CTL_IMASK, CNTV_CTL_ISTATUS,
 };
-use crate::sync::Locked;
+use crate::sync::{Locked, Waited};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -164,12 +164,8 @@ fn run(state: &(Mutex<TimerState>, Condvar), vcpus: &[Arc<VcpuShared>]) {
             }
         }
         g = match next {
-            None => cv.wait(g).unwrap_or_else(|e| e.into_inner()),
-            Some(t) => {
-                cv.wait_timeout(g, t - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0
-            }
+            None => cv.waited(g),
+            Some(t) => cv.waited_for(g, t - now),
         };
     }
 }
