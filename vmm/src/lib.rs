@@ -12,5 +12,4 @@ pub mod hv;
 pub mod logging;
 pub mod machine;
 pub mod memory;
-pub mod snapshot;
 pub mod sync;

@@ -8,7 +8,7 @@ use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
 use crate::devices::MmioDevice;
 use crate::hv::{GicMode, KernelGic, VcpuId};
-use crate::snapshot::GicSnapshot;
+use super::state::GicSnapshot;
 use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 

@@ -26,7 +26,7 @@ use crate::hv::{
     self, GicMode, Hypervisor, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm,
 };
 use crate::memory::GuestRam;
-use crate::snapshot::{self, GicSnapshot, MachineState, VcpuPower, VcpuState};
+use state::{GicSnapshot, MachineState, VcpuPower, VcpuState};
 use crate::sync::{Locked, Waited};
 use anyhow::{bail, Context};
 use irqchip::Irqchip;
@@ -46,6 +46,7 @@ const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);
 
 mod irqchip;
 mod restore;
+pub mod state;
 mod take;
 
 /// A fresh boot of a kernel.
@@ -744,7 +745,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
                 let state = states
                     .get(id)
                     .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
-                snapshot::apply_vcpu(vm, &mut vcpu, state)
+                state::apply_vcpu(vm, &mut vcpu, state)
                     .with_context(|| format!("cannot restore vCPU {id}"))?;
             }
         }
@@ -770,7 +771,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             let state = states
                 .get(id)
                 .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
-            snapshot::apply_vcpu_gic(&mut rv.vcpu, state)
+            state::apply_vcpu_gic(&mut rv.vcpu, state)
                 .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
         }
     }
@@ -870,7 +871,7 @@ fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
         .map(|rv| {
             let id = rv.vcpu.id();
             let st =
-                snapshot::capture_vcpu(vm, &mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
+                state::capture_vcpu(vm, &mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
             (id, st)
         })
         .collect();

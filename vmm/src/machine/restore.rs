@@ -6,7 +6,7 @@ use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
-use crate::snapshot::MachineState;
+use super::state::MachineState;
 use crate::sync::Locked;
 use anyhow::{bail, Context};
 use snapshot_store::{

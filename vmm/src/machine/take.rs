@@ -12,7 +12,7 @@ use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
-use crate::snapshot::{MachineState, VcpuState, MACHINE_STATE_VERSION};
+use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use crate::sync::{Locked, Waited};
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
