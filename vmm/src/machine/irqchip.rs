@@ -3,12 +3,12 @@
 //! the devices and snapshots need. Nothing else in the machine knows which
 //! one it has.
 
+use super::state::GicSnapshot;
 use crate::arch::layout::VTIMER_INTID;
 use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
 use crate::devices::MmioDevice;
 use crate::hv::{GicMode, KernelGic, VcpuId};
-use super::state::GicSnapshot;
 use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 

@@ -1,12 +1,13 @@
 //! `boot --restore SPEC`: resolving and verifying a chain, mapping its memory,
 //! and turning its machine state back into devices and vCPUs.
 
-use super::{Plan, PlanDisk, Shared, SnapshotOptions, Start};
+use super::config::{Plan, PlanDisk, SnapshotOptions, Start};
+use super::state::MachineState;
+use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
-use super::state::MachineState;
 use crate::sync::Locked;
 use anyhow::{bail, Context};
 use snapshot_store::{

@@ -8,11 +8,11 @@
 //! only then are the dirty bitmaps cleared and write protection re-armed;
 //! then the vCPUs resume.
 
+use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
-use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use crate::sync::{Locked, Waited};
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};

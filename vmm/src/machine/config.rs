@@ -1,0 +1,170 @@
+//! What to run: the configuration from the command line, and the plan a
+//! fresh boot or a restore makes from it before the VM is built.
+
+use super::restore;
+use super::state::{MachineState, VcpuPower, VcpuState};
+use crate::arch::{fdt, image, layout};
+use crate::hv::GicMode;
+use crate::memory::GuestRam;
+use anyhow::{bail, Context};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use vm_memory::{Bytes, GuestAddress};
+
+/// A fresh boot of a kernel.
+#[derive(Debug, Clone)]
+pub struct FreshBoot {
+    /// Linux arm64 `Image`.
+    pub kernel: PathBuf,
+    /// Raw disk image for `/dev/vda`, opened read-write.
+    pub disk: PathBuf,
+    /// Guest RAM in bytes.
+    pub mem_bytes: u64,
+    /// Number of vCPUs (1..=[`layout::MAX_VCPUS`]).
+    pub cpus: usize,
+    /// Kernel command line.
+    pub cmdline: String,
+}
+
+/// Where the VM comes from.
+#[derive(Debug, Clone)]
+pub enum BootSource {
+    /// Boot a kernel.
+    Fresh(FreshBoot),
+    /// Restore a snapshot chain: `NAME` or `NAME+N` (see
+    /// `snapshot_store::Spec`).
+    Restore {
+        /// The chain to restore.
+        spec: String,
+    },
+}
+
+/// Snapshot options.
+#[derive(Debug, Clone)]
+pub struct SnapshotOptions {
+    /// The snapshot store directory.
+    pub store: PathBuf,
+    /// Name of the first snapshot taken with Ctrl-A s; later ones in the same
+    /// run get `.2`, `.3`, ... appended. `None`: Ctrl-A s is refused.
+    pub name: Option<String>,
+    /// Track dirty pages (write-protect RAM), so snapshots after the first
+    /// (or after a restore) are diffs.
+    pub track_dirty: bool,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct MachineConfig {
+    /// A kernel or a snapshot.
+    pub source: BootSource,
+    /// The interrupt controller asked for (`boot --gic`). `None`: the
+    /// userspace GIC for a fresh boot, the snapshot's mode for a restore. A
+    /// restore refuses a mode that differs from the snapshot's.
+    pub gic: Option<GicMode>,
+    /// Snapshot settings.
+    pub snapshots: SnapshotOptions,
+}
+
+/// How the vCPUs start.
+#[derive(Clone)]
+pub(super) enum Start {
+    /// The boot CPU at the kernel entry; the others wait for PSCI CPU_ON.
+    Boot(BootRegs),
+    /// Every vCPU from a snapshot.
+    Restore {
+        /// Per vCPU, index order.
+        states: Arc<Vec<VcpuState>>,
+        /// An in-kernel GIC's state is loaded once every vCPU is created;
+        /// the vCPU threads wait for it before their CPU-interface registers.
+        kernel_gic: bool,
+    },
+}
+
+/// Everything a VM needs before its devices are built.
+pub(super) struct Plan {
+    pub(super) ram: Arc<GuestRam>,
+    pub(super) cpus: usize,
+    pub(super) disk: PlanDisk,
+    pub(super) cmdline: String,
+    pub(super) gic: GicMode,
+    pub(super) start: Start,
+    pub(super) power: Vec<VcpuPower>,
+    /// Device states to apply (restore).
+    pub(super) devices: Option<Box<MachineState>>,
+    /// The layer the next snapshot is a child of (restore with tracking).
+    pub(super) parent: Option<snapshot_store::Layer>,
+}
+
+/// The VM's disk image.
+pub(super) enum PlanDisk {
+    /// The user's image, open read-write (a fresh boot).
+    Open { file: std::fs::File, path: PathBuf },
+    /// A restored VM's private copy of the snapshot's image, still being made.
+    Copying(restore::CopyingDisk),
+}
+
+/// Loads the kernel and device tree into fresh RAM.
+pub(super) fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
+    if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
+        bail!(
+            "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
+            f.cpus,
+            layout::MAX_VCPUS
+        );
+    }
+    let kernel = std::fs::read(&f.kernel)
+        .with_context(|| format!("cannot read kernel {}", f.kernel.display()))?;
+    let disk = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f.disk)
+        .with_context(|| format!("cannot open disk image {} read-write", f.disk.display()))?;
+    let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
+    let loaded = image::load_image(&ram, &kernel)
+        .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
+    let dtb = fdt::build_fdt(&fdt::FdtConfig {
+        vcpus: f.cpus,
+        ram_size: ram.size(),
+        cmdline: f.cmdline.clone(),
+        rng_seed: Some(rng_seed()),
+        virtio_slots: vec![layout::VIRTIO_BLK_SLOT],
+    })?;
+    let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
+    ram.memory()
+        .write_slice(&dtb, GuestAddress(dtb_gpa))
+        .context("cannot write the device tree into guest RAM")?;
+    let mut power = vec![VcpuPower::Off; f.cpus];
+    power[0] = VcpuPower::On;
+    Ok(Plan {
+        ram,
+        cpus: f.cpus,
+        disk: PlanDisk::Open {
+            file: disk,
+            path: f.disk.clone(),
+        },
+        cmdline: f.cmdline.clone(),
+        gic,
+        start: Start::Boot(BootRegs {
+            entry: loaded.entry,
+            dtb: dtb_gpa,
+        }),
+        power,
+        devices: None,
+        parent: None,
+    })
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct BootRegs {
+    pub(super) entry: u64,
+    pub(super) dtb: u64,
+}
+
+fn rng_seed() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut seed);
+    }
+    seed
+}

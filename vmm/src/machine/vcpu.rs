@@ -1,0 +1,414 @@
+//! The vCPU run loop: running vCPUs, PSCI, WFI sleeping, and the MMIO and
+//! system-register exits ([`VcpuIo`]).
+
+use super::config::Start;
+use super::state::{self, VcpuPower};
+use super::{Shared, VmExit};
+use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
+use crate::arch::layout;
+use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
+use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
+use crate::hv::exit_decision::vtimer_deadline_ns;
+use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
+use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::sync::{Locked, Waited};
+use anyhow::{bail, Context};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// PSTATE for entering the kernel: EL1h with D, A, I and F masked
+/// (Linux arm64 boot protocol: "all forms of interrupts must be masked").
+const PSTATE_EL1H_DAIF: u64 = PSTATE_EL1H | PSTATE_DAIF;
+
+/// Time slice of one vCPU when several share a host thread.
+const ROUND_ROBIN_SLICE: Duration = Duration::from_millis(4);
+
+/// The VMM side of vCPU exits ([`VcpuIo`]).
+struct Io<'a> {
+    shared: &'a Shared,
+}
+
+impl VcpuIo for Io<'_> {
+    fn mmio_read(&mut self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
+        let r = self.shared.bus.read(vcpu, gpa, data);
+        if let Err(e) = &r {
+            crate::warn_ratelimited!("vCPU {vcpu}: {e}");
+        }
+        r
+    }
+
+    fn mmio_write(&mut self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
+        let r = self.shared.bus.write(vcpu, gpa, data);
+        match &r {
+            Err(e) => crate::warn_ratelimited!("vCPU {vcpu}: {e}"),
+            // A distributor or redistributor write (enable, pending, routing,
+            // wake) can make an interrupt pending on another vCPU, which may
+            // be waiting in WFI.
+            Ok(()) if (layout::GICD_BASE..layout::GIC_WINDOW_END).contains(&gpa) => {
+                self.shared.interrupts_changed();
+            }
+            Ok(()) => {}
+        }
+        r
+    }
+
+    fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+        let v = self.shared.irqchip.sysreg_read(vcpu, reg);
+        if v.is_none() {
+            crate::warn_ratelimited!("vCPU {vcpu}: read of unimplemented system register {reg}");
+        }
+        v
+    }
+
+    fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+        let Some(targets) = self.shared.irqchip.sysreg_write(vcpu, reg, value) else {
+            crate::warn_ratelimited!("vCPU {vcpu}: write of unimplemented system register {reg}");
+            return false;
+        };
+        if !targets.is_empty() {
+            self.shared.interrupts_changed();
+        }
+        true
+    }
+
+    /// The userspace GIC's output; never asserted with an in-kernel GIC,
+    /// which signals the vCPU itself (the `hvf` backend does not ask then).
+    fn irq_line(&mut self, vcpu: VcpuId) -> bool {
+        self.shared.irqchip.irq_pending(vcpu) == Some(true)
+    }
+
+    fn vtimer_level(&mut self, vcpu: VcpuId, level: bool) {
+        self.shared.irqchip.vtimer_level(vcpu, level);
+    }
+}
+
+/// PSCI's view of the vCPUs.
+struct Cpus<'a>(&'a [VcpuPower]);
+
+impl PsciCpus for Cpus<'_> {
+    fn vcpu_count(&self) -> usize {
+        self.0.len()
+    }
+    fn power_state(&self, vcpu: usize) -> PowerState {
+        match self.0.get(vcpu) {
+            Some(VcpuPower::On) => PowerState::On,
+            Some(VcpuPower::OnPending { .. }) => PowerState::OnPending,
+            Some(VcpuPower::Off) | None => PowerState::Off,
+        }
+    }
+}
+
+/// A vCPU together with its run-loop state.
+struct RunVcpu<V> {
+    vcpu: V,
+    /// Set while the vCPU waits in WFI.
+    wfi: Option<WfiWait>,
+}
+
+/// A vCPU waiting in WFI (or PSCI CPU_SUSPEND).
+#[derive(Clone, Copy, Debug)]
+struct WfiWait {
+    /// It runs again at this instant at the latest (`None`: no deadline).
+    until: Option<Instant>,
+    /// The wake-up generation when it went to sleep: a later one means an
+    /// interrupt may have arrived (what an in-kernel GIC goes by).
+    generation: u64,
+}
+
+/// Runs vCPUs `ids` on the current thread until the VM ends.
+pub(super) fn vcpu_thread<V: Vm>(
+    vm: &V,
+    shared: &Shared,
+    ids: &[VcpuId],
+    start: Start,
+) -> anyhow::Result<()> {
+    let mut vcpus = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let mut vcpu = vm
+            .create_vcpu(id, psci::mpidr(id))
+            .with_context(|| format!("cannot create vCPU {id}"))?;
+        match &start {
+            Start::Boot(boot) if id == 0 => start_vcpu(&mut vcpu, boot.entry, boot.dtb)?,
+            Start::Boot(_) => {}
+            Start::Restore { states, .. } => {
+                let state = states
+                    .get(id)
+                    .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+                state::apply_vcpu(vm, &mut vcpu, state)
+                    .with_context(|| format!("cannot restore vCPU {id}"))?;
+            }
+        }
+        shared.kicks.locked()[id] = Some(vcpu.kicker());
+        vcpus.push(RunVcpu { vcpu, wfi: None });
+    }
+    if let Start::Restore { states, kernel_gic } = &start {
+        if *kernel_gic {
+            let mut c = shared.lock();
+            c.created += 1;
+            shared.wake.notify_all();
+            while c.gic_loaded.is_none() && c.exit.is_none() {
+                c = shared.wake.waited(c);
+            }
+            match &c.gic_loaded {
+                Some(Ok(())) => {}
+                Some(Err(e)) => bail!("{e}"),
+                None => return Ok(()),
+            }
+        }
+        for rv in &mut vcpus {
+            let id = rv.vcpu.id();
+            let state = states
+                .get(id)
+                .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+            state::apply_vcpu_gic(&mut rv.vcpu, state)
+                .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
+        }
+    }
+    shared.lock().ready += 1;
+    shared.wake.notify_all();
+    // Preempts the running vCPU when several share this thread.
+    let running = Arc::new(AtomicUsize::new(usize::MAX));
+    let _ticker = (vcpus.len() > 1).then(|| {
+        Ticker::start(
+            running.clone(),
+            vcpus.iter().map(|v| v.vcpu.kicker()).collect(),
+        )
+    });
+
+    let mut io = Io { shared };
+    loop {
+        let generation = {
+            let c = shared.lock();
+            if c.exit.is_some() {
+                return Ok(());
+            }
+            if c.pause {
+                drop(c);
+                park(vm, shared, &mut vcpus);
+                continue;
+            }
+            c.generation
+        };
+        let mut ran = false;
+        let mut next_deadline: Option<Instant> = None;
+        for (slot, rv) in vcpus.iter_mut().enumerate() {
+            let id = rv.vcpu.id();
+            let power = shared.lock().power[id];
+            match power {
+                VcpuPower::Off => continue,
+                VcpuPower::OnPending { entry, context } => {
+                    start_vcpu(&mut rv.vcpu, entry, context)?;
+                    shared.lock().power[id] = VcpuPower::On;
+                    rv.wfi = None;
+                }
+                VcpuPower::On => {}
+            }
+            if let Some(wait) = rv.wfi {
+                let due = wait.until.is_some_and(|d| d <= Instant::now());
+                let pending = shared.irqchip.irq_pending(id);
+                if !wfi_wakes(pending, due, generation != wait.generation) {
+                    if let Some(d) = wait.until {
+                        next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
+                    }
+                    continue;
+                }
+                rv.wfi = None;
+            }
+            ran = true;
+            running.store(slot, Ordering::Relaxed);
+            let exit = rv.vcpu.run(&mut io);
+            running.store(usize::MAX, Ordering::Relaxed);
+            match exit.with_context(|| format!("vCPU {id}"))? {
+                VcpuExit::Hvc { .. } | VcpuExit::Smc { .. } => {
+                    if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend {
+                        rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?;
+                    }
+                }
+                VcpuExit::Wfi => rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?,
+                VcpuExit::Wfe | VcpuExit::Kicked => {}
+                VcpuExit::Unhandled { esr, far, ipa, pc } => {
+                    bail!(
+                        "vCPU {id}: unhandled exception: ESR {esr:#x} (EC {:#x}), FAR {far:#x}, IPA {ipa:#x}, PC {pc:#x}",
+                        esr >> 26
+                    );
+                }
+            }
+        }
+        if !ran {
+            let c = shared.lock();
+            if c.generation != generation || c.exit.is_some() {
+                continue;
+            }
+            match next_deadline {
+                Some(d) => {
+                    let wait = d.saturating_duration_since(Instant::now());
+                    drop(shared.wake.waited_for(c, wait));
+                }
+                None => {
+                    drop(shared.wake.waited(c));
+                }
+            }
+        }
+    }
+}
+
+/// Snapshot rendezvous: captures this thread's vCPUs (on their own thread,
+/// as HVF requires) and waits until the snapshot is done.
+fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
+    let states: Vec<_> = vcpus
+        .iter_mut()
+        .map(|rv| {
+            let id = rv.vcpu.id();
+            let st = state::capture_vcpu(vm, &mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
+            (id, st)
+        })
+        .collect();
+    let mut c = shared.lock();
+    for (id, st) in states {
+        c.captured[id] = Some(st);
+    }
+    c.parked += 1;
+    shared.wake.notify_all();
+    while c.pause && c.exit.is_none() {
+        c = shared.wake.waited(c);
+    }
+    c.parked -= 1;
+}
+
+/// Puts a vCPU at `entry` in EL1h with interrupts masked and X0 = `x0`
+/// (Linux arm64 boot protocol for the boot CPU; PSCI CPU_ON for the others).
+fn start_vcpu(vcpu: &mut impl Vcpu, entry: u64, x0: u64) -> hv::Result<()> {
+    vcpu.set_reg(Reg::X(0), x0)?;
+    for n in 1..4 {
+        vcpu.set_reg(Reg::X(n), 0)?;
+    }
+    vcpu.set_reg(Reg::Pstate, PSTATE_EL1H_DAIF)?;
+    vcpu.set_reg(Reg::Pc, entry)
+}
+
+/// How a vCPU that executed WFI (or CPU_SUSPEND) waits, taken at wake-up
+/// generation `generation`: not at all if its IRQ line is asserted;
+/// otherwise until its virtual timer deadline, if armed. With an in-kernel
+/// GIC the VMM cannot see the line, so the wait is also capped at
+/// [`KERNEL_GIC_WFI_MAX_SLEEP`] and ends on any device interrupt.
+fn wfi_wait<V: Vm>(
+    vm: &V,
+    shared: &Shared,
+    vcpu: &mut V::Vcpu,
+    generation: u64,
+) -> hv::Result<Option<WfiWait>> {
+    let pending = shared.irqchip.irq_pending(vcpu.id());
+    if pending == Some(true) {
+        return Ok(None);
+    }
+    let ns = vtimer_deadline_ns(
+        vcpu.sysreg(CNTV_CTL_EL0)?,
+        vcpu.sysreg(CNTV_CVAL_EL0)?,
+        vcpu.vtimer_offset()?,
+        vm.physical_count(),
+        vm.counter_frequency(),
+    );
+    let now = Instant::now();
+    let mut until = ns.map(|ns| now + Duration::from_nanos(ns));
+    if pending.is_none() {
+        let cap = now + KERNEL_GIC_WFI_MAX_SLEEP;
+        until = Some(until.map_or(cap, |u| u.min(cap)));
+    }
+    Ok(Some(WfiWait { until, generation }))
+}
+
+/// What the vCPU does after a PSCI call.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterPsci {
+    Continue,
+    /// CPU_SUSPEND: wait as in WFI.
+    Suspend,
+}
+
+fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsci> {
+    let call = PsciCall::from_regs([
+        vcpu.reg(Reg::X(0))?,
+        vcpu.reg(Reg::X(1))?,
+        vcpu.reg(Reg::X(2))?,
+        vcpu.reg(Reg::X(3))?,
+    ]);
+    let action = {
+        let c = shared.lock();
+        psci::handle(call, &Cpus(&c.power))
+    };
+    let ret = match action {
+        PsciAction::Return(v) => v,
+        PsciAction::CpuOn {
+            target,
+            entry,
+            context_id,
+        } => {
+            let mut c = shared.lock();
+            match c.power.get(target) {
+                _ if !shared.ram.contains(entry, 4) => psci::ret(psci::INVALID_ADDRESS),
+                Some(VcpuPower::Off) => {
+                    c.power[target] = VcpuPower::OnPending {
+                        entry,
+                        context: context_id,
+                    };
+                    c.generation += 1;
+                    drop(c);
+                    shared.wake.notify_all();
+                    shared.kick_where(|v| v == target);
+                    psci::ret(psci::SUCCESS)
+                }
+                Some(VcpuPower::OnPending { .. }) => psci::ret(psci::ON_PENDING),
+                Some(VcpuPower::On) => psci::ret(psci::ALREADY_ON),
+                None => psci::ret(psci::INVALID_PARAMETERS),
+            }
+        }
+        PsciAction::CpuSuspend => {
+            vcpu.set_reg(Reg::X(0), psci::ret(psci::SUCCESS))?;
+            return Ok(AfterPsci::Suspend);
+        }
+        PsciAction::CpuOff => {
+            shared.lock().power[vcpu.id()] = VcpuPower::Off;
+            return Ok(AfterPsci::Continue);
+        }
+        PsciAction::SystemOff => {
+            shared.finish(VmExit::PowerOff);
+            return Ok(AfterPsci::Continue);
+        }
+        PsciAction::SystemReset => {
+            shared.finish(VmExit::Reset);
+            return Ok(AfterPsci::Continue);
+        }
+    };
+    vcpu.set_reg(Reg::X(0), ret)?;
+    Ok(AfterPsci::Continue)
+}
+
+/// Kicks whichever vCPU of a shared thread is running, every slice.
+struct Ticker {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Ticker {
+    fn start(running: Arc<AtomicUsize>, kicks: Vec<Arc<dyn Kick>>) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let _ = std::thread::Builder::new()
+            .name("vcpu-ticker".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(ROUND_ROBIN_SLICE);
+                    if let Some(k) = kicks.get(running.load(Ordering::Relaxed)) {
+                        k.kick();
+                    }
+                }
+            });
+        Ticker { stop }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
