@@ -1,15 +1,17 @@
 //! What to run: the configuration from the command line, and the plan a
 //! fresh boot or a restore makes from it before the VM is built.
 
-use super::restore;
+use super::devices::Devices;
+use super::restore::{self, Stages};
 use super::state::{MachineState, VcpuPower, VcpuState};
 use crate::arch::{fdt, image, layout};
-use crate::hv::GicMode;
+use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress};
 
 /// A fresh boot of a kernel.
@@ -81,7 +83,8 @@ pub(super) enum Start {
     },
 }
 
-/// Everything a VM needs before its devices are built.
+/// Everything a VM needs before it is built: guest RAM with the kernel or
+/// the snapshot's memory in it, and what to start the vCPUs and devices from.
 pub(super) struct Plan {
     pub(super) ram: Arc<GuestRam>,
     pub(super) cpus: usize,
@@ -90,8 +93,9 @@ pub(super) struct Plan {
     pub(super) gic: GicMode,
     pub(super) start: Start,
     pub(super) power: Vec<VcpuPower>,
-    /// Device states to apply (restore).
-    pub(super) devices: Option<Box<MachineState>>,
+    /// The snapshot's interrupt controller and device states (restore; its
+    /// vCPU states are in `start`).
+    pub(super) saved: Option<Box<MachineState>>,
     /// The layer the next snapshot is a child of (restore with tracking).
     pub(super) parent: Option<snapshot_store::Layer>,
 }
@@ -104,8 +108,44 @@ pub(super) enum PlanDisk {
     Copying(restore::CopyingDisk),
 }
 
+/// Refuses a snapshot name (`--name`) that is invalid or already taken in
+/// the store, before anything runs.
+pub(super) fn check_snapshot_name(opts: &SnapshotOptions) -> anyhow::Result<()> {
+    if let Some(name) = &opts.name {
+        snapshot_store::validate_name(name)?;
+        let store = &opts.store;
+        if snapshot_store::Store::open(store).is_ok_and(|s| s.contains(name)) {
+            bail!(
+                "snapshot '{name}' already exists in {}; choose another --name",
+                store.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The plan for `cfg` on `hv`: a fresh boot's, or a restore's (whose
+/// stages are timed in `stages`, from `t0`).
+pub(super) fn plan<H: Hypervisor>(
+    hv: &H,
+    cfg: &MachineConfig,
+    t0: Instant,
+    stages: &mut Stages,
+) -> anyhow::Result<Plan> {
+    match &cfg.source {
+        BootSource::Fresh(f) => {
+            let gic = cfg.gic.unwrap_or_default();
+            hv.check_gic_mode(gic)?;
+            plan_fresh(f, gic)
+        }
+        BootSource::Restore { spec } => {
+            restore::plan(hv, spec, cfg.gic, &cfg.snapshots, t0, stages)
+        }
+    }
+}
+
 /// Loads the kernel and device tree into fresh RAM.
-pub(super) fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
+fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
     if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
         bail!(
             "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
@@ -128,7 +168,7 @@ pub(super) fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
         rng_seed: Some(rng_seed()),
-        virtio_slots: vec![layout::VIRTIO_BLK_SLOT],
+        virtio_slots: Devices::VIRTIO_SLOTS.to_vec(),
     })?;
     let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
     ram.memory()
@@ -150,7 +190,7 @@ pub(super) fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
             dtb: dtb_gpa,
         }),
         power,
-        devices: None,
+        saved: None,
         parent: None,
     })
 }

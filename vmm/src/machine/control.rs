@@ -1,37 +1,125 @@
-//! The state every vCPU thread shares with the others and with the caller:
-//! wake-ups, power states, the VM's end and the snapshot pause.
+//! The control block every thread of a running VM shares: wake-ups, vCPU
+//! power states, the VM's end, the vCPU threads' start-up, and the snapshot
+//! handshake (pause: every vCPU thread parks and captures its vCPUs; resume).
+//!
+//! One mutex guards [`RunState`]; its condition variable wakes waiters on
+//! any change. A vCPU running guest code does not wait on it: it is kicked
+//! ([`Kick`]) out of [`crate::hv::Vcpu::run`] and sees the change on its way
+//! round the loop.
 
+use super::irqchip::Irqchip;
 use super::state::{VcpuPower, VcpuState};
-use super::{Shared, VmExit};
-use crate::hv::VcpuId;
-use crate::sync::Locked;
+use super::VmExit;
+use crate::hv::{Kick, VcpuId};
+use crate::sync::{Locked, Waited};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
-/// State guarded by one mutex and its condition variable: the wake-up
-/// generation counter, vCPU power states and the VM's end.
-pub(super) struct Control {
+/// What [`Control`]'s mutex guards.
+pub(super) struct RunState {
+    /// The wake-up generation: bumped whenever a waiting vCPU may have to
+    /// run (an interrupt, CPU_ON, the pause, the end).
     pub(super) generation: u64,
+    /// Per vCPU, index order.
     pub(super) power: Vec<VcpuPower>,
+    /// Why the VM ended, once it has.
     pub(super) exit: Option<VmExit>,
     /// A snapshot wants every vCPU thread parked.
-    pub(super) pause: bool,
+    pause: bool,
     /// vCPU threads parked for `pause`.
-    pub(super) parked: usize,
+    parked: usize,
     /// Each vCPU's state, captured by its own thread when it parks.
-    pub(super) captured: Vec<Option<Result<VcpuState, String>>>,
+    captured: Vec<Option<Result<VcpuState, String>>>,
     /// vCPU threads whose vCPUs are created and ready to run.
-    pub(super) ready: usize,
+    ready: usize,
     /// vCPU threads whose vCPUs are created (restore with an in-kernel GIC:
     /// its state is loaded once all are, before any runs).
-    pub(super) created: usize,
+    created: usize,
     /// The in-kernel GIC's state has been loaded (or failed to load).
-    pub(super) gic_loaded: Option<Result<(), String>>,
+    gic_loaded: Option<Result<(), String>>,
 }
 
-impl Shared {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Control> {
-        self.control.locked()
+impl RunState {
+    /// Whether a snapshot wants this thread parked.
+    pub(super) fn pause_requested(&self) -> bool {
+        self.pause
+    }
+}
+
+/// The shared control block of a running VM.
+pub(super) struct Control {
+    state: Mutex<RunState>,
+    wake: Condvar,
+    kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
+    /// Which vCPUs an interrupt is for ([`Control::interrupts_changed`]).
+    irqchip: Irqchip,
+    /// Number of vCPU threads.
+    threads: usize,
+}
+
+impl Control {
+    /// The control block of `power.len()` vCPUs on `threads` threads, with
+    /// their initial power states.
+    pub(super) fn new(irqchip: Irqchip, power: Vec<VcpuPower>, threads: usize) -> Self {
+        let cpus = power.len();
+        Control {
+            state: Mutex::new(RunState {
+                generation: 0,
+                power,
+                exit: None,
+                pause: false,
+                parked: 0,
+                captured: vec![None; cpus],
+                ready: 0,
+                created: 0,
+                gic_loaded: None,
+            }),
+            wake: Condvar::new(),
+            kicks: Mutex::new(vec![None; cpus]),
+            irqchip,
+            threads,
+        }
     }
 
+    /// Locks the run state.
+    pub(super) fn lock(&self) -> MutexGuard<'_, RunState> {
+        self.state.locked()
+    }
+
+    /// Releases `guard` and waits for a change (or a spurious wake-up).
+    pub(super) fn wait<'a>(&self, guard: MutexGuard<'a, RunState>) -> MutexGuard<'a, RunState> {
+        self.wake.waited(guard)
+    }
+
+    /// As [`Control::wait`], for at most `timeout`.
+    pub(super) fn wait_for<'a>(
+        &self,
+        guard: MutexGuard<'a, RunState>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, RunState> {
+        self.wake.waited_for(guard, timeout)
+    }
+
+    /// Wakes every waiter after a change to the run state.
+    pub(super) fn notify(&self) {
+        self.wake.notify_all();
+    }
+
+    /// Waits until `done` holds or the VM has ended; returns the guard.
+    fn wait_until(&self, done: impl Fn(&RunState) -> bool) -> MutexGuard<'_, RunState> {
+        let mut c = self.lock();
+        while !done(&c) && c.exit.is_none() {
+            c = self.wait(c);
+        }
+        c
+    }
+
+    /// Registers how to kick vCPU `id` out of guest code.
+    pub(super) fn set_kicker(&self, id: VcpuId, kick: Arc<dyn Kick>) {
+        self.kicks.locked()[id] = Some(kick);
+    }
+
+    /// Kicks the vCPUs `which` selects.
     pub(super) fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
         let kicks = self.kicks.locked();
         for (id, k) in kicks.iter().enumerate() {
@@ -39,6 +127,14 @@ impl Shared {
                 k.kick();
             }
         }
+    }
+
+    /// Bumps the wake-up generation, wakes the waiters and kicks the vCPUs
+    /// `which` selects.
+    pub(super) fn wake_where(&self, which: impl Fn(VcpuId) -> bool) {
+        self.lock().generation += 1;
+        self.notify();
+        self.kick_where(which);
     }
 
     /// Ends the VM (the first reason wins) and stops every vCPU.
@@ -50,12 +146,21 @@ impl Shared {
             }
             c.generation += 1;
         }
-        self.wake.notify_all();
+        self.notify();
         self.kick_where(|_| true);
     }
 
+    /// Whether the VM has ended.
     pub(super) fn finished(&self) -> bool {
         self.lock().exit.is_some()
+    }
+
+    /// Waits for the VM to end and says why.
+    pub(super) fn wait_exit(&self) -> VmExit {
+        let c = self.wait_until(|_| false);
+        c.exit
+            .clone()
+            .expect("wait_until returns once the VM has ended")
     }
 
     /// Called after the GIC's pending state may have changed for other
@@ -66,21 +171,112 @@ impl Shared {
     pub(super) fn interrupts_changed(&self) {
         match self.irqchip.pending_vcpus() {
             Some(pending) if pending.is_empty() => {}
-            Some(pending) => {
-                self.lock().generation += 1;
-                self.wake.notify_all();
-                self.kick_where(|v| pending.contains(v));
-            }
+            Some(pending) => self.wake_where(|v| pending.contains(v)),
             None => {
                 self.lock().generation += 1;
-                self.wake.notify_all();
+                self.notify();
             }
         }
+    }
+
+    // Start-up of the vCPU threads.
+
+    /// A vCPU thread has created its vCPUs (restore with an in-kernel GIC).
+    /// Waits until the in-kernel GIC's state is loaded; `Ok(false)` if the
+    /// VM ended first.
+    pub(super) fn created_wait_gic(&self) -> Result<bool, String> {
+        let mut c = self.lock();
+        c.created += 1;
+        self.notify();
+        while c.gic_loaded.is_none() && c.exit.is_none() {
+            c = self.wait(c);
+        }
+        match &c.gic_loaded {
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(e.clone()),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits until every vCPU thread has created its vCPUs (or the VM has
+    /// ended).
+    pub(super) fn wait_created(&self) {
+        drop(self.wait_until(|c| c.created >= self.threads));
+    }
+
+    /// Records the in-kernel GIC's load and lets the vCPU threads go on.
+    pub(super) fn gic_loaded(&self, result: Result<(), String>) {
+        self.lock().gic_loaded = Some(result);
+        self.notify();
+    }
+
+    /// A vCPU thread's vCPUs are ready to run.
+    pub(super) fn thread_ready(&self) {
+        self.lock().ready += 1;
+        self.notify();
+    }
+
+    /// Waits until every vCPU thread is ready (or the VM has ended).
+    pub(super) fn wait_ready(&self) {
+        drop(self.wait_until(|c| c.ready >= self.threads));
+    }
+
+    // The snapshot handshake.
+
+    /// Parks every vCPU thread and returns the vCPUs' states; call
+    /// [`Control::resume`] afterwards whatever the result.
+    pub(super) fn pause(&self) -> anyhow::Result<Vec<VcpuState>> {
+        {
+            let mut c = self.lock();
+            if c.exit.is_some() {
+                anyhow::bail!("the VM is shutting down");
+            }
+            c.pause = true;
+            c.captured.iter_mut().for_each(|s| *s = None);
+            c.generation += 1;
+        }
+        self.notify();
+        self.kick_where(|_| true);
+        let mut c = self.wait_until(|c| c.parked >= self.threads);
+        if c.exit.is_some() {
+            anyhow::bail!("the VM is shutting down");
+        }
+        c.captured
+            .iter_mut()
+            .enumerate()
+            .map(|(id, s)| match s.take() {
+                Some(Ok(st)) => Ok(st),
+                Some(Err(e)) => Err(anyhow::anyhow!("cannot capture {e}")),
+                None => Err(anyhow::anyhow!("vCPU {id} did not stop")),
+            })
+            .collect()
+    }
+
+    /// Lets the parked vCPU threads run again.
+    pub(super) fn resume(&self) {
+        self.lock().pause = false;
+        self.notify();
+    }
+
+    /// A vCPU thread's side of [`Control::pause`]: hands in the states of its
+    /// vCPUs (captured on this thread, as HVF requires) and waits until the
+    /// snapshot is done.
+    pub(super) fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
+        let mut c = self.lock();
+        for (id, st) in states {
+            c.captured[id] = Some(st);
+        }
+        c.parked += 1;
+        self.notify();
+        while c.pause && c.exit.is_none() {
+            c = self.wait(c);
+        }
+        c.parked -= 1;
     }
 }
 
 /// Ends the VM with an error if dropped while its thread panics.
-pub(super) struct EndOnPanic<'a>(pub(super) &'a Shared);
+pub(super) struct EndOnPanic<'a>(pub(super) &'a Control);
 
 impl Drop for EndOnPanic<'_> {
     fn drop(&mut self) {

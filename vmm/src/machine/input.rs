@@ -2,7 +2,6 @@
 
 use super::{Shared, VmExit};
 use crate::console::{self, EscapeParser, Key};
-use crate::sync::Locked;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +9,7 @@ use std::time::Duration;
 /// Reads the host's stdin, handles the escape keys, and feeds the guest UART
 /// at the pace its RX FIFO drains. `Ctrl-A s` calls `snapshot` after the
 /// input typed before it has reached the guest.
-pub(super) fn spawn_console_input(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
+pub(super) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
     let spawned = std::thread::Builder::new()
         .name("console".into())
         .spawn(move || {
@@ -27,7 +26,7 @@ pub(super) fn spawn_console_input(shared: Arc<Shared>, mut snapshot: Box<dyn FnM
                     match parser.feed(b) {
                         Key::Guest(b) => pending.push_back(b),
                         Key::Quit => {
-                            shared.finish(VmExit::Quit);
+                            shared.control.finish(VmExit::Quit);
                             return;
                         }
                         Key::Help => console::message(console::ESCAPE_HELP.trim_end()),
@@ -46,11 +45,11 @@ pub(super) fn spawn_console_input(shared: Arc<Shared>, mut snapshot: Box<dyn FnM
     }
 }
 
-/// Moves `pending` input into the UART's RX FIFO as space frees up.
+/// Moves `pending` input into the console UART's RX FIFO as space frees up.
 fn feed_uart(shared: &Shared, pending: &mut std::collections::VecDeque<u8>) {
-    while !pending.is_empty() && !shared.finished() {
+    while !pending.is_empty() && !shared.control.finished() {
         let bytes = pending.make_contiguous();
-        let taken = shared.uart.locked().enqueue_rx(bytes);
+        let taken = shared.devices.console_input(bytes);
         pending.drain(..taken);
         if !pending.is_empty() {
             std::thread::sleep(Duration::from_millis(1));

@@ -3,13 +3,15 @@
 //! the devices and snapshots need. Nothing else in the machine knows which
 //! one it has.
 
+use super::control::Control;
+use super::devices::BusRegion;
 use super::state::GicSnapshot;
 use crate::arch::layout::VTIMER_INTID;
 use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
-use crate::devices::MmioDevice;
 use crate::hv::{GicMode, KernelGic, VcpuId};
 use crate::sync::Locked;
+use anyhow::{bail, Context};
 use std::sync::{Arc, Mutex};
 
 /// The interrupt controller of a running VM.
@@ -24,10 +26,72 @@ pub(super) enum Irqchip {
     Kernel(Arc<dyn KernelGic>),
 }
 
-/// The GIC's MMIO frames for the bus: (name, base, size, device).
-pub(super) type GicRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
+/// An in-kernel GIC's saved state, loaded once every vCPU exists and before
+/// any runs (each vCPU's CPU-interface registers go in after it: QEMU's
+/// order).
+pub(super) struct PendingKernelGicState {
+    gic: Arc<dyn KernelGic>,
+    blob: Vec<u8>,
+}
+
+impl PendingKernelGicState {
+    /// Waits until every vCPU thread has created its vCPUs, loads the state,
+    /// and lets the threads go on (they end the VM if it did not load).
+    pub(super) fn load(self, control: &Control) {
+        control.wait_created();
+        let loaded = self
+            .gic
+            .restore(&self.blob)
+            .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"));
+        control.gic_loaded(loaded);
+    }
+}
 
 impl Irqchip {
+    /// The interrupt controller of a VM of `cpus` vCPUs in `mode`: the
+    /// userspace GIC, fresh or restored from `saved` (untrusted), or the
+    /// VM's in-kernel GIC `kernel` (created with the VM by the `backend`),
+    /// whose saved state is returned to be loaded once the vCPUs exist.
+    pub(super) fn build(
+        mode: GicMode,
+        kernel: Option<Arc<dyn KernelGic>>,
+        cpus: usize,
+        saved: Option<&GicSnapshot>,
+        backend: &str,
+    ) -> anyhow::Result<(Irqchip, Option<PendingKernelGicState>)> {
+        Ok(match (mode, kernel, saved) {
+            (GicMode::Userspace, _, None) => (
+                Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
+                None,
+            ),
+            (GicMode::Userspace, _, Some(GicSnapshot::Userspace(g))) => (
+                Irqchip::Userspace(Arc::new(Mutex::new(
+                    Gicv3::restore(cpus, g).context("cannot restore the GIC")?,
+                ))),
+                None,
+            ),
+            (GicMode::Userspace, _, Some(GicSnapshot::Hvf(_))) => {
+                bail!("the snapshot's GIC state is not the userspace GIC's")
+            }
+            (GicMode::Hvf, Some(k), saved) => {
+                let pending = match saved {
+                    None => None,
+                    Some(GicSnapshot::Hvf(blob)) => Some(PendingKernelGicState {
+                        gic: k.clone(),
+                        blob: blob.clone(),
+                    }),
+                    Some(GicSnapshot::Userspace(_)) => {
+                        bail!("the snapshot's GIC state is not the in-kernel GIC's")
+                    }
+                };
+                (Irqchip::Kernel(k), pending)
+            }
+            (GicMode::Hvf, None, _) => {
+                bail!("the {backend} backend created the VM without an in-kernel GIC")
+            }
+        })
+    }
+
     /// The mode, as recorded in snapshots.
     pub(super) fn mode(&self) -> GicMode {
         match self {
@@ -39,7 +103,7 @@ impl Irqchip {
     /// The MMIO regions the VMM must serve: the userspace GIC's distributor
     /// and `vcpus` redistributors; none for an in-kernel GIC (the hypervisor
     /// serves those addresses).
-    pub(super) fn mmio_regions(&self, vcpus: usize) -> Vec<GicRegion> {
+    pub(super) fn mmio_regions(&self, vcpus: usize) -> Vec<BusRegion> {
         use crate::arch::layout::{GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE};
         match self {
             Irqchip::Userspace(gic) => vec![

@@ -3,12 +3,10 @@
 
 use super::config::{Plan, PlanDisk, SnapshotOptions, Start};
 use super::state::MachineState;
-use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
-use crate::sync::Locked;
 use anyhow::{bail, Context};
 use snapshot_store::{
     clone_file, map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store,
@@ -273,7 +271,7 @@ pub(super) fn plan<H: Hypervisor>(
             kernel_gic: gic == GicMode::Hvf,
         },
         power,
-        devices: Some(Box::new(state)),
+        saved: Some(Box::new(state)),
         parent: Some(chain.top().clone()),
     })
 }
@@ -320,24 +318,6 @@ fn map_and_decode(
     }
     stages.state = t.elapsed();
     Ok((ram, state))
-}
-
-/// Applies the saved device states (the GIC is restored when it is built:
-/// the userspace model before the devices, an in-kernel GIC once every vCPU
-/// exists).
-pub(super) fn apply_devices(shared: &Shared, st: &MachineState) -> anyhow::Result<()> {
-    shared
-        .uart
-        .locked()
-        .restore(&st.pl011)
-        .context("cannot restore the PL011")?;
-    shared.boot_timer.locked().restore(&st.boot_timer);
-    shared
-        .blk
-        .locked()
-        .restore(&st.virtio_blk)
-        .context("cannot restore virtio-blk")?;
-    Ok(())
 }
 
 #[cfg(test)]

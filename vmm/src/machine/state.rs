@@ -8,14 +8,12 @@
 
 use crate::arch::exception::{current_el, PSTATE_NRW};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
-use crate::devices::boot_timer::BootTimerState;
 use crate::devices::gicv3::GicState;
-use crate::devices::pl011::Pl011State;
-use crate::devices::virtio::block::BlockState;
-use crate::devices::virtio::mmio::VirtioMmioState;
 use crate::hv::gic::check_icc_state;
 use crate::hv::{self, GicMode, Reg, Vcpu, Vm};
 use serde::{Deserialize, Serialize};
+
+pub use super::devices::DevicesState;
 
 /// Version of the machine-state encoding; bump on incompatible changes.
 ///
@@ -157,12 +155,9 @@ pub struct MachineState {
     pub power: Vec<VcpuPower>,
     /// The interrupt controller, by mode.
     pub gic: GicSnapshot,
-    /// The console UART.
-    pub pl011: Pl011State,
-    /// The boot-timer.
-    pub boot_timer: BootTimerState,
-    /// The root block device and its transport.
-    pub virtio_blk: VirtioMmioState<BlockState>,
+    /// The devices (each a top-level key: `pl011`, `boot_timer`, ...).
+    #[serde(flatten)]
+    pub devices: DevicesState,
 }
 
 /// The interrupt controller's state, by [`GicMode`]. Serialised as
@@ -359,9 +354,11 @@ mod tests {
             vcpus: vec![vcpu(gic_cpu.clone()), vcpu(gic_cpu)],
             power: vec![VcpuPower::On, VcpuPower::Off],
             gic,
-            pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
-            boot_timer: BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).save(),
-            virtio_blk: blk.save(),
+            devices: DevicesState {
+                pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
+                boot_timer: BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).save(),
+                virtio_blk: blk.save(),
+            },
         }
     }
 
@@ -559,8 +556,9 @@ mod tests {
                 let _ = Gicv3::restore(st.vcpus.len(), g);
             }
             let mut uart = Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq));
-            let _ = uart.restore(&st.pl011);
-            BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).restore(&st.boot_timer);
+            let _ = uart.restore(&st.devices.pl011);
+            BootTimer::new(std::time::Instant::now(), Box::new(|_| {}))
+                .restore(&st.devices.boot_timer);
             let disk = tempfile::tempfile().unwrap();
             disk.set_len(1 << 20).unwrap();
             let mut blk = VirtioMmio::new(
@@ -569,7 +567,7 @@ mod tests {
                 Arc::new(NoIrq),
             )
             .unwrap();
-            let _ = blk.restore(&st.virtio_blk);
+            let _ = blk.restore(&st.devices.virtio_blk);
         }
         // The mutations leave many states decodable, so restore really ran.
         assert!(decoded > 300, "only {decoded} mutated states decoded");

@@ -13,7 +13,7 @@ use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
-use crate::sync::{Locked, Waited};
+use crate::sync::Locked;
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
@@ -75,16 +75,17 @@ impl<V: Vm> Snapshotter<V> {
             console::message("[snapshot] refused: no snapshot name (start boot with --name NAME)");
             return;
         };
-        let states = match pause(&self.shared) {
+        let control = self.shared.control.clone();
+        let states = match control.pause() {
             Ok(s) => s,
             Err(e) => {
-                resume(&self.shared);
+                control.resume();
                 console::message(&format!("[snapshot] '{name}' failed: {e:#}"));
                 return;
             }
         };
         let result = self.write(&name, states);
-        resume(&self.shared);
+        control.resume();
         match result {
             Ok(msg) => {
                 self.taken += 1;
@@ -101,12 +102,8 @@ impl<V: Vm> Snapshotter<V> {
         let t = Instant::now();
         let shared = &self.shared;
         let ram = &shared.ram;
-        shared
-            .blk
-            .locked()
-            .quiesce()
-            .context("cannot quiesce the block device")?;
-        let power = shared.lock().power.clone();
+        shared.devices.quiesce()?;
+        let power = shared.control.lock().power.clone();
         let state = MachineState {
             version: MACHINE_STATE_VERSION,
             backend: self.backend.to_string(),
@@ -118,9 +115,7 @@ impl<V: Vm> Snapshotter<V> {
                 .irqchip
                 .save()
                 .context("cannot save the GIC's state")?,
-            pl011: shared.uart.locked().save(),
-            boot_timer: shared.boot_timer.locked().save(),
-            virtio_blk: shared.blk.locked().save(),
+            devices: shared.devices.save(),
         };
         let store = Store::create(&self.store)
             .with_context(|| format!("cannot open the snapshot store {}", self.store.display()))?;
@@ -138,14 +133,14 @@ impl<V: Vm> Snapshotter<V> {
         let mut w = store.begin(name, meta)?;
         // The disk first, so that its changed chunks are hashed while memory
         // is written. An image unchanged since the parent is the parent's.
-        let written = shared.blk.locked().device().written_chunks();
+        let written = shared.devices.root_disk().device().written_chunks();
         let (clone, disk_reused) = if diff && written.is_empty() {
             (w.reuse_parent_disk()?, true)
         } else {
             // A restored VM's working disk may still be being copied.
             shared
-                .blk
-                .locked()
+                .devices
+                .root_disk()
                 .device_mut()
                 .wait_ready()
                 .context("the VM's disk image is not usable")?;
@@ -172,7 +167,11 @@ impl<V: Vm> Snapshotter<V> {
         shared.cache_writers.locked().push(cache);
         let write_ms = t.elapsed().as_millis();
         // The layer is durable: only now forget what was dirty.
-        shared.blk.locked().device_mut().clear_written_chunks();
+        shared
+            .devices
+            .root_disk()
+            .device_mut()
+            .clear_written_chunks();
         if self.track_dirty {
             match self.vm.rearm_dirty_tracking() {
                 Ok(()) => {
@@ -213,41 +212,4 @@ impl<V: Vm> Snapshotter<V> {
 /// `ignition-vmm <version>`, recorded in manifests.
 fn creator() -> String {
     format!("ignition-vmm {}", env!("CARGO_PKG_VERSION"))
-}
-
-/// Parks every vCPU thread and returns the vCPUs' states.
-fn pause(shared: &Shared) -> anyhow::Result<Vec<VcpuState>> {
-    {
-        let mut c = shared.lock();
-        if c.exit.is_some() {
-            anyhow::bail!("the VM is shutting down");
-        }
-        c.pause = true;
-        c.captured.iter_mut().for_each(|s| *s = None);
-        c.generation += 1;
-    }
-    shared.wake.notify_all();
-    shared.kick_where(|_| true);
-    let mut c = shared.lock();
-    while c.parked < shared.threads && c.exit.is_none() {
-        c = shared.wake.waited(c);
-    }
-    if c.exit.is_some() {
-        anyhow::bail!("the VM is shutting down");
-    }
-    c.captured
-        .iter_mut()
-        .enumerate()
-        .map(|(id, s)| match s.take() {
-            Some(Ok(st)) => Ok(st),
-            Some(Err(e)) => Err(anyhow::anyhow!("cannot capture {e}")),
-            None => Err(anyhow::anyhow!("vCPU {id} did not stop")),
-        })
-        .collect()
-}
-
-/// Lets the parked vCPU threads run again.
-fn resume(shared: &Shared) {
-    shared.lock().pause = false;
-    shared.wake.notify_all();
 }

@@ -1,7 +1,9 @@
-//! The vCPU run loop: running vCPUs, PSCI, WFI sleeping, and the MMIO and
-//! system-register exits ([`VcpuIo`]).
+//! The vCPU threads and their run loop: starting vCPUs (boot or restore),
+//! running them, PSCI, WFI sleeping, the MMIO and system-register exits
+//! ([`VcpuIo`]), and the thread's side of the snapshot pause.
 
 use super::config::Start;
+use super::control::EndOnPanic;
 use super::state::{self, VcpuPower};
 use super::{Shared, VmExit};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
@@ -11,10 +13,10 @@ use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::hv::exit_decision::vtimer_deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
-use crate::sync::{Locked, Waited};
 use anyhow::{bail, Context};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// PSTATE for entering the kernel: EL1h with D, A, I and F masked
@@ -46,7 +48,7 @@ impl VcpuIo for Io<'_> {
             // wake) can make an interrupt pending on another vCPU, which may
             // be waiting in WFI.
             Ok(()) if (layout::GICD_BASE..layout::GIC_WINDOW_END).contains(&gpa) => {
-                self.shared.interrupts_changed();
+                self.shared.control.interrupts_changed();
             }
             Ok(()) => {}
         }
@@ -67,7 +69,7 @@ impl VcpuIo for Io<'_> {
             return false;
         };
         if !targets.is_empty() {
-            self.shared.interrupts_changed();
+            self.shared.control.interrupts_changed();
         }
         true
     }
@@ -116,13 +118,48 @@ struct WfiWait {
     generation: u64,
 }
 
+/// The vCPUs of each vCPU thread: one thread per vCPU, or one for all of
+/// them, round-robin, when the backend asks for it
+/// ([`crate::hv::Hypervisor::ROUND_ROBIN`]).
+pub(super) fn thread_groups(cpus: usize, round_robin: bool) -> Vec<Vec<VcpuId>> {
+    if round_robin {
+        vec![(0..cpus).collect()]
+    } else {
+        (0..cpus).map(|v| vec![v]).collect()
+    }
+}
+
+/// Starts a thread per group of [`thread_groups`]; each runs its vCPUs from
+/// `start` until the VM ends, and ends the VM if it fails (or panics).
+pub(super) fn spawn_threads<V: Vm + 'static>(
+    vm: &Arc<V>,
+    shared: &Arc<Shared>,
+    groups: Vec<Vec<VcpuId>>,
+    start: &Start,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    for ids in groups {
+        let (shared, vm) = (shared.clone(), vm.clone());
+        let start = start.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("vcpu{}", ids[0]))
+                .spawn(move || {
+                    // A panic ends the VM with an error instead of leaving the
+                    // other threads waiting for this one.
+                    let _ended = EndOnPanic(&shared.control);
+                    if let Err(e) = vcpu_thread(&*vm, &shared, &ids, start) {
+                        shared.control.finish(VmExit::Error(format!("{e:#}")));
+                    }
+                })
+                .context("cannot spawn a vCPU thread")?,
+        );
+    }
+    Ok(threads)
+}
+
 /// Runs vCPUs `ids` on the current thread until the VM ends.
-pub(super) fn vcpu_thread<V: Vm>(
-    vm: &V,
-    shared: &Shared,
-    ids: &[VcpuId],
-    start: Start,
-) -> anyhow::Result<()> {
+fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> anyhow::Result<()> {
     let mut vcpus = Vec::with_capacity(ids.len());
     for &id in ids {
         let mut vcpu = vm
@@ -139,21 +176,15 @@ pub(super) fn vcpu_thread<V: Vm>(
                     .with_context(|| format!("cannot restore vCPU {id}"))?;
             }
         }
-        shared.kicks.locked()[id] = Some(vcpu.kicker());
+        shared.control.set_kicker(id, vcpu.kicker());
         vcpus.push(RunVcpu { vcpu, wfi: None });
     }
     if let Start::Restore { states, kernel_gic } = &start {
         if *kernel_gic {
-            let mut c = shared.lock();
-            c.created += 1;
-            shared.wake.notify_all();
-            while c.gic_loaded.is_none() && c.exit.is_none() {
-                c = shared.wake.waited(c);
-            }
-            match &c.gic_loaded {
-                Some(Ok(())) => {}
-                Some(Err(e)) => bail!("{e}"),
-                None => return Ok(()),
+            match shared.control.created_wait_gic() {
+                Ok(true) => {}
+                Err(e) => bail!("{e}"),
+                Ok(false) => return Ok(()),
             }
         }
         for rv in &mut vcpus {
@@ -165,8 +196,7 @@ pub(super) fn vcpu_thread<V: Vm>(
                 .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
         }
     }
-    shared.lock().ready += 1;
-    shared.wake.notify_all();
+    shared.control.thread_ready();
     // Preempts the running vCPU when several share this thread.
     let running = Arc::new(AtomicUsize::new(usize::MAX));
     let _ticker = (vcpus.len() > 1).then(|| {
@@ -179,11 +209,11 @@ pub(super) fn vcpu_thread<V: Vm>(
     let mut io = Io { shared };
     loop {
         let generation = {
-            let c = shared.lock();
+            let c = shared.control.lock();
             if c.exit.is_some() {
                 return Ok(());
             }
-            if c.pause {
+            if c.pause_requested() {
                 drop(c);
                 park(vm, shared, &mut vcpus);
                 continue;
@@ -194,12 +224,12 @@ pub(super) fn vcpu_thread<V: Vm>(
         let mut next_deadline: Option<Instant> = None;
         for (slot, rv) in vcpus.iter_mut().enumerate() {
             let id = rv.vcpu.id();
-            let power = shared.lock().power[id];
+            let power = shared.control.lock().power[id];
             match power {
                 VcpuPower::Off => continue,
                 VcpuPower::OnPending { entry, context } => {
                     start_vcpu(&mut rv.vcpu, entry, context)?;
-                    shared.lock().power[id] = VcpuPower::On;
+                    shared.control.lock().power[id] = VcpuPower::On;
                     rv.wfi = None;
                 }
                 VcpuPower::On => {}
@@ -236,17 +266,17 @@ pub(super) fn vcpu_thread<V: Vm>(
             }
         }
         if !ran {
-            let c = shared.lock();
+            let c = shared.control.lock();
             if c.generation != generation || c.exit.is_some() {
                 continue;
             }
             match next_deadline {
                 Some(d) => {
                     let wait = d.saturating_duration_since(Instant::now());
-                    drop(shared.wake.waited_for(c, wait));
+                    drop(shared.control.wait_for(c, wait));
                 }
                 None => {
-                    drop(shared.wake.waited(c));
+                    drop(shared.control.wait(c));
                 }
             }
         }
@@ -264,16 +294,7 @@ fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
             (id, st)
         })
         .collect();
-    let mut c = shared.lock();
-    for (id, st) in states {
-        c.captured[id] = Some(st);
-    }
-    c.parked += 1;
-    shared.wake.notify_all();
-    while c.pause && c.exit.is_none() {
-        c = shared.wake.waited(c);
-    }
-    c.parked -= 1;
+    shared.control.park(states);
 }
 
 /// Puts a vCPU at `entry` in EL1h with interrupts masked and X0 = `x0`
@@ -334,7 +355,7 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
         vcpu.reg(Reg::X(3))?,
     ]);
     let action = {
-        let c = shared.lock();
+        let c = shared.control.lock();
         psci::handle(call, &Cpus(&c.power))
     };
     let ret = match action {
@@ -344,7 +365,7 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
             entry,
             context_id,
         } => {
-            let mut c = shared.lock();
+            let mut c = shared.control.lock();
             match c.power.get(target) {
                 _ if !shared.ram.contains(entry, 4) => psci::ret(psci::INVALID_ADDRESS),
                 Some(VcpuPower::Off) => {
@@ -354,8 +375,8 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
                     };
                     c.generation += 1;
                     drop(c);
-                    shared.wake.notify_all();
-                    shared.kick_where(|v| v == target);
+                    shared.control.notify();
+                    shared.control.kick_where(|v| v == target);
                     psci::ret(psci::SUCCESS)
                 }
                 Some(VcpuPower::OnPending { .. }) => psci::ret(psci::ON_PENDING),
@@ -368,15 +389,15 @@ fn handle_psci(vcpu: &mut impl Vcpu, shared: &Shared) -> anyhow::Result<AfterPsc
             return Ok(AfterPsci::Suspend);
         }
         PsciAction::CpuOff => {
-            shared.lock().power[vcpu.id()] = VcpuPower::Off;
+            shared.control.lock().power[vcpu.id()] = VcpuPower::Off;
             return Ok(AfterPsci::Continue);
         }
         PsciAction::SystemOff => {
-            shared.finish(VmExit::PowerOff);
+            shared.control.finish(VmExit::PowerOff);
             return Ok(AfterPsci::Continue);
         }
         PsciAction::SystemReset => {
-            shared.finish(VmExit::Reset);
+            shared.control.finish(VmExit::Reset);
             return Ok(AfterPsci::Continue);
         }
     };

@@ -1,0 +1,145 @@
+//! Building a VM from its [`Plan`]: the hypervisor's VM, the interrupt
+//! controller, the devices on the MMIO bus, and the state the VM's threads
+//! share.
+
+use super::config::{Plan, PlanDisk, Start};
+use super::control::Control;
+use super::devices::{DeviceArgs, Devices, SpiLine};
+use super::irqchip::{Irqchip, PendingKernelGicState};
+use super::restore::{CopyingDisk, Stages};
+use super::{vcpu, Shared};
+use crate::devices::virtio::block::BackingFile;
+use crate::devices::MmioBus;
+use crate::hv::{Hypervisor, VcpuId, Vm};
+use crate::memory::GuestRam;
+use anyhow::Context;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A VM built from a [`Plan`], ready for its vCPU threads.
+pub(super) struct Machine<V> {
+    pub(super) vm: Arc<V>,
+    pub(super) shared: Arc<Shared>,
+    /// The vCPUs of each vCPU thread.
+    pub(super) groups: Vec<Vec<VcpuId>>,
+    /// How the vCPUs start.
+    pub(super) start: Start,
+    /// An in-kernel GIC's saved state (restore), loaded once the vCPUs exist.
+    pub(super) kernel_gic_state: Option<PendingKernelGicState>,
+    /// The VM's disk image, which snapshots clone.
+    pub(super) disk_path: PathBuf,
+    /// The kernel command line, which snapshots record.
+    pub(super) cmdline: String,
+    /// The layer the next snapshot is a child of (restore).
+    pub(super) parent: Option<snapshot_store::Layer>,
+    /// A restored VM's working disk, still being copied when the VM starts:
+    /// the block device waits for it on first use. Kept for as long as the
+    /// VM runs; dropping it removes its work directory.
+    pub(super) _work_disk: Option<CopyingDisk>,
+}
+
+/// Builds the VM `plan` describes on `hv`, timing its stages in `stages`.
+pub(super) fn build<H: Hypervisor>(
+    hv: &H,
+    plan: Plan,
+    stages: &mut Stages,
+) -> anyhow::Result<Machine<H::Vm>> {
+    tracing::info!("GIC mode: {}", plan.gic);
+    // The VM first: it maps RAM and, for an in-kernel GIC, creates the GIC
+    // (before any vCPU, as Hypervisor.framework requires).
+    let t = Instant::now();
+    let vm = Arc::new(hv.create_vm(plan.ram.clone(), plan.cpus, plan.gic)?);
+    stages.vm_create = t.elapsed();
+
+    let t = Instant::now();
+    let saved = plan.saved.as_deref();
+    let (irqchip, kernel_gic_state) = Irqchip::build(
+        plan.gic,
+        vm.kernel_gic(),
+        plan.cpus,
+        saved.map(|s| &s.gic),
+        H::NAME,
+    )?;
+    stages.gic = t.elapsed();
+
+    let t = Instant::now();
+    let (disk, disk_len, disk_path, work_disk) = open_disk(plan.disk)?;
+    let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
+    let control = Arc::new(Control::new(irqchip.clone(), plan.power, groups.len()));
+    let (chip, ctl) = (irqchip.clone(), control.clone());
+    let args = DeviceArgs {
+        ram: plan.ram.clone(),
+        irq: Box::new(move |intid| SpiLine::connect(intid, chip.clone(), ctl.clone())),
+        console: Box::new(std::io::stdout()),
+        start: Instant::now(),
+        disk,
+        disk_len,
+    };
+    let devices = match saved {
+        None => Devices::new(args),
+        Some(st) => Devices::restore(args, &st.devices)?,
+    };
+    let shared = Arc::new(Shared {
+        bus: bus(&irqchip, &devices, plan.cpus),
+        ram: plan.ram,
+        irqchip,
+        devices,
+        control,
+        cache_writers: Mutex::new(Vec::new()),
+    });
+    stages.devices = t.elapsed();
+    Ok(Machine {
+        vm,
+        shared,
+        groups,
+        start: plan.start,
+        kernel_gic_state,
+        disk_path,
+        cmdline: plan.cmdline,
+        parent: plan.parent,
+        _work_disk: work_disk,
+    })
+}
+
+/// The root disk: its file, length and path, and for a restore the working
+/// copy still being made.
+fn open_disk(disk: PlanDisk) -> anyhow::Result<(BackingFile, u64, PathBuf, Option<CopyingDisk>)> {
+    Ok(match disk {
+        PlanDisk::Open { file, path } => {
+            let len = file
+                .metadata()
+                .with_context(|| format!("cannot use disk image {}", path.display()))?
+                .len();
+            (BackingFile::ready(file), len, path, None)
+        }
+        PlanDisk::Copying(mut copy) => {
+            let file = BackingFile::pending(copy.take_wait());
+            (file, copy.len, copy.path.clone(), Some(copy))
+        }
+    })
+}
+
+/// The MMIO bus: the interrupt controller's frames (a userspace GIC's) and
+/// the devices' regions.
+fn bus(irqchip: &Irqchip, devices: &Devices, cpus: usize) -> MmioBus {
+    let mut bus = MmioBus::new();
+    for (name, base, size, dev) in irqchip
+        .mmio_regions(cpus)
+        .into_iter()
+        .chain(devices.regions())
+    {
+        bus.insert(name, base, size, dev)
+            .expect("the layout table has no overlapping regions");
+    }
+    bus
+}
+
+/// Starts tracking guest-RAM writes (`--track-dirty`), so that the next
+/// snapshot is a diff.
+pub(super) fn start_dirty_tracking<V: Vm>(vm: &V, ram: &GuestRam) -> anyhow::Result<()> {
+    vm.rearm_dirty_tracking()
+        .context("cannot start dirty tracking")?;
+    ram.vmm_dirty().reset();
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! The machine's device set: the console UART, the boot timer and the virtio
+//! devices, each at its region of the memory map ([`crate::arch::layout`])
+//! with its interrupt wired to the interrupt controller. The set gives the
+//! MMIO bus its regions, the device tree its virtio-mmio slots, and a
+//! snapshot the devices' state ([`DevicesState`]).
+//!
+//! A new device takes its region (and SPI) in the layout, its model in
+//! [`crate::devices`], and here: a field of [`Devices`] and of
+//! [`DevicesState`], its construction in [`Devices::new`] and
+//! [`Devices::restore`], its entry in [`Devices::regions`] and, for a virtio
+//! device, its slot in [`Devices::VIRTIO_SLOTS`].
+
+use super::control::Control;
+use super::irqchip::Irqchip;
+use crate::arch::layout::{self, MmioRegion};
+use crate::console;
+use crate::devices::boot_timer::{BootTimer, BootTimerState};
+use crate::devices::pl011::{Pl011, Pl011State};
+use crate::devices::virtio::block::{BackingFile, Block, BlockState};
+use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
+use crate::devices::{IrqLine, MmioDevice};
+use crate::memory::GuestRam;
+use crate::sync::Locked;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The root block device's region (`/dev/vda`).
+const BLK: MmioRegion = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+
+/// The root disk's serial number (virtio-blk GET_ID).
+const ROOT_DISK_SERIAL: &str = "ignition-vda";
+
+/// A region of the MMIO bus: (name, base, size, device). The name is the
+/// one the bus's warnings give.
+pub(super) type BusRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
+
+/// What the devices are made from, besides a saved state.
+pub(super) struct DeviceArgs {
+    /// Guest RAM, which the virtio devices' queues live in.
+    pub(super) ram: Arc<GuestRam>,
+    /// The line of SPI `intid` ([`SpiLine`] in a running VM).
+    pub(super) irq: Box<dyn Fn(u32) -> Arc<dyn IrqLine>>,
+    /// Where the console UART's output goes.
+    pub(super) console: Box<dyn Write + Send>,
+    /// When the VM started: the boot timer reports the time since.
+    pub(super) start: Instant,
+    /// The root disk's file (open, or still being copied).
+    pub(super) disk: BackingFile,
+    /// The root disk's length in bytes.
+    pub(super) disk_len: u64,
+}
+
+/// The devices of a VM (the interrupt controller aside: see
+/// [`super::irqchip`]).
+pub(super) struct Devices {
+    /// The console UART, fed by the console input thread.
+    uart: Arc<Mutex<Pl011>>,
+    boot_timer: Arc<Mutex<BootTimer>>,
+    /// The root block device, whose disk snapshots capture.
+    blk: Arc<Mutex<VirtioMmio<Block>>>,
+}
+
+/// The devices' saved states. [`super::state::MachineState`] flattens it:
+/// each field is a top-level key of the state file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DevicesState {
+    /// The console UART.
+    pub pl011: Pl011State,
+    /// The boot-timer.
+    pub boot_timer: BootTimerState,
+    /// The root block device and its transport.
+    pub virtio_blk: VirtioMmioState<BlockState>,
+}
+
+impl Devices {
+    /// The virtio-mmio slots that hold a device, for the device tree (which
+    /// is written before the devices exist).
+    pub(super) const VIRTIO_SLOTS: [u32; 1] = [layout::VIRTIO_BLK_SLOT];
+
+    /// The devices of a fresh boot, in their reset states.
+    pub(super) fn new(args: DeviceArgs) -> Self {
+        let uart = Pl011::new(
+            args.console,
+            (args.irq)(layout::PL011.intid.expect("PL011 has an interrupt")),
+        );
+        let boot_timer = BootTimer::new(
+            args.start,
+            Box::new(|elapsed: Duration| console::message(&BootTimer::message(elapsed))),
+        );
+        let disk = Block::with_backing(args.disk, args.disk_len, false, ROOT_DISK_SERIAL);
+        let blk = VirtioMmio::new(
+            disk,
+            args.ram,
+            (args.irq)(BLK.intid.expect("virtio slots have interrupts")),
+        )
+        .expect("a fresh virtio-blk transport is valid");
+        Devices {
+            uart: Arc::new(Mutex::new(uart)),
+            boot_timer: Arc::new(Mutex::new(boot_timer)),
+            blk: Arc::new(Mutex::new(blk)),
+        }
+    }
+
+    /// The devices rebuilt from a snapshot's (untrusted) `state`.
+    pub(super) fn restore(args: DeviceArgs, state: &DevicesState) -> anyhow::Result<Self> {
+        let d = Devices::new(args);
+        d.uart
+            .locked()
+            .restore(&state.pl011)
+            .context("cannot restore the PL011")?;
+        d.boot_timer.locked().restore(&state.boot_timer);
+        d.blk
+            .locked()
+            .restore(&state.virtio_blk)
+            .context("cannot restore virtio-blk")?;
+        Ok(d)
+    }
+
+    /// The devices' state, for a snapshot (every vCPU parked, devices
+    /// quiesced).
+    pub(super) fn save(&self) -> DevicesState {
+        DevicesState {
+            pl011: self.uart.locked().save(),
+            boot_timer: self.boot_timer.locked().save(),
+            virtio_blk: self.blk.locked().save(),
+        }
+    }
+
+    /// The devices' MMIO regions, at their places in the layout.
+    pub(super) fn regions(&self) -> Vec<BusRegion> {
+        let at = |name, r: MmioRegion, dev: Arc<Mutex<dyn MmioDevice>>| (name, r.base, r.size, dev);
+        vec![
+            at("pl011", layout::PL011, self.uart.clone()),
+            at("boot-timer", layout::BOOT_TIMER, self.boot_timer.clone()),
+            at("virtio-blk", BLK, self.blk.clone()),
+        ]
+    }
+
+    /// Hands console input to the UART; returns how many leading bytes it
+    /// took (see [`Pl011::enqueue_rx`]).
+    pub(super) fn console_input(&self, bytes: &[u8]) -> usize {
+        self.uart.locked().enqueue_rx(bytes)
+    }
+
+    /// Waits until no device has a request in flight, before a snapshot.
+    pub(super) fn quiesce(&self) -> anyhow::Result<()> {
+        self.blk
+            .locked()
+            .quiesce()
+            .context("cannot quiesce the block device")
+    }
+
+    /// The root block device, whose disk image a snapshot captures.
+    pub(super) fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
+        self.blk.locked()
+    }
+}
+
+/// A device's level-triggered SPI: drives the interrupt controller's input
+/// and, when raised, wakes the vCPUs the interrupt may be for.
+pub(super) struct SpiLine {
+    intid: u32,
+    irqchip: Irqchip,
+    control: Arc<Control>,
+}
+
+impl SpiLine {
+    /// The line of SPI `intid` at `irqchip`, waking vCPUs through `control`.
+    pub(super) fn connect(intid: u32, irqchip: Irqchip, control: Arc<Control>) -> Arc<dyn IrqLine> {
+        Arc::new(SpiLine {
+            intid,
+            irqchip,
+            control,
+        })
+    }
+}
+
+impl IrqLine for SpiLine {
+    fn set_level(&self, level: bool) {
+        self.irqchip.set_spi(self.intid, level);
+        if level {
+            self.control.interrupts_changed();
+        }
+    }
+}
