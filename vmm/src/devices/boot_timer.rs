@@ -2,8 +2,9 @@
 //! userspace is up. The first write (any offset, any size) reports the time
 //! since VM start; later writes and all reads do nothing (reads return 0).
 
-use super::{AccessError, MmioDevice};
+use super::{AccessError, MmioDevice, Persist};
 use serde::{Deserialize, Serialize};
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 /// The boot-timer device.
@@ -42,15 +43,25 @@ impl BootTimer {
     pub fn fired(&self) -> bool {
         self.fired
     }
+}
 
-    /// The current state, for a snapshot.
-    pub fn save(&self) -> BootTimerState {
+impl Persist for BootTimer {
+    type State = BootTimerState;
+    /// The start and the report, as for [`BootTimer::new`].
+    type Args = (Instant, Box<dyn FnMut(Duration) + Send>);
+    /// Every state is valid.
+    type Error = Infallible;
+
+    fn save(&self) -> BootTimerState {
         BootTimerState { fired: self.fired }
     }
 
-    /// Loads a saved state (any value is valid).
-    pub fn restore(&mut self, state: &BootTimerState) {
-        self.fired = state.fired;
+    fn restore((start, report): Self::Args, state: &BootTimerState) -> Result<Self, Infallible> {
+        Ok(BootTimer {
+            start,
+            report,
+            fired: state.fired,
+        })
     }
 }
 
@@ -110,8 +121,11 @@ mod tests {
 
     #[test]
     fn restored_fired_timer_stays_quiet() {
-        let (mut t, reports) = timer(Instant::now());
-        t.restore(&BootTimerState { fired: true });
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let r = reports.clone();
+        let report = Box::new(move |d| r.lock().unwrap().push(d));
+        let mut t =
+            BootTimer::restore((Instant::now(), report), &BootTimerState { fired: true }).unwrap();
         t.write(0, 0, &[1]).unwrap();
         assert!(reports.lock().unwrap().is_empty());
         let json = serde_json::to_string(&t.save()).unwrap();

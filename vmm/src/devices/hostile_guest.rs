@@ -15,7 +15,7 @@ use crate::devices::pl011::tests::TestIrq;
 use crate::devices::pl011::Pl011;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::VirtioMmio;
-use crate::devices::MmioDevice;
+use crate::devices::{MmioDevice, Persist};
 use crate::memory::GuestRam;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

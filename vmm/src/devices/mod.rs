@@ -1,17 +1,20 @@
 //! Device models. Each is a pure state machine: no threads, no file
 //! descriptors of its own beyond what it is given, so each is unit-tested
 //! without a VM. Devices reach the interrupt controller through [`IrqLine`]
-//! and guest memory through vm-memory.
+//! and guest memory through vm-memory, and save and restore their state in
+//! one shape ([`Persist`]).
 
 pub mod boot_timer;
 pub mod bus;
 pub mod gicv3;
 #[cfg(test)]
 mod hostile_guest;
+mod persist;
 pub mod pl011;
 pub mod virtio;
 
 pub use bus::MmioBus;
+pub use persist::Persist;
 
 /// Why a device refused an MMIO access. The bus decides what the guest sees:
 /// size and alignment errors become a synchronous external abort; the others

@@ -25,7 +25,7 @@
 //! - Loopback (CR.LBE), IrDA, modem lines and DMA are not modelled; their
 //!   register bits are stored and read back.
 
-use super::{le_value, set_le_value, AccessError, IrqLine, MmioDevice};
+use super::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -102,7 +102,8 @@ pub struct Pl011 {
     dmacr: u32,
 }
 
-/// Saved PL011 state. Untrusted: [`Pl011::restore`] validates it.
+/// Saved PL011 state. Untrusted: [`Pl011`]'s [`Persist::restore`] validates
+/// it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pl011State {
     /// Bytes waiting in the RX FIFO, oldest first.
@@ -196,66 +197,6 @@ impl Pl011 {
             return 0;
         }
         self.rx_depth().saturating_sub(self.rx.len())
-    }
-
-    /// The current state, for a snapshot.
-    pub fn save(&self) -> Pl011State {
-        Pl011State {
-            rx_fifo: self.rx.iter().copied().collect(),
-            ilpr: self.ilpr,
-            ibrd: self.ibrd,
-            fbrd: self.fbrd,
-            lcr_h: self.lcr_h,
-            cr: self.cr,
-            ifls: self.ifls,
-            imsc: self.imsc,
-            ris: self.ris,
-            dmacr: self.dmacr,
-        }
-    }
-
-    /// Loads `state` after validating it, then drives the interrupt line to
-    /// the restored level. On error nothing changes.
-    pub fn restore(&mut self, state: &Pl011State) -> Result<(), Pl011StateError> {
-        for (name, value, mask) in [
-            ("ILPR", state.ilpr, ILPR_MASK),
-            ("IBRD", state.ibrd, IBRD_MASK),
-            ("FBRD", state.fbrd, FBRD_MASK),
-            ("LCR_H", state.lcr_h, LCR_H_MASK),
-            ("CR", state.cr, CR_MASK),
-            ("IFLS", state.ifls, IFLS_MASK),
-            ("IMSC", state.imsc, INT_MASK),
-            ("RIS", state.ris, INT_MASK),
-            ("DMACR", state.dmacr, DMACR_MASK),
-        ] {
-            if value & !mask != 0 {
-                return Err(Pl011StateError::BadRegister { name, value, mask });
-            }
-        }
-        let depth = if state.lcr_h & LCR_H_FEN != 0 {
-            FIFO_DEPTH
-        } else {
-            1
-        };
-        if state.rx_fifo.len() > depth {
-            return Err(Pl011StateError::RxOverflow {
-                len: state.rx_fifo.len(),
-                depth,
-            });
-        }
-        self.rx = state.rx_fifo.iter().copied().collect();
-        self.ilpr = state.ilpr;
-        self.ibrd = state.ibrd;
-        self.fbrd = state.fbrd;
-        self.lcr_h = state.lcr_h;
-        self.cr = state.cr;
-        self.ifls = state.ifls;
-        self.imsc = state.imsc;
-        self.ris = state.ris;
-        self.dmacr = state.dmacr;
-        self.irq_level = self.ris & self.imsc != 0;
-        self.irq.set_level(self.irq_level);
-        Ok(())
     }
 
     fn rx_depth(&self) -> usize {
@@ -362,6 +303,74 @@ impl Pl011 {
             ID_BASE..=0xFFC => u32::from(ID_BYTES[((reg - ID_BASE) / 4) as usize]),
             _ => return Err(AccessError::NoRegister),
         })
+    }
+}
+
+impl Persist for Pl011 {
+    type State = Pl011State;
+    /// The output sink and the interrupt line, as for [`Pl011::new`].
+    type Args = (Box<dyn Write + Send>, Arc<dyn IrqLine>);
+    type Error = Pl011StateError;
+
+    fn save(&self) -> Pl011State {
+        Pl011State {
+            rx_fifo: self.rx.iter().copied().collect(),
+            ilpr: self.ilpr,
+            ibrd: self.ibrd,
+            fbrd: self.fbrd,
+            lcr_h: self.lcr_h,
+            cr: self.cr,
+            ifls: self.ifls,
+            imsc: self.imsc,
+            ris: self.ris,
+            dmacr: self.dmacr,
+        }
+    }
+
+    /// Checks `state` (no register bits that do not exist, no more RX bytes
+    /// than the FIFO holds), builds the UART in it, and drives the
+    /// interrupt line to the restored level.
+    fn restore((out, irq): Self::Args, state: &Pl011State) -> Result<Self, Pl011StateError> {
+        for (name, value, mask) in [
+            ("ILPR", state.ilpr, ILPR_MASK),
+            ("IBRD", state.ibrd, IBRD_MASK),
+            ("FBRD", state.fbrd, FBRD_MASK),
+            ("LCR_H", state.lcr_h, LCR_H_MASK),
+            ("CR", state.cr, CR_MASK),
+            ("IFLS", state.ifls, IFLS_MASK),
+            ("IMSC", state.imsc, INT_MASK),
+            ("RIS", state.ris, INT_MASK),
+            ("DMACR", state.dmacr, DMACR_MASK),
+        ] {
+            if value & !mask != 0 {
+                return Err(Pl011StateError::BadRegister { name, value, mask });
+            }
+        }
+        let depth = if state.lcr_h & LCR_H_FEN != 0 {
+            FIFO_DEPTH
+        } else {
+            1
+        };
+        if state.rx_fifo.len() > depth {
+            return Err(Pl011StateError::RxOverflow {
+                len: state.rx_fifo.len(),
+                depth,
+            });
+        }
+        let mut u = Pl011::new(out, irq);
+        u.rx = state.rx_fifo.iter().copied().collect();
+        u.ilpr = state.ilpr;
+        u.ibrd = state.ibrd;
+        u.fbrd = state.fbrd;
+        u.lcr_h = state.lcr_h;
+        u.cr = state.cr;
+        u.ifls = state.ifls;
+        u.imsc = state.imsc;
+        u.ris = state.ris;
+        u.dmacr = state.dmacr;
+        u.irq_level = u.ris & u.imsc != 0;
+        u.irq.set_level(u.irq_level);
+        Ok(u)
     }
 }
 
@@ -667,25 +676,29 @@ pub(crate) mod tests {
         let state = u.save();
         assert_eq!(state.rx_fifo, b"abc");
 
-        let (mut v, _, irq) = uart();
-        v.restore(&state).unwrap();
+        let irq = Arc::new(TestIrq::default());
+        let mut v = Pl011::restore((Box::new(Sink::default()), irq.clone()), &state).unwrap();
         assert!(irq.level(), "restore drives the line");
         assert_eq!(v.save(), state);
         assert_eq!(r32(&mut v, DR), u32::from(b'a'));
 
+        let restore = |s: &Pl011State| {
+            let irq = Arc::new(TestIrq::default());
+            Pl011::restore((Box::new(Sink::default()), irq), s).map(|_| ())
+        };
         let mut bad = state.clone();
         bad.rx_fifo = vec![0; 17];
         assert!(matches!(
-            v.restore(&bad),
+            restore(&bad),
             Err(Pl011StateError::RxOverflow { len: 17, depth: 16 })
         ));
         let mut bad = state.clone();
         bad.lcr_h = 0;
-        assert!(v.restore(&bad).is_err(), "3 bytes without a FIFO");
+        assert!(restore(&bad).is_err(), "3 bytes without a FIFO");
         let mut bad = state;
         bad.imsc = 0x800;
         assert!(matches!(
-            v.restore(&bad),
+            restore(&bad),
             Err(Pl011StateError::BadRegister { name: "IMSC", .. })
         ));
         // A failed restore changed nothing.

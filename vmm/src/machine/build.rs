@@ -10,6 +10,7 @@ use super::restore::{CopyingDisk, Stages};
 use super::{vcpu, Shared};
 use crate::devices::virtio::block::BackingFile;
 use crate::devices::MmioBus;
+use crate::devices::Persist;
 use crate::hv::{Hypervisor, VcpuId, Vm};
 use crate::memory::GuestRam;
 use anyhow::Context;

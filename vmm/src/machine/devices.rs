@@ -6,9 +6,9 @@
 //!
 //! A new device takes its region (and SPI) in the layout, its model in
 //! [`crate::devices`], and here: a field of [`Devices`] and of
-//! [`DevicesState`], its construction in [`Devices::new`] and
-//! [`Devices::restore`], its entry in [`Devices::regions`] and, for a virtio
-//! device, its slot in [`Devices::VIRTIO_SLOTS`].
+//! [`DevicesState`], its construction in [`Devices::new`] and in the
+//! restore, its entry in [`Devices::regions`] and, for a virtio device, its
+//! slot in [`Devices::VIRTIO_SLOTS`].
 
 use super::control::Control;
 use super::irqchip::Irqchip;
@@ -16,9 +16,9 @@ use crate::arch::layout::{self, MmioRegion};
 use crate::console;
 use crate::devices::boot_timer::{BootTimer, BootTimerState};
 use crate::devices::pl011::{Pl011, Pl011State};
-use crate::devices::virtio::block::{BackingFile, Block, BlockState};
+use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
-use crate::devices::{IrqLine, MmioDevice};
+use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
@@ -86,10 +86,7 @@ impl Devices {
             args.console,
             (args.irq)(layout::PL011.intid.expect("PL011 has an interrupt")),
         );
-        let boot_timer = BootTimer::new(
-            args.start,
-            Box::new(|elapsed: Duration| console::message(&BootTimer::message(elapsed))),
-        );
+        let boot_timer = BootTimer::new(args.start, Box::new(report_boot_time));
         let disk = Block::with_backing(args.disk, args.disk_len, false, ROOT_DISK_SERIAL);
         let blk = VirtioMmio::new(
             disk,
@@ -101,31 +98,6 @@ impl Devices {
             uart: Arc::new(Mutex::new(uart)),
             boot_timer: Arc::new(Mutex::new(boot_timer)),
             blk: Arc::new(Mutex::new(blk)),
-        }
-    }
-
-    /// The devices rebuilt from a snapshot's (untrusted) `state`.
-    pub(super) fn restore(args: DeviceArgs, state: &DevicesState) -> anyhow::Result<Self> {
-        let d = Devices::new(args);
-        d.uart
-            .locked()
-            .restore(&state.pl011)
-            .context("cannot restore the PL011")?;
-        d.boot_timer.locked().restore(&state.boot_timer);
-        d.blk
-            .locked()
-            .restore(&state.virtio_blk)
-            .context("cannot restore virtio-blk")?;
-        Ok(d)
-    }
-
-    /// The devices' state, for a snapshot (every vCPU parked, devices
-    /// quiesced).
-    pub(super) fn save(&self) -> DevicesState {
-        DevicesState {
-            pl011: self.uart.locked().save(),
-            boot_timer: self.boot_timer.locked().save(),
-            virtio_blk: self.blk.locked().save(),
         }
     }
 
@@ -159,6 +131,62 @@ impl Devices {
     }
 }
 
+impl Persist for Devices {
+    type State = DevicesState;
+    type Args = DeviceArgs;
+    type Error = anyhow::Error;
+
+    /// The devices' state, for a snapshot (every vCPU parked, devices
+    /// quiesced).
+    fn save(&self) -> DevicesState {
+        DevicesState {
+            pl011: self.uart.locked().save(),
+            boot_timer: self.boot_timer.locked().save(),
+            virtio_blk: self.blk.locked().save(),
+        }
+    }
+
+    /// The devices rebuilt from a snapshot's (untrusted) `state`, each
+    /// checking its own part.
+    fn restore(args: DeviceArgs, state: &DevicesState) -> anyhow::Result<Self> {
+        let uart = Pl011::restore(
+            (
+                args.console,
+                (args.irq)(layout::PL011.intid.expect("PL011 has an interrupt")),
+            ),
+            &state.pl011,
+        )
+        .context("cannot restore the PL011")?;
+        let boot_timer =
+            BootTimer::restore((args.start, Box::new(report_boot_time)), &state.boot_timer)?;
+        let disk = BlockArgs {
+            file: args.disk,
+            len: args.disk_len,
+            read_only: false,
+            serial: ROOT_DISK_SERIAL.into(),
+        };
+        let blk = VirtioMmio::restore(
+            (
+                disk,
+                args.ram,
+                (args.irq)(BLK.intid.expect("virtio slots have interrupts")),
+            ),
+            &state.virtio_blk,
+        )
+        .context("cannot restore virtio-blk")?;
+        Ok(Devices {
+            uart: Arc::new(Mutex::new(uart)),
+            boot_timer: Arc::new(Mutex::new(boot_timer)),
+            blk: Arc::new(Mutex::new(blk)),
+        })
+    }
+}
+
+/// The boot timer's report: `Guest-boot-time = N ms` on the console.
+fn report_boot_time(elapsed: Duration) {
+    console::message(&BootTimer::message(elapsed));
+}
+
 /// A device's level-triggered SPI: drives the interrupt controller's input
 /// and, when raised, wakes the vCPUs the interrupt may be for.
 pub(super) struct SpiLine {
@@ -184,5 +212,78 @@ impl IrqLine for SpiLine {
         if level {
             self.control.interrupts_changed();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::layout::PAGE_SIZE;
+
+    struct NoIrq;
+    impl IrqLine for NoIrq {
+        fn set_level(&self, _level: bool) {}
+    }
+
+    fn args(disk_len: u64) -> DeviceArgs {
+        let disk = tempfile::tempfile().unwrap();
+        disk.set_len(disk_len).unwrap();
+        DeviceArgs {
+            ram: Arc::new(GuestRam::new_anonymous(64 * PAGE_SIZE).unwrap()),
+            irq: Box::new(|_| Arc::new(NoIrq)),
+            console: Box::new(std::io::sink()),
+            start: Instant::now(),
+            disk: BackingFile::ready(disk),
+            disk_len,
+        }
+    }
+
+    #[test]
+    fn regions_are_the_layouts() {
+        let d = Devices::new(args(1 << 20));
+        let regions: Vec<_> = d.regions().iter().map(|r| (r.0, r.1, r.2)).collect();
+        let blk = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+        assert_eq!(
+            regions,
+            [
+                ("pl011", layout::PL011.base, layout::PL011.size),
+                (
+                    "boot-timer",
+                    layout::BOOT_TIMER.base,
+                    layout::BOOT_TIMER.size
+                ),
+                ("virtio-blk", blk.base, blk.size),
+            ]
+        );
+        // Every virtio region is a slot the device tree lists, and back.
+        let slots: Vec<u32> = Devices::VIRTIO_SLOTS.to_vec();
+        let virtio: Vec<u32> = regions
+            .iter()
+            .filter(|r| r.1 >= layout::VIRTIO_MMIO_BASE)
+            .map(|r| ((r.1 - layout::VIRTIO_MMIO_BASE) / layout::VIRTIO_MMIO_SIZE) as u32)
+            .collect();
+        assert_eq!(virtio, slots);
+    }
+
+    #[test]
+    fn save_restore_round_trip() {
+        let d = Devices::new(args(1 << 20));
+        assert_eq!(d.console_input(b"x"), 0, "the receiver starts disabled");
+        let state = d.save();
+        let back = Devices::restore(args(1 << 20), &state).unwrap();
+        assert_eq!(back.save(), state);
+        // The disk must keep its shape.
+        let e = Devices::restore(args(1 << 19), &state).err().unwrap();
+        assert!(
+            format!("{e:#}").starts_with("cannot restore virtio-blk"),
+            "{e:#}"
+        );
+        let mut bad = state.clone();
+        bad.pl011.cr = u32::MAX;
+        let e = Devices::restore(args(1 << 20), &bad).err().unwrap();
+        assert!(
+            format!("{e:#}").starts_with("cannot restore the PL011"),
+            "{e:#}"
+        );
     }
 }

@@ -5,10 +5,11 @@
 
 use super::control::Control;
 use super::devices::BusRegion;
-use super::state::GicSnapshot;
+use super::state::IrqchipState;
 use crate::arch::layout::VTIMER_INTID;
 use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
+use crate::devices::Persist;
 use crate::hv::{GicMode, KernelGic, VcpuId};
 use crate::sync::Locked;
 use anyhow::{bail, Context};
@@ -56,7 +57,7 @@ impl Irqchip {
         mode: GicMode,
         kernel: Option<Arc<dyn KernelGic>>,
         cpus: usize,
-        saved: Option<&GicSnapshot>,
+        saved: Option<&IrqchipState>,
         backend: &str,
     ) -> anyhow::Result<(Irqchip, Option<PendingKernelGicState>)> {
         Ok(match (mode, kernel, saved) {
@@ -64,23 +65,23 @@ impl Irqchip {
                 Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
                 None,
             ),
-            (GicMode::Userspace, _, Some(GicSnapshot::Userspace(g))) => (
+            (GicMode::Userspace, _, Some(IrqchipState::Userspace(g))) => (
                 Irqchip::Userspace(Arc::new(Mutex::new(
                     Gicv3::restore(cpus, g).context("cannot restore the GIC")?,
                 ))),
                 None,
             ),
-            (GicMode::Userspace, _, Some(GicSnapshot::Hvf(_))) => {
+            (GicMode::Userspace, _, Some(IrqchipState::Hvf(_))) => {
                 bail!("the snapshot's GIC state is not the userspace GIC's")
             }
             (GicMode::Hvf, Some(k), saved) => {
                 let pending = match saved {
                     None => None,
-                    Some(GicSnapshot::Hvf(blob)) => Some(PendingKernelGicState {
+                    Some(IrqchipState::Hvf(blob)) => Some(PendingKernelGicState {
                         gic: k.clone(),
                         blob: blob.clone(),
                     }),
-                    Some(GicSnapshot::Userspace(_)) => {
+                    Some(IrqchipState::Userspace(_)) => {
                         bail!("the snapshot's GIC state is not the in-kernel GIC's")
                     }
                 };
@@ -181,10 +182,10 @@ impl Irqchip {
 
     /// The GIC's state for a snapshot (every vCPU stopped). The per-vCPU
     /// registers of an in-kernel GIC are in each vCPU's state.
-    pub(super) fn save(&self) -> crate::hv::Result<GicSnapshot> {
+    pub(super) fn save(&self) -> crate::hv::Result<IrqchipState> {
         Ok(match self {
-            Irqchip::Userspace(gic) => GicSnapshot::Userspace(gic.locked().save()),
-            Irqchip::Kernel(k) => GicSnapshot::Hvf(k.save()?),
+            Irqchip::Userspace(gic) => IrqchipState::Userspace(gic.locked().save()),
+            Irqchip::Kernel(k) => IrqchipState::Hvf(k.save()?),
         })
     }
 }
@@ -234,7 +235,7 @@ mod tests {
         assert!(chip.sysreg_write(0, ICC_PMR_EL1, 0xf0).is_some());
         chip.set_spi(33, true);
         chip.vtimer_level(1, true);
-        assert!(matches!(chip.save(), Ok(GicSnapshot::Userspace(_))));
+        assert!(matches!(chip.save(), Ok(IrqchipState::Userspace(_))));
     }
 
     #[test]
@@ -251,7 +252,7 @@ mod tests {
         assert_eq!(chip.sysreg_read(0, ICC_PMR_EL1), None);
         assert_eq!(chip.sysreg_write(0, ICC_PMR_EL1, 1), None);
         chip.vtimer_level(0, true);
-        assert_eq!(chip.save().unwrap(), GicSnapshot::Hvf(vec![7, 8, 9]));
+        assert_eq!(chip.save().unwrap(), IrqchipState::Hvf(vec![7, 8, 9]));
         assert_eq!(k.saves.load(Ordering::Relaxed), 1);
     }
 }

@@ -17,7 +17,7 @@ pub use super::devices::DevicesState;
 
 /// Version of the machine-state encoding; bump on incompatible changes.
 ///
-/// Version 2 records the GIC by mode ([`GicSnapshot`]) and each vCPU's
+/// Version 2 records the GIC by mode ([`IrqchipState`]) and each vCPU's
 /// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Version 1
 /// (userspace GIC only) is still read: [`MachineState::decode`] upgrades it.
 pub const MACHINE_STATE_VERSION: u32 = 2;
@@ -47,7 +47,7 @@ pub struct VcpuState {
     /// GIC CPU-interface registers held by an in-kernel GIC
     /// ([`Vcpu::gic_cpu_state`], `ICC_*_EL1` in
     /// [`crate::hv::gic::icc_state_regs`] order); empty with the userspace
-    /// GIC, whose CPU interface is in [`GicSnapshot::Userspace`].
+    /// GIC, whose CPU interface is in [`IrqchipState::Userspace`].
     #[serde(default)]
     pub gic_cpu: Vec<(SysReg, u64)>,
 }
@@ -154,7 +154,7 @@ pub struct MachineState {
     /// Per vCPU, index order.
     pub power: Vec<VcpuPower>,
     /// The interrupt controller, by mode.
-    pub gic: GicSnapshot,
+    pub gic: IrqchipState,
     /// The devices (each a top-level key: `pl011`, `boot_timer`, ...).
     #[serde(flatten)]
     pub devices: DevicesState,
@@ -164,7 +164,7 @@ pub struct MachineState {
 /// `{"userspace": {...}}` or `{"hvf": "<hex>"}` (the mode names).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum GicSnapshot {
+pub enum IrqchipState {
     /// The userspace GICv3 model's state.
     Userspace(GicState),
     /// Hypervisor.framework's in-kernel GIC: its opaque, versioned
@@ -172,12 +172,12 @@ pub enum GicSnapshot {
     Hvf(#[serde(with = "hex_bytes")] Vec<u8>),
 }
 
-impl GicSnapshot {
+impl IrqchipState {
     /// The mode this state belongs to.
     pub fn mode(&self) -> GicMode {
         match self {
-            GicSnapshot::Userspace(_) => GicMode::Userspace,
-            GicSnapshot::Hvf(_) => GicMode::Hvf,
+            IrqchipState::Userspace(_) => GicMode::Userspace,
+            IrqchipState::Hvf(_) => GicMode::Hvf,
         }
     }
 }
@@ -273,17 +273,17 @@ impl MachineState {
                 )));
             }
             match &s.gic {
-                GicSnapshot::Userspace(_) if !vcpu.gic_cpu.is_empty() => {
+                IrqchipState::Userspace(_) if !vcpu.gic_cpu.is_empty() => {
                     return Err(StateError::Inconsistent(format!(
                         "vCPU {id} has in-kernel GIC registers but the GIC is the userspace one"
                     )));
                 }
-                GicSnapshot::Userspace(_) => {}
-                GicSnapshot::Hvf(_) => check_icc_state(&vcpu.gic_cpu)
+                IrqchipState::Userspace(_) => {}
+                IrqchipState::Hvf(_) => check_icc_state(&vcpu.gic_cpu)
                     .map_err(|e| StateError::Inconsistent(format!("vCPU {id}: {e}")))?,
             }
         }
-        if let GicSnapshot::Hvf(blob) = &s.gic {
+        if let IrqchipState::Hvf(blob) = &s.gic {
             if blob.is_empty() {
                 return Err(StateError::Inconsistent(
                     "the in-kernel GIC state is empty".into(),
@@ -301,12 +301,14 @@ mod tests {
     use crate::devices::boot_timer::BootTimer;
     use crate::devices::gicv3::Gicv3;
     use crate::devices::pl011::Pl011;
-    use crate::devices::virtio::block::Block;
+    use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
-    use crate::devices::IrqLine;
+    use crate::devices::{IrqLine, Persist};
     use crate::hv::gic::icc_state_regs;
+    use crate::machine::devices::{DeviceArgs, Devices};
     use crate::memory::GuestRam;
     use std::sync::Arc;
+    use std::time::Instant;
 
     struct NoIrq;
     impl IrqLine for NoIrq {
@@ -336,7 +338,7 @@ mod tests {
             .collect()
     }
 
-    fn state(gic: GicSnapshot, gic_cpu: Vec<(SysReg, u64)>) -> MachineState {
+    fn state(gic: IrqchipState, gic_cpu: Vec<(SysReg, u64)>) -> MachineState {
         let ram = Arc::new(GuestRam::new_anonymous(64 << 20).unwrap());
         let disk = tempfile::tempfile().unwrap();
         disk.set_len(1 << 20).unwrap();
@@ -363,11 +365,11 @@ mod tests {
     }
 
     fn userspace() -> MachineState {
-        state(GicSnapshot::Userspace(Gicv3::new(2).save()), Vec::new())
+        state(IrqchipState::Userspace(Gicv3::new(2).save()), Vec::new())
     }
 
     fn hvf() -> MachineState {
-        state(GicSnapshot::Hvf(vec![0, 1, 0xab, 0xff, 0x10]), icc())
+        state(IrqchipState::Hvf(vec![0, 1, 0xab, 0xff, 0x10]), icc())
     }
 
     #[test]
@@ -393,11 +395,43 @@ mod tests {
     }
 
     #[test]
+    fn devices_are_top_level_keys_and_unknown_keys_are_refused() {
+        let json = String::from_utf8(userspace().encode()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut expected = [
+            "version",
+            "backend",
+            "ram_size",
+            "cmdline",
+            "vcpus",
+            "power",
+            "gic",
+            "pl011",
+            "boot_timer",
+            "virtio_blk",
+        ];
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(sorted, expected);
+        // Serialised in declaration order, devices last.
+        let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
+        assert!(at("gic") < at("pl011") && at("pl011") < at("boot_timer"));
+        assert!(at("boot_timer") < at("virtio_blk"));
+        let extra = json.replacen('{', "{\"extra\":1,", 1);
+        assert!(matches!(
+            MachineState::decode(extra.as_bytes()),
+            Err(StateError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn version_1_states_are_upgraded() {
         let s = userspace();
         let mut v: serde_json::Value = serde_json::from_slice(&s.encode()).unwrap();
         let obj = v.as_object_mut().unwrap();
-        let GicSnapshot::Userspace(g) = &s.gic else {
+        let IrqchipState::Userspace(g) = &s.gic else {
             unreachable!()
         };
         obj.insert("gic".into(), serde_json::to_value(g).unwrap());
@@ -436,7 +470,7 @@ mod tests {
         assert!(MachineState::decode(&s.encode()).is_err());
         // An empty blob.
         let mut s = hvf();
-        s.gic = GicSnapshot::Hvf(Vec::new());
+        s.gic = IrqchipState::Hvf(Vec::new());
         assert!(MachineState::decode(&s.encode()).is_err());
         // Bad hex.
         let json = String::from_utf8(hvf().encode())
@@ -552,22 +586,32 @@ mod tests {
                 continue;
             };
             decoded += 1;
-            if let GicSnapshot::Userspace(g) = &st.gic {
+            if let IrqchipState::Userspace(g) = &st.gic {
                 let _ = Gicv3::restore(st.vcpus.len(), g);
             }
-            let mut uart = Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq));
-            let _ = uart.restore(&st.devices.pl011);
-            BootTimer::new(std::time::Instant::now(), Box::new(|_| {}))
-                .restore(&st.devices.boot_timer);
+            let devices = &st.devices;
+            let _ = Pl011::restore((Box::new(std::io::sink()), Arc::new(NoIrq)), &devices.pl011);
+            let _ = BootTimer::restore((Instant::now(), Box::new(|_| {})), &devices.boot_timer);
             let disk = tempfile::tempfile().unwrap();
             disk.set_len(1 << 20).unwrap();
-            let mut blk = VirtioMmio::new(
-                Block::new(disk, false, "test").unwrap(),
-                ram.clone(),
-                Arc::new(NoIrq),
-            )
-            .unwrap();
-            let _ = blk.restore(&st.devices.virtio_blk);
+            let args = BlockArgs {
+                file: BackingFile::ready(disk.try_clone().unwrap()),
+                len: 1 << 20,
+                read_only: false,
+                serial: "test".into(),
+            };
+            let irq = Arc::new(NoIrq);
+            let _ = VirtioMmio::<Block>::restore((args, ram.clone(), irq), &devices.virtio_blk);
+            // The whole set too (it stops at the first device it refuses).
+            let args = DeviceArgs {
+                ram: ram.clone(),
+                irq: Box::new(|_| Arc::new(NoIrq)),
+                console: Box::new(std::io::sink()),
+                start: Instant::now(),
+                disk: BackingFile::ready(disk),
+                disk_len: 1 << 20,
+            };
+            let _ = Devices::restore(args, devices);
         }
         // The mutations leave many states decodable, so restore really ran.
         assert!(decoded > 300, "only {decoded} mutated states decoded");

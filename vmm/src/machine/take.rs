@@ -12,6 +12,7 @@ use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
+use crate::devices::Persist;
 use crate::hv::Vm;
 use crate::sync::Locked;
 use anyhow::Context;

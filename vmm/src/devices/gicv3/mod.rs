@@ -29,7 +29,7 @@ mod tests;
 pub use state::{CpuIfState, GicState, GicStateError, IrqState, RedistState, SpiState};
 
 use crate::arch::layout::{MAX_VCPUS, NUM_SPIS, SPI_BASE_INTID};
-use crate::devices::{AccessError, MmioDevice};
+use crate::devices::{AccessError, MmioDevice, Persist};
 use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 
@@ -116,18 +116,6 @@ impl Gicv3 {
     /// Number of vCPUs (redistributors).
     pub fn vcpus(&self) -> usize {
         self.s.redists.len()
-    }
-
-    /// The complete state, for a snapshot.
-    pub fn save(&self) -> GicState {
-        self.s.clone()
-    }
-
-    /// Rebuilds a GIC for `vcpus` vCPUs from a saved state. The state is
-    /// untrusted: every length and field is checked ([`GicState::validate`]).
-    pub fn restore(vcpus: usize, state: &GicState) -> Result<Self, GicStateError> {
-        state.validate(vcpus)?;
-        Ok(Gicv3 { s: state.clone() })
     }
 
     /// Drives the input line of SPI `intid` (32..32+[`NUM_SPIS`]). For a
@@ -251,6 +239,26 @@ impl Gicv3 {
             let aff = spi.router & 0x00FF_FFFF;
             (aff < self.vcpus() as u64).then_some(aff as usize)
         }
+    }
+}
+
+impl Persist for Gicv3 {
+    /// The complete state: the model's own representation, so save is a
+    /// clone.
+    type State = GicState;
+    /// The number of vCPUs (redistributors).
+    type Args = usize;
+    type Error = GicStateError;
+
+    fn save(&self) -> GicState {
+        self.s.clone()
+    }
+
+    /// Rebuilds a GIC for `vcpus` vCPUs from a saved state. The state is
+    /// untrusted: every length and field is checked ([`GicState::validate`]).
+    fn restore(vcpus: usize, state: &GicState) -> Result<Self, GicStateError> {
+        state.validate(vcpus)?;
+        Ok(Gicv3 { s: state.clone() })
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! [`GicState`] is also the model's working representation, so save is a
 //! clone. A restored state is untrusted (it comes from a file):
-//! [`GicState::validate`] checks every length and field before
-//! [`super::Gicv3::restore`] accepts it.
+//! [`GicState::validate`] checks every length and field before the GIC's
+//! restore ([`crate::devices::Persist::restore`]) accepts it.
 
 use super::{PRIORITY_MASK, PRIVATE_IRQS, SGIS};
 use crate::arch::layout::{MAX_VCPUS, NUM_SPIS};
@@ -121,8 +121,8 @@ impl RedistState {
     }
 }
 
-/// The complete GIC state: what [`super::Gicv3::save`] returns and
-/// [`super::Gicv3::restore`] validates and accepts.
+/// The complete GIC state: what the GIC's [`crate::devices::Persist::save`]
+/// returns and its restore validates and accepts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GicState {
     /// GICD_CTLR.EnableGrp0.

@@ -16,6 +16,7 @@
 //! type); one without a usable status byte is returned with length 0.
 
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
+use crate::devices::Persist;
 use crate::memory::GuestMemory;
 use serde::{Deserialize, Serialize};
 use snapshot_store::DISK_CHUNK_SIZE;
@@ -181,6 +182,19 @@ pub struct BlockState {
     pub read_only: bool,
     /// Features the driver negotiated (0 before DRIVER_OK).
     pub acked_features: u64,
+}
+
+/// What a [`Block`] is made from besides its saved state, as for
+/// [`Block::with_backing`].
+pub struct BlockArgs {
+    /// The disk file.
+    pub file: BackingFile,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Whether the guest may not write it.
+    pub read_only: bool,
+    /// The serial GET_ID returns.
+    pub serial: String,
 }
 
 /// How a request ended: the status byte and the data bytes written into
@@ -484,8 +498,6 @@ impl Block {
 }
 
 impl VirtioDevice for Block {
-    type State = BlockState;
-
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
     }
@@ -555,6 +567,12 @@ impl VirtioDevice for Block {
     fn quiesce(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+impl Persist for Block {
+    type State = BlockState;
+    type Args = BlockArgs;
+    type Error = VirtioError;
 
     fn save(&self) -> BlockState {
         BlockState {
@@ -564,25 +582,28 @@ impl VirtioDevice for Block {
         }
     }
 
-    fn restore(&mut self, state: &BlockState) -> Result<(), VirtioError> {
-        if state.capacity != self.capacity || state.read_only != self.read_only {
+    /// The device over `args`' disk, which must still have the saved shape
+    /// (capacity, read-only), with the saved features (which it must offer).
+    fn restore(args: BlockArgs, state: &BlockState) -> Result<Self, VirtioError> {
+        let mut blk = Block::with_backing(args.file, args.len, args.read_only, &args.serial);
+        if state.capacity != blk.capacity || state.read_only != blk.read_only {
             return Err(VirtioError::InvalidState(format!(
                 "disk was {} sectors{}, now {} sectors{}",
                 state.capacity,
                 if state.read_only { " read-only" } else { "" },
-                self.capacity,
-                if self.read_only { " read-only" } else { "" },
+                blk.capacity,
+                if blk.read_only { " read-only" } else { "" },
             )));
         }
-        let offered = self.features() | TRANSPORT_FEATURES;
+        let offered = blk.features() | TRANSPORT_FEATURES;
         if state.acked_features & !offered != 0 {
             return Err(VirtioError::InvalidState(format!(
                 "block features {:#x} were not offered",
                 state.acked_features
             )));
         }
-        self.acked_features = state.acked_features;
-        Ok(())
+        blk.acked_features = state.acked_features;
+        Ok(blk)
     }
 }
 
@@ -1131,24 +1152,32 @@ mod tests {
         assert_eq!(state.device.acked_features, (1 << 32) | (1 << 9));
     }
 
+    /// [`BlockArgs`] over a copy of `f` of `len` bytes.
+    fn args(f: &File, len: u64, read_only: bool) -> BlockArgs {
+        BlockArgs {
+            file: BackingFile::ready(f.try_clone().unwrap()),
+            len,
+            read_only,
+            serial: "ignition-vda".into(),
+        }
+    }
+
     #[test]
     fn restore_checks_the_disk() {
-        let (mut blk, _f) = disk(false);
+        let (mut blk, f) = disk(false);
         blk.activate((1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_BLK_F_FLUSH))
             .unwrap();
         let state = blk.save();
-        let (mut same, _g) = disk(false);
-        same.restore(&state).unwrap();
+        let len = SECTORS * SECTOR_SIZE;
+        let same = Block::restore(args(&f, len, false), &state).unwrap();
         assert_eq!(same.save(), state);
-        let (mut ro, _h) = disk(true);
-        assert!(ro.restore(&state).is_err());
+        assert!(Block::restore(args(&f, len, true), &state).is_err());
         let small = tempfile::tempfile().unwrap();
         small.set_len(8 * 512).unwrap();
-        let mut small = Block::new(small, false, "x").unwrap();
-        assert!(small.restore(&state).is_err());
+        assert!(Block::restore(args(&small, 8 * 512, false), &state).is_err());
         let mut bad = state;
         bad.acked_features |= 1 << 13;
-        assert!(same.restore(&bad).is_err());
+        assert!(Block::restore(args(&f, len, false), &bad).is_err());
         blk.reset();
         assert_eq!(blk.save().acked_features, 0);
     }

@@ -19,7 +19,7 @@
 //!   DEVICE_NEEDS_RESET and raises a configuration-change interrupt (§2.1.2).
 
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
-use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice};
+use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
 use crate::memory::{GuestMemory, GuestRam};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -107,7 +107,7 @@ pub struct VirtioMmio<D: VirtioDevice> {
 /// Saved state of one split virtqueue: a serializable mirror of
 /// virtio-queue's [`QueueState`]. Untrusted; validated on restore.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueueSnapshot {
+pub struct VirtqueueState {
     /// Maximum size offered by the device (QueueNumMax).
     pub max_size: u16,
     /// Next available-ring entry the device will read.
@@ -128,9 +128,9 @@ pub struct QueueSnapshot {
     pub used_ring: u64,
 }
 
-impl From<QueueState> for QueueSnapshot {
+impl From<QueueState> for VirtqueueState {
     fn from(s: QueueState) -> Self {
-        QueueSnapshot {
+        VirtqueueState {
             max_size: s.max_size,
             next_avail: s.next_avail,
             next_used: s.next_used,
@@ -144,8 +144,8 @@ impl From<QueueState> for QueueSnapshot {
     }
 }
 
-impl From<QueueSnapshot> for QueueState {
-    fn from(s: QueueSnapshot) -> Self {
+impl From<VirtqueueState> for QueueState {
+    fn from(s: VirtqueueState) -> Self {
         QueueState {
             max_size: s.max_size,
             next_avail: s.next_avail,
@@ -160,8 +160,8 @@ impl From<QueueSnapshot> for QueueState {
     }
 }
 
-/// Saved transport state plus the device's own. Untrusted: validated by
-/// [`VirtioMmio::restore`].
+/// Saved transport state plus the device's own. Untrusted: validated by the
+/// transport's [`Persist::restore`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VirtioMmioState<S> {
     /// Device status register.
@@ -179,7 +179,7 @@ pub struct VirtioMmioState<S> {
     /// ConfigGeneration.
     pub config_generation: u32,
     /// One entry per device queue.
-    pub queues: Vec<QueueSnapshot>,
+    pub queues: Vec<VirtqueueState>,
     /// The device's state.
     pub device: S,
 }
@@ -235,82 +235,6 @@ impl<D: VirtioDevice> VirtioMmio<D> {
     /// Waits until the device has no request in flight (before a snapshot).
     pub fn quiesce(&mut self) -> std::io::Result<()> {
         self.device.quiesce()
-    }
-
-    /// The current state, for a snapshot (call [`VirtioMmio::quiesce`] first).
-    pub fn save(&self) -> VirtioMmioState<D::State> {
-        VirtioMmioState {
-            status: self.status,
-            driver_features: self.driver_features,
-            device_features_sel: self.device_features_sel,
-            driver_features_sel: self.driver_features_sel,
-            queue_sel: self.queue_sel,
-            interrupt_status: self.interrupt_status,
-            config_generation: self.config_generation,
-            queues: self.queues.iter().map(|q| q.state().into()).collect(),
-            device: self.device.save(),
-        }
-    }
-
-    /// Loads a saved state after validating it against this device and the
-    /// guest memory, then drives the interrupt line to the restored level.
-    /// On error the transport is unchanged (the device may not be, if its
-    /// own restore failed).
-    pub fn restore(&mut self, state: &VirtioMmioState<D::State>) -> Result<(), VirtioError> {
-        let bad = |m: String| Err(VirtioError::InvalidState(m));
-        let s = state.status;
-        if s & !STATUS_BITS != 0 || !status_order_ok(s) {
-            return bad(format!("device status {s:#x}"));
-        }
-        if state.driver_features & !self.offered_features() != 0 {
-            return bad(format!(
-                "driver features {:#x} not offered",
-                state.driver_features
-            ));
-        }
-        if s & FEATURES_OK != 0 && state.driver_features & VERSION_1 == 0 {
-            return bad("FEATURES_OK without VIRTIO_F_VERSION_1".into());
-        }
-        if state.interrupt_status & !(INT_VRING | INT_CONFIG) != 0 {
-            return bad(format!("interrupt status {:#x}", state.interrupt_status));
-        }
-        let max_sizes = self.device.queue_max_sizes();
-        if state.queues.len() != max_sizes.len() {
-            return bad(format!(
-                "{} queues, device has {}",
-                state.queues.len(),
-                max_sizes.len()
-            ));
-        }
-        let event_idx = s & DRIVER_OK != 0 && state.driver_features & EVENT_IDX != 0;
-        let running = s & (DRIVER_OK | NEEDS_RESET | FAILED) == DRIVER_OK;
-        let mut queues = Vec::with_capacity(max_sizes.len());
-        for (i, (snap, &max)) in state.queues.iter().zip(max_sizes).enumerate() {
-            if snap.max_size != max {
-                return bad(format!("queue {i} max size {} != {max}", snap.max_size));
-            }
-            if snap.event_idx_enabled != event_idx {
-                return bad(format!("queue {i} event-idx flag disagrees with features"));
-            }
-            let q = Queue::try_from(QueueState::from(*snap))
-                .map_err(|e| VirtioError::InvalidState(format!("queue {i}: {e}")))?;
-            if running && q.ready() && !q.is_valid(self.ram.memory()) {
-                return bad(format!("queue {i} rings lie outside guest RAM"));
-            }
-            queues.push(q);
-        }
-        self.device.restore(&state.device)?;
-        self.queues = queues;
-        self.status = s;
-        self.driver_features = state.driver_features;
-        self.device_features_sel = state.device_features_sel;
-        self.driver_features_sel = state.driver_features_sel;
-        self.queue_sel = state.queue_sel;
-        self.interrupt_status = state.interrupt_status;
-        self.config_generation = state.config_generation;
-        self.irq_level = self.interrupt_status != 0;
-        self.irq.set_level(self.irq_level);
-        Ok(())
     }
 
     fn offered_features(&self) -> u64 {
@@ -599,6 +523,90 @@ impl<D: VirtioDevice> VirtioMmio<D> {
     }
 }
 
+impl<D: VirtioDevice> Persist for VirtioMmio<D> {
+    type State = VirtioMmioState<D::State>;
+    /// The device's own restore arguments, guest RAM and the slot's
+    /// interrupt line (as for [`VirtioMmio::new`]).
+    type Args = (D::Args, Arc<GuestRam>, Arc<dyn IrqLine>);
+    type Error = VirtioError;
+
+    /// The current state, for a snapshot (call [`VirtioMmio::quiesce`] first).
+    fn save(&self) -> Self::State {
+        VirtioMmioState {
+            status: self.status,
+            driver_features: self.driver_features,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            queue_sel: self.queue_sel,
+            interrupt_status: self.interrupt_status,
+            config_generation: self.config_generation,
+            queues: self.queues.iter().map(|q| q.state().into()).collect(),
+            device: self.device.save(),
+        }
+    }
+
+    /// Restores the device, then checks the transport state against it and
+    /// the guest memory (status order, features offered, queue sizes and
+    /// rings), and drives the interrupt line to the restored level.
+    fn restore((args, ram, irq): Self::Args, state: &Self::State) -> Result<Self, VirtioError> {
+        let device = D::restore(args, &state.device)?;
+        let mut t = VirtioMmio::new(device, ram, irq)?;
+        let bad = |m: String| Err(VirtioError::InvalidState(m));
+        let s = state.status;
+        if s & !STATUS_BITS != 0 || !status_order_ok(s) {
+            return bad(format!("device status {s:#x}"));
+        }
+        if state.driver_features & !t.offered_features() != 0 {
+            return bad(format!(
+                "driver features {:#x} not offered",
+                state.driver_features
+            ));
+        }
+        if s & FEATURES_OK != 0 && state.driver_features & VERSION_1 == 0 {
+            return bad("FEATURES_OK without VIRTIO_F_VERSION_1".into());
+        }
+        if state.interrupt_status & !(INT_VRING | INT_CONFIG) != 0 {
+            return bad(format!("interrupt status {:#x}", state.interrupt_status));
+        }
+        let max_sizes = t.device.queue_max_sizes();
+        if state.queues.len() != max_sizes.len() {
+            return bad(format!(
+                "{} queues, device has {}",
+                state.queues.len(),
+                max_sizes.len()
+            ));
+        }
+        let event_idx = s & DRIVER_OK != 0 && state.driver_features & EVENT_IDX != 0;
+        let running = s & (DRIVER_OK | NEEDS_RESET | FAILED) == DRIVER_OK;
+        let mut queues = Vec::with_capacity(max_sizes.len());
+        for (i, (snap, &max)) in state.queues.iter().zip(max_sizes).enumerate() {
+            if snap.max_size != max {
+                return bad(format!("queue {i} max size {} != {max}", snap.max_size));
+            }
+            if snap.event_idx_enabled != event_idx {
+                return bad(format!("queue {i} event-idx flag disagrees with features"));
+            }
+            let q = Queue::try_from(QueueState::from(*snap))
+                .map_err(|e| VirtioError::InvalidState(format!("queue {i}: {e}")))?;
+            if running && q.ready() && !q.is_valid(t.ram.memory()) {
+                return bad(format!("queue {i} rings lie outside guest RAM"));
+            }
+            queues.push(q);
+        }
+        t.queues = queues;
+        t.status = s;
+        t.driver_features = state.driver_features;
+        t.device_features_sel = state.device_features_sel;
+        t.driver_features_sel = state.driver_features_sel;
+        t.queue_sel = state.queue_sel;
+        t.interrupt_status = state.interrupt_status;
+        t.config_generation = state.config_generation;
+        t.irq_level = t.interrupt_status != 0;
+        t.irq.set_level(t.irq_level);
+        Ok(t)
+    }
+}
+
 /// Whether every set status bit has its prerequisites (§3.1.1).
 fn status_order_ok(s: u32) -> bool {
     let needs = |bit: u32, prereq: u32| s & bit == 0 || s & prereq == prereq;
@@ -684,8 +692,24 @@ pub(crate) mod tests {
         config: [u8; 8],
     }
 
-    impl VirtioDevice for Sink {
+    impl Persist for Sink {
         type State = (Option<u64>, usize);
+        type Args = ();
+        type Error = VirtioError;
+        fn save(&self) -> Self::State {
+            (self.activated, self.used)
+        }
+        fn restore((): (), state: &Self::State) -> Result<Self, VirtioError> {
+            let (activated, used) = *state;
+            Ok(Sink {
+                activated,
+                used,
+                ..Sink::default()
+            })
+        }
+    }
+
+    impl VirtioDevice for Sink {
         fn device_type(&self) -> u32 {
             42
         }
@@ -728,13 +752,6 @@ pub(crate) mod tests {
             self.resets += 1;
         }
         fn quiesce(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn save(&self) -> Self::State {
-            (self.activated, self.used)
-        }
-        fn restore(&mut self, state: &Self::State) -> Result<(), VirtioError> {
-            (self.activated, self.used) = *state;
             Ok(())
         }
     }
@@ -1085,8 +1102,7 @@ pub(crate) mod tests {
         let state: VirtioMmioState<(Option<u64>, usize)> = serde_json::from_str(&json).unwrap();
 
         let irq = Arc::new(TestIrq::default());
-        let mut e = VirtioMmio::new(Sink::default(), ram.clone(), irq.clone()).unwrap();
-        e.restore(&state).unwrap();
+        let mut e = VirtioMmio::<Sink>::restore(((), ram.clone(), irq.clone()), &state).unwrap();
         assert_eq!(e.save(), state);
         assert!(irq.level(), "pending interrupt restored");
         assert_eq!(e.queues[0].next_avail(), 1);
@@ -1104,7 +1120,11 @@ pub(crate) mod tests {
         setup_queue(&mut d, &vq, 16);
         w(&mut d, STATUS, RUNNING);
         let good = d.save();
-        let (mut e, _, _) = sink();
+        let (e, eram, _) = sink();
+        let restore = |s: &St| {
+            let irq = Arc::new(TestIrq::default());
+            VirtioMmio::<Sink>::restore(((), eram.clone(), irq), s)
+        };
         type St = VirtioMmioState<(Option<u64>, usize)>;
         type Breaker = Box<dyn Fn(&mut St)>;
         let cases: Vec<(&str, Breaker)> = vec![
@@ -1135,10 +1155,10 @@ pub(crate) mod tests {
         for (what, break_it) in cases {
             let mut s = good.clone();
             break_it(&mut s);
-            assert!(e.restore(&s).is_err(), "{what} accepted");
+            assert!(restore(&s).is_err(), "{what} accepted");
         }
         assert_eq!(e.status(), 0, "failed restores change nothing");
-        e.restore(&good).unwrap();
+        let e = restore(&good).unwrap();
         assert_eq!(e.status(), RUNNING);
     }
 }

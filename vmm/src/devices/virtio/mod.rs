@@ -7,11 +7,10 @@ pub mod block;
 pub mod mmio;
 
 pub use block::Block;
-pub use mmio::{QueueSnapshot, VirtioMmio, VirtioMmioState};
+pub use mmio::{VirtioMmio, VirtioMmioState, VirtqueueState};
 
+use crate::devices::Persist;
 use crate::memory::GuestMemory;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::Queue;
@@ -47,10 +46,11 @@ impl From<virtio_queue::Error> for VirtioError {
 /// The transport calls these from the vCPU thread that performed the MMIO
 /// access, with the device lock held: queue notifications are processed
 /// synchronously inside the guest's QueueNotify write.
-pub trait VirtioDevice: Send {
-    /// Serializable device-specific state for snapshots.
-    type State: Serialize + DeserializeOwned + Clone + std::fmt::Debug + PartialEq;
-
+///
+/// Its [`Persist`] state is the device-specific part of a snapshot; the
+/// transport saves its own beside it ([`VirtioMmioState`]) and, on restore,
+/// does not call [`VirtioDevice::activate`] again.
+pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     /// Virtio device ID (virtio 1.2 §5, e.g. 2 for block).
     fn device_type(&self) -> u32;
 
@@ -91,11 +91,4 @@ pub trait VirtioDevice: Send {
 
     /// Waits until no request is in flight, before a snapshot.
     fn quiesce(&mut self) -> std::io::Result<()>;
-
-    /// The device state, for a snapshot.
-    fn save(&self) -> Self::State;
-
-    /// Loads a saved state; it is untrusted and must be validated. The
-    /// transport does not call [`VirtioDevice::activate`] again.
-    fn restore(&mut self, state: &Self::State) -> Result<(), VirtioError>;
 }
