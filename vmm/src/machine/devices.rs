@@ -5,10 +5,11 @@
 //! snapshot the devices' state ([`DevicesState`]).
 //!
 //! A new device takes its region (and SPI) in the layout, its model in
-//! [`crate::devices`], and here: a field of [`Devices`] and of
-//! [`DevicesState`], its construction in [`Devices::new`] and in the
-//! restore, its entry in [`Devices::regions`] and, for a virtio device, its
-//! slot in [`Devices::VIRTIO_SLOTS`].
+//! [`crate::devices`], and here: a field of [`Devices`], of
+//! [`DevicesState`] and of `Parts` (its construction arguments), its
+//! construction in [`Devices::new`] and in the restore, its entry in
+//! [`Devices::regions`] and, for a virtio device, its slot in
+//! [`Devices::VIRTIO_SLOTS`].
 
 use super::control::Control;
 use super::irqchip::Irqchip;
@@ -82,22 +83,17 @@ impl Devices {
 
     /// The devices of a fresh boot, in their reset states.
     pub(super) fn new(args: DeviceArgs) -> Self {
-        let uart = Pl011::new(
-            args.console,
-            (args.irq)(layout::PL011.intid.expect("PL011 has an interrupt")),
-        );
-        let boot_timer = BootTimer::new(args.start, Box::new(report_boot_time));
-        let disk = Block::with_backing(args.disk, args.disk_len, false, ROOT_DISK_SERIAL);
-        let blk = VirtioMmio::new(
-            disk,
-            args.ram,
-            (args.irq)(BLK.intid.expect("virtio slots have interrupts")),
-        )
-        .expect("a fresh virtio-blk transport is valid");
+        let p = args.split();
+        let (out, irq) = p.uart;
+        let (start, report) = p.boot_timer;
+        let (disk, ram, irq_blk) = p.blk;
+        let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
         Devices {
-            uart: Arc::new(Mutex::new(uart)),
-            boot_timer: Arc::new(Mutex::new(boot_timer)),
-            blk: Arc::new(Mutex::new(blk)),
+            uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
+            boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
+            blk: Arc::new(Mutex::new(
+                VirtioMmio::new(disk, ram, irq_blk).expect("a fresh virtio-blk transport is valid"),
+            )),
         }
     }
 
@@ -149,36 +145,42 @@ impl Persist for Devices {
     /// The devices rebuilt from a snapshot's (untrusted) `state`, each
     /// checking its own part.
     fn restore(args: DeviceArgs, state: &DevicesState) -> anyhow::Result<Self> {
-        let uart = Pl011::restore(
-            (
-                args.console,
-                (args.irq)(layout::PL011.intid.expect("PL011 has an interrupt")),
-            ),
-            &state.pl011,
-        )
-        .context("cannot restore the PL011")?;
-        let boot_timer =
-            BootTimer::restore((args.start, Box::new(report_boot_time)), &state.boot_timer)?;
-        let disk = BlockArgs {
-            file: args.disk,
-            len: args.disk_len,
-            read_only: false,
-            serial: ROOT_DISK_SERIAL.into(),
-        };
-        let blk = VirtioMmio::restore(
-            (
-                disk,
-                args.ram,
-                (args.irq)(BLK.intid.expect("virtio slots have interrupts")),
-            ),
-            &state.virtio_blk,
-        )
-        .context("cannot restore virtio-blk")?;
+        let p = args.split();
+        let uart = Pl011::restore(p.uart, &state.pl011).context("cannot restore the PL011")?;
+        let boot_timer = BootTimer::restore(p.boot_timer, &state.boot_timer)?;
+        let blk =
+            VirtioMmio::restore(p.blk, &state.virtio_blk).context("cannot restore virtio-blk")?;
         Ok(Devices {
             uart: Arc::new(Mutex::new(uart)),
             boot_timer: Arc::new(Mutex::new(boot_timer)),
             blk: Arc::new(Mutex::new(blk)),
         })
+    }
+}
+
+/// Each device's construction arguments ([`Persist::Args`]).
+struct Parts {
+    uart: <Pl011 as Persist>::Args,
+    boot_timer: <BootTimer as Persist>::Args,
+    blk: <VirtioMmio<Block> as Persist>::Args,
+}
+
+impl DeviceArgs {
+    /// Hands each device its part: its SPI's line (from the layout), the
+    /// console, the start, the disk, guest RAM.
+    fn split(self) -> Parts {
+        let spi = |r: MmioRegion, what| (self.irq)(r.intid.expect(what));
+        let disk = BlockArgs {
+            file: self.disk,
+            len: self.disk_len,
+            read_only: false,
+            serial: ROOT_DISK_SERIAL.into(),
+        };
+        Parts {
+            uart: (self.console, spi(layout::PL011, "PL011 has an interrupt")),
+            boot_timer: (self.start, Box::new(report_boot_time)),
+            blk: (disk, self.ram, spi(BLK, "virtio slots have interrupts")),
+        }
     }
 }
 
