@@ -195,12 +195,16 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
     })
 }
 
+/// Where the boot CPU starts: the kernel entry point (PC) and the device
+/// tree's guest-physical address (X0).
 #[derive(Clone, Copy)]
 pub(super) struct BootRegs {
     pub(super) entry: u64,
     pub(super) dtb: u64,
 }
 
+/// 32 bytes of host randomness for `/chosen/rng-seed` (zeros if
+/// `/dev/urandom` cannot be read).
 fn rng_seed() -> [u8; 32] {
     let mut seed = [0u8; 32];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {

@@ -1,5 +1,7 @@
 //! `boot --restore SPEC`: resolving and verifying a chain, mapping its memory,
-//! and turning its machine state back into devices and vCPUs.
+//! decoding its machine state, and the restored VM's working copy of the
+//! disk. The build turns the state back into the interrupt controller and
+//! devices, the vCPU threads into vCPUs.
 
 use super::config::{Plan, PlanDisk, SnapshotOptions, Start};
 use super::state::MachineState;

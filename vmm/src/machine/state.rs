@@ -4,7 +4,7 @@
 //! The state is serialised as JSON inside the store's `state.bin` envelope
 //! (which bounds and checksums it). Everything read back is untrusted:
 //! [`MachineState::decode`] checks the format version and the shape, and each
-//! device's `restore` validates its own fields.
+//! device's restore ([`crate::devices::Persist`]) validates its own fields.
 
 use crate::arch::exception::{current_el, PSTATE_NRW};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
