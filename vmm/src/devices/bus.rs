@@ -1,9 +1,21 @@
 //! The MMIO bus: guest-physical address ranges to devices.
 
 use super::{AccessError, MmioDevice};
-use crate::hv::MmioFault;
 use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
+
+/// An MMIO access that no device can complete (unmapped address, bad size or
+/// alignment, device error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MMIO fault at GPA {gpa:#x} ({len} bytes): {reason}")]
+pub struct MmioFault {
+    /// Guest-physical address of the access.
+    pub gpa: u64,
+    /// Access size in bytes.
+    pub len: usize,
+    /// What went wrong.
+    pub reason: &'static str,
+}
 
 /// A registered range.
 struct Entry {

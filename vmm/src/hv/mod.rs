@@ -16,6 +16,8 @@ use crate::arch::sysreg::SysReg;
 use crate::memory::GuestRam;
 use std::sync::Arc;
 
+/// The device bus's error, which [`VcpuIo`] passes back to the backend.
+pub use crate::devices::bus::MmioFault;
 pub use gic::{GicMode, KernelGic};
 
 #[cfg(feature = "emu")]
@@ -129,19 +131,6 @@ pub enum VcpuExit {
         /// PC of the faulting instruction.
         pc: u64,
     },
-}
-
-/// An MMIO access that no device can complete (unmapped address, bad size or
-/// alignment, device error).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("MMIO fault at GPA {gpa:#x} ({len} bytes): {reason}")]
-pub struct MmioFault {
-    /// Guest-physical address of the access.
-    pub gpa: u64,
-    /// Access size in bytes.
-    pub len: usize,
-    /// What went wrong.
-    pub reason: &'static str,
 }
 
 /// The VMM's side of a vCPU exit that the backend completes in place. The
