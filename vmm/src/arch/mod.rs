@@ -1,5 +1,6 @@
 //! Architecture support: the machine's memory map, AArch64 syndrome decoding,
-//! exception entry, system-register identifiers, PSCI, the Linux arm64 Image format and the FDT.
+//! exception entry, system-register identifiers, the virtual timer, PSCI,
+//! the Linux arm64 Image format and the FDT.
 
 pub mod esr;
 #[cfg(test)]
@@ -10,3 +11,4 @@ pub mod image;
 pub mod layout;
 pub mod psci;
 pub mod sysreg;
+pub mod timer;

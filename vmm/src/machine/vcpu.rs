@@ -10,7 +10,7 @@ use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::layout;
 use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
-use crate::hv::exit_decision::vtimer_deadline_ns;
+use crate::arch::timer::vtimer_deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use anyhow::{bail, Context};

@@ -5,7 +5,7 @@
 //! virtual count is the physical count minus its vtimer offset. A per-VM
 //! thread wakes vCPUs whose timer deadline passes while they run.
 
-use crate::hv::exit_decision::{
+use crate::arch::timer::{
     ticks_to_ns, vtimer_asserted, CNTV_CTL_ENABLE, CNTV_CTL_IMASK, CNTV_CTL_ISTATUS,
 };
 use crate::sync::{Locked, Waited};

@@ -3,8 +3,9 @@
 use super::{call_err, check, host_count, regs, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::sysreg::SysReg;
+use crate::arch::timer::vtimer_asserted;
 use crate::hv::exit_decision::{
-    complete, decide, vtimer_asserted, Action, ExitReason, ExitRecord, LocalState, Step,
+    complete, decide, Action, ExitReason, ExitRecord, LocalState, Step,
 };
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use applevisor::vcpu::{Vcpu as HvVcpu, VcpuHandle};
