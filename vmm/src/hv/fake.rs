@@ -1,5 +1,5 @@
 //! A test-only vCPU: a register file with no CPU behind it, shared by the
-//! unit tests of [`crate::arch::esr`] and [`crate::hv::exit_decision`].
+//! unit tests of [`crate::arch::esr`] and [`crate::hv::hvf::exits`].
 
 use crate::arch::exception::SCTLR_SPAN;
 use crate::arch::sysreg::{SysReg, SCTLR_EL1, VBAR_EL1};

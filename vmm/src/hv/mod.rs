@@ -22,11 +22,9 @@ pub use gic::{GicMode, KernelGic};
 
 #[cfg(feature = "emu")]
 pub mod emu;
-pub mod exit_decision;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod gic;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod hvf;
 pub mod pages;
 

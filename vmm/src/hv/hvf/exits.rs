@@ -1,7 +1,8 @@
-//! Backend-neutral exit handling: what to do with a vCPU exit, decided by
-//! pure functions and completed through the [`Vcpu`]/[`VcpuIo`] traits, so it
-//! is unit-tested on any host. Hypervisor.framework cannot run on Linux CI;
-//! the `hvf` backend keeps only its FFI calls outside this module.
+//! HVF's exit handling: what to do with a vCPU exit, decided by pure
+//! functions and completed through the [`Vcpu`]/[`VcpuIo`] traits, so it is
+//! compiled and unit-tested on every host (Hypervisor.framework cannot run on
+//! Linux CI). The macOS-only FFI layer feeds it exit records and makes the
+//! hypervisor calls it decides on.
 //!
 //! * [`decide`]: exit record (reason, ESR, FAR, IPA) → [`Action`].
 //! * [`complete`]: carries out a [`GuestAction`] on a vCPU (MMIO through
@@ -29,7 +30,7 @@ use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
 // ---------------------------------------------------------------------------
 
 /// Why the hypervisor returned control (Hypervisor.framework's
-/// `hv_exit_reason_t`; other backends map onto the same four).
+/// `hv_exit_reason_t`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitReason {
     /// A kick (`hv_vcpus_exit`) made the vCPU leave the guest.

@@ -13,7 +13,7 @@
 //! save) are in [`crate::hv::gic`] and tested on every host; this module
 //! only makes the calls.
 
-use super::check;
+use super::vm::check;
 use crate::arch::layout::{GICD_BASE, GICR_BASE};
 use crate::arch::sysreg::{SysReg, ICC_CTLR_EL1};
 use crate::hv::gic::{

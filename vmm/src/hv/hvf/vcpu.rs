@@ -1,12 +1,11 @@
 //! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
 
-use super::{call_err, check, host_count, regs, VmShared};
+use super::exits::{complete, decide, Action, ExitReason, ExitRecord, LocalState, Step};
+use super::regs;
+use super::vm::{call_err, check, host_count, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::sysreg::SysReg;
 use crate::arch::timer::vtimer_asserted;
-use crate::hv::exit_decision::{
-    complete, decide, Action, ExitReason, ExitRecord, LocalState, Step,
-};
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use applevisor::vcpu::{Vcpu as HvVcpu, VcpuHandle};
 use applevisor_sys::{

@@ -1,69 +1,10 @@
-//! The `hvf` backend: macOS Hypervisor.framework on Apple Silicon, through
-//! the `applevisor` crate (VM, vCPUs, registers) and `applevisor-sys` where
-//! the safe API does not reach (mapping the VMM's own RAM, write-protecting
-//! page ranges).
-//!
-//! The exit decisions and their completion live in
-//! [`crate::hv::exit_decision`], which is tested on every host; this module
-//! holds only the hypervisor calls.
-//!
-//! # Processes and threads
-//! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
-//! belongs to the thread that created it, so [`HvfVcpu`] is not `Send`: the
-//! run loop creates each vCPU on its own thread (one thread per vCPU) and
-//! only the [`Kick`](crate::hv::Kick) handle (`hv_vcpus_exit`) crosses threads.
-//!
-//! # macOS versions
-//! Every Hypervisor.framework symbol this backend calls exists since macOS
-//! 11.0, so the binary starts on every supported macOS (13 and later):
-//! `hv_vm_create`/`destroy`, `hv_vm_map`/`unmap`/`protect`, the vCPU calls
-//! (`create`, `run`, registers, pending interrupts, vtimer mask and offset,
-//! debug traps) and `hv_vcpus_exit`. The in-kernel GICv3 (`hv_gic_*`,
-//! macOS 15.0, `boot --gic hvf`) is looked up at run time with `dlsym`
-//! ([`gic`]), so the binary still starts on macOS 13 and 14, where
-//! `--gic hvf` is refused. Not used yet, with the release that introduced
-//! them: the IPA-size configuration (`hv_vm_config_*`, macOS 13), nested
-//! EL2 (15.0), SME state (15.2) and a 4 KiB stage-2 granule
-//! (`hv_vm_config_set_ipa_granule`, macOS 26). Whoever adds one must look it
-//! up at run time (`dlsym`) or gate it on the matching applevisor feature.
-//!
-//! # GIC
-//! With the userspace GIC (the default) the ICC system registers trap to
-//! the VMM, the IRQ line is set with `hv_vcpu_set_pending_interrupt` before
-//! every run, and `VTIMER_ACTIVATED` exits feed the timer PPI. With the
-//! in-kernel GIC ([`gic::HvfGic`]) Hypervisor.framework owns the
-//! distributor and redistributor frames, the CPU interface and the virtual
-//! timer's PPI: the VMM only sets device SPI levels (`hv_gic_set_spi`),
-//! never touches the IRQ line or the vtimer mask, and treats a
-//! `VTIMER_ACTIVATED` exit as an error (QEMU's `target/arm/hvf/hvf.c`
-//! documents it as occurring only with a userspace irqchip).
-//!
-//! # Time
-//! The guest's counter runs on the host timebase: its physical count is
-//! `mach_absolute_time()` and its virtual count that minus the vCPU's vtimer
-//! offset (CNTVOFF_EL2). The frequency is the host's timebase frequency
-//! (`hw.tbfrequency`, 24 MHz on M1 to M3), which is the CNTFRQ_EL0 the guest
-//! reads.
-//!
-//! # Dirty tracking
-//! Guest RAM is mapped read/write/execute. Arming write protection maps it
-//! read/execute at stage 2 (one `hv_vm_protect` over all RAM); the first
-//! guest write to each 16 KiB page faults, the vCPU marks the page in a
-//! bitmap, makes it writable and retries the store. VMM writes (virtio DMA)
-//! do not fault: they are in [`GuestRam::vmm_dirty`].
+//! The HVF VM: Hypervisor.framework availability, VM creation with guest RAM
+//! mapped, stage-2 protection for dirty tracking, and the host counter.
 
-pub mod gic;
-mod regs;
-mod vcpu;
-
-pub use regs::{
-    APDAKEYHI_EL1, APDAKEYLO_EL1, APDBKEYHI_EL1, APDBKEYLO_EL1, APGAKEYHI_EL1, APGAKEYLO_EL1,
-    APIAKEYHI_EL1, APIAKEYLO_EL1, APIBKEYHI_EL1, APIBKEYLO_EL1, HVF_SYSREGS, SNAPSHOT_SYSREGS,
-};
-pub use vcpu::{HvfKicker, HvfVcpu};
-
+use super::exits::RamRange;
+use super::gic;
+use super::vcpu::HvfVcpu;
 use crate::arch::layout::{MAX_VCPUS, PAGE_SIZE};
-use crate::hv::exit_decision::RamRange;
 use crate::hv::pages::PageBitmap;
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
 use crate::memory::GuestRam;
@@ -83,7 +24,7 @@ pub const SIGN_HINT: &str = "Hypervisor.framework denied access (HV_DENIED): the
      (ad-hoc signature, no developer account needed) and run it again";
 
 /// Maps an applevisor error of `call` to [`HvError::Call`].
-fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
+pub(super) fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
     move |e| HvError::Call {
         call,
         detail: e.to_string(),
@@ -91,7 +32,7 @@ fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
 }
 
 /// Checks a raw `hv_return_t`.
-fn check(call: &'static str, ret: i32) -> Result<()> {
+pub(super) fn check(call: &'static str, ret: i32) -> Result<()> {
     if ret == hv_error_t::HV_SUCCESS as i32 {
         Ok(())
     } else {
@@ -264,26 +205,26 @@ impl Hypervisor for HvfHypervisor {
 
 /// State shared by the VM and its vCPUs. Dropped when the last of them is:
 /// RAM is unmapped from the guest before the VM handle and the RAM go.
-struct VmShared {
+pub(super) struct VmShared {
     /// Pages the guest wrote since the last [`Vm::dirty_pages`].
-    dirty: PageBitmap,
+    pub(super) dirty: PageBitmap,
     /// Sticky: RAM has been write-protected at least once, so permission
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).
-    write_protect_armed: AtomicBool,
+    pub(super) write_protect_armed: AtomicBool,
     /// Vtimer offset given to every vCPU at creation (the host count at VM
     /// creation, so the guest's virtual count starts near 0 on all vCPUs).
-    vtimer_offset: u64,
-    freq: u64,
+    pub(super) vtimer_offset: u64,
+    pub(super) freq: u64,
     /// The in-kernel GIC, if the VM has one.
-    kgic: Option<Arc<gic::HvfGic>>,
-    ram: Arc<GuestRam>,
-    vm: VirtualMachineInstance<GicDisabled>,
+    pub(super) kgic: Option<Arc<gic::HvfGic>>,
+    pub(super) ram: Arc<GuestRam>,
+    pub(super) vm: VirtualMachineInstance<GicDisabled>,
 }
 
 impl VmShared {
     /// Guest RAM's guest-physical range.
-    fn ram_range(&self) -> RamRange {
+    pub(super) fn ram_range(&self) -> RamRange {
         RamRange {
             base: self.ram.base(),
             size: self.ram.size(),
@@ -322,7 +263,7 @@ impl VmShared {
     /// it dirty, then makes it writable. In that order, so a concurrent
     /// [`Vm::dirty_pages`] either sees the mark or re-protects the
     /// page after it.
-    fn write_fault(&self, page: u64) -> Result<()> {
+    pub(super) fn write_fault(&self, page: u64) -> Result<()> {
         // `page` is in RAM (decided so); `mark` ignores anything else.
         self.dirty
             .mark(page.wrapping_sub(self.ram.base()) / PAGE_SIZE);

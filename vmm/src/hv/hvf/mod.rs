@@ -1,0 +1,75 @@
+//! The `hvf` backend: macOS Hypervisor.framework on Apple Silicon, through
+//! the `applevisor` crate (VM, vCPUs, registers) and `applevisor-sys` where
+//! the safe API does not reach (mapping the VMM's own RAM, write-protecting
+//! page ranges).
+//!
+//! The exit handling ([`exits`]: decide, complete, inject) is compiled and
+//! unit-tested on every host. The rest is the thin FFI layer, compiled only
+//! on macOS on Apple Silicon: `vm` (the VM, RAM mapping, stage-2
+//! protection), `vcpu` (the `hv_vcpu_run` loop, registers, kicks), `regs`
+//! (register identifiers) and `gic` (the in-kernel GIC).
+//!
+//! # Processes and threads
+//! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
+//! belongs to the thread that created it, so `HvfVcpu` is not `Send`: the
+//! run loop creates each vCPU on its own thread (one thread per vCPU) and
+//! only the [`Kick`](crate::hv::Kick) handle (`hv_vcpus_exit`) crosses threads.
+//!
+//! # macOS versions
+//! Every Hypervisor.framework symbol this backend calls exists since macOS
+//! 11.0, so the binary starts on every supported macOS (13 and later):
+//! `hv_vm_create`/`destroy`, `hv_vm_map`/`unmap`/`protect`, the vCPU calls
+//! (`create`, `run`, registers, pending interrupts, vtimer mask and offset,
+//! debug traps) and `hv_vcpus_exit`. The in-kernel GICv3 (`hv_gic_*`,
+//! macOS 15.0, `boot --gic hvf`) is looked up at run time with `dlsym`
+//! (`gic`), so the binary still starts on macOS 13 and 14, where
+//! `--gic hvf` is refused. Not used yet, with the release that introduced
+//! them: the IPA-size configuration (`hv_vm_config_*`, macOS 13), nested
+//! EL2 (15.0), SME state (15.2) and a 4 KiB stage-2 granule
+//! (`hv_vm_config_set_ipa_granule`, macOS 26). Whoever adds one must look it
+//! up at run time (`dlsym`) or gate it on the matching applevisor feature.
+//!
+//! # GIC
+//! With the userspace GIC (the default) the ICC system registers trap to
+//! the VMM, the IRQ line is set with `hv_vcpu_set_pending_interrupt` before
+//! every run, and `VTIMER_ACTIVATED` exits feed the timer PPI. With the
+//! in-kernel GIC (`gic::HvfGic`) Hypervisor.framework owns the
+//! distributor and redistributor frames, the CPU interface and the virtual
+//! timer's PPI: the VMM only sets device SPI levels (`hv_gic_set_spi`),
+//! never touches the IRQ line or the vtimer mask, and treats a
+//! `VTIMER_ACTIVATED` exit as an error (QEMU's `target/arm/hvf/hvf.c`
+//! documents it as occurring only with a userspace irqchip).
+//!
+//! # Time
+//! The guest's counter runs on the host timebase: its physical count is
+//! `mach_absolute_time()` and its virtual count that minus the vCPU's vtimer
+//! offset (CNTVOFF_EL2). The frequency is the host's timebase frequency
+//! (`hw.tbfrequency`, 24 MHz on M1 to M3), which is the CNTFRQ_EL0 the guest
+//! reads.
+//!
+//! # Dirty tracking
+//! Guest RAM is mapped read/write/execute. Arming write protection maps it
+//! read/execute at stage 2 (one `hv_vm_protect` over all RAM); the first
+//! guest write to each 16 KiB page faults, the vCPU marks the page in a
+//! bitmap, makes it writable and retries the store. VMM writes (virtio DMA)
+//! do not fault: they are in [`crate::memory::GuestRam::vmm_dirty`].
+
+pub mod exits;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub mod gic;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod regs;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod vcpu;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod vm;
+
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub use regs::{
+    APDAKEYHI_EL1, APDAKEYLO_EL1, APDBKEYHI_EL1, APDBKEYLO_EL1, APGAKEYHI_EL1, APGAKEYLO_EL1,
+    APIAKEYHI_EL1, APIAKEYLO_EL1, APIBKEYHI_EL1, APIBKEYLO_EL1, HVF_SYSREGS, SNAPSHOT_SYSREGS,
+};
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub use vcpu::{HvfKicker, HvfVcpu};
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub use vm::{host_count, HvfHypervisor, HvfVm, SIGN_HINT};
