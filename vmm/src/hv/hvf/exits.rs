@@ -340,49 +340,49 @@ pub fn complete(
             complete_mmio(vcpu, io, exit, gpa, &abort)?;
         }
         GuestAction::SysReg(access) if access.read => match io.sysreg_read(id, access.reg) {
-            Some(value) => esr::complete_sysreg_read(vcpu, &access, value)?,
+            Some(value) => complete_sysreg_read(vcpu, &access, value)?,
             None => inject_exception(vcpu, undefined())?,
         },
         GuestAction::SysReg(access) => {
-            let value = esr::sysreg_write_value(vcpu, &access)?;
+            let value = sysreg_write_value(vcpu, &access)?;
             if io.sysreg_write(id, access.reg, value) {
-                esr::advance_pc(vcpu, il)?;
+                advance_pc(vcpu, il)?;
             } else {
                 inject_exception(vcpu, undefined())?;
             }
         }
         GuestAction::LocalSysReg { access, op } => match op {
-            LocalSysReg::ReadZero => esr::complete_sysreg_read(vcpu, &access, 0)?,
+            LocalSysReg::ReadZero => complete_sysreg_read(vcpu, &access, 0)?,
             LocalSysReg::IgnoreWrite => {
-                esr::sysreg_write_value(vcpu, &access)?;
-                esr::advance_pc(vcpu, il)?;
+                sysreg_write_value(vcpu, &access)?;
+                advance_pc(vcpu, il)?;
             }
             LocalSysReg::ReadOsLockStatus => {
                 let value = OSLSR_OSLM_IMPLEMENTED | u64::from(local.os_lock) << 1;
-                esr::complete_sysreg_read(vcpu, &access, value)?;
+                complete_sysreg_read(vcpu, &access, value)?;
             }
             LocalSysReg::WriteOsLock => {
-                local.os_lock = esr::sysreg_write_value(vcpu, &access)? & 1 != 0;
-                esr::advance_pc(vcpu, il)?;
+                local.os_lock = sysreg_write_value(vcpu, &access)? & 1 != 0;
+                advance_pc(vcpu, il)?;
             }
             LocalSysReg::ReadVirtualCount => {
                 let count = physical_count().wrapping_sub(vcpu.vtimer_offset()?);
-                esr::complete_sysreg_read(vcpu, &access, count)?;
+                complete_sysreg_read(vcpu, &access, count)?;
             }
         },
         GuestAction::InjectUndef => inject_exception(vcpu, undefined())?,
-        GuestAction::SkipInstruction => esr::advance_pc(vcpu, il)?,
+        GuestAction::SkipInstruction => advance_pc(vcpu, il)?,
         GuestAction::Hvc { imm } => return Ok(Step::Exit(VcpuExit::Hvc { imm })),
         GuestAction::Smc { imm } => {
-            esr::advance_pc(vcpu, il)?;
+            advance_pc(vcpu, il)?;
             return Ok(Step::Exit(VcpuExit::Smc { imm }));
         }
         GuestAction::Wfi => {
-            esr::advance_pc(vcpu, il)?;
+            advance_pc(vcpu, il)?;
             return Ok(Step::Exit(VcpuExit::Wfi));
         }
         GuestAction::Wfe => {
-            esr::advance_pc(vcpu, il)?;
+            advance_pc(vcpu, il)?;
             return Ok(Step::Exit(VcpuExit::Wfe));
         }
         GuestAction::Unhandled { reason } => {
@@ -418,9 +418,9 @@ fn complete_mmio(
 ) -> hv::Result<()> {
     let id = vcpu.id();
     let result = if abort.wnr {
-        let data = esr::mmio_write_value(vcpu, abort)?;
+        let data = mmio_write_value(vcpu, abort)?;
         match io.mmio_write(id, gpa, data.bytes()) {
-            Ok(()) => return esr::complete_mmio_write(vcpu, abort),
+            Ok(()) => return complete_mmio_write(vcpu, abort),
             Err(fault) => fault,
         }
     } else {
@@ -429,7 +429,7 @@ fn complete_mmio(
             .get_mut(..usize::from(abort.size))
             .ok_or_else(|| HvError::Guest(format!("MMIO read of {} bytes", abort.size)))?;
         match io.mmio_read(id, gpa, data) {
-            Ok(()) => return esr::complete_mmio_read(vcpu, abort, data),
+            Ok(()) => return complete_mmio_read(vcpu, abort, data),
             Err(fault) => fault,
         }
     };
@@ -437,6 +437,152 @@ fn complete_mmio(
     tracing::debug!(vcpu = id, %result, "external abort injected");
     let pstate = vcpu.reg(Reg::Pstate)?;
     inject_exception(vcpu, external_abort(abort, exit.far, pstate))
+}
+
+// ---------------------------------------------------------------------------
+// Registers and PC of a trapped instruction
+// ---------------------------------------------------------------------------
+
+/// Reads general-purpose register `rt` for a store or `MSR`: 0..=30 are
+/// X0..X30, 31 is XZR (reads as 0). Values above 31 are an error.
+pub fn read_xt(vcpu: &mut dyn Vcpu, rt: u8) -> hv::Result<u64> {
+    match rt {
+        0..=30 => vcpu.reg(Reg::X(rt)),
+        31 => Ok(0),
+        _ => Err(HvError::Guest(format!("register index {rt} out of range"))),
+    }
+}
+
+/// Writes general-purpose register `rt` for a load or `MRS`: 0..=30 are
+/// X0..X30, 31 is XZR (the value is discarded). Values above 31 are an error.
+pub fn write_xt(vcpu: &mut dyn Vcpu, rt: u8, value: u64) -> hv::Result<()> {
+    match rt {
+        0..=30 => vcpu.set_reg(Reg::X(rt), value),
+        31 => Ok(()),
+        _ => Err(HvError::Guest(format!("register index {rt} out of range"))),
+    }
+}
+
+/// Advances PC past the trapped instruction: 4 bytes, or 2 if `il` is clear
+/// (a 16-bit T32 instruction).
+pub fn advance_pc(vcpu: &mut dyn Vcpu, il: bool) -> hv::Result<()> {
+    let pc = vcpu.reg(Reg::Pc)?;
+    vcpu.set_reg(Reg::Pc, pc.wrapping_add(if il { 4 } else { 2 }))
+}
+
+fn check_mmio(da: &DataAbort, write: bool) -> hv::Result<()> {
+    if !da.isv {
+        return Err(HvError::Guest(format!(
+            "data abort without a valid instruction syndrome (ISV=0, ESR {:#x}): \
+             the access cannot be emulated",
+            da.to_esr()
+        )));
+    }
+    if !matches!(da.size, 1 | 2 | 4 | 8) {
+        return Err(HvError::Guest(format!(
+            "data abort with invalid access size {} bytes",
+            da.size
+        )));
+    }
+    if da.wnr != write {
+        return Err(HvError::Guest(format!(
+            "data abort (ESR {:#x}) is a {} but was completed as a {}",
+            da.to_esr(),
+            if da.wnr { "write" } else { "read" },
+            if write { "write" } else { "read" },
+        )));
+    }
+    Ok(())
+}
+
+/// Finishes an emulated MMIO load: writes the `data` a device returned
+/// (little-endian, `da.size` bytes) to Rt, sign-extended per SSE to 32 or
+/// 64 bits per SF ([`esr::extend`]); Rt = 31 discards it. Then advances PC.
+///
+/// Errors (leaving the vCPU unchanged): ISV = 0, the abort is a write, a size
+/// other than 1, 2, 4 or 8, or `data.len() != da.size`.
+pub fn complete_mmio_read(vcpu: &mut dyn Vcpu, da: &DataAbort, data: &[u8]) -> hv::Result<()> {
+    check_mmio(da, false)?;
+    if data.len() != usize::from(da.size) {
+        return Err(HvError::Guest(format!(
+            "MMIO read of {} bytes completed with {} bytes",
+            da.size,
+            data.len()
+        )));
+    }
+    let mut buf = [0u8; 8];
+    buf[..data.len()].copy_from_slice(data);
+    let value = esr::extend(u64::from_le_bytes(buf), da.size, da.sse, da.sf);
+    write_xt(vcpu, da.srt, value)?;
+    advance_pc(vcpu, da.il)
+}
+
+/// The bytes of an emulated MMIO store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioWrite {
+    buf: [u8; 8],
+    len: u8,
+}
+
+impl MmioWrite {
+    /// The stored bytes, little-endian (1, 2, 4 or 8 of them).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The stored value, zero-extended.
+    pub fn value(&self) -> u64 {
+        u64::from_le_bytes(self.buf)
+    }
+}
+
+/// The data of an emulated MMIO store: Rt (XZR reads 0) truncated to
+/// `da.size` bytes. Does not advance PC: call [`complete_mmio_write`] once the
+/// device accepted the write.
+///
+/// Errors: ISV = 0, the abort is a read, or a size other than 1, 2, 4 or 8.
+pub fn mmio_write_value(vcpu: &mut dyn Vcpu, da: &DataAbort) -> hv::Result<MmioWrite> {
+    check_mmio(da, true)?;
+    let value = read_xt(vcpu, da.srt)?;
+    let mut buf = value.to_le_bytes();
+    buf[usize::from(da.size)..].fill(0);
+    Ok(MmioWrite { buf, len: da.size })
+}
+
+/// Finishes an emulated MMIO store: advances PC. Errors as
+/// [`mmio_write_value`].
+pub fn complete_mmio_write(vcpu: &mut dyn Vcpu, da: &DataAbort) -> hv::Result<()> {
+    check_mmio(da, true)?;
+    advance_pc(vcpu, da.il)
+}
+
+/// Finishes a trapped `MRS`: writes `value` to Rt (XZR discards) and advances
+/// PC by 4. Errors if the access is an `MSR`.
+pub fn complete_sysreg_read(
+    vcpu: &mut dyn Vcpu,
+    access: &SysRegAccess,
+    value: u64,
+) -> hv::Result<()> {
+    if !access.read {
+        return Err(HvError::Guest(format!(
+            "MSR {:?} completed as a read",
+            access.reg
+        )));
+    }
+    write_xt(vcpu, access.rt, value)?;
+    advance_pc(vcpu, true)
+}
+
+/// The value of a trapped `MSR` (Rt; XZR reads 0). Does not advance PC: call
+/// [`advance_pc`] once the write is accepted. Errors if the access is an `MRS`.
+pub fn sysreg_write_value(vcpu: &mut dyn Vcpu, access: &SysRegAccess) -> hv::Result<u64> {
+    if access.read {
+        return Err(HvError::Guest(format!(
+            "MRS {:?} completed as a write",
+            access.reg
+        )));
+    }
+    read_xt(vcpu, access.rt)
 }
 
 // ---------------------------------------------------------------------------
@@ -967,5 +1113,157 @@ mod tests {
         );
         assert_eq!(current_el(0x3c5), 1);
         assert_eq!(current_el(0x10), 0);
+    }
+
+    // ---- completion helpers ----
+
+    fn da(esr: u64) -> DataAbort {
+        match esr::decode(esr) {
+            Syndrome::DataAbort(d) => d,
+            other => panic!("{esr:#x} decoded as {other:?}"),
+        }
+    }
+
+    /// A fake vCPU at a low PC (the MMU-off kernel entry).
+    fn fake() -> FakeVcpu {
+        FakeVcpu {
+            pc: 0x4008_0000,
+            ..FakeVcpu::new()
+        }
+    }
+
+    fn load(size: u8, sse: bool, sf: bool, srt: u8) -> DataAbort {
+        let mut d = da(LDR_W1);
+        d.size = size;
+        d.sse = sse;
+        d.sf = sf;
+        d.srt = srt;
+        d
+    }
+
+    /// The architectural result, computed with Rust's integer casts.
+    fn reference(bytes: &[u8], sse: bool, sf: bool) -> u64 {
+        let mut b = [0u8; 8];
+        b[..bytes.len()].copy_from_slice(bytes);
+        let raw = u64::from_le_bytes(b);
+        let v = match (bytes.len(), sse) {
+            (1, true) => raw as u8 as i8 as i64 as u64,
+            (2, true) => raw as u16 as i16 as i64 as u64,
+            (4, true) => raw as u32 as i32 as i64 as u64,
+            _ => raw,
+        };
+        if sf {
+            v
+        } else {
+            v as u32 as u64
+        }
+    }
+
+    #[test]
+    fn mmio_read_every_size_sign_and_width() {
+        let patterns: [&[u8]; 8] = [
+            &[0x7f],
+            &[0x80],
+            &[0xff, 0x7f],
+            &[0x00, 0x80],
+            &[0x78, 0x56, 0x34, 0x12],
+            &[0x00, 0x00, 0x00, 0x80],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &[0xf0, 0xde, 0xbc, 0x9a, 0x78, 0x56, 0x34, 0xf2],
+        ];
+        for data in patterns {
+            let size = data.len() as u8;
+            for sse in [false, true] {
+                for sf in [false, true] {
+                    for rt in [0u8, 7, 30, 31] {
+                        let mut v = fake();
+                        let before = v.x;
+                        complete_mmio_read(&mut v, &load(size, sse, sf, rt), data).unwrap();
+                        assert_eq!(v.pc, 0x4008_0004);
+                        let mut expected = before;
+                        if rt < 31 {
+                            expected[usize::from(rt)] = reference(data, sse, sf);
+                        }
+                        assert_eq!(v.x, expected, "{data:x?} sse={sse} sf={sf} rt={rt}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mmio_read_rejects_bad_completions() {
+        let mut v = fake();
+        let before = (v.x, v.pc);
+        let mut no_isv = load(4, false, false, 1);
+        no_isv.isv = false;
+        assert!(complete_mmio_read(&mut v, &no_isv, &[0; 4]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(4, false, false, 1), &[0; 2]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(16, false, true, 1), &[0; 16]).is_err());
+        assert!(complete_mmio_read(&mut v, &load(3, false, true, 1), &[0; 3]).is_err());
+        assert!(complete_mmio_read(&mut v, &da(STRB_W3), &[0; 1]).is_err());
+        assert_eq!((v.x, v.pc), before);
+        v.fail_writes = true;
+        assert!(complete_mmio_read(&mut v, &load(4, false, false, 1), &[0; 4]).is_err());
+    }
+
+    #[test]
+    fn mmio_write_truncates_and_reads_xzr_as_zero() {
+        let mut v = fake();
+        v.x[3] = 0x1122_3344_5566_7788;
+        let mut st = da(STRB_W3);
+        for (size, expected) in [
+            (1u8, &[0x88u8][..]),
+            (2, &[0x88, 0x77]),
+            (4, &[0x88, 0x77, 0x66, 0x55]),
+            (8, &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]),
+        ] {
+            st.size = size;
+            let w = mmio_write_value(&mut v, &st).unwrap();
+            assert_eq!(w.bytes(), expected);
+            assert_eq!(w.value().to_le_bytes()[..usize::from(size)], *expected);
+        }
+        st.srt = 31;
+        let w = mmio_write_value(&mut v, &st).unwrap();
+        assert_eq!(w.bytes(), &[0u8; 8]);
+        assert_eq!(v.pc, 0x4008_0000, "reading the value must not move PC");
+        complete_mmio_write(&mut v, &st).unwrap();
+        assert_eq!(v.pc, 0x4008_0004);
+        // A 16-bit T32 instruction (IL=0) advances by 2.
+        st.il = false;
+        complete_mmio_write(&mut v, &st).unwrap();
+        assert_eq!(v.pc, 0x4008_0006);
+
+        assert!(mmio_write_value(&mut v, &da(LDR_W1)).is_err());
+        assert!(complete_mmio_write(&mut v, &da(LDR_W1)).is_err());
+        st.size = 9;
+        assert!(mmio_write_value(&mut v, &st).is_err());
+        st.size = 4;
+        st.isv = false;
+        assert!(mmio_write_value(&mut v, &st).is_err());
+    }
+
+    #[test]
+    fn sysreg_completion() {
+        let Syndrome::SysReg(mrs) = esr::decode(MRS_X5_IAR1) else {
+            unreachable!()
+        };
+        let Syndrome::SysReg(msr) = esr::decode(MSR_EOIR1_X3) else {
+            unreachable!()
+        };
+        let mut v = fake();
+        v.x[3] = 27;
+        assert_eq!(sysreg_write_value(&mut v, &msr).unwrap(), 27);
+        assert!(sysreg_write_value(&mut v, &mrs).is_err());
+        complete_sysreg_read(&mut v, &mrs, 0x1b).unwrap();
+        assert_eq!((v.x[5], v.pc), (0x1b, 0x4008_0004));
+        assert!(complete_sysreg_read(&mut v, &msr, 0).is_err());
+        let xzr = SysRegAccess { rt: 31, ..mrs };
+        let before = v.x;
+        complete_sysreg_read(&mut v, &xzr, 5).unwrap();
+        assert_eq!(v.x, before);
+        assert_eq!(read_xt(&mut v, 31).unwrap(), 0);
+        assert!(read_xt(&mut v, 32).is_err());
+        assert!(write_xt(&mut v, 255, 0).is_err());
     }
 }
