@@ -2,7 +2,7 @@
 //! backend (which maps it into the guest) and the devices (which reach it
 //! through vm-memory, so every VMM write is recorded in a dirty bitmap).
 
-use crate::arch::layout::{PAGE_SIZE, RAM_BASE, RAM_MAX};
+use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use vm_memory::bitmap::AtomicBitmap;
@@ -93,12 +93,17 @@ impl GuestRam {
         self.map.len() as u64
     }
 
+    /// RAM's guest-physical range.
+    pub fn range(&self) -> RamRange {
+        RamRange {
+            base: RAM_BASE,
+            size: self.size(),
+        }
+    }
+
     /// Whether `[gpa, gpa+len)` lies inside RAM.
     pub fn contains(&self, gpa: u64, len: u64) -> bool {
-        gpa >= RAM_BASE
-            && gpa
-                .checked_add(len)
-                .is_some_and(|end| end <= RAM_BASE + self.size())
+        self.range().contains_range(gpa, len)
     }
 
     /// Host address of the first byte of RAM, for mapping it into a backend.

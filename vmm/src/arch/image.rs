@@ -13,9 +13,8 @@
 //! 0x38 u32 magic = 0x644d5241 ("ARM\x64")      0x3c u32 PE header offset
 //! ```
 
-use crate::arch::layout::KERNEL_ALIGN;
-use crate::memory::GuestRam;
-use vm_memory::{Bytes, GuestAddress};
+use crate::arch::layout::{RamRange, KERNEL_ALIGN};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError};
 
 /// `"ARM\x64"` read as a little-endian u32 at offset 0x38.
 pub const IMAGE_MAGIC: u32 = 0x644d_5241;
@@ -85,7 +84,7 @@ pub enum ImageError {
         gpa: u64,
         /// vm-memory's error.
         #[source]
-        source: vm_memory::GuestMemoryError,
+        source: GuestMemoryError,
     },
 }
 
@@ -170,13 +169,16 @@ pub struct LoadedImage {
     pub page_size: Option<u64>,
 }
 
-/// Copies `image` into RAM at the first 2 MiB-aligned address of RAM plus
-/// `text_offset`, after checking the header and that `image_size` bytes (the
-/// whole footprint including BSS) fit in RAM.
-pub fn load_image(ram: &GuestRam, image: &[u8]) -> Result<LoadedImage, ImageError> {
+/// Copies `image` into guest memory `mem` at the first 2 MiB-aligned address
+/// of `ram` plus `text_offset`, after checking the header and that
+/// `image_size` bytes (the whole footprint including BSS) fit in `ram`.
+pub fn load_image<M>(mem: &M, ram: RamRange, image: &[u8]) -> Result<LoadedImage, ImageError>
+where
+    M: Bytes<GuestAddress, E = GuestMemoryError> + ?Sized,
+{
     let header = ImageHeader::parse(image)?;
-    let ram_base = ram.base();
-    let ram_size = ram.size();
+    let ram_base = ram.base;
+    let ram_size = ram.size;
     let file_len = image.len() as u64;
     let size = header.image_size.max(file_len);
     // RAM_BASE is 2 MiB aligned; round anyway so a different base stays correct.
@@ -191,8 +193,7 @@ pub fn load_image(ram: &GuestRam, image: &[u8]) -> Result<LoadedImage, ImageErro
             ram_size,
         })?;
     let entry = ram_base + offset;
-    ram.memory()
-        .write_slice(image, GuestAddress(entry))
+    mem.write_slice(image, GuestAddress(entry))
         .map_err(|source| ImageError::Write { gpa: entry, source })?;
     Ok(LoadedImage {
         entry,
@@ -204,21 +205,21 @@ pub fn load_image(ram: &GuestRam, image: &[u8]) -> Result<LoadedImage, ImageErro
 /// Guest-physical address for a DTB of `dtb_len` bytes: the first
 /// [`DTB_ALIGN`] boundary at or above `image_end`, so it overlaps neither the
 /// kernel nor its BSS and sits in its own 2 MiB block. Checks the 2 MiB size
-/// limit and that it ends inside RAM.
-pub fn dtb_address(ram: &GuestRam, image_end: u64, dtb_len: u64) -> Result<u64, ImageError> {
+/// limit and that it ends inside `ram`.
+pub fn dtb_address(ram: RamRange, image_end: u64, dtb_len: u64) -> Result<u64, ImageError> {
     if dtb_len > DTB_MAX_SIZE {
         return Err(ImageError::DtbTooLarge { len: dtb_len });
     }
     let no_room = || ImageError::DtbDoesNotFit {
         len: dtb_len,
         image_end,
-        ram_size: ram.size(),
+        ram_size: ram.size,
     };
     let addr = image_end
-        .max(ram.base())
+        .max(ram.base)
         .checked_next_multiple_of(DTB_ALIGN)
         .ok_or_else(no_room)?;
-    if !ram.contains(addr, dtb_len) {
+    if !ram.contains_range(addr, dtb_len) {
         return Err(no_room());
     }
     Ok(addr)
@@ -228,6 +229,7 @@ pub fn dtb_address(ram: &GuestRam, image_end: u64, dtb_len: u64) -> Result<u64, 
 mod tests {
     use super::*;
     use crate::arch::layout::RAM_BASE;
+    use vm_memory::GuestMemoryMmap;
 
     /// A synthetic Image: header fields as given, then `body` bytes of 0xAA.
     fn image(text_offset: u64, image_size: u64, flags: u64, body: usize) -> Vec<u8> {
@@ -244,76 +246,84 @@ mod tests {
 
     const RAM: u64 = 16 * MIB;
 
+    /// 16 MiB of guest memory at [`RAM_BASE`] and its range.
+    fn guest_ram() -> (GuestMemoryMmap, RamRange) {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(RAM_BASE), RAM as usize)]).unwrap();
+        let range = RamRange {
+            base: RAM_BASE,
+            size: RAM,
+        };
+        (mem, range)
+    }
+
     #[test]
     fn loads_modern_image_with_bss() {
-        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        let (mem, ram) = guest_ram();
         // text_offset 0 (Linux >= 5.8), 16K pages (flags bits 1-2 = 2),
         // image_size larger than the file because of BSS.
         let img = image(0, 3 * MIB, 2 << 1 | 1 << 3, 4096);
-        let loaded = load_image(&ram, &img).unwrap();
+        let loaded = load_image(&mem, ram, &img).unwrap();
         assert_eq!(loaded.entry, RAM_BASE);
         assert_eq!(loaded.image_end, RAM_BASE + 3 * MIB);
         assert_eq!(loaded.page_size, Some(16 * 1024));
         let mut back = vec![0u8; img.len()];
-        ram.memory()
-            .read_slice(&mut back, GuestAddress(RAM_BASE))
-            .unwrap();
+        mem.read_slice(&mut back, GuestAddress(RAM_BASE)).unwrap();
         assert_eq!(back, img);
-        let dtb = dtb_address(&ram, loaded.image_end, 1800).unwrap();
+        let dtb = dtb_address(ram, loaded.image_end, 1800).unwrap();
         assert_eq!(dtb, RAM_BASE + 4 * MIB);
         assert_eq!(dtb % 8, 0);
     }
 
     #[test]
     fn honours_text_offset_and_legacy_header() {
-        let ram = GuestRam::new_anonymous(RAM).unwrap();
-        let loaded = load_image(&ram, &image(0x8_0000, MIB, 0, 64)).unwrap();
+        let (mem, ram) = guest_ram();
+        let loaded = load_image(&mem, ram, &image(0x8_0000, MIB, 0, 64)).unwrap();
         assert_eq!(loaded.entry, RAM_BASE + 0x8_0000);
         assert_eq!(loaded.image_end, RAM_BASE + 0x8_0000 + MIB);
         assert_eq!(loaded.page_size, None);
         // image_size 0: text_offset is taken as 0x80000 whatever the field
         // says, flags are ignored and the file size is the footprint.
         let old = image(0xdead_beef, 0, 1, 1000);
-        let loaded = load_image(&ram, &old).unwrap();
+        let loaded = load_image(&mem, ram, &old).unwrap();
         assert_eq!(loaded.entry, RAM_BASE + LEGACY_TEXT_OFFSET);
         assert_eq!(loaded.image_end, loaded.entry + old.len() as u64);
         // The DTB goes at the next 2 MiB boundary.
         assert_eq!(
-            dtb_address(&ram, loaded.image_end, 100).unwrap(),
+            dtb_address(ram, loaded.image_end, 100).unwrap(),
             RAM_BASE + 2 * MIB
         );
         // image_end already aligned: no gap.
         assert_eq!(
-            dtb_address(&ram, RAM_BASE + 2 * MIB, 100).unwrap(),
+            dtb_address(ram, RAM_BASE + 2 * MIB, 100).unwrap(),
             RAM_BASE + 2 * MIB
         );
     }
 
     #[test]
     fn rejects_bad_headers_with_one_line_messages() {
-        let ram = GuestRam::new_anonymous(RAM).unwrap();
-        let e = load_image(&ram, &[0u8; 10]).unwrap_err();
+        let (mem, ram) = guest_ram();
+        let e = load_image(&mem, ram, &[0u8; 10]).unwrap_err();
         assert!(matches!(e, ImageError::TooShort { len: 10 }));
         assert!(e.to_string().starts_with("not an arm64 Image"));
 
         let mut elf = image(0, MIB, 0, 100);
         elf[0x38..0x3c].copy_from_slice(b"\x7fELF");
-        let e = load_image(&ram, &elf).unwrap_err();
+        let e = load_image(&mem, ram, &elf).unwrap_err();
         assert_eq!(
             e.to_string(),
             "not an arm64 Image (bad magic 0x464c457f at offset 0x38, expected 0x644d5241 \"ARM\\x64\")"
         );
 
-        let e = load_image(&ram, &image(0, MIB, 1, 100)).unwrap_err();
+        let e = load_image(&mem, ram, &image(0, MIB, 1, 100)).unwrap_err();
         assert!(matches!(e, ImageError::BigEndian { flags: 1 }));
         assert!(e.to_string().starts_with("big-endian kernel"));
     }
 
     #[test]
     fn rejects_kernels_that_do_not_fit() {
-        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        let (mem, ram) = guest_ram();
         // The file fits but its BSS does not.
-        let e = load_image(&ram, &image(0, 17 * MIB, 0, 100)).unwrap_err();
+        let e = load_image(&mem, ram, &image(0, 17 * MIB, 0, 100)).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
@@ -322,36 +332,36 @@ mod tests {
             )
         );
         // Exactly full is fine.
-        assert!(load_image(&ram, &image(0, 16 * MIB, 0, 100)).is_ok());
+        assert!(load_image(&mem, ram, &image(0, 16 * MIB, 0, 100)).is_ok());
         // text_offset pushes it out.
         assert!(matches!(
-            load_image(&ram, &image(MIB, 16 * MIB, 0, 100)),
+            load_image(&mem, ram, &image(MIB, 16 * MIB, 0, 100)),
             Err(ImageError::DoesNotFit {
                 offset: 0x10_0000,
                 ..
             })
         ));
         // Overflowing header values do not panic.
-        assert!(load_image(&ram, &image(u64::MAX, u64::MAX, 0, 100)).is_err());
-        assert!(load_image(&ram, &image(0, u64::MAX, 0, 100)).is_err());
+        assert!(load_image(&mem, ram, &image(u64::MAX, u64::MAX, 0, 100)).is_err());
+        assert!(load_image(&mem, ram, &image(0, u64::MAX, 0, 100)).is_err());
     }
 
     #[test]
     fn dtb_placement_limits() {
-        let ram = GuestRam::new_anonymous(RAM).unwrap();
+        let (_, ram) = guest_ram();
         assert!(matches!(
-            dtb_address(&ram, RAM_BASE + MIB, DTB_MAX_SIZE + 1),
+            dtb_address(ram, RAM_BASE + MIB, DTB_MAX_SIZE + 1),
             Err(ImageError::DtbTooLarge { .. })
         ));
         assert_eq!(
-            dtb_address(&ram, RAM_BASE + 13 * MIB, DTB_MAX_SIZE).unwrap(),
+            dtb_address(ram, RAM_BASE + 13 * MIB, DTB_MAX_SIZE).unwrap(),
             RAM_BASE + 14 * MIB
         );
-        let e = dtb_address(&ram, RAM_BASE + 14 * MIB + 1, 4096).unwrap_err();
+        let e = dtb_address(ram, RAM_BASE + 14 * MIB + 1, 4096).unwrap_err();
         assert!(e
             .to_string()
             .starts_with("no room for the 4096-byte device tree"));
-        assert!(dtb_address(&ram, u64::MAX - 5, 16).is_err());
-        assert!(dtb_address(&ram, RAM_BASE + 15 * MIB, DTB_MAX_SIZE).is_err());
+        assert!(dtb_address(ram, u64::MAX - 5, 16).is_err());
+        assert!(dtb_address(ram, RAM_BASE + 15 * MIB, DTB_MAX_SIZE).is_err());
     }
 }

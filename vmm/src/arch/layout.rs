@@ -25,6 +25,31 @@ pub const RAM_BASE: u64 = 0x4000_0000;
 /// fits a 36-bit IPA, the HVF default).
 pub const RAM_MAX: u64 = (1 << 36) - RAM_BASE;
 
+/// Guest RAM as a guest-physical range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamRange {
+    /// Guest-physical base (page aligned).
+    pub base: u64,
+    /// Size in bytes (a multiple of [`PAGE_SIZE`]).
+    pub size: u64,
+}
+
+impl RamRange {
+    /// Whether `gpa` lies in RAM.
+    pub fn contains(&self, gpa: u64) -> bool {
+        gpa >= self.base && gpa - self.base < self.size
+    }
+
+    /// Whether all of `[gpa, gpa + len)` lies in RAM (an empty range at the
+    /// end of RAM does).
+    pub fn contains_range(&self, gpa: u64, len: u64) -> bool {
+        gpa >= self.base
+            && gpa
+                .checked_add(len)
+                .is_some_and(|end| end <= self.base + self.size)
+    }
+}
+
 /// Maximum number of vCPUs (the redistributor region is sized for this many;
 /// the guest kernel is built with `NR_CPUS=8`).
 pub const MAX_VCPUS: usize = 8;

@@ -161,7 +161,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         .open(&f.disk)
         .with_context(|| format!("cannot open disk image {} read-write", f.disk.display()))?;
     let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
-    let loaded = image::load_image(&ram, &kernel)
+    let loaded = image::load_image(ram.memory(), ram.range(), &kernel)
         .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
     let dtb = fdt::build_fdt(&fdt::FdtConfig {
         vcpus: f.cpus,
@@ -170,7 +170,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         rng_seed: Some(rng_seed()),
         virtio_slots: Devices::VIRTIO_SLOTS.to_vec(),
     })?;
-    let dtb_gpa = image::dtb_address(&ram, loaded.image_end, dtb.len() as u64)?;
+    let dtb_gpa = image::dtb_address(ram.range(), loaded.image_end, dtb.len() as u64)?;
     ram.memory()
         .write_slice(&dtb, GuestAddress(dtb_gpa))
         .context("cannot write the device tree into guest RAM")?;

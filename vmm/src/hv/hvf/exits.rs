@@ -18,7 +18,7 @@ use crate::arch::esr::{
     FSC_SYNC_EXTERNAL,
 };
 use crate::arch::exception::{current_el, exception_entry, CpuFeatures, GuestException};
-use crate::arch::layout::PAGE_SIZE;
+use crate::arch::layout::{RamRange, PAGE_SIZE};
 use crate::arch::sysreg::{
     SysReg, ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SPSR_EL1,
     VBAR_EL1,
@@ -55,22 +55,6 @@ pub struct ExitRecord {
     pub far: u64,
     /// Faulting intermediate physical (guest-physical) address, for aborts.
     pub ipa: u64,
-}
-
-/// Guest RAM as seen by the decision: a guest-physical range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RamRange {
-    /// Guest-physical base (page aligned).
-    pub base: u64,
-    /// Size in bytes (a multiple of [`PAGE_SIZE`]).
-    pub size: u64,
-}
-
-impl RamRange {
-    /// Whether `gpa` lies in RAM.
-    pub fn contains(&self, gpa: u64) -> bool {
-        gpa >= self.base && gpa - self.base < self.size
-    }
 }
 
 /// A system register the backend completes itself: ones a hypervisor may

@@ -1,10 +1,9 @@
 //! The HVF VM: Hypervisor.framework availability, VM creation with guest RAM
 //! mapped, stage-2 protection for dirty tracking, and the host counter.
 
-use super::exits::RamRange;
 use super::gic;
 use super::vcpu::HvfVcpu;
-use crate::arch::layout::{MAX_VCPUS, PAGE_SIZE};
+use crate::arch::layout::{RamRange, MAX_VCPUS, PAGE_SIZE};
 use crate::hv::pages::PageBitmap;
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
 use crate::memory::GuestRam;
