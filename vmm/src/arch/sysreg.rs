@@ -126,8 +126,34 @@ sysregs! {
     TPIDRRO_EL0 = (3, 3, 13, 0, 3);
     /// Cache size selection.
     CSSELR_EL1 = (3, 2, 0, 0, 0);
+    /// Pointer-authentication key APIAKey, low half (FEAT_PAuth).
+    APIAKEYLO_EL1 = (3, 0, 2, 1, 0);
+    /// APIAKey, high half.
+    APIAKEYHI_EL1 = (3, 0, 2, 1, 1);
+    /// APIBKey, low half.
+    APIBKEYLO_EL1 = (3, 0, 2, 1, 2);
+    /// APIBKey, high half.
+    APIBKEYHI_EL1 = (3, 0, 2, 1, 3);
+    /// APDAKey, low half.
+    APDAKEYLO_EL1 = (3, 0, 2, 2, 0);
+    /// APDAKey, high half.
+    APDAKEYHI_EL1 = (3, 0, 2, 2, 1);
+    /// APDBKey, low half.
+    APDBKEYLO_EL1 = (3, 0, 2, 2, 2);
+    /// APDBKey, high half.
+    APDBKEYHI_EL1 = (3, 0, 2, 2, 3);
+    /// APGAKey, low half.
+    APGAKEYLO_EL1 = (3, 0, 2, 3, 0);
+    /// APGAKey, high half.
+    APGAKEYHI_EL1 = (3, 0, 2, 3, 1);
     /// Monitor debug system control.
     MDSCR_EL1 = (2, 0, 0, 2, 2);
+    /// OS lock access (write-only): OSLK = bit 0.
+    OSLAR_EL1 = (2, 0, 1, 0, 4);
+    /// OS lock status (read-only).
+    OSLSR_EL1 = (2, 0, 1, 1, 4);
+    /// OS double lock.
+    OSDLR_EL1 = (2, 0, 1, 3, 4);
     /// Floating-point control register.
     FPCR = (3, 3, 4, 4, 0);
     /// Floating-point status register.
@@ -154,6 +180,16 @@ sysregs! {
     CNTV_CVAL_EL0 = (3, 3, 14, 3, 2);
     /// Virtual counter offset (EL2).
     CNTVOFF_EL2 = (3, 4, 14, 0, 3);
+    /// Counter-timer hypervisor control (EL1 access to the physical counter
+    /// and timer).
+    CNTHCTL_EL2 = (3, 4, 14, 1, 0);
+    /// Hypervisor configuration (RW, IMO, VI).
+    HCR_EL2 = (3, 4, 1, 1, 0);
+    /// Virtualization multiprocessor ID: what EL1 reads as MPIDR_EL1 with EL2
+    /// present.
+    VMPIDR_EL2 = (3, 4, 0, 0, 5);
+    /// Secure configuration (NS, HCE, RW).
+    SCR_EL3 = (3, 6, 1, 1, 0);
     /// GIC CPU interface: interrupt acknowledge, group 0.
     ICC_IAR0_EL1 = (3, 0, 12, 8, 0);
     /// GIC CPU interface: end of interrupt, group 0.
@@ -283,5 +319,16 @@ mod tests {
             format!("{:?}", SysReg::new(3, 1, 15, 2, 0)),
             "S3_1_C15_C2_0"
         );
+        assert_eq!(format!("{OSLAR_EL1:?}"), "OSLAR_EL1");
+    }
+
+    #[test]
+    fn one_name_per_encoding() {
+        for (i, (reg, name)) in NAMES.iter().enumerate() {
+            for (other, other_name) in &NAMES[i + 1..] {
+                assert_ne!(reg, other, "{name} and {other_name} share an encoding");
+                assert_ne!(name, other_name);
+            }
+        }
     }
 }

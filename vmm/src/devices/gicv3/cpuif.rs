@@ -70,20 +70,16 @@ const ICC_REGS: &[(SysReg, Icc)] = &[
     (sysreg::ICC_IAR0_EL1, Icc::Group0Ack),
     (sysreg::ICC_HPPIR0_EL1, Icc::Group0Ack),
     (sysreg::ICC_BPR0_EL1, Icc::Bpr0),
+    // Linux writes ICC_AP0R<n> at boot when it finds group 0 usable (DS = 1).
     (sysreg::ICC_AP0R0_EL1, Icc::RazWi),
-    (ICC_AP0R1_EL1, Icc::RazWi),
-    (ICC_AP0R2_EL1, Icc::RazWi),
-    (ICC_AP0R3_EL1, Icc::RazWi),
+    (sysreg::ICC_AP0R1_EL1, Icc::RazWi),
+    (sysreg::ICC_AP0R2_EL1, Icc::RazWi),
+    (sysreg::ICC_AP0R3_EL1, Icc::RazWi),
     (sysreg::ICC_IGRPEN0_EL1, Icc::RazWi),
     (sysreg::ICC_EOIR0_EL1, Icc::IgnoredWrite),
     (sysreg::ICC_SGI0R_EL1, Icc::IgnoredWrite),
     (sysreg::ICC_ASGI1R_EL1, Icc::IgnoredWrite),
 ];
-
-// Linux writes ICC_AP0R<n> at boot when it finds group 0 usable (DS = 1).
-const ICC_AP0R1_EL1: SysReg = SysReg::new(3, 0, 12, 8, 5);
-const ICC_AP0R2_EL1: SysReg = SysReg::new(3, 0, 12, 8, 6);
-const ICC_AP0R3_EL1: SysReg = SysReg::new(3, 0, 12, 8, 7);
 
 /// ICC_CTLR_EL1.EOImode.
 const CTLR_EOIMODE: u64 = 1 << 1;

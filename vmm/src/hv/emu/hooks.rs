@@ -35,15 +35,6 @@ pub(crate) const HCR_IMO: u64 = 1 << 4;
 /// HCR_EL2.VI: virtual IRQ pending (quirk 5).
 pub(crate) const HCR_VI: u64 = 1 << 7;
 
-/// HCR_EL2.
-pub(crate) const HCR_EL2: SysReg = SysReg::new(3, 4, 1, 1, 0);
-/// SCR_EL3.
-pub(crate) const SCR_EL3: SysReg = SysReg::new(3, 6, 1, 1, 0);
-/// VMPIDR_EL2: what EL1 reads as MPIDR_EL1 with EL2 present.
-pub(crate) const VMPIDR_EL2: SysReg = SysReg::new(3, 4, 0, 0, 5);
-/// CNTHCTL_EL2.
-pub(crate) const CNTHCTL_EL2: SysReg = SysReg::new(3, 4, 14, 1, 0);
-
 /// Synthesised unicorn interrupt numbers (QEMU's `EXCP_*`).
 mod excp {
     pub const UDEF: u32 = 1;
@@ -219,7 +210,7 @@ impl HookState {
         let vi = self.hcr & HCR_VI != 0;
         if line != vi {
             self.hcr ^= HCR_VI;
-            if self.uc.cp_write(HCR_EL2, self.hcr).is_err() {
+            if self.uc.cp_write(sr::HCR_EL2, self.hcr).is_err() {
                 crate::warn_ratelimited!(vcpu = self.id, "emu: cannot update HCR_EL2.VI");
             }
             if line && kick {
@@ -998,7 +989,7 @@ mod tests {
         assert!(is_icc(sr::ICC_AP0R0_EL1));
         assert!(!is_icc(sr::VBAR_EL1));
         assert!(!is_icc(SysReg::new(3, 0, 12, 1, 0))); // ISR_EL1
-        assert!(!is_icc(SysReg::new(3, 4, 12, 12, 5))); // ICC_SRE_EL2
+        assert!(!is_icc(SysReg::new(3, 4, 12, 12, 5))); // ICH_LR5_EL2
     }
 
     #[test]

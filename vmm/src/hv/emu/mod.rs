@@ -622,13 +622,13 @@ impl EmuVcpu {
         uc.write(R::PSTATE, PSTATE_DAIF | PSTATE_EL1H)
             .map_err(uc_err("write PSTATE"))?;
         let cp = |reg: SysReg, v: u64| uc.cp_write(reg, v).map_err(uc_err("write system register"));
-        cp(hooks::SCR_EL3, (1 << 10) | (1 << 8) | 1)?; // RW | HCE | NS
-        cp(hooks::HCR_EL2, hooks::HCR_RW | hooks::HCR_IMO)?;
+        cp(sr::SCR_EL3, (1 << 10) | (1 << 8) | 1)?; // RW | HCE | NS
+        cp(sr::HCR_EL2, hooks::HCR_RW | hooks::HCR_IMO)?;
         // EL1 physical counter and timer not trapped to EL2.
-        cp(hooks::CNTHCTL_EL2, 3)?;
+        cp(sr::CNTHCTL_EL2, 3)?;
         // SAFETY: no hook runs while this setup code does.
         let st = unsafe { &mut *self.state.as_ptr() };
-        cp(hooks::VMPIDR_EL2, st.mpidr)?;
+        cp(sr::VMPIDR_EL2, st.mpidr)?;
         let rd = |reg: SysReg| uc.cp_read(reg).map_err(uc_err("read system register"));
         st.id_mmfr0 = (rd(sr::ID_AA64MMFR0_EL1)? & !(0xf << 20)) | (1 << 20); // TGran16
         st.id_pfr0 = (rd(sr::ID_AA64PFR0_EL1)? & !(0xf << 24)) | (1 << 24); // GIC sysregs
@@ -1070,7 +1070,7 @@ impl Vcpu for EmuVcpu {
             sr::CNTVOFF_EL2 => self.state().vtimer_offset = value,
             sr::MPIDR_EL1 => {
                 let v = value | (1 << 31);
-                uc.cp_write(hooks::VMPIDR_EL2, v).map_err(err)?;
+                uc.cp_write(sr::VMPIDR_EL2, v).map_err(err)?;
                 self.state().mpidr = v;
             }
             sr::FPCR => uc.write(R::FPCR, value).map_err(err)?,

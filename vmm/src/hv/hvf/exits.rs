@@ -20,8 +20,8 @@ use crate::arch::esr::{
 use crate::arch::exception::{current_el, exception_entry, CpuFeatures, GuestException};
 use crate::arch::layout::{RamRange, PAGE_SIZE};
 use crate::arch::sysreg::{
-    SysReg, ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SPSR_EL1,
-    VBAR_EL1,
+    SysReg, ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, OSDLR_EL1, OSLAR_EL1,
+    OSLSR_EL1, SCTLR_EL1, SPSR_EL1, VBAR_EL1,
 };
 use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
 
@@ -221,13 +221,6 @@ fn is_pmu(reg: SysReg) -> bool {
         && ((crn == 9 && (12..=14).contains(&crm) && (op1 == 0 || op1 == 3))
             || (op1 == 3 && crn == 14 && crm >= 8))
 }
-
-/// OSLAR_EL1 (write-only).
-pub const OSLAR_EL1: SysReg = SysReg::new(2, 0, 1, 0, 4);
-/// OSLSR_EL1 (read-only).
-pub const OSLSR_EL1: SysReg = SysReg::new(2, 0, 1, 1, 4);
-/// OSDLR_EL1.
-pub const OSDLR_EL1: SysReg = SysReg::new(2, 0, 1, 3, 4);
 
 fn sysreg_action(access: SysRegAccess) -> GuestAction {
     use crate::arch::sysreg::CNTPCT_EL0;

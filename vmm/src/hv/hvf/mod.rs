@@ -65,10 +65,7 @@ mod vcpu;
 mod vm;
 
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use regs::{
-    APDAKEYHI_EL1, APDAKEYLO_EL1, APDBKEYHI_EL1, APDBKEYLO_EL1, APGAKEYHI_EL1, APGAKEYLO_EL1,
-    APIAKEYHI_EL1, APIAKEYLO_EL1, APIBKEYHI_EL1, APIBKEYLO_EL1, HVF_SYSREGS, SNAPSHOT_SYSREGS,
-};
+pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub use vcpu::{HvfKicker, HvfVcpu};
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]

@@ -245,27 +245,6 @@ hv_sysregs!(
     SP_EL1,
 );
 
-/// Pointer-authentication key APIAKey, low half (Arm ARM D24.2; FEAT_PAuth).
-pub const APIAKEYLO_EL1: SysReg = SysReg::new(3, 0, 2, 1, 0);
-/// APIAKey, high half.
-pub const APIAKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 1, 1);
-/// APIBKey, low half.
-pub const APIBKEYLO_EL1: SysReg = SysReg::new(3, 0, 2, 1, 2);
-/// APIBKey, high half.
-pub const APIBKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 1, 3);
-/// APDAKey, low half.
-pub const APDAKEYLO_EL1: SysReg = SysReg::new(3, 0, 2, 2, 0);
-/// APDAKey, high half.
-pub const APDAKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 2, 1);
-/// APDBKey, low half.
-pub const APDBKEYLO_EL1: SysReg = SysReg::new(3, 0, 2, 2, 2);
-/// APDBKey, high half.
-pub const APDBKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 2, 3);
-/// APGAKey, low half.
-pub const APGAKEYLO_EL1: SysReg = SysReg::new(3, 0, 2, 3, 0);
-/// APGAKey, high half.
-pub const APGAKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 3, 1);
-
 /// The system registers of a vCPU snapshot on HVF: the EL1 state a Linux
 /// guest uses (translation, exception, thread-ID, timer and debug-control
 /// registers, FPCR/FPSR, MPIDR) plus the pointer-authentication keys, which
@@ -273,16 +252,16 @@ pub const APGAKEYHI_EL1: SysReg = SysReg::new(3, 0, 2, 3, 1);
 pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<37>(
     &sysreg::EL1_STATE_SYSREGS,
     &[
-        APIAKEYLO_EL1,
-        APIAKEYHI_EL1,
-        APIBKEYLO_EL1,
-        APIBKEYHI_EL1,
-        APDAKEYLO_EL1,
-        APDAKEYHI_EL1,
-        APDBKEYLO_EL1,
-        APDBKEYHI_EL1,
-        APGAKEYLO_EL1,
-        APGAKEYHI_EL1,
+        sysreg::APIAKEYLO_EL1,
+        sysreg::APIAKEYHI_EL1,
+        sysreg::APIBKEYLO_EL1,
+        sysreg::APIBKEYHI_EL1,
+        sysreg::APDAKEYLO_EL1,
+        sysreg::APDAKEYHI_EL1,
+        sysreg::APDBKEYLO_EL1,
+        sysreg::APDBKEYHI_EL1,
+        sysreg::APGAKEYLO_EL1,
+        sysreg::APGAKEYHI_EL1,
     ],
 );
 
@@ -324,14 +303,14 @@ same_encoding!(
     sysreg::CNTKCTL_EL1 => CNTKCTL_EL1,
     sysreg::CNTV_CTL_EL0 => CNTV_CTL_EL0,
     sysreg::CNTV_CVAL_EL0 => CNTV_CVAL_EL0,
-    APIAKEYLO_EL1 => APIAKEYLO_EL1,
-    APIAKEYHI_EL1 => APIAKEYHI_EL1,
-    APIBKEYLO_EL1 => APIBKEYLO_EL1,
-    APIBKEYHI_EL1 => APIBKEYHI_EL1,
-    APDAKEYLO_EL1 => APDAKEYLO_EL1,
-    APDAKEYHI_EL1 => APDAKEYHI_EL1,
-    APDBKEYLO_EL1 => APDBKEYLO_EL1,
-    APDBKEYHI_EL1 => APDBKEYHI_EL1,
-    APGAKEYLO_EL1 => APGAKEYLO_EL1,
-    APGAKEYHI_EL1 => APGAKEYHI_EL1,
+    sysreg::APIAKEYLO_EL1 => APIAKEYLO_EL1,
+    sysreg::APIAKEYHI_EL1 => APIAKEYHI_EL1,
+    sysreg::APIBKEYLO_EL1 => APIBKEYLO_EL1,
+    sysreg::APIBKEYHI_EL1 => APIBKEYHI_EL1,
+    sysreg::APDAKEYLO_EL1 => APDAKEYLO_EL1,
+    sysreg::APDAKEYHI_EL1 => APDAKEYHI_EL1,
+    sysreg::APDBKEYLO_EL1 => APDBKEYLO_EL1,
+    sysreg::APDBKEYHI_EL1 => APDBKEYHI_EL1,
+    sysreg::APGAKEYLO_EL1 => APGAKEYLO_EL1,
+    sysreg::APGAKEYHI_EL1 => APGAKEYHI_EL1,
 );
