@@ -1,5 +1,6 @@
-//! The guest-physical memory map: one table used by the MMIO bus, the FDT and
-//! the interrupt wiring. The layout follows QEMU's `virt` machine so a guest
+//! The guest-physical memory map: one table used by the MMIO bus, the FDT,
+//! the interrupt wiring and the backends' MMIO paths (each region's
+//! [`MmioAccess`]). The layout follows QEMU's `virt` machine so a guest
 //! built for it needs no changes.
 //!
 //! ```text
@@ -84,12 +85,31 @@ pub const VTIMER_INTID: u32 = 27;
 /// The kind of device behind an MMIO region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
+    /// GICv3 distributor.
+    GicDistributor,
+    /// GICv3 redistributors (one RD + SGI frame pair per vCPU).
+    GicRedistributors,
     /// ARM PL011 UART (console).
     Pl011,
     /// The boot-timer MMIO byte (logs `Guest-boot-time`).
     BootTimer,
     /// A virtio-mmio transport slot.
     VirtioMmio,
+}
+
+/// What a device region's registers require of the path that carries guest
+/// accesses to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmioAccess {
+    /// Registers of at most 32 bits whose refused accesses read as zero or
+    /// are ignored: a backend may serve the region through a path that
+    /// splits an 8-byte access into two 4-byte ones and cannot raise an
+    /// abort (the `emu` backend's unicorn MMIO callbacks).
+    Split,
+    /// 64-bit registers and exact access sizes, and a refused access must
+    /// become a synchronous external abort: every access is trapped and
+    /// emulated whole.
+    Exact,
 }
 
 /// One MMIO device region in the memory map.
@@ -103,6 +123,8 @@ pub struct MmioRegion {
     pub size: u64,
     /// The wired interrupt's INTID, if the device has one (level-triggered SPI).
     pub intid: Option<u32>,
+    /// How guest accesses must reach the device.
+    pub access: MmioAccess,
 }
 
 impl MmioRegion {
@@ -112,12 +134,31 @@ impl MmioRegion {
     }
 }
 
+/// GICv3 distributor region.
+pub const GICD: MmioRegion = MmioRegion {
+    kind: DeviceKind::GicDistributor,
+    base: GICD_BASE,
+    size: GICD_SIZE,
+    intid: None,
+    access: MmioAccess::Exact,
+};
+
+/// GICv3 redistributor region (for [`MAX_VCPUS`]).
+pub const GICR: MmioRegion = MmioRegion {
+    kind: DeviceKind::GicRedistributors,
+    base: GICR_BASE,
+    size: GICR_SIZE,
+    intid: None,
+    access: MmioAccess::Exact,
+};
+
 /// PL011 UART region.
 pub const PL011: MmioRegion = MmioRegion {
     kind: DeviceKind::Pl011,
     base: GIC_WINDOW_END,
     size: 0x1000,
     intid: Some(SPI_BASE_INTID + 1),
+    access: MmioAccess::Split,
 };
 
 /// Boot-timer region. The guest's init writes one byte here (its address is
@@ -127,6 +168,7 @@ pub const BOOT_TIMER: MmioRegion = MmioRegion {
     base: 0x0910_0000,
     size: 0x1000,
     intid: None,
+    access: MmioAccess::Split,
 };
 
 /// Base of the first virtio-mmio slot.
@@ -146,8 +188,23 @@ pub const fn virtio_mmio(n: u32) -> MmioRegion {
         base: VIRTIO_MMIO_BASE + n as u64 * VIRTIO_MMIO_SIZE,
         size: VIRTIO_MMIO_SIZE,
         intid: Some(VIRTIO_MMIO_INTID_BASE + n),
+        access: MmioAccess::Split,
     }
 }
+
+/// All virtio-mmio slots as one region (no single interrupt).
+pub const VIRTIO_MMIO_WINDOW: MmioRegion = MmioRegion {
+    kind: DeviceKind::VirtioMmio,
+    base: VIRTIO_MMIO_BASE,
+    size: VIRTIO_MMIO_SIZE * VIRTIO_MMIO_SLOTS as u64,
+    intid: None,
+    access: MmioAccess::Split,
+};
+
+/// Every device region of the memory map (the virtio-mmio slots as one
+/// window), with its access policy. Guest-physical addresses below
+/// [`RAM_BASE`] outside these regions are backed by nothing.
+pub const MMIO_REGIONS: [MmioRegion; 5] = [GICD, GICR, PL011, BOOT_TIMER, VIRTIO_MMIO_WINDOW];
 
 /// Slot of the root block device (`/dev/vda`).
 pub const VIRTIO_BLK_SLOT: u32 = 0;
@@ -183,6 +240,9 @@ mod tests {
             ),
         ];
         regions.sort();
+        let mut table = MMIO_REGIONS.map(|r| (r.base, r.size));
+        table.sort();
+        assert_eq!(table, regions, "MMIO_REGIONS lists every region");
         for w in regions.windows(2) {
             assert!(
                 w[0].0 + w[0].1 <= w[1].0,
@@ -207,5 +267,19 @@ mod tests {
         assert_eq!(virtio_mmio(31).base, 0x0A00_3E00);
         assert!(virtio_mmio(1).contains(0x0A00_0200));
         assert!(!virtio_mmio(1).contains(0x0A00_0400));
+        assert!(VIRTIO_MMIO_WINDOW.contains(virtio_mmio(31).base + VIRTIO_MMIO_SIZE - 1));
+    }
+
+    #[test]
+    fn only_the_gic_needs_exact_accesses() {
+        // The GIC has 64-bit registers (GICD_IROUTER<n>, GICR_TYPER); the
+        // other devices' registers are at most 32 bits wide.
+        for r in MMIO_REGIONS {
+            let gic = matches!(
+                r.kind,
+                DeviceKind::GicDistributor | DeviceKind::GicRedistributors
+            );
+            assert_eq!(r.access == MmioAccess::Exact, gic, "{r:?}");
+        }
     }
 }

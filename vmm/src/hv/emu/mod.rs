@@ -7,11 +7,12 @@
 //!   access-flag and permission faults, and accesses to physical addresses
 //!   backed by nothing, are delivered to the guest's EL1 vectors
 //!   ([`exception`]).
-//! - Devices: the PL011, boot-timer and virtio-mmio regions are unicorn MMIO
-//!   regions whose callbacks call [`VcpuIo`] (fast, but unicorn splits 8-byte
+//! - Devices: the memory map says how each region must be reached
+//!   ([`MmioAccess`]). [`MmioAccess::Split`] regions are unicorn MMIO regions
+//!   whose callbacks call [`VcpuIo`] (fast, but unicorn splits 8-byte
 //!   accesses into two 4-byte ones, and a device error can only read as zero
-//!   / be ignored). The GIC distributor and redistributors, which have 64-bit
-//!   registers, are trapped precisely instead: the TLB hook refuses them, and
+//!   / be ignored). [`MmioAccess::Exact`] regions (the GIC's, with 64-bit
+//!   registers) are trapped precisely instead: the TLB hook refuses them, and
 //!   the run loop decodes the load/store ([`insn`]), calls [`VcpuIo`] with
 //!   the exact size, and completes the instruction; a device error there
 //!   becomes a synchronous external abort.
@@ -51,10 +52,7 @@ use self::hooks::{HookState, MmioCtx, PendingFault};
 use self::uc::Uc;
 use crate::arch::esr;
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
-use crate::arch::layout::{
-    self, BOOT_TIMER, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_SIZE, PAGE_SIZE, PL011, RAM_BASE,
-    VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_SLOTS,
-};
+use crate::arch::layout::{self, MmioAccess, MmioRegion, MMIO_REGIONS, PAGE_SIZE, RAM_BASE};
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::pages::PageBitmap;
 use crate::hv::{
@@ -154,18 +152,14 @@ pub(crate) enum PaKind {
     Unmapped,
 }
 
-/// Device regions served through unicorn MMIO callbacks: (base, size).
-const FAST_MMIO: [(u64, u64); 3] = [
-    (PL011.base, PL011.size),
-    (BOOT_TIMER.base, BOOT_TIMER.size),
-    (
-        VIRTIO_MMIO_BASE,
-        VIRTIO_MMIO_SIZE * VIRTIO_MMIO_SLOTS as u64,
-    ),
-];
-
-/// Device regions trapped precisely (exact access sizes, aborts on error).
-const TRAPPED_MMIO: [(u64, u64); 2] = [(GICD_BASE, GICD_SIZE), (GICR_BASE, GICR_SIZE)];
+/// Device regions served through unicorn MMIO callbacks (the memory map's
+/// [`MmioAccess::Split`] regions); the [`MmioAccess::Exact`] ones are
+/// trapped precisely (exact access sizes, aborts on error).
+fn fast_mmio() -> impl Iterator<Item = &'static MmioRegion> {
+    MMIO_REGIONS
+        .iter()
+        .filter(|r| r.access == MmioAccess::Split)
+}
 
 /// State of a VM shared by its vCPUs.
 pub(crate) struct VmShared {
@@ -196,13 +190,10 @@ impl VmShared {
                 return PaKind::Ram(off / PAGE_SIZE);
             }
         }
-        let inside = |&(b, s): &(u64, u64)| pa >= b && pa - b < s;
-        if FAST_MMIO.iter().any(inside) {
-            PaKind::FastMmio
-        } else if TRAPPED_MMIO.iter().any(inside) {
-            PaKind::TrappedMmio
-        } else {
-            PaKind::Unmapped
+        match MMIO_REGIONS.iter().find(|r| r.contains(pa)) {
+            Some(r) if r.access == MmioAccess::Split => PaKind::FastMmio,
+            Some(_) => PaKind::TrappedMmio,
+            None => PaKind::Unmapped,
         }
     }
 
@@ -510,16 +501,15 @@ impl EmuVcpu {
         let ctxs = {
             // SAFETY: no hook can run yet, so this is the only reference.
             let st = unsafe { &mut *self.state.as_ptr() };
-            st.mmio_ctx = FAST_MMIO
-                .iter()
-                .map(|&(base, _)| MmioCtx {
+            st.mmio_ctx = fast_mmio()
+                .map(|r| MmioCtx {
                     state: self.state.as_ptr(),
-                    base,
+                    base: r.base,
                 })
                 .collect();
             st.mmio_ctx.as_mut_ptr()
         };
-        for (i, &(base, size)) in FAST_MMIO.iter().enumerate() {
+        for (i, r) in fast_mmio().enumerate() {
             // SAFETY: `i` is in bounds of the vector, which stays allocated
             // (and unmoved) until the engine is closed in `Drop`.
             let ctx = unsafe { ctxs.add(i) };
@@ -528,8 +518,8 @@ impl EmuVcpu {
             let e = unsafe {
                 uc_mmio_map(
                     handle,
-                    base,
-                    size,
+                    r.base,
+                    r.size,
                     Some(hooks::mmio_read_cb),
                     ctx.cast(),
                     Some(hooks::mmio_write_cb),
