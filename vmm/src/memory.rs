@@ -1,6 +1,10 @@
 //! Guest RAM: one host mapping that the VMM owns, shared by the hypervisor
 //! backend (which maps it into the guest) and the devices (which reach it
 //! through vm-memory, so every VMM write is recorded in a dirty bitmap).
+//!
+//! Every page bitmap of guest RAM (the VMM's writes here, the guest's writes
+//! and write protection in the backends) is vm-memory's [`AtomicBitmap`] with
+//! one bit per 16 KiB page ([`PAGE_SIZE`]), made by [`page_bitmap`].
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
 use std::num::NonZeroUsize;
@@ -8,6 +12,24 @@ use std::sync::Arc;
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{GuestAddress, GuestRegionMmap, MmapRegion};
+
+/// A clear bitmap with one bit per [`PAGE_SIZE`] page of `bytes` bytes of RAM
+/// (bit `n` is the page at offset `n * PAGE_SIZE` from the start of RAM).
+/// Set and cleared from any thread without locks; bits past the end are
+/// ignored.
+pub fn page_bitmap(bytes: usize) -> AtomicBitmap {
+    let page = NonZeroUsize::new(PAGE_SIZE as usize).expect("PAGE_SIZE is non-zero");
+    AtomicBitmap::new(bytes, page)
+}
+
+/// The set bits of a [`page_bitmap`] (page indices from the start of RAM,
+/// ascending), without clearing them.
+pub fn marked_pages(bitmap: &AtomicBitmap) -> Vec<u64> {
+    (0..bitmap.len())
+        .filter(|&p| bitmap.is_bit_set(p))
+        .map(|p| p as u64)
+        .collect()
+}
 
 /// Guest memory as devices see it: vm-memory over the VMM's own mapping, with
 /// a 16 KiB-granular bitmap of pages the VMM wrote.
@@ -61,8 +83,7 @@ impl GuestRam {
     pub fn from_mmap(mut map: memmap2::MmapMut) -> Result<Self, MemoryError> {
         let size = map.len() as u64;
         check_size(size)?;
-        let page = NonZeroUsize::new(PAGE_SIZE as usize).expect("PAGE_SIZE is non-zero");
-        let bitmap = AtomicBitmap::new(map.len(), page);
+        let bitmap = page_bitmap(map.len());
         // SAFETY: `map` is a live read/write mapping of `map.len()` bytes that
         // this struct owns and keeps alive as long as the region (vm-memory
         // does not unmap a region built from a raw pointer, and `GuestRam`
@@ -91,6 +112,11 @@ impl GuestRam {
     /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.map.len() as u64
+    }
+
+    /// A clear [`page_bitmap`] covering this RAM.
+    pub fn page_bitmap(&self) -> AtomicBitmap {
+        page_bitmap(self.map.len())
     }
 
     /// RAM's guest-physical range.
@@ -126,10 +152,7 @@ impl GuestRam {
     /// The page indices (16 KiB pages from the start of RAM, ascending) the
     /// VMM wrote since [`GuestRam::vmm_dirty`] was last reset.
     pub fn vmm_dirty_pages(&self) -> Vec<u64> {
-        let bitmap = self.vmm_dirty();
-        (0..self.size() / PAGE_SIZE)
-            .filter(|&p| bitmap.is_bit_set(p as usize))
-            .collect()
+        marked_pages(self.vmm_dirty())
     }
 
     /// vm-memory's view, used by devices. Writes through it are recorded in
@@ -176,5 +199,69 @@ mod tests {
         assert!(ram.contains(RAM_BASE, 4 * PAGE_SIZE));
         assert!(!ram.contains(RAM_BASE, 4 * PAGE_SIZE + 1));
         assert!(!ram.contains(u64::MAX - 1, 4));
+    }
+
+    #[test]
+    fn page_bitmaps_have_a_16k_granule() {
+        let b = page_bitmap(4 * PAGE_SIZE as usize);
+        assert_eq!(b.len(), 4);
+        b.set_addr_range(2 * PAGE_SIZE as usize + 5, 1);
+        assert_eq!(marked_pages(&b), [2]);
+        let ram = GuestRam::new_anonymous(4 * PAGE_SIZE).unwrap();
+        assert_eq!(ram.page_bitmap().len(), 4);
+        assert_eq!(ram.vmm_dirty().len(), 4);
+    }
+
+    #[test]
+    fn dirty_pages_mark_peek_clear_and_bounds() {
+        let d = page_bitmap(130 * PAGE_SIZE as usize);
+        assert_eq!(d.len(), 130);
+        for p in [129, 0, 64, 63, 64, 500] {
+            d.set_bit(p);
+        }
+        assert!(d.is_bit_set(63) && !d.is_bit_set(62) && !d.is_bit_set(500));
+        assert_eq!(marked_pages(&d), [0, 63, 64, 129]);
+        // Peeking does not clear: a failed snapshot loses nothing.
+        assert_eq!(marked_pages(&d), [0, 63, 64, 129]);
+        d.set_bit(7);
+        d.reset();
+        assert!(marked_pages(&d).is_empty());
+        assert!(marked_pages(&page_bitmap(0)).is_empty());
+    }
+
+    #[test]
+    fn dirty_pages_from_many_threads() {
+        let d = Arc::new(page_bitmap(4096 * PAGE_SIZE as usize));
+        let handles: Vec<_> = (0..4usize)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for p in (t..4096).step_by(4) {
+                        d.set_bit(p);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(marked_pages(&d), (0..4096).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn fill_and_unmark_across_words_and_past_the_end() {
+        let page = PAGE_SIZE as usize;
+        let b = page_bitmap(200 * page);
+        b.set_addr_range(60 * page, 70 * page);
+        assert_eq!(marked_pages(&b), (60..130).collect::<Vec<_>>());
+        b.set_addr_range(0, 1000 * page);
+        assert_eq!(marked_pages(&b), (0..200).collect::<Vec<_>>());
+        b.reset_addr_range(page, 198 * page);
+        assert_eq!(marked_pages(&b), [0, 199]);
+        b.reset_bit(0);
+        b.reset_bit(500);
+        assert!(!b.is_bit_set(0) && b.is_bit_set(199));
+        b.set_addr_range(0, 64 * page);
+        assert_eq!(marked_pages(&b).len(), 65);
     }
 }

@@ -26,7 +26,6 @@ pub mod emu;
 pub(crate) mod fake;
 pub mod gic;
 pub mod hvf;
-pub mod pages;
 
 /// Index of a vCPU, `0..vcpus`.
 pub type VcpuId = usize;

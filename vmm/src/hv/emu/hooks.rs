@@ -431,12 +431,13 @@ impl HookState {
         let mut perms = t.perms;
         match self.vm.classify(pa) {
             PaKind::Ram(page) => {
-                if perms.write && self.vm.wp.is_marked(page) {
+                let page = page as usize;
+                if perms.write && self.vm.wp.is_bit_set(page) {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
                         // marks it and unprotects it; the store then completes.
-                        self.vm.dirty.mark(page);
-                        self.vm.wp.unmark(page);
+                        self.vm.dirty.set_bit(page);
+                        self.vm.wp.reset_bit(page);
                     } else {
                         perms.write = false;
                     }

@@ -54,12 +54,11 @@ use crate::arch::esr;
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::layout::{self, MmioAccess, MmioRegion, MMIO_REGIONS, PAGE_SIZE, RAM_BASE};
 use crate::arch::sysreg::{self as sr, SysReg};
-use crate::hv::pages::PageBitmap;
 use crate::hv::{
     GicMode, HvError, Hypervisor, KernelGic, Kick, Prot, Reg, Result, Vcpu, VcpuExit, VcpuId,
     VcpuIo, Vm,
 };
-use crate::memory::GuestRam;
+use crate::memory::{marked_pages, GuestRam};
 use crate::sync::Locked;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -71,6 +70,7 @@ use unicorn_engine::{
     uc_error, uc_hook, uc_hook_add, uc_mmio_map, Arch, Arm64CpuModel, Arm64Insn, HookType, Mode,
     RegisterARM64 as R, TlbType, Unicorn,
 };
+use vm_memory::bitmap::AtomicBitmap;
 
 // Attention bits of a vCPU: set from any thread, acted on by the vCPU at its
 // next block boundary (the block hook stops the engine) or run entry.
@@ -168,9 +168,9 @@ pub(crate) struct VmShared {
     host: usize,
     ram_size: u64,
     /// Write-protected pages (dirty tracking armed).
-    pub(crate) wp: PageBitmap,
+    pub(crate) wp: AtomicBitmap,
     /// Pages written since they were protected.
-    pub(crate) dirty: PageBitmap,
+    pub(crate) dirty: AtomicBitmap,
     /// Physical count 0.
     pub(crate) epoch: Instant,
     pub(crate) vcpus: Vec<Arc<VcpuShared>>,
@@ -299,14 +299,13 @@ impl EmuVm {
             call: "spawn vtimer thread",
             detail: e.to_string(),
         })?;
-        let pages = ram.size() / PAGE_SIZE;
         Ok(EmuVm {
             shared: Arc::new(VmShared {
                 host: ram.host_ptr() as usize,
                 ram_size: ram.size(),
+                wp: ram.page_bitmap(),
+                dirty: ram.page_bitmap(),
                 _ram: ram,
-                wp: PageBitmap::new(pages),
-                dirty: PageBitmap::new(pages),
                 epoch: Instant::now(),
                 vcpus: shared_vcpus,
                 timer,
@@ -350,16 +349,15 @@ impl Vm for EmuVm {
                 detail: format!("range {gpa:#x}+{size:#x} is not page-aligned RAM"),
             });
         }
-        let first = (gpa - RAM_BASE) / PAGE_SIZE;
-        let end = first + size / PAGE_SIZE;
+        let (offset, len) = ((gpa - RAM_BASE) as usize, size as usize);
         match prot {
             Prot::ReadExec => {
-                vm.wp.fill(first, end, true);
+                vm.wp.set_addr_range(offset, len);
                 // Writable TLB entries must go before the guest runs again.
                 vm.broadcast(ATTN_TLB, None);
             }
             // Read-only TLB entries refill as writable on the next store.
-            Prot::ReadWriteExec => vm.wp.fill(first, end, false),
+            Prot::ReadWriteExec => vm.wp.reset_addr_range(offset, len),
         }
         Ok(())
     }
@@ -367,14 +365,12 @@ impl Vm for EmuVm {
     /// Clears the dirty bitmap and withholds write permission for all of RAM
     /// (a bitmap fill plus a TLB flush request to every vCPU).
     fn rearm_dirty_tracking(&self) -> Result<()> {
-        self.shared
-            .dirty
-            .fill(0, self.shared.ram_size / PAGE_SIZE, false);
+        self.shared.dirty.reset();
         self.protect(RAM_BASE, self.shared.ram_size, Prot::ReadExec)
     }
 
     fn dirty_pages(&self) -> Result<Vec<u64>> {
-        Ok(self.shared.dirty.marked())
+        Ok(marked_pages(&self.shared.dirty))
     }
 
     fn counter_frequency(&self) -> u64 {

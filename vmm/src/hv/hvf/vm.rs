@@ -4,9 +4,8 @@
 use super::gic;
 use super::vcpu::HvfVcpu;
 use crate::arch::layout::{RamRange, MAX_VCPUS, PAGE_SIZE};
-use crate::hv::pages::PageBitmap;
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
-use crate::memory::GuestRam;
+use crate::memory::{marked_pages, GuestRam};
 use applevisor::error::HypervisorError;
 use applevisor::vm::{GicDisabled, VirtualMachine, VirtualMachineInstance};
 use applevisor_sys::{
@@ -16,6 +15,7 @@ use applevisor_sys::{
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use vm_memory::bitmap::AtomicBitmap;
 
 /// What to do when Hypervisor.framework answers `HV_DENIED`.
 pub const SIGN_HINT: &str = "Hypervisor.framework denied access (HV_DENIED): the binary needs the \
@@ -182,9 +182,8 @@ impl Hypervisor for HvfHypervisor {
             )
         };
         check("hv_vm_map", ret)?;
-        let pages = ram.size() / PAGE_SIZE;
         let mut shared = VmShared {
-            dirty: PageBitmap::new(pages),
+            dirty: ram.page_bitmap(),
             write_protect_armed: AtomicBool::new(false),
             vtimer_offset: host_count(),
             freq: self.freq,
@@ -206,7 +205,7 @@ impl Hypervisor for HvfHypervisor {
 /// RAM is unmapped from the guest before the VM handle and the RAM go.
 pub(super) struct VmShared {
     /// Pages the guest wrote since the last [`Vm::dirty_pages`].
-    pub(super) dirty: PageBitmap,
+    pub(super) dirty: AtomicBitmap,
     /// Sticky: RAM has been write-protected at least once, so permission
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).
@@ -263,9 +262,10 @@ impl VmShared {
     /// [`Vm::dirty_pages`] either sees the mark or re-protects the
     /// page after it.
     pub(super) fn write_fault(&self, page: u64) -> Result<()> {
-        // `page` is in RAM (decided so); `mark` ignores anything else.
+        // `page` is in RAM (decided so); `set_bit` ignores anything else.
+        let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
         self.dirty
-            .mark(page.wrapping_sub(self.ram.base()) / PAGE_SIZE);
+            .set_bit(usize::try_from(index).unwrap_or(usize::MAX));
         self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))
     }
 }
@@ -332,12 +332,12 @@ impl Vm for HvfVm {
         self.shared
             .write_protect_armed
             .store(true, Ordering::Release);
-        self.shared.dirty.clear();
+        self.shared.dirty.reset();
         self.shared.protect_all(Prot::ReadExec)
     }
 
     fn dirty_pages(&self) -> Result<Vec<u64>> {
-        Ok(self.shared.dirty.marked())
+        Ok(marked_pages(&self.shared.dirty))
     }
 
     /// The host timebase frequency (CNTFRQ_EL0 as the guest reads it).
