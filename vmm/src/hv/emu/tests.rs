@@ -9,9 +9,12 @@
 //! EL0); programs at `CODE`.
 
 use super::*;
-use crate::arch::layout::{GICD_BASE, RAM_BASE, VIRTIO_MMIO_BASE};
-use crate::hv::MmioFault;
-use std::time::Duration;
+use crate::arch::layout::{GICD_BASE, PAGE_SIZE, RAM_BASE, VIRTIO_MMIO_BASE};
+use crate::arch::sysreg::{self as sr, SysReg};
+use crate::hv::{GicMode, Hypervisor, MmioFault, Prot, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::memory::GuestRam;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 const RAM_SIZE: u64 = 4 << 20;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::VcpuShared;
+use super::vm::{VcpuShared, ATTN_TIMER};
 
 /// Frequency of the guest counter in Hz (CNTFRQ_EL0): 24 MHz, the fixed
 /// counter frequency of Apple Silicon, so counter values mean the same on
@@ -157,7 +157,7 @@ fn run(state: &(Mutex<TimerState>, Condvar), vcpus: &[Arc<VcpuShared>]) {
             if let Some(t) = *d {
                 if t <= now {
                     *d = None;
-                    vcpus[i].request(super::ATTN_TIMER);
+                    vcpus[i].request(ATTN_TIMER);
                 } else {
                     next = Some(next.map_or(t, |n| n.min(t)));
                 }

@@ -1,0 +1,439 @@
+//! Guest accesses the TLB cannot simply map, and the exceptions unicorn
+//! diverts to the VMM: the TLB fill (the VMM's stage-1 walk, dirty tracking,
+//! device routing; quirks 1, 3, 10), delivery of synchronous exceptions to
+//! the guest's EL1 vectors (quirks 1, 2, 4, 14), the fast-path MMIO
+//! callbacks, and trapped MMIO, emulated by decoding the instruction.
+
+use super::insn::{self, Exc, Kind};
+use super::mmu::{self, Access, Fault, Perms};
+use super::uc::Uc;
+use super::vcpu::{EmuVcpu, HookState};
+use super::vm::{uc_err, PaKind};
+use crate::arch::esr;
+use crate::arch::exception::{exception_entry, GuestException, PSTATE_NRW};
+use crate::arch::layout::PAGE_SIZE;
+use crate::arch::sysreg as sr;
+use crate::hv::{Result, VcpuExit, VcpuIo};
+use unicorn_engine::{Prot, RegisterARM64 as R, TlbEntry};
+
+/// Synthesised unicorn interrupt numbers (QEMU's `EXCP_*`).
+mod excp {
+    pub const UDEF: u32 = 1;
+    pub const SWI: u32 = 2;
+    pub const PREFETCH_ABORT: u32 = 3;
+    pub const DATA_ABORT: u32 = 4;
+    pub const BKPT: u32 = 7;
+    pub const HVC: u32 = 11;
+    pub const SMC: u32 = 13;
+}
+
+/// Unicorn's `uc_mem_type` values passed to the TLB hook.
+const UC_MEM_WRITE: u32 = 17;
+const UC_MEM_FETCH: u32 = 18;
+
+/// Why the TLB hook refused a translation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FaultCause {
+    /// The guest's page tables fault.
+    Walk(Fault),
+    /// The physical address is backed by nothing (or is device memory
+    /// fetched as code): synchronous external abort.
+    External,
+    /// A device region the backend emulates by decoding the instruction, at
+    /// this (4 KiB-aligned) physical address.
+    Mmio(u64),
+}
+
+/// A fault recorded by the TLB hook; unicorn then stops with the PC of the
+/// faulting instruction (quirk 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PendingFault {
+    /// The 4 KiB-aligned virtual address unicorn asked for (quirk 14).
+    pub va: u64,
+    /// Kind of access.
+    pub access: Access,
+    /// What went wrong.
+    pub cause: FaultCause,
+}
+
+/// Reads `[X0..X30, SP]` through the engine for the instruction decoder.
+fn xreader(uc: Uc) -> impl Fn(u8) -> u64 {
+    move |n| uc.x_or_sp(n)
+}
+
+/// The 4 KiB page of `va`, ignoring the top byte (TBI).
+pub(super) fn same_page(a: u64, b: u64) -> bool {
+    (a ^ b) & 0x00ff_ffff_ffff_f000 == 0
+}
+
+impl HookState {
+    /// Enters the guest's EL1 synchronous exception vector (quirks 1, 2, 4)
+    /// as computed by [`exception_entry`]: ESR/FAR/ELR/SPSR, SP banking,
+    /// PSTATE, PC. Returns `false` if the vCPU is in a state the backend
+    /// cannot take an exception from (EL2/EL3, or AArch32, which it never
+    /// runs).
+    pub(super) fn deliver_sync(&mut self, esr: u64, far: Option<u64>, elr: u64) -> bool {
+        let uc = self.uc;
+        let (Ok(pstate), Ok(vbar), Ok(sctlr)) = (
+            uc.read(R::PSTATE),
+            uc.read(R::VBAR_EL1),
+            uc.cp_read(sr::SCTLR_EL1),
+        ) else {
+            return false;
+        };
+        if pstate & PSTATE_NRW != 0 {
+            return false;
+        }
+        let exc = GuestException { esr, far };
+        let Some(e) = exception_entry(exc, elr, pstate, vbar, sctlr, self.features) else {
+            return false;
+        };
+        let mut ok = uc.write(R::ESR_EL1, e.esr_el1).is_ok();
+        if let Some(far) = e.far_el1 {
+            ok &= uc.write(R::FAR_EL1, far).is_ok();
+        }
+        ok &= uc.write(R::ELR_EL1, e.elr_el1).is_ok();
+        if e.from_sp_el0 {
+            let sp = uc.read(R::SP).unwrap_or(0);
+            let sp1 = uc.read(R::SP_EL1).unwrap_or(0);
+            ok &= uc.write(R::SP_EL0, sp).is_ok();
+            ok &= uc.write(R::SP, sp1).is_ok();
+        }
+        ok &= uc.write(R::PSTATE, e.pstate).is_ok();
+        ok &= uc.write(R::PC, e.pc).is_ok();
+        // A CP_REG write rebuilds unicorn's cached flags for the new EL
+        // (quirk 4); SPSR_EL1 has no plain register id anyway.
+        ok &= uc.cp_write(sr::SPSR_EL1, e.spsr_el1).is_ok();
+        ok
+    }
+
+    /// Delivers a synchronous exception, or stops with `Unhandled` if the
+    /// vCPU is in a state that cannot take it.
+    pub(super) fn deliver_or_stop(&mut self, esr: u64, far: Option<u64>, pc: u64) {
+        if !self.deliver_sync(esr, far, pc) {
+            self.exit_with(VcpuExit::Unhandled {
+                esr,
+                far: far.unwrap_or(0),
+                ipa: 0,
+                pc,
+            });
+        }
+    }
+
+    /// Precise fault address of the data access of the instruction at `pc`
+    /// that faulted on the 4 KiB page `va_page`: the decoded effective
+    /// address if it lies on that page, else the page itself (the first
+    /// faulting byte of an access that crosses into it).
+    pub(super) fn data_far(&mut self, pc: u64, va_page: u64) -> (u64, Option<insn::LdSt>) {
+        let d = self.read_insn(pc).and_then(insn::decode_ldst);
+        if let Some(d) = d {
+            let (addr, _) = d.address(xreader(self.uc), pc);
+            if same_page(addr, va_page) {
+                return (va_page | (addr & 0xfff), Some(d));
+            }
+        }
+        (va_page, d)
+    }
+
+    // ----- interrupt hook -----------------------------------------------
+
+    pub(super) fn on_interrupt(&mut self, intno: u32) {
+        let pc = self.uc.read(R::PC).unwrap_or(0);
+        let same_el = self.el() == 1;
+        match intno {
+            excp::UDEF => self.deliver_or_stop(esr::unknown_esr(), None, pc),
+            excp::SWI => {
+                // PC is past the SVC.
+                let imm = match self
+                    .read_insn(pc.wrapping_sub(4))
+                    .and_then(insn::decode_exc)
+                {
+                    Some(Exc::Svc(imm)) => imm,
+                    _ => 0,
+                };
+                self.deliver_or_stop(esr::svc_esr(imm), None, pc);
+            }
+            excp::BKPT => {
+                // PC is at the BRK.
+                let imm = match self.read_insn(pc).and_then(insn::decode_exc) {
+                    Some(Exc::Brk(imm)) => imm,
+                    _ => 0,
+                };
+                self.deliver_or_stop(esr::brk_esr(imm), None, pc);
+            }
+            excp::HVC | excp::SMC => {
+                // PC is past the HVC/SMC (quirk 2); return it to the run loop.
+                let exit = match self
+                    .read_insn(pc.wrapping_sub(4))
+                    .and_then(insn::decode_exc)
+                {
+                    Some(Exc::Hvc(imm)) if intno == excp::HVC => VcpuExit::Hvc { imm },
+                    Some(Exc::Smc(imm)) if intno == excp::SMC => VcpuExit::Smc { imm },
+                    _ if intno == excp::HVC => VcpuExit::Hvc { imm: 0 },
+                    _ => VcpuExit::Smc { imm: 0 },
+                };
+                self.exit_with(exit);
+            }
+            excp::DATA_ABORT => {
+                // Raised by QEMU itself: alignment faults, without an address
+                // (quirk 14), so decode it from the instruction.
+                let d = self.read_insn(pc).and_then(insn::decode_ldst);
+                let (far, write) = match d {
+                    Some(d) => (d.address(xreader(self.uc), pc).0, d.kind == Kind::Store),
+                    None => (0, false),
+                };
+                self.deliver_or_stop(
+                    esr::data_abort_esr(same_el, write, esr::FSC_ALIGNMENT),
+                    Some(far),
+                    pc,
+                );
+            }
+            excp::PREFETCH_ABORT => {
+                let esr = if pc & 3 != 0 {
+                    esr::pc_align_esr()
+                } else {
+                    esr::instr_abort_esr(same_el, esr::FSC_SYNC_EXTERNAL)
+                };
+                self.deliver_or_stop(esr, Some(pc), pc);
+            }
+            _ => self.exit_with(VcpuExit::Unhandled {
+                esr: 0,
+                far: 0,
+                ipa: 0,
+                pc,
+            }),
+        }
+    }
+
+    // ----- TLB fill hook ------------------------------------------------
+
+    pub(super) fn on_tlb_fill(&mut self, va: u64, ty: u32) -> Option<TlbEntry> {
+        if self.identity {
+            return Some(TlbEntry {
+                paddr: va,
+                perms: Prot::ALL,
+            });
+        }
+        let access = match ty {
+            UC_MEM_WRITE => Access::Write,
+            UC_MEM_FETCH => Access::Fetch,
+            _ => Access::Read,
+        };
+        let regs = self.walk_regs();
+        let el = self.el();
+        let fault = |cause| PendingFault { va, access, cause };
+        let t = match mmu::translate_access(&regs, va, el, access, &*self.vm) {
+            Ok(t) => t,
+            Err(f) => {
+                self.fault = Some(fault(FaultCause::Walk(f)));
+                return None;
+            }
+        };
+        let pa = t.pa & !0xfff;
+        let mut perms = t.perms;
+        match self.vm.classify(pa) {
+            PaKind::Ram(page) => {
+                let page = page as usize;
+                if perms.write && self.vm.wp.is_bit_set(page) {
+                    if access == Access::Write {
+                        // Dirty tracking: the first store to a protected page
+                        // marks it and unprotects it; the store then completes.
+                        self.vm.dirty.set_bit(page);
+                        self.vm.wp.reset_bit(page);
+                    } else {
+                        perms.write = false;
+                    }
+                }
+                if access == Access::Fetch {
+                    let page16 = pa & !(PAGE_SIZE - 1);
+                    for m in &mut self.ic_memo {
+                        if *m == page16 {
+                            *m = u64::MAX;
+                        }
+                    }
+                }
+            }
+            PaKind::FastMmio if access != Access::Fetch => perms.exec = false,
+            PaKind::TrappedMmio if access != Access::Fetch => {
+                self.fault = Some(fault(FaultCause::Mmio(pa)));
+                return None;
+            }
+            _ => {
+                self.fault = Some(fault(FaultCause::External));
+                return None;
+            }
+        }
+        self.fills += 1;
+        Some(TlbEntry {
+            paddr: pa,
+            perms: to_prot(perms),
+        })
+    }
+
+    // ----- MMIO callbacks (fast path) -----------------------------------
+
+    pub(super) fn on_mmio_read(&mut self, gpa: u64, size: usize) -> u64 {
+        // SAFETY: MMIO callbacks only run inside `emu_start`.
+        let Some(io) = (unsafe { self.io() }) else {
+            return 0;
+        };
+        let mut buf = [0u8; 8];
+        let n = size.clamp(1, 8);
+        let v = match io.mmio_read(self.id, gpa, &mut buf[..n]) {
+            Ok(()) => u64::from_le_bytes(buf),
+            Err(e) => {
+                // Unicorn cannot stop precisely inside an MMIO callback
+                // (quirk 9), so a device error reads as zero.
+                crate::warn_ratelimited!(vcpu = self.id, error = %e, "emu: MMIO read fault, read as zero");
+                0
+            }
+        };
+        self.update_irq(io, true);
+        v
+    }
+
+    pub(super) fn on_mmio_write(&mut self, gpa: u64, size: usize, value: u64) {
+        // SAFETY: MMIO callbacks only run inside `emu_start`.
+        let Some(io) = (unsafe { self.io() }) else {
+            return;
+        };
+        let n = size.clamp(1, 8);
+        if let Err(e) = io.mmio_write(self.id, gpa, &value.to_le_bytes()[..n]) {
+            crate::warn_ratelimited!(vcpu = self.id, error = %e, "emu: MMIO write fault, ignored");
+        }
+        self.update_irq(io, true);
+    }
+}
+
+fn to_prot(p: Perms) -> Prot {
+    let mut v = 0;
+    if p.read {
+        v |= Prot::READ.0;
+    }
+    if p.write {
+        v |= Prot::WRITE.0;
+    }
+    if p.exec {
+        v |= Prot::EXEC.0;
+    }
+    Prot(v)
+}
+
+impl EmuVcpu {
+    /// Handles a fault the TLB hook recorded; `Some` if `run` must return.
+    pub(super) fn handle_fault(
+        &mut self,
+        f: PendingFault,
+        io: &mut dyn VcpuIo,
+    ) -> Result<Option<VcpuExit>> {
+        let uc = self.uc;
+        let pc = uc.read(R::PC).map_err(uc_err("read PC"))?;
+        let status = match f.cause {
+            FaultCause::Walk(fault) => fault.code(),
+            FaultCause::External => esr::FSC_SYNC_EXTERNAL,
+            FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
+        };
+        let st = self.state();
+        let same_el = st.el() == 1;
+        let write = f.access == mmu::Access::Write;
+        let (esr, far) = if f.access == mmu::Access::Fetch {
+            let far = if (pc ^ f.va) & !0xfff == 0 { pc } else { f.va };
+            (esr::instr_abort_esr(same_el, status), far)
+        } else {
+            let (far, _) = st.data_far(pc, f.va);
+            (esr::data_abort_esr(same_el, write, status), far)
+        };
+        if st.deliver_sync(esr, Some(far), pc) {
+            Ok(None)
+        } else {
+            Ok(Some(VcpuExit::Unhandled {
+                esr,
+                far,
+                ipa: 0,
+                pc,
+            }))
+        }
+    }
+
+    /// Emulates a load/store to a trapped device region: exact sizes, the
+    /// instruction completed (register write-back, base update, PC + 4), or
+    /// a synchronous external abort if the device refuses.
+    fn emulate_mmio(
+        &mut self,
+        f: PendingFault,
+        pa_page: u64,
+        pc: u64,
+        io: &mut dyn VcpuIo,
+    ) -> Result<Option<VcpuExit>> {
+        let uc = self.uc;
+        let id = self.id;
+        let st = self.state();
+        let write = f.access == mmu::Access::Write;
+        let same_el = st.el() == 1;
+        let unhandled = |far: u64| VcpuExit::Unhandled {
+            // As HVF reports an access it cannot decode: a data abort from
+            // EL1 with ISV = 0 (stage-2 translation fault, level 3).
+            esr: esr::data_abort_esr(false, write, esr::FSC_TRANSLATION + 3),
+            far,
+            ipa: pa_page | (far & 0xfff),
+            pc,
+        };
+        let d = match st.read_insn(pc).and_then(insn::decode_ldst) {
+            Some(d) if d.emulatable() && d.kind != insn::Kind::Prefetch => d,
+            _ => return Ok(Some(unhandled(f.va))),
+        };
+        let (addr, writeback) = d.address(|n| uc.x_or_sp(n), pc);
+        let size = u64::from(d.size);
+        let count = if d.rt2.is_some() { 2 } else { 1 };
+        let off = addr & 0xfff;
+        if !same_page(addr, f.va) || off + size * count > 0x1000 {
+            return Ok(Some(unhandled(addr)));
+        }
+        let gpa = pa_page | off;
+        let regs = [Some(d.rt), d.rt2];
+        let n = d.size as usize;
+        let mut loaded = [0u64; 2];
+        for (i, rt) in regs.iter().flatten().enumerate() {
+            let a = gpa + i as u64 * size;
+            let r = if write {
+                let v = if *rt == 31 { 0 } else { uc.x_or_sp(*rt) };
+                io.mmio_write(id, a, &v.to_le_bytes()[..n])
+            } else {
+                let mut buf = [0u8; 8];
+                let r = io.mmio_read(id, a, &mut buf[..n]);
+                loaded[i] = u64::from_le_bytes(buf);
+                r
+            };
+            if let Err(e) = r {
+                crate::warn_ratelimited!(vcpu = id, error = %e, "emu: MMIO fault, external abort to the guest");
+                let st = self.state();
+                st.update_irq(io, false);
+                let far = addr + i as u64 * size;
+                let esr = esr::data_abort_esr(same_el, write, esr::FSC_SYNC_EXTERNAL);
+                if st.deliver_sync(esr, Some(far), pc) {
+                    return Ok(None);
+                }
+                return Ok(Some(VcpuExit::Unhandled {
+                    esr,
+                    far,
+                    ipa: gpa,
+                    pc,
+                }));
+            }
+        }
+        let err = uc_err("complete MMIO access");
+        if let insn::Kind::Load { signed, dst64 } = d.kind {
+            for (i, rt) in regs.iter().flatten().enumerate() {
+                let v = esr::extend(loaded[i], d.size, signed, dst64);
+                uc.set_x(*rt, v).map_err(&err)?;
+            }
+        }
+        if let Some(wb) = writeback {
+            let reg = if d.rn == 31 { R::SP } else { Uc::xreg(d.rn) };
+            uc.write(reg, wb).map_err(&err)?;
+        }
+        uc.write(R::PC, pc + 4).map_err(&err)?;
+        self.state().update_irq(io, false);
+        Ok(None)
+    }
+}

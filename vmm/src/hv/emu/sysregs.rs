@@ -1,0 +1,430 @@
+//! System registers (quirk 6): the MRS/MSR/SYS hooks' handlers (the GIC CPU
+//! interface through [`VcpuIo`], the counter and virtual timer, emulated ID
+//! registers, TLB and IC maintenance, address translation), the vCPU's entry
+//! state, and [`Vcpu::sysreg`] / [`Vcpu::set_sysreg`].
+
+use super::mmu::{self, Access};
+use super::timer;
+use super::vcpu::{EmuVcpu, HookState};
+use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB};
+use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
+use crate::arch::layout::PAGE_SIZE;
+use crate::arch::sysreg::{self as sr, SysReg};
+use crate::hv::{HvError, Result};
+#[cfg(doc)]
+use crate::hv::{Vcpu, VcpuIo};
+use std::sync::Arc;
+use unicorn_engine::RegisterARM64 as R;
+
+/// HCR_EL2.RW: EL1 is AArch64.
+pub(super) const HCR_RW: u64 = 1 << 31;
+/// HCR_EL2.IMO: route IRQs to EL2, which makes HCR_EL2.VI a virtual IRQ.
+pub(super) const HCR_IMO: u64 = 1 << 4;
+/// HCR_EL2.VI: virtual IRQ pending (quirk 5).
+pub(super) const HCR_VI: u64 = 1 << 7;
+
+/// Whether `r` is an ICC_* register of the GICv3 CPU interface at EL1.
+pub(super) fn is_icc(r: SysReg) -> bool {
+    let (op0, op1, crn, crm, op2) = r.fields();
+    op0 == 3 && op1 == 0 && ((crn == 12 && crm >= 8) || (crn == 4 && crm == 6 && op2 == 0))
+}
+
+/// Whether the MRS hook handles `k` (everything else is left to unicorn).
+pub(super) fn emulated_mrs(k: SysReg) -> bool {
+    matches!(
+        k,
+        sr::CNTVCT_EL0
+            | sr::CNTPCT_EL0
+            | sr::CNTFRQ_EL0
+            | sr::CNTV_CTL_EL0
+            | sr::CNTV_CVAL_EL0
+            | sr::CNTV_TVAL_EL0
+            | sr::ID_AA64MMFR0_EL1
+            | sr::ID_AA64PFR0_EL1
+    ) || is_icc(k)
+}
+
+/// Whether the MSR hook handles `k`.
+pub(super) fn emulated_msr(k: SysReg) -> bool {
+    matches!(
+        k,
+        sr::CNTV_CTL_EL0
+            | sr::CNTV_CVAL_EL0
+            | sr::CNTV_TVAL_EL0
+            | sr::CNTKCTL_EL1
+            | sr::SCTLR_EL1
+            | sr::TCR_EL1
+            | sr::TTBR0_EL1
+            | sr::TTBR1_EL1
+    ) || is_icc(k)
+}
+
+impl HookState {
+    /// Writes the entry state of a new vCPU and reads the ID registers the
+    /// VMM emulates.
+    pub(super) fn init_sysregs(&mut self) -> Result<()> {
+        let uc = self.uc;
+        // Entry state (quirk 2): Non-secure, EL2 present with HVC enabled,
+        // EL1 AArch64; IRQs routed as virtual IRQs. Unicorn starts at EL1h
+        // with the MMU off; make PSTATE exactly EL1h with DAIF masked (its
+        // reset value has Z set). The CP_REG writes below rebuild unicorn's
+        // cached flags (quirk 4).
+        uc.write(R::PSTATE, PSTATE_DAIF | PSTATE_EL1H)
+            .map_err(uc_err("write PSTATE"))?;
+        let cp = |reg: SysReg, v: u64| uc.cp_write(reg, v).map_err(uc_err("write system register"));
+        cp(sr::SCR_EL3, (1 << 10) | (1 << 8) | 1)?; // RW | HCE | NS
+        cp(sr::HCR_EL2, HCR_RW | HCR_IMO)?;
+        // EL1 physical counter and timer not trapped to EL2.
+        cp(sr::CNTHCTL_EL2, 3)?;
+        cp(sr::VMPIDR_EL2, self.mpidr)?;
+        let rd = |reg: SysReg| uc.cp_read(reg).map_err(uc_err("read system register"));
+        self.id_mmfr0 = (rd(sr::ID_AA64MMFR0_EL1)? & !(0xf << 20)) | (1 << 20); // TGran16
+        self.id_pfr0 = (rd(sr::ID_AA64PFR0_EL1)? & !(0xf << 24)) | (1 << 24); // GIC sysregs
+        self.features =
+            CpuFeatures::from_id_regs(rd(sr::ID_AA64MMFR1_EL1)?, rd(sr::ID_AA64PFR1_EL1)?);
+        Ok(())
+    }
+
+    /// EL0 access to the counter/timer per CNTKCTL_EL1 (Arm ARM D11.2.2).
+    fn el0_timer_ok(&self, reg: SysReg) -> bool {
+        let k = self.cntkctl;
+        match reg {
+            sr::CNTVCT_EL0 => k & (1 << 1) != 0,
+            sr::CNTPCT_EL0 => k & 1 != 0,
+            sr::CNTFRQ_EL0 => k & 3 != 0,
+            _ => k & (1 << 8) != 0, // EL0VTEN for CNTV_*
+        }
+    }
+
+    /// Returns 1 ("skip the instruction") if the access was emulated here.
+    pub(super) fn on_mrs(&mut self, key: SysReg, rt: u8) -> u32 {
+        let value = match key {
+            sr::CNTVCT_EL0
+            | sr::CNTPCT_EL0
+            | sr::CNTFRQ_EL0
+            | sr::CNTV_CTL_EL0
+            | sr::CNTV_CVAL_EL0
+            | sr::CNTV_TVAL_EL0 => {
+                if self.el() == 0 && !self.el0_timer_ok(key) {
+                    return 0; // unicorn's own access check traps it
+                }
+                let vcount = self.vcount();
+                match key {
+                    sr::CNTVCT_EL0 => vcount,
+                    sr::CNTPCT_EL0 => self.vm.physical_count(),
+                    sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
+                    sr::CNTV_CTL_EL0 => self.vtimer.read_ctl(vcount),
+                    sr::CNTV_CVAL_EL0 => self.vtimer.cval,
+                    _ => self.vtimer.read_tval(vcount),
+                }
+            }
+            sr::ID_AA64MMFR0_EL1 | sr::ID_AA64PFR0_EL1 => {
+                if self.el() == 0 {
+                    return 0; // UNDEFINED at EL0; Linux emulates it
+                }
+                if key == sr::ID_AA64MMFR0_EL1 {
+                    self.id_mmfr0
+                } else {
+                    self.id_pfr0
+                }
+            }
+            k if is_icc(k) => {
+                // Unknown to unicorn: emulate, then step over it ourselves.
+                if self.el() == 0 {
+                    return 0;
+                }
+                // SAFETY: sys hooks only run inside `emu_start`.
+                let Some(io) = (unsafe { self.io() }) else {
+                    return 0;
+                };
+                let v = io.sysreg_read(self.id, k);
+                self.update_irq(io, false);
+                let Some(v) = v else {
+                    return 0; // UNDEFINED, taken through the interrupt hook
+                };
+                return self.finish_unknown(rt, Some(v));
+            }
+            _ => return 0,
+        };
+        // Unicorn knows these registers: skipping leaves the rest of the
+        // translated block running, so only Xt is written (no PC change).
+        let _ = self.uc.set_x(rt, value);
+        1
+    }
+
+    /// Completes an emulated access to a register unicorn does not know: its
+    /// block ends right after the instruction, so PC must be advanced here.
+    fn finish_unknown(&mut self, rt: u8, value: Option<u64>) -> u32 {
+        if let Some(v) = value {
+            let _ = self.uc.set_x(rt, v);
+        }
+        let pc = self.uc.read(R::PC).unwrap_or(0);
+        let _ = self.uc.write(R::PC, pc.wrapping_add(4));
+        1
+    }
+
+    pub(super) fn on_msr(&mut self, key: SysReg, rt: u8, value: u64) -> u32 {
+        match key {
+            sr::CNTV_CTL_EL0 | sr::CNTV_CVAL_EL0 | sr::CNTV_TVAL_EL0 => {
+                if self.el() == 0 && !self.el0_timer_ok(key) {
+                    return 0;
+                }
+                let vcount = self.vcount();
+                match key {
+                    sr::CNTV_CTL_EL0 => self.vtimer.write_ctl(value),
+                    sr::CNTV_CVAL_EL0 => self.vtimer.cval = value,
+                    _ => self.vtimer.write_tval(vcount, value),
+                }
+                // SAFETY: sys hooks only run inside `emu_start`.
+                if let Some(io) = unsafe { self.io() } {
+                    // No kick needed: a system register write ends the
+                    // block, so unicorn checks for interrupts right after.
+                    self.vtimer_update(io, false, false);
+                }
+                1
+            }
+            sr::CNTKCTL_EL1 => {
+                if self.el() == 1 {
+                    self.cntkctl = value;
+                }
+                0
+            }
+            sr::SCTLR_EL1 | sr::TCR_EL1 | sr::TTBR0_EL1 | sr::TTBR1_EL1 => {
+                // Unicorn performs the write (and its own TLB flush); the
+                // walker re-reads the registers on the next fill.
+                self.walk = None;
+                0
+            }
+            k if is_icc(k) => {
+                if self.el() == 0 {
+                    return 0;
+                }
+                // SAFETY: sys hooks only run inside `emu_start`.
+                let Some(io) = (unsafe { self.io() }) else {
+                    return 0;
+                };
+                let ok = io.sysreg_write(self.id, k, value);
+                self.update_irq(io, false);
+                if !ok {
+                    return 0; // UNDEFINED
+                }
+                let _ = rt;
+                self.finish_unknown(31, None)
+            }
+            _ => 0,
+        }
+    }
+
+    /// SYS instructions (op0 = 1): TLB maintenance (quirk 13: full flushes
+    /// because the guest uses 16 KiB pages and unicorn's TLB 4 KiB), IC
+    /// maintenance (quirk 11), and address translation with the VMM's walker.
+    pub(super) fn on_sys(&mut self, op1: u8, crn: u8, crm: u8, op2: u8, value: u64) -> u32 {
+        let el = self.el();
+        match (op1, crn, crm, op2) {
+            (0, 8, _, _) if el == 1 => {
+                if self.fills > 0 {
+                    let _ = self.uc.flush_tlb();
+                    self.fills = 0;
+                }
+                // Inner/outer shareable forms reach every vCPU (SMP notes).
+                if crm == 3 || crm == 1 {
+                    self.vm.broadcast(ATTN_TLB, Some(&self.me));
+                }
+                1
+            }
+            (0, 7, 1, 0) if el == 1 => {
+                // IC IALLUIS.
+                self.vm.broadcast(ATTN_TB, None);
+                1
+            }
+            (0, 7, 5, 0) if el == 1 => {
+                // IC IALLU.
+                self.me.request(ATTN_TB);
+                1
+            }
+            (3, 7, 5, 1) => {
+                // IC IVAU; at EL0 only if SCTLR_EL1.UCI.
+                if el == 0 && self.walk_regs().sctlr & (1 << 26) == 0 {
+                    return 0;
+                }
+                self.ivau(value);
+                1
+            }
+            (0, 7, 8, 0..=3) if el == 1 => {
+                self.at(op2, value);
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// IC IVAU: the translated code of the 16 KiB page holding `va` must go,
+    /// on every engine (quirk 11). Unicorn can only drop blocks while it is
+    /// not running, so the page is queued and the engines stop at their next
+    /// block; pages this engine already dropped and has not fetched from
+    /// since are skipped (Linux issues one IC IVAU per cache line).
+    fn ivau(&mut self, va: u64) {
+        let Ok(t) = self.translate(va) else {
+            return;
+        };
+        if !matches!(self.vm.classify(t.pa), PaKind::Ram(_)) {
+            return;
+        }
+        let page = t.pa & !(PAGE_SIZE - 1);
+        let own_done = self.ic_memo.contains(&page);
+        for v in &self.vm.vcpus {
+            if Arc::ptr_eq(v, &self.me) && own_done {
+                continue;
+            }
+            if v.is_created() {
+                v.queue_ic(page);
+            }
+        }
+    }
+
+    /// AT S1E1R/S1E1W/S1E0R/S1E0W: translate with the walker and write
+    /// PAR_EL1 (Arm ARM D17.2.113).
+    fn at(&mut self, op2: u8, va: u64) {
+        let regs = self.walk_regs();
+        let el = if op2 >= 2 { 0 } else { 1 };
+        let access = if op2 & 1 == 1 {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        let par = match mmu::translate_access(&regs, va, el, access, &*self.vm) {
+            Ok(t) => {
+                let mair = self.uc.read(R::MAIR_EL1).unwrap_or(0);
+                let attr = (mair >> (8 * u64::from(t.attr_index))) & 0xff;
+                (attr << 56)
+                    | (t.pa & 0x0000_ffff_ffff_f000)
+                    | (1 << 11)
+                    | (1 << 9)
+                    | (u64::from(t.sh) << 7)
+            }
+            Err(f) => (1 << 11) | (u64::from(f.code()) << 1) | 1,
+        };
+        let _ = self.uc.write(R::PAR_EL1, par);
+    }
+}
+
+impl EmuVcpu {
+    /// [`Vcpu::sysreg`]: the timer and counter,
+    /// MPIDR and the emulated ID registers from the VMM's state, FPCR/FPSR
+    /// and SP_EL0/SP_EL1 from unicorn's registers, anything else unicorn
+    /// knows through a raw CP_REG read; ICC_* belong to the VMM's GIC.
+    pub(super) fn read_sysreg(&mut self, reg: SysReg) -> Result<u64> {
+        let uc = self.uc;
+        let err = uc_err("read system register");
+        let st = self.state();
+        Ok(match reg {
+            sr::CNTV_CTL_EL0 => st.vtimer.read_ctl(st.vcount()),
+            sr::CNTV_CVAL_EL0 => st.vtimer.cval,
+            sr::CNTV_TVAL_EL0 => st.vtimer.read_tval(st.vcount()),
+            sr::CNTVCT_EL0 => st.vcount(),
+            sr::CNTPCT_EL0 => st.vm.physical_count(),
+            sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
+            sr::CNTVOFF_EL2 => st.vtimer_offset,
+            sr::MPIDR_EL1 => st.mpidr,
+            sr::ID_AA64MMFR0_EL1 => st.id_mmfr0,
+            sr::ID_AA64PFR0_EL1 => st.id_pfr0,
+            sr::FPCR => uc.read(R::FPCR).map_err(err)?,
+            sr::FPSR => uc.read(R::FPSR).map_err(err)?,
+            sr::SP_EL0 | sr::SP_EL1 => {
+                let bank = if reg == sr::SP_EL0 { 0 } else { 1 };
+                if self.current_sp_bank()? == bank {
+                    uc.read(R::SP).map_err(err)?
+                } else {
+                    uc.read(if bank == 0 { R::SP_EL0 } else { R::SP_EL1 })
+                        .map_err(err)?
+                }
+            }
+            r if is_icc(r) => {
+                return Err(HvError::Call {
+                    call: "sysreg",
+                    detail: format!("{r:?} belongs to the VMM's GIC"),
+                })
+            }
+            r => uc.cp_read(r).map_err(|e| HvError::Call {
+                call: "sysreg",
+                detail: format!("{r:?}: {e:?}"),
+            })?,
+        })
+    }
+
+    /// [`Vcpu::set_sysreg`], as [`EmuVcpu::read_sysreg`]; a write of a
+    /// translation register drops the cached walk registers and flushes the
+    /// TLB.
+    pub(super) fn write_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()> {
+        let uc = self.uc;
+        let err = uc_err("write system register");
+        match reg {
+            sr::CNTV_CTL_EL0 => self.state().vtimer.write_ctl(value),
+            sr::CNTV_CVAL_EL0 => self.state().vtimer.cval = value,
+            sr::CNTV_TVAL_EL0 => {
+                let st = self.state();
+                let vcount = st.vcount();
+                st.vtimer.write_tval(vcount, value);
+            }
+            sr::CNTVOFF_EL2 => self.state().vtimer_offset = value,
+            sr::MPIDR_EL1 => {
+                let v = value | (1 << 31);
+                uc.cp_write(sr::VMPIDR_EL2, v).map_err(err)?;
+                self.state().mpidr = v;
+            }
+            sr::FPCR => uc.write(R::FPCR, value).map_err(err)?,
+            sr::FPSR => uc.write(R::FPSR, value).map_err(err)?,
+            sr::SP_EL0 | sr::SP_EL1 => {
+                let bank = if reg == sr::SP_EL0 { 0 } else { 1 };
+                let r = if self.current_sp_bank()? == bank {
+                    R::SP
+                } else if bank == 0 {
+                    R::SP_EL0
+                } else {
+                    R::SP_EL1
+                };
+                uc.write(r, value).map_err(err)?;
+            }
+            sr::CNTKCTL_EL1 => {
+                uc.cp_write(reg, value).map_err(err)?;
+                self.state().cntkctl = value;
+            }
+            sr::SCTLR_EL1 | sr::TCR_EL1 | sr::TTBR0_EL1 | sr::TTBR1_EL1 => {
+                uc.cp_write(reg, value).map_err(err)?;
+                self.state().walk = None;
+                // Raw writes skip unicorn's own TLB flush.
+                uc.flush_tlb().map_err(uc_err("flush TLB"))?;
+            }
+            r if is_icc(r) => {
+                return Err(HvError::Call {
+                    call: "set_sysreg",
+                    detail: format!("{r:?} belongs to the VMM's GIC"),
+                })
+            }
+            r => uc
+                .cp_read(r)
+                .and_then(|_| uc.cp_write(r, value))
+                .map_err(|e| HvError::Call {
+                    call: "set_sysreg",
+                    detail: format!("{r:?}: {e:?}"),
+                })?,
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn icc_register_range() {
+        assert!(is_icc(sr::ICC_IAR1_EL1));
+        assert!(is_icc(sr::ICC_PMR_EL1));
+        assert!(is_icc(sr::ICC_SGI1R_EL1));
+        assert!(is_icc(sr::ICC_AP0R0_EL1));
+        assert!(!is_icc(sr::VBAR_EL1));
+        assert!(!is_icc(SysReg::new(3, 0, 12, 1, 0))); // ISR_EL1
+        assert!(!is_icc(SysReg::new(3, 4, 12, 12, 5))); // ICH_LR5_EL2
+    }
+}
