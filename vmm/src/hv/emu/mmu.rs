@@ -1,7 +1,7 @@
 //! Stage-1 translation of the EL1&0 regime (VMSAv8-64, Arm ARM D8), as a pure
 //! function over a descriptor-reading closure.
 //!
-//! Unicorn's TLB is filled by the VMM (notes, quirk 1): this walker decides
+//! Unicorn's TLB is filled by the VMM (quirk 1): this walker decides
 //! the physical address and the permissions, or the fault the guest gets.
 //! Implemented: 4 KiB, 16 KiB and 64 KiB granules (TG0 and TG1 use different
 //! encodings), T0SZ/T1SZ with the start level derived from them, EPD0/EPD1,

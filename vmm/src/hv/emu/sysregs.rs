@@ -226,7 +226,8 @@ impl HookState {
                     let _ = self.uc.flush_tlb();
                     self.fills = 0;
                 }
-                // Inner/outer shareable forms reach every vCPU (SMP notes).
+                // Inner/outer shareable forms reach every engine: engines
+                // share no TLB (see "Several engines" on the quirks page).
                 if crm == 3 || crm == 1 {
                     self.vm.broadcast(ATTN_TLB, Some(&self.me));
                 }

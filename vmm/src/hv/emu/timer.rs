@@ -1,5 +1,5 @@
 //! The guest's generic counter and EL1 virtual timer, emulated (unicorn
-//! compiles its timer out, notes quirk 7).
+//! compiles its timer out, quirk 7).
 //!
 //! The physical count runs from VM creation at [`COUNTER_HZ`]; a vCPU's
 //! virtual count is the physical count minus its vtimer offset. A per-VM
