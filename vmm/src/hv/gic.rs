@@ -250,7 +250,7 @@ fn priority_bits(ctlr: u64) -> u64 {
 }
 
 /// The active-priority registers per group that exist with `ctlr`'s
-/// priority bits (GICv3 spec, ICC_AP0R<n>_EL1: n = 1 needs at least 6 bits,
+/// priority bits (GICv3 spec, `ICC_AP0R<n>_EL1`: n = 1 needs at least 6 bits,
 /// n = 2 and 3 need 7 or more).
 fn apr_count(ctlr: u64) -> usize {
     match priority_bits(ctlr) {

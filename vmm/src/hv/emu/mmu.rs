@@ -150,9 +150,9 @@ impl Granule {
     }
 }
 
-/// Output-address bits [47:0] of a descriptor.
+/// Output-address bits `[47:0]` of a descriptor.
 const OA_MASK: u64 = 0x0000_FFFF_FFFF_FFFF;
-/// Descriptor bits [49:48]: output-address bits beyond 48 bits (FEAT_LPA),
+/// Descriptor bits `[49:48]`: output-address bits beyond 48 bits (FEAT_LPA),
 /// RES0 here. Bits 50 (GP) and 51 (DBM, Linux's PTE_WRITE) are attributes.
 const OA_HIGH: u64 = 0x0003_0000_0000_0000;
 

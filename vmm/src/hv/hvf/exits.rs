@@ -213,7 +213,7 @@ pub fn decide(exit: &ExitRecord, ram: RamRange, write_protect: bool) -> Action {
 }
 
 /// PMUv3 registers: op0 = 3, CRn = 9, CRm = 12..=14 (PMCR_EL0 to
-/// PMOVSSET_EL0, PMINTEN*_EL1), and PMEVCNTR<n>/PMEVTYPER<n>/PMCCFILTR_EL0
+/// PMOVSSET_EL0, PMINTEN*_EL1), and `PMEVCNTR<n>`/`PMEVTYPER<n>`/PMCCFILTR_EL0
 /// (op0 = 3, op1 = 3, CRn = 14, CRm = 8..=15). Arm ARM D24.5.
 fn is_pmu(reg: SysReg) -> bool {
     let (op0, op1, crn, crm, _) = reg.fields();
