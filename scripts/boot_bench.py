@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from ignition import console as harness  # noqa: E402
 import qemu_boot  # noqa: E402
 from qemu_boot_bench import RESULTS_DIR, sha256, summarize, time_to_login  # noqa: E402
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from ignition import console as harness  # noqa: E402
 import pexpect  # noqa: E402
 from qemu_boot_bench import RESULTS_DIR, sha256, summarize  # noqa: E402
 

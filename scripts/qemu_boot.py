@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+from ignition import console as harness  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GUEST_OUT = REPO_ROOT / "guest" / "out"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import harness
+from ignition import console as harness
 
 BOOT_TIMEOUT = 120  # software CPU on a loaded 2-core CI runner
 CMD_TIMEOUT = 60

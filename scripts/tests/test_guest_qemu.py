@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import harness
+from ignition import console as harness
 import qemu_boot
 
 BOOT_TIMEOUT = 120  # TCG on a loaded 2-core CI runner

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import harness
+from ignition import console as harness
 from test_boot_e2e import BOOT_TIMEOUT, CMD_TIMEOUT, cpu_busy_ticks
 
 MEM = "256"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import harness
+from ignition import console as harness
 
 # A stand-in console: prompts for a login name, then runs an interactive sh
 # with the prompt "box:~# ". With echo, the pty echoes typed input like a
