@@ -25,10 +25,9 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ignition import console as harness  # noqa: E402
 import qemu_boot  # noqa: E402
-from qemu_boot_bench import RESULTS_DIR, sha256, summarize, time_to_login  # noqa: E402
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
+from ignition.stats import sha256, summarize  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_BOOT = REPO / "target" / "release" / "boot"
 RATIO_TARGET = 1.5
 
 
@@ -98,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with qemu_boot.disk_copy(args.disk) as disk:
                 qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
                 try:
-                    t = time_to_login(qargv, timeout=args.timeout, log_path=logs / f"qemu-{i + 1}.log")
+                    t = harness.time_to_login(qargv, timeout=args.timeout, log_path=logs / f"qemu-{i + 1}.log")
                 except harness.ConsoleError as e:
                     print(f"boot_bench: qemu run {i + 1}: {e}", file=sys.stderr)
                     return 1

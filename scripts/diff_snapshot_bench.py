@@ -52,11 +52,9 @@ from typing import Iterator, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ignition import console as harness  # noqa: E402
 import pexpect  # noqa: E402
-from qemu_boot_bench import RESULTS_DIR, sha256, summarize  # noqa: E402
+from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR  # noqa: E402
+from ignition.stats import sha256, stats, summarize  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-GUEST_OUT = REPO / "guest" / "out"
-DEFAULT_BOOT = REPO / "target" / "release" / "boot"
 DEFAULT_STORE = RESULTS_DIR / "vmstore-bench"
 LOG_DIR = RESULTS_DIR / "logs" / "diff_snapshot"
 MIB = 1 << 20
@@ -91,16 +89,6 @@ class StepError(Exception):
 
 
 # --- small helpers ---------------------------------------------------------------------------
-
-
-def stats(samples: Sequence[float], nd: int = 1) -> dict:
-    """median/min/max of unit-less samples (throughputs, page counts)."""
-    return {
-        "median": round(statistics.median(samples), nd),
-        "min": round(min(samples), nd),
-        "max": round(max(samples), nd),
-        "samples": [round(s, nd) for s in samples],
-    }
 
 
 def sh(argv: Sequence[str]) -> str:

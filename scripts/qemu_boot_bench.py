@@ -5,21 +5,16 @@ Runs N boots (default 5), prints median/min/max and writes
 bench-results/qemu_boot.json. Each run gets a fresh copy of the disk; the copy
 is made before the clock starts.
 
-time_to_login() is generic (any argv whose stdio is the guest console), so
-other benchmarks can time their own VMM with the same clock:
-
-    from qemu_boot_bench import time_to_login
-    seconds = time_to_login(["target/release/ignition", ...])
+The clock is ignition.console.time_to_login (any argv whose stdio is the
+guest console), so other benchmarks time their own VMM the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -29,45 +24,8 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ignition import console as harness  # noqa: E402
 import qemu_boot  # noqa: E402
-
-RESULTS_DIR = qemu_boot.REPO_ROOT / "bench-results"
-
-
-def time_to_login(
-    argv: Sequence[str],
-    timeout: float = 120,
-    pattern: str = harness.LOGIN,
-    log_path: os.PathLike | str | None = None,
-) -> float:
-    """Seconds from spawning argv to `pattern` (default `login:`) on its console.
-
-    The process is killed afterwards. Raises harness.ConsoleError on timeout or
-    if the process exits first.
-    """
-    start = time.perf_counter()
-    child = harness.spawn(argv, log_path=log_path)
-    try:
-        harness.expect(child, pattern, timeout, "the login: prompt")
-        return time.perf_counter() - start
-    finally:
-        harness.terminate(child)
-
-
-def summarize(samples: Sequence[float]) -> dict:
-    return {
-        "median_s": round(statistics.median(samples), 4),
-        "min_s": round(min(samples), 4),
-        "max_s": round(max(samples), 4),
-        "samples_s": [round(s, 4) for s in samples],
-    }
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+from ignition.paths import RESULTS_DIR  # noqa: E402
+from ignition.stats import sha256, summarize  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with qemu_boot.disk_copy(args.disk) as disk:
             qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
             try:
-                t = time_to_login(qargv, timeout=args.timeout)
+                t = harness.time_to_login(qargv, timeout=args.timeout)
             except harness.ConsoleError as e:
                 print(f"qemu_boot_bench: run {i + 1}: {e}", file=sys.stderr)
                 return 1

@@ -164,3 +164,23 @@ def terminate(child: pexpect.spawn) -> None:
     finally:
         if child.logfile_read is not None and not child.logfile_read.closed:
             child.logfile_read.close()
+
+
+def time_to_login(
+    argv: Sequence[str],
+    timeout: float = 120,
+    pattern: str = LOGIN,
+    log_path: os.PathLike | str | None = None,
+) -> float:
+    """Seconds from spawning argv to `pattern` (default `login:`) on its console.
+
+    The process is killed afterwards. Raises ConsoleError on timeout or
+    if the process exits first.
+    """
+    start = time.perf_counter()
+    child = spawn(argv, log_path=log_path)
+    try:
+        expect(child, pattern, timeout, "the login: prompt")
+        return time.perf_counter() - start
+    finally:
+        terminate(child)
