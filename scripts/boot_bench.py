@@ -13,35 +13,28 @@ and writes bench-results/boot.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
-import platform
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console as harness  # noqa: E402
-import qemu_boot  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts  # noqa: E402
+from ignition.guest import disk_copy  # noqa: E402
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
 from ignition.stats import sha256, summarize  # noqa: E402
+from ignition.vm import Vm, VmConfig  # noqa: E402
 
 RATIO_TARGET = 1.5
 
 
-def time_ignition(argv: Sequence[str], timeout: float, log_path: Path) -> tuple[float, int]:
+def time_ignition(cfg: VmConfig, disk: Path, cpus: int, mem: int, log_path: Path) -> tuple[float, int]:
     """(seconds from spawn to login:, Guest-boot-time in ms) for one boot."""
-    start = time.perf_counter()
-    child = harness.spawn(argv, log_path=log_path)
-    try:
-        harness.expect(child, r"Guest-boot-time = (\d+) ms", timeout, "the Guest-boot-time line")
-        guest_ms = int(child.match.group(1))
-        harness.expect(child, harness.LOGIN, timeout, "the login: prompt")
-        return time.perf_counter() - start, guest_ms
-    finally:
-        harness.terminate(child)
+    with Vm.boot(cfg, disk=disk, cpus=cpus, mem=mem, log_path=log_path) as vm:
+        guest_ms = vm.guest_boot_time_ms()
+        return vm.wait_login(), guest_ms
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,11 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="boots per VMM (default: 5)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
     p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")
-    p.add_argument("--kernel", type=Path, default=qemu_boot.GUEST_OUT / "Image")
-    p.add_argument("--disk", type=Path, default=qemu_boot.GUEST_OUT / "rootfs.ext4")
+    p.add_argument("--kernel", type=Path, default=paths.KERNEL)
+    p.add_argument("--disk", type=Path, default=paths.ROOTFS)
     p.add_argument("--cpus", type=int, default=1)
     p.add_argument("--mem", type=int, default=512, help="MiB (default: 512)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds per boot (default: 120)")
+    p.add_argument("--timeout", type=float, help="seconds per boot (default: the backend's, timeouts.py)")
     p.add_argument("--no-qemu", action="store_true", help="skip the QEMU comparison")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "boot.json")
     args = p.parse_args(argv)
@@ -62,21 +55,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.boot.is_file():
         print(f"boot_bench: {args.boot} not found: cargo build --release --bin boot", file=sys.stderr)
         return 1
-    err = qemu_boot.check_inputs(args.kernel, args.disk)
-    if err and not (args.no_qemu and err.startswith(qemu_boot.QEMU)):
+    err = qemu.check_inputs(args.kernel, args.disk)
+    if err and not (args.no_qemu and err.startswith(qemu.QEMU)):
         print(f"boot_bench: {err}", file=sys.stderr)
         return 1
 
+    tmo = timeouts.for_backend(args.backend)
+    if args.timeout:
+        tmo = dataclasses.replace(tmo, boot=args.timeout)
+    cfg = VmConfig(boot=args.boot, backend=args.backend, kernel=args.kernel, timeouts=tmo)
+    qemu_timeout = args.timeout or timeouts.for_backend("qemu").boot
     logs = RESULTS_DIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     wall, guest = [], []
     for i in range(args.runs):
-        with qemu_boot.disk_copy(args.disk) as disk:
-            cmd = [str(args.boot), "--backend", args.backend, "--kernel", str(args.kernel), "--disk", str(disk),
-                   "--cpus", str(args.cpus), "--mem", str(args.mem)]
+        with disk_copy(args.disk) as disk:
             try:
-                t, g = time_ignition(cmd, args.timeout, logs / f"ignition-{i + 1}.log")
-            except harness.ConsoleError as e:
+                t, g = time_ignition(cfg, disk, args.cpus, args.mem, logs / f"ignition-{i + 1}.log")
+            except console.ConsoleError as e:
                 print(f"boot_bench: ignition run {i + 1}: {e}", file=sys.stderr)
                 return 1
         wall.append(t)
@@ -88,22 +84,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ignition": {"backend": args.backend, "login": summarize(wall), "guest_boot_time": summarize(guest)},
         "config": {"cpus": args.cpus, "mem_mib": args.mem, "runs": args.runs,
                    "kernel_sha256": sha256(args.kernel), "disk_sha256": sha256(args.disk)},
-        "host": {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()},
+        "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if not args.no_qemu:
-        qemu = []
+        qemu_times = []
         for i in range(args.runs):
-            with qemu_boot.disk_copy(args.disk) as disk:
-                qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
+            with disk_copy(args.disk) as disk:
+                qargv = qemu.qemu_argv(args.kernel, disk, args.cpus, args.mem)
                 try:
-                    t = harness.time_to_login(qargv, timeout=args.timeout, log_path=logs / f"qemu-{i + 1}.log")
-                except harness.ConsoleError as e:
+                    t = console.time_to_login(qargv, timeout=qemu_timeout, log_path=logs / f"qemu-{i + 1}.log")
+                except console.ConsoleError as e:
                     print(f"boot_bench: qemu run {i + 1}: {e}", file=sys.stderr)
                     return 1
-            qemu.append(t)
+            qemu_times.append(t)
             print(f"qemu run {i + 1}/{args.runs}: login {t:.3f} s")
-        result["qemu_tcg"] = {"login": summarize(qemu)}
+        result["qemu_tcg"] = {"login": summarize(qemu_times)}
         ratio = result["ignition"]["login"]["median_s"] / result["qemu_tcg"]["login"]["median_s"]
         result["ratio_ignition_to_qemu"] = round(ratio, 3)
         result["ratio_target"] = RATIO_TARGET

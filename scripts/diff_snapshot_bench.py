@@ -28,6 +28,9 @@ bench-results/diff_snapshot.md; console logs go to bench-results/logs/diff_snaps
 
     scripts/diff_snapshot_bench.py                 # N=3, 512 MiB, emu
     scripts/diff_snapshot_bench.py --runs 5 --mem 1024
+
+Timeouts are the backend's (scripts/ignition/timeouts.py); on a slow host set
+IGNITION_TIMEOUT_SCALE (e.g. 2).
 """
 
 from __future__ import annotations
@@ -49,85 +52,25 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console as harness  # noqa: E402
 import pexpect  # noqa: E402
-from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR  # noqa: E402
+from ignition import console, host  # noqa: E402
+from ignition import store as vmstore  # noqa: E402
 from ignition.diff_snapshot_report import (  # noqa: E402
     BANDWIDTH_MIB, CHAIN_DEPTH, CHAIN_MIB, DD_MIB, DIFF_MIB, DISK_WRITE_MIB, MIB, RESTORE_SPECS, report,
     summarize_all)
+from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR  # noqa: E402
 from ignition.stats import sha256  # noqa: E402
+from ignition.vm import Vm, VmConfig  # noqa: E402
 
 DEFAULT_STORE = RESULTS_DIR / "vmstore-bench"
 LOG_DIR = RESULTS_DIR / "logs" / "diff_snapshot"
-
-# Generous: `emu` is a software CPU on a small machine that other jobs share.
-BOOT_TIMEOUT = 240.0  # spawn -> login: / restore logged
-CMD_TIMEOUT = 180.0  # one shell command, a snapshot write, an exit
 
 # The guest's clock in microseconds, from busybox adjtimex (date has no %N here).
 GUEST_CLOCK = r"adjtimex | sed -n 's/^ *time\.tv_[a-z]*: *//p'"
 
 
-def parse_disk_clone(text: str) -> dict:
-    """`METHOD (H of N chunks hashed[: note])`, the value of a `Snapshot-disk-clone` line."""
-    m = re.fullmatch(r"(.+?) \((\d+) of (\d+) chunks hashed(?:: ([^)]*))?\)", text.strip())
-    if not m:
-        raise ValueError(f"cannot parse Snapshot-disk-clone value {text!r}")
-    return {"method": m.group(1), "chunks_hashed": int(m.group(2)), "chunks": int(m.group(3)),
-            "reused": m.group(4) is not None}
-
-
 class StepError(Exception):
     """A named step of the benchmark failed."""
-
-
-# --- small helpers ---------------------------------------------------------------------------
-
-
-def sh(argv: Sequence[str]) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def file_sizes(path: Path) -> dict:
-    st = path.stat()
-    return {"logical": st.st_size, "physical": st.st_blocks * 512}
-
-
-def tree_sizes(root: Path) -> dict:
-    """Summed st_size and st_blocks*512 of every regular file (hard links once)."""
-    logical = physical = 0
-    seen = set()
-    for p in root.rglob("*"):
-        st = p.lstat()
-        if not p.is_file() or p.is_symlink() or (st.st_dev, st.st_ino) in seen:
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        logical += st.st_size
-        physical += st.st_blocks * 512
-    return {"logical": logical, "physical": physical}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def mem_total_mib() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 # --- the benchmark ---------------------------------------------------------------------------
@@ -140,8 +83,9 @@ class Bench:
         # A private copy of the binary: a rebuild during the run cannot mix two builds.
         self.boot = tmp / "boot"
         shutil.copy2(args.boot, self.boot)
+        self.cfg = VmConfig(boot=self.boot, backend=args.backend, kernel=args.kernel)
         self.store = args.store
-        self.children: list = []
+        self.vms: list[Vm] = []
         self.step_name = "setup"
         self.log: Path | None = None
         self.seq = 0
@@ -157,41 +101,41 @@ class Bench:
         except StepError:
             self.kill_all()
             raise
-        except (harness.ConsoleError, OSError, ValueError, AssertionError, subprocess.SubprocessError,
+        except (console.ConsoleError, OSError, ValueError, AssertionError, subprocess.SubprocessError,
                 pexpect.ExceptionPexpect) as e:
             self.kill_all()
             where = f" (console log: {self.log})" if self.log else ""
             raise StepError(f"step '{name}' failed{where}:\n{type(e).__name__}: {e}") from None
 
     def kill_all(self) -> None:
-        for c in list(self.children):
-            self.kill(c)
+        for vm in list(self.vms):
+            self.kill(vm)
 
-    def spawn(self, argv: Sequence[str], tag: str):
+    def next_log(self, tag: str) -> Path:
+        """The console log of the next VM: LOG_DIR/NN-tag.log."""
         self.seq += 1
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log = LOG_DIR / f"{self.seq:02d}-{tag}.log"
-        child = harness.spawn(argv, log_path=self.log, timeout=BOOT_TIMEOUT)
-        self.children.append(child)
-        return child
+        return self.log
 
-    def kill(self, child) -> None:
+    def started(self, vm: Vm) -> Vm:
+        """Registers a VM for kill_all."""
+        self.vms.append(vm)
+        return vm
+
+    def kill(self, vm: Vm) -> None:
         try:
-            harness.terminate(child)
+            vm.terminate()
         finally:
-            if child in self.children:
-                self.children.remove(child)
+            if vm in self.vms:
+                self.vms.remove(vm)
 
-    def quit_vm(self, child) -> None:
+    def quit_vm(self, vm: Vm) -> None:
         """Ctrl-A x; the VMM must exit with status 0."""
-        child.send("\x01x")
-        status = harness.wait_exit(child, CMD_TIMEOUT)
-        self.children.remove(child)
+        status = vm.quit()
+        self.vms.remove(vm)
         if status != 0:
-            raise harness.ConsoleError(f"boot exited with status {status} after Ctrl-A x")
-
-    def base_argv(self) -> list[str]:
-        return [str(self.boot), "--backend", self.args.backend]
+            raise console.ConsoleError(f"boot exited with status {status} after Ctrl-A x")
 
     def disk_copy(self, tag: str) -> Path:
         """A sparse copy of the guest's root disk (made before any clock starts)."""
@@ -202,99 +146,44 @@ class Bench:
     # console pieces
 
     @staticmethod
-    def login_at_prompt(child) -> None:
-        """Log in as root once `login:` has been matched (harness.login would wait for it again)."""
-        harness.paced_send(child, "root\n")
-        if harness.expect(child, [harness.PASSWORD, harness.PROMPT], BOOT_TIMEOUT,
-                          "a password prompt or the shell prompt") == 0:
-            harness.paced_send(child, "\n")
-            harness.expect(child, harness.PROMPT, BOOT_TIMEOUT, "the shell prompt after the password")
-
-    @staticmethod
-    def snapshot(child, kind: str, name: str) -> dict:
+    def snapshot(vm: Vm, kind: str, name: str) -> dict:
         """Ctrl-A s; returns the VMM's write time, pages, disk clone method, and wall to the line."""
-        t0 = time.perf_counter()
-        child.send("\x01s")
-        failed = r"\[snapshot\][^\r\n]*(?:failed|refused)[^\r\n]*"
-        i = harness.expect(child, [r"Snapshot-write-time = (\d+) ms", failed], CMD_TIMEOUT,
-                           f"Snapshot-write-time of '{name}'")
-        if i == 1:
-            raise harness.ConsoleError(f"the VMM refused the snapshot: {child.match.group(0).strip()}")
-        write_ms = int(child.match.group(1))
-        harness.expect(child, r"Snapshot-disk-clone = ([^\r\n]+)\r*\n", CMD_TIMEOUT, "Snapshot-disk-clone")
-        clone = child.match.group(1).strip()
-        disk = parse_disk_clone(clone)
-        harness.expect(child, rf"\[snapshot\] (full|diff) '{re.escape(name)}' \((\d+) pages, ([0-9.]+) MiB\) written",
-                       CMD_TIMEOUT, f"the [snapshot] line of '{name}'")
-        wall = time.perf_counter() - t0
-        got = child.match.group(1)
-        if got != kind:
-            raise harness.ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return {"write_ms": write_ms, "pages": int(child.match.group(2)), "mib": float(child.match.group(3)),
-                "disk_clone": disk["method"], "disk_chunks_hashed": disk["chunks_hashed"],
-                "disk_chunks": disk["chunks"], "console_wall_s": wall}
+        snap = vm.snapshot(name, kind)
+        return {"write_ms": snap.write_ms, "pages": snap.pages, "mib": snap.mib,
+                "disk_clone": snap.disk.method, "disk_chunks_hashed": snap.disk.chunks_hashed,
+                "disk_chunks": snap.disk.chunks, "console_wall_s": snap.console_wall_s}
 
-    @staticmethod
-    def restore_logged(child) -> dict:
-        """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy`; returns them.
+    def restore(self, spec: str, tag: str, name: str | None = None) -> tuple[Vm, dict]:
+        """Spawns `boot --restore spec` (with --track-dirty when naming a snapshot), waits for its
+        log lines, presses Enter, waits for the prompt.
 
         `restore_ms` is the whole-ms `Restore-time`, `total_us` the same total in µs and
         `stages_us` its stages. The working disk is copied on its own thread while the restore
         goes on and after the guest starts (its first disk request waits for it): the copy's
         own time is `disk_copy_us`, and `disk_ready_us` is when it finished, from restore start.
-        The disk line may come before or after the others.
         """
-        pats = [r"Restore-time = (\d+) ms", r"Restore-stages: ([^\r\n]*)\r*\n",
-                r"Restore-disk-copy = (\d+) us \([^)]*\); ready (\d+) us after restore start"]
-        seen: dict[int, re.Match] = {}
-        while len(seen) < len(pats):
-            i = harness.expect(child, pats, BOOT_TIMEOUT, "the Restore-time, -stages and -disk-copy lines")
-            seen[i] = child.match
-        total_ms = int(seen[0].group(1))
-        # "NAME N us", or "NAME N us (OTHER M us)" for work on another thread (not a stage).
-        stages, parallel, total_us = {}, {}, None
-        for part in seen[1].group(1).split(","):
-            m = re.fullmatch(r"\s*(.+?) (\d+) us(?: \((.+?) (\d+) us\))?\s*", part)
-            if not m:
-                raise harness.ConsoleError(f"cannot parse Restore-stages item {part!r}")
-            if m.group(1) == "total":
-                total_us = int(m.group(2))
-            else:
-                stages[m.group(1)] = int(m.group(2))
-            if m.group(3):
-                parallel[m.group(3)] = int(m.group(4))
-        if total_us is None:
-            raise harness.ConsoleError("Restore-stages lacks the total")
-        return {"restore_ms": total_ms, "total_us": total_us, "disk_copy_us": int(seen[2].group(1)),
-                "disk_ready_us": int(seen[2].group(2)), "stages_us": stages, "parallel_us": parallel}
+        vm = self.started(Vm.restore(self.cfg, spec, store=self.store, name=name, track_dirty=name is not None,
+                                     log_path=self.next_log(tag), wait=False))
+        x = vm.wait_restored()
+        r = {"restore_ms": x.restore_ms, "total_us": x.total_us, "disk_copy_us": x.disk_copy_us,
+             "disk_ready_us": x.disk_ready_us, "stages_us": x.stages.stages_us, "parallel_us": x.stages.parallel_us,
+             "wall_s": x.wall_s, "logged_wall_s": x.logged_wall_s, "enter_to_prompt_s": x.wall_s - x.logged_wall_s}
+        return vm, r
 
-    def restore(self, spec: str, tag: str, *extra: str) -> tuple:
-        """Spawns `boot --restore spec`, waits for its log lines, presses Enter, waits for the prompt."""
-        argv = [*self.base_argv(), "--store", str(self.store), "--restore", spec, *extra]
-        t0 = time.perf_counter()
-        child = self.spawn(argv, tag)
-        r = self.restore_logged(child)
-        t_logged = time.perf_counter()
-        harness.paced_send(child, "\n")
-        harness.expect(child, harness.PROMPT, CMD_TIMEOUT, "the shell prompt after Enter on the restored console")
-        t_prompt = time.perf_counter()
-        r.update(wall_s=t_prompt - t0, logged_wall_s=t_logged - t0, enter_to_prompt_s=t_prompt - t_logged)
-        return child, r
-
-    def dd_in_guest(self, child, path: str, mib: int) -> dict:
+    def dd_in_guest(self, vm: Vm, path: str, mib: int) -> dict:
         """dd of mib MiB of zeros to a file, timed by the guest's clock (and the host's, around it)."""
         cmd = (f"a=$({GUEST_CLOCK}); dd if=/dev/zero of={path} bs=1M count={mib} 2>/dev/null; "
                f"s=$?; b=$({GUEST_CLOCK}); echo dd-clock $a $b; test $s = 0")
         t0 = time.perf_counter()
-        out = harness.run(child, cmd, CMD_TIMEOUT)
+        out = vm.sh(cmd)
         host = time.perf_counter() - t0
         m = re.search(r"dd-clock (\d+) (\d+) (\d+) (\d+)", out)
         if not m:
-            raise harness.ConsoleError(f"cannot read the guest clock around dd; output:\n{out}")
+            raise console.ConsoleError(f"cannot read the guest clock around dd; output:\n{out}")
         s0, u0, s1, u1 = map(int, m.groups())
         secs = (s1 - s0) + (u1 - u0) / 1e6
         if secs <= 0:
-            raise harness.ConsoleError(f"the guest clock did not advance across dd: {out!r}")
+            raise console.ConsoleError(f"the guest clock did not advance across dd: {out!r}")
         return {"guest_s": secs, "mb_per_s": mib * MIB / 1e6 / secs, "host_command_wall_s": host}
 
     # phases
@@ -347,18 +236,14 @@ class Bench:
         mode = "tracked" if tracked else "untracked"
         with self.step(f"boot {mode} run {i + 1}"):
             disk = self.disk_copy(f"boot-{mode}-{i + 1}")
-            argv = [*self.base_argv(), "--kernel", str(self.args.kernel), "--disk", str(disk),
-                    "--mem", str(self.args.mem)] + (["--track-dirty"] if tracked else [])
-            t0 = time.perf_counter()
-            child = self.spawn(argv, f"boot-{mode}-{i + 1}")
-            harness.expect(child, r"Guest-boot-time = (\d+) ms", BOOT_TIMEOUT, "the Guest-boot-time line")
-            guest_ms = int(child.match.group(1))
-            harness.expect(child, harness.LOGIN, BOOT_TIMEOUT, "the login: prompt")
-            wall = time.perf_counter() - t0
-            self.login_at_prompt(child)
+            vm = self.started(Vm.boot(self.cfg, disk=disk, mem=self.args.mem, track_dirty=tracked,
+                                      log_path=self.next_log(f"boot-{mode}-{i + 1}")))
+            guest_ms = vm.guest_boot_time_ms()
+            wall = vm.wait_login()
+            vm.login()
         with self.step(f"dd {DD_MIB} MiB to /dev/shm, {mode} run {i + 1}"):
-            dd = self.dd_in_guest(child, "/dev/shm/blob", DD_MIB)
-            self.quit_vm(child)
+            dd = self.dd_in_guest(vm, "/dev/shm/blob", DD_MIB)
+            self.quit_vm(vm)
             disk.unlink()
         print(f"boot {mode:9} {i + 1}/{self.args.runs}: Guest-boot-time {guest_ms} ms, login {wall * 1000:.0f} ms; "
               f"dd {DD_MIB} MiB {dd['mb_per_s']:.0f} MB/s ({dd['guest_s'] * 1000:.0f} ms)")
@@ -367,16 +252,15 @@ class Bench:
     def full_snapshot(self, name: str, i: int) -> dict:
         with self.step(f"full snapshot '{name}' (run {i + 1})"):
             disk = self.disk_copy(name)
-            argv = [*self.base_argv(), "--kernel", str(self.args.kernel), "--disk", str(disk),
-                    "--mem", str(self.args.mem), "--store", str(self.store), "--track-dirty", "--name", name]
-            child = self.spawn(argv, f"full-{name}")
-            harness.login(child, timeout=BOOT_TIMEOUT)
+            vm = self.started(Vm.boot(self.cfg, disk=disk, mem=self.args.mem, store=self.store, name=name,
+                                      track_dirty=True, log_path=self.next_log(f"full-{name}")))
+            vm.login()
             # A prepared base image is synced: its restored children then start
             # with nothing left to write back, so a diff whose guest did not
             # write its disk reuses the parent's disk image (and hash).
-            harness.run(child, "sync", CMD_TIMEOUT)
-            snap = self.snapshot(child, "full", name)
-            self.quit_vm(child)
+            vm.sh("sync")
+            snap = self.snapshot(vm, "full", name)
+            self.quit_vm(vm)
             disk.unlink()
         print(f"full  {name:10} {i + 1}/{self.args.runs}: Snapshot-write-time {snap['write_ms']} ms, "
               f"{snap['pages']} pages, Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms ({snap['disk_clone']})")
@@ -384,10 +268,10 @@ class Bench:
 
     def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', dirty {mib} MiB, Ctrl-A s)"):
-            child, r = self.restore(parent, f"diff-{name}", "--track-dirty", "--name", name)
-            harness.run(child, f"dd if=/dev/zero of=/dev/shm/{name} bs=1M count={mib} 2>/dev/null", CMD_TIMEOUT)
-            snap = self.snapshot(child, "diff", name)
-            self.quit_vm(child)
+            vm, r = self.restore(parent, f"diff-{name}", name)
+            vm.sh(f"dd if=/dev/zero of=/dev/shm/{name} bs=1M count={mib} 2>/dev/null")
+            snap = self.snapshot(vm, "diff", name)
+            self.quit_vm(vm)
         snap["dirtied_mib"] = mib
         snap["restore_of_parent"] = r
         print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
@@ -397,11 +281,10 @@ class Bench:
     def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
         """Like diff_snapshot, but the guest writes mib MiB to a file on its root disk and syncs."""
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', write {mib} MiB to /, sync, Ctrl-A s)"):
-            child, r = self.restore(parent, f"diff-{name}", "--track-dirty", "--name", name)
-            harness.run(child, f"dd if=/dev/zero of=/root/{name} bs=1M count={mib} 2>/dev/null && sync",
-                        CMD_TIMEOUT)
-            snap = self.snapshot(child, "diff", name)
-            self.quit_vm(child)
+            vm, r = self.restore(parent, f"diff-{name}", name)
+            vm.sh(f"dd if=/dev/zero of=/root/{name} bs=1M count={mib} 2>/dev/null && sync")
+            snap = self.snapshot(vm, "diff", name)
+            self.quit_vm(vm)
         snap["disk_written_mib"] = mib
         snap["restore_of_parent"] = r
         print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
@@ -411,12 +294,12 @@ class Bench:
 
     def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict:
         with self.step(f"restore '{spec}' ({layers} layers) run {i + 1}"):
-            child, r = self.restore(spec, f"restore-{spec}-{i + 1}")
+            vm, r = self.restore(spec, f"restore-{spec}-{i + 1}")
             # Not timed: the restored guest must hold exactly the chain's files.
-            got = harness.run(child, "ls /dev/shm", CMD_TIMEOUT).split()
+            got = vm.sh("ls /dev/shm").split()
             if sorted(got) != sorted(expect_files):
                 raise AssertionError(f"/dev/shm after restoring '{spec}' holds {got}, expected {expect_files}")
-            self.quit_vm(child)
+            self.quit_vm(vm)
         named = sum(r["stages_us"].values())
         r["unattributed_us"] = max(0, r["total_us"] - named)
         top = max(r["stages_us"], key=r["stages_us"].get)
@@ -426,14 +309,11 @@ class Bench:
 
     def layer_footprint(self, name: str) -> dict:
         d = self.store / name
-        files = {p.name: file_sizes(p) for p in sorted(d.iterdir()) if p.is_file()}
-        return {"files": files, "total": tree_sizes(d)}
+        files = {p.name: vmstore.file_sizes(p) for p in sorted(d.iterdir()) if p.is_file()}
+        return {"files": files, "total": vmstore.tree_sizes(d)}
 
     def remove_layer(self, name: str) -> None:
-        d = self.store / name
-        for p in [d, *d.rglob("*")]:
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        shutil.rmtree(d)
+        vmstore.remove_tree(self.store / name)
 
     def run(self) -> dict:
         n = self.args.runs
@@ -492,7 +372,7 @@ class Bench:
             layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
             res["footprint"] = {
                 "layers": {name: self.layer_footprint(name) for name in layers},
-                "store": tree_sizes(self.store),
+                "store": vmstore.tree_sizes(self.store),
                 "store_entries": sorted(p.name for p in self.store.iterdir()),
             }
         print("== host disk again (the host is shared: bandwidth drifts)")
@@ -504,24 +384,24 @@ class Bench:
 
 def host_info(args: argparse.Namespace) -> dict:
     boot = args.boot.resolve()
-    fs = sh(["df", "-T", str(args.store)]).splitlines()
+    fs = host.sh(["df", "-T", str(args.store)]).splitlines()
     store_fs = fs[-1].split()[1] if len(fs) >= 2 and len(fs[-1].split()) > 1 else "unknown"
-    head = sh(["git", "rev-parse", "HEAD"])
+    head = host.sh(["git", "rev-parse", "HEAD"])
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "loadavg_start": os.getloadavg(),
-        "uname": sh(["uname", "-a"]) or " ".join(platform.uname()),
+        "uname": host.sh(["uname", "-a"]) or " ".join(platform.uname()),
         "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model(),
-        "host_mem_mib": mem_total_mib(),
+        "cpu_model": host.cpu_model(),
+        "host_mem_mib": host.mem_total_mib(),
         "store_fs": store_fs,
         "boot": str(boot.relative_to(REPO)) if boot.is_relative_to(REPO) else str(boot),
         "boot_sha256": sha256(boot),
         "boot_mtime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(boot.stat().st_mtime)),
-        "boot_version": sh([str(boot), "--version"]),
+        "boot_version": host.sh([str(boot), "--version"]),
         "profile": "release" if "release" in boot.parts else ("debug" if "debug" in boot.parts else "unknown"),
         "git_head": head or "unknown",
-        "git_dirty": bool(sh(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "git_dirty": bool(host.sh(["git", "status", "--porcelain", "--untracked-files=no"])),
         "backend": args.backend,
         "mem_mib": args.mem,
         "cpus": 1,
@@ -579,10 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def wipe_store():
         if args.store.exists():
-            for q in [args.store, *args.store.rglob("*")]:
-                if not q.is_symlink():
-                    os.chmod(q, 0o755 if q.is_dir() else 0o644)  # layers are read-only
-            shutil.rmtree(args.store)
+            vmstore.remove_tree(args.store)
 
     wipe_store()
     args.store.mkdir(parents=True)

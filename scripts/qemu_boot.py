@@ -14,121 +14,71 @@ output is never modified.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console as harness  # noqa: E402
+from ignition import console, paths, qemu, timeouts  # noqa: E402
+from ignition.guest import disk_copy  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-GUEST_OUT = REPO_ROOT / "guest" / "out"
-QEMU = "qemu-system-aarch64"
-# Nothing is mapped at the boot-timer address under QEMU, so the poke is off.
-DEFAULT_APPEND = "console=ttyAMA0 root=/dev/vda rw boottimer=off"
-
-
-def qemu_argv(
-    kernel: os.PathLike | str,
-    disk: os.PathLike | str,
-    cpus: int = 1,
-    mem_mib: int = 512,
-    append: str = DEFAULT_APPEND,
-    cpu: str = "max",
-    qemu: str = QEMU,
-) -> list[str]:
-    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device."""
-    return [
-        qemu,
-        "-M", "virt,gic-version=3",
-        "-cpu", cpu,
-        "-smp", str(cpus),
-        "-m", str(mem_mib),
-        "-nographic",
-        "-no-reboot",
-        "-kernel", str(kernel),
-        "-append", append,
-        "-global", "virtio-mmio.force-legacy=false",
-        "-drive", f"if=none,file={disk},format=raw,id=hd0",
-        # bus 0 = the first transport, 0x0a000000 (unqualified: the last one).
-        "-device", "virtio-blk-device,drive=hd0,bus=virtio-mmio-bus.0",
-    ]
-
-
-@contextlib.contextmanager
-def disk_copy(disk: os.PathLike | str) -> Iterator[Path]:
-    """A temporary copy of disk, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="ignition-qemu-") as tmp:
-        copy = Path(tmp) / Path(disk).name
-        shutil.copyfile(disk, copy)
-        yield copy
-
-
-def check_inputs(kernel: Path, disk: Path, qemu: str = QEMU) -> str | None:
-    """An error message if QEMU or the guest files are missing, else None."""
-    if shutil.which(qemu) is None:
-        return f"{qemu} not found (Debian package qemu-system-arm)"
-    for f in (kernel, disk):
-        if not f.is_file():
-            return f"{f} not found; build the guest first: guest/build.sh"
-    return None
+TIMEOUTS = timeouts.for_backend("qemu")
 
 
 def boot_and_run(
     argv: Sequence[str],
     cmds: Sequence[str],
-    boot_timeout: float = 120,
-    cmd_timeout: float = 60,
+    boot_timeout: float = TIMEOUTS.boot,
+    cmd_timeout: float = TIMEOUTS.cmd,
     log_path: os.PathLike | str | None = None,
 ) -> tuple[int, list[tuple[str, int, str]]]:
     """Boot argv, log in, run cmds, power off. Returns (QEMU status, [(cmd, status, output)])."""
-    child = harness.spawn(argv, log_path=log_path)
+    child = console.spawn(argv, log_path=log_path)
     try:
-        harness.login(child, timeout=boot_timeout)
+        console.login(child, timeout=boot_timeout)
         results = []
         for cmd in cmds:
-            status, output = harness.run_status(child, cmd, timeout=cmd_timeout)
+            status, output = console.run_status(child, cmd, timeout=cmd_timeout)
             results.append((cmd, status, output))
-        harness.paced_send(child, "poweroff\n")
-        return harness.wait_exit(child, timeout=cmd_timeout), results
+        console.paced_send(child, "poweroff\n")
+        return console.wait_exit(child, timeout=cmd_timeout), results
     finally:
-        harness.terminate(child)
+        console.terminate(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", type=Path, default=GUEST_OUT / "Image", help="kernel Image (default: guest/out/Image)")
-    p.add_argument("--disk", type=Path, default=GUEST_OUT / "rootfs.ext4",
+    p.add_argument("--kernel", type=Path, default=paths.KERNEL, help="kernel Image (default: guest/out/Image)")
+    p.add_argument("--disk", type=Path, default=paths.ROOTFS,
                    help="root disk image, copied before boot (default: guest/out/rootfs.ext4)")
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
     p.add_argument("--cpu", default="max", help="QEMU CPU model (default: max; a 16K kernel needs the 16K granule)")
-    p.add_argument("--append", default=DEFAULT_APPEND, help=f"kernel command line (default: {DEFAULT_APPEND!r})")
+    p.add_argument("--append", default=qemu.DEFAULT_APPEND,
+                   help=f"kernel command line (default: {qemu.DEFAULT_APPEND!r})")
     p.add_argument("--cmd", action="append", dest="cmds", metavar="CMD",
                    help="shell command to run after login; repeatable (default: 'uname -a')")
-    p.add_argument("--timeout", type=float, default=120, help="seconds to wait for login: (default: 120)")
+    p.add_argument("--timeout", type=float, default=TIMEOUTS.boot,
+                   help=f"seconds to wait for login: (default: {TIMEOUTS.boot:g})")
     p.add_argument("--log", type=Path, help="write the console transcript to this file")
     p.add_argument("--interactive", action="store_true", help="attach QEMU to this terminal instead")
     args = p.parse_args(argv)
     if args.cpus < 1 or args.mem < 64:
         p.error("--cpus must be >= 1 and --mem >= 64")
 
-    err = check_inputs(args.kernel, args.disk)
+    err = qemu.check_inputs(args.kernel, args.disk)
     if err:
         print(f"qemu_boot: {err}", file=sys.stderr)
         return 1
     with disk_copy(args.disk) as disk:
-        qargv = qemu_argv(args.kernel, disk, args.cpus, args.mem, args.append, args.cpu)
+        qargv = qemu.qemu_argv(args.kernel, disk, args.cpus, args.mem, args.append, args.cpu)
         if args.interactive:
             return subprocess.call(qargv)
         try:
             status, results = boot_and_run(qargv, args.cmds or ["uname -a"], args.timeout, log_path=args.log)
-        except harness.ConsoleError as e:
+        except console.ConsoleError as e:
             print(f"qemu_boot: {e}", file=sys.stderr)
             return 1
     failed = False

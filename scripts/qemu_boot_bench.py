@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -22,44 +20,46 @@ from pathlib import Path
 from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console as harness  # noqa: E402
-import qemu_boot  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts  # noqa: E402
+from ignition.guest import disk_copy  # noqa: E402
 from ignition.paths import RESULTS_DIR  # noqa: E402
 from ignition.stats import sha256, summarize  # noqa: E402
+
+TIMEOUT = timeouts.for_backend("qemu").boot
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="number of boots (default: 5)")
-    p.add_argument("--kernel", type=Path, default=qemu_boot.GUEST_OUT / "Image")
-    p.add_argument("--disk", type=Path, default=qemu_boot.GUEST_OUT / "rootfs.ext4")
+    p.add_argument("--kernel", type=Path, default=paths.KERNEL)
+    p.add_argument("--disk", type=Path, default=paths.ROOTFS)
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
-    p.add_argument("--timeout", type=float, default=120, help="seconds allowed per boot (default: 120)")
+    p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"seconds allowed per boot (default: {TIMEOUT:g})")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "qemu_boot.json",
                    help="JSON results file (default: bench-results/qemu_boot.json)")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
 
-    err = qemu_boot.check_inputs(args.kernel, args.disk)
+    err = qemu.check_inputs(args.kernel, args.disk)
     if err:
         print(f"qemu_boot_bench: {err}", file=sys.stderr)
         return 1
 
     samples = []
     for i in range(args.runs):
-        with qemu_boot.disk_copy(args.disk) as disk:
-            qargv = qemu_boot.qemu_argv(args.kernel, disk, args.cpus, args.mem)
+        with disk_copy(args.disk) as disk:
+            qargv = qemu.qemu_argv(args.kernel, disk, args.cpus, args.mem)
             try:
-                t = harness.time_to_login(qargv, timeout=args.timeout)
-            except harness.ConsoleError as e:
+                t = console.time_to_login(qargv, timeout=args.timeout)
+            except console.ConsoleError as e:
                 print(f"qemu_boot_bench: run {i + 1}: {e}", file=sys.stderr)
                 return 1
         samples.append(t)
         print(f"run {i + 1}/{args.runs}: {t:.3f} s")
 
-    qemu_version = subprocess.run([qemu_boot.QEMU, "--version"], capture_output=True, text=True,
+    qemu_version = subprocess.run([qemu.QEMU, "--version"], capture_output=True, text=True,
                                   check=True).stdout.splitlines()[0]
     result = {
         "benchmark": "qemu_boot_to_login",
@@ -68,13 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": args.runs,
         "config": {
             "qemu": qemu_version,
-            "argv": qemu_boot.qemu_argv(args.kernel, "<copy of disk>", args.cpus, args.mem),
+            "argv": qemu.qemu_argv(args.kernel, "<copy of disk>", args.cpus, args.mem),
             "cpus": args.cpus,
             "mem_mib": args.mem,
             "kernel_sha256": sha256(args.kernel),
             "disk_sha256": sha256(args.disk),
         },
-        "host": {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()},
+        "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

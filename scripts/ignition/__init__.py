@@ -1,1 +1,27 @@
-"""Ignition's Python harness: drive `boot` and QEMU over a pty, parse the VMM's log lines."""
+"""Ignition's Python harness: every e2e test and benchmark in scripts/ imports it.
+
+Modules:
+  console    drive any console on a pty (pexpect): spawn, expect, paced typing,
+             login, shell commands with exit status, exit and kill
+  vm         Vm: one `boot` process (fresh boot or restore) with login, sh,
+             snapshot (Ctrl-A s), quit (Ctrl-A x), poweroff, kill; VmConfig
+  loglines   the VMM's log lines: pexpect patterns and parsers to numbers
+  timeouts   the one timeout policy, scaled by backend
+  store      a snapshot store on disk: layers, work directories, `vmstore`, sizes
+  guest      the built guest: missing files, disk copies, in-guest probes
+  qemu       the reference boot under qemu-system-aarch64
+  paths      the repository, guest/out, target/release, bench-results
+  stats      median/min/max summaries, file digests
+  host       host facts for benchmark results
+  diff_snapshot_report
+             the diff-snapshot benchmark's plan, summaries and Markdown report
+
+Put scripts/ on sys.path (the front-ends and tests/conftest.py do) and
+`from ignition import Vm, VmConfig`.
+"""
+
+from .console import ConsoleError
+from .timeouts import Timeouts
+from .vm import Restored, Snapshot, Vm, VmConfig
+
+__all__ = ["ConsoleError", "Restored", "Snapshot", "Timeouts", "Vm", "VmConfig"]

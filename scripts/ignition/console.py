@@ -2,13 +2,15 @@
 
 Generic helpers for console tests and benchmarks: spawn a command (a VMM, QEMU,
 ...) whose stdio is the guest console, log in, run shell commands and read their
-output. Nothing here knows about a particular VMM.
+output. Nothing here knows about a particular VMM (vm.py drives `boot`). Default
+timeouts are the software-CPU base of timeouts.py; callers pass their backend's.
 
-    child = harness.spawn(["qemu-system-aarch64", ...], log_path="console.log")
-    harness.login(child, timeout=60)
-    print(harness.run(child, "uname -m"))        # -> "aarch64"
-    harness.paced_send(child, "poweroff\\n")
-    status = harness.wait_exit(child, timeout=30)
+    from ignition import console
+    child = console.spawn(["qemu-system-aarch64", ...], log_path="console.log")
+    console.login(child, timeout=60)
+    print(console.run(child, "uname -m"))        # -> "aarch64"
+    console.paced_send(child, "poweroff\\n")
+    status = console.wait_exit(child, timeout=30)
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from typing import Sequence
 
 import pexpect
+
+from .timeouts import BASE
 
 # A shell prompt ends in "# " (root) or "$ ". Ignition's guest prints "ignition:~# ".
 PROMPT = r"[#$] "
@@ -37,7 +41,7 @@ class ConsoleError(Exception):
 def spawn(
     argv: Sequence[str],
     *,
-    timeout: float = 30,
+    timeout: float = BASE.cmd,
     log_path: str | os.PathLike | None = None,
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
@@ -98,13 +102,24 @@ def paced_send(child: pexpect.spawn, text: str, chunk: int = 8, delay: float = 0
 
 def login(
     child: pexpect.spawn,
-    timeout: float = 60,
+    timeout: float = BASE.boot,
     user: str = "root",
     password: str = "",
     prompt: str = PROMPT,
 ) -> None:
     """Wait for `login:`, log in as `user`, and wait for the shell prompt."""
     expect(child, LOGIN, timeout, "the login: prompt")
+    answer_login(child, timeout, user, password, prompt)
+
+
+def answer_login(
+    child: pexpect.spawn,
+    timeout: float = BASE.boot,
+    user: str = "root",
+    password: str = "",
+    prompt: str = PROMPT,
+) -> None:
+    """Log in at a `login:` already read: type `user` (and `password` if asked), wait for the prompt."""
     paced_send(child, user + "\n")
     if expect(child, [PASSWORD, prompt], timeout, "a password prompt or the shell prompt") == 0:
         paced_send(child, password + "\n")
@@ -112,7 +127,7 @@ def login(
 
 
 def run_status(
-    child: pexpect.spawn, cmd: str, timeout: float = 30, prompt: str = PROMPT
+    child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT
 ) -> tuple[int, str]:
     """Run a shell command at the prompt; return (exit status, output).
 
@@ -136,7 +151,7 @@ def run_status(
     return status, output
 
 
-def run(child: pexpect.spawn, cmd: str, timeout: float = 30, prompt: str = PROMPT) -> str:
+def run(child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT) -> str:
     """Run a shell command; return its output. Raises ConsoleError if it exits non-zero."""
     status, output = run_status(child, cmd, timeout, prompt)
     if status != 0:
@@ -144,7 +159,7 @@ def run(child: pexpect.spawn, cmd: str, timeout: float = 30, prompt: str = PROMP
     return output
 
 
-def wait_exit(child: pexpect.spawn, timeout: float = 30) -> int:
+def wait_exit(child: pexpect.spawn, timeout: float = BASE.cmd) -> int:
     """Wait for the process to exit; return its exit status (128+N if killed by signal N)."""
     expect(child, pexpect.EOF, timeout, "the process to exit")
     child.close()
@@ -168,7 +183,7 @@ def terminate(child: pexpect.spawn) -> None:
 
 def time_to_login(
     argv: Sequence[str],
-    timeout: float = 120,
+    timeout: float = BASE.boot,
     pattern: str = LOGIN,
     log_path: os.PathLike | str | None = None,
 ) -> float:

@@ -24,10 +24,8 @@ RESTORE_SPECS = (("golden", 1), ("golden+1", 2), (f"golden+{CHAIN_DEPTH}", 4))
 BANDWIDTH_MIB = 256
 
 
-# --- summaries and report --------------------------------------------------------------------
-
-
 def summarize_all(raw: dict, runs: int) -> dict:
+    """The runner's raw samples -> medians (min, max) per table, and the issue-4 targets."""
     s: dict = {}
     bw = raw["disk_bandwidth"]
     s["disk_bandwidth"] = {"mb_per_s": stats([b["mb_per_s"] for b in bw]), "time": summarize([b["s"] for b in bw]),
@@ -110,21 +108,25 @@ def summarize_all(raw: dict, runs: int) -> dict:
 
 
 def ms(summary: dict, key: str = "s", nd: int = 0) -> str:
+    """A stats.summarize() of seconds as `median ms (min–max, n=N)`."""
     f = lambda v: f"{v * 1000:.{nd}f}"  # noqa: E731
     return (f"{f(summary['median_' + key])} ms ({f(summary['min_' + key])}–{f(summary['max_' + key])}, "
             f"n={len(summary['samples_' + key])})")
 
 
 def num(summary: dict, unit: str, nd: int = 0) -> str:
+    """A stats.stats() as `median<unit> (min–max, n=N)`."""
     return (f"{summary['median']:.{nd}f}{unit} ({summary['min']:.{nd}f}–{summary['max']:.{nd}f}, "
             f"n={len(summary['samples'])})")
 
 
 def size(b: int) -> str:
+    """Bytes as `X.XX MiB (N B)`."""
     return f"{b / MIB:.2f} MiB ({b:,} B)"
 
 
 def report(raw: dict, s: dict, info: dict) -> str:
+    """The Markdown report of a run: raw samples, their summary and the run's configuration (host_info)."""
     bw = s["disk_bandwidth"]["mb_per_s"]["median"]
     hr = s["sha256_mb_per_s"]["median"]
     disk_mib = raw["footprint"]["layers"]["golden"]["files"].get("disk.img", {"logical": 0})["logical"] / MIB
@@ -202,7 +204,7 @@ def report(raw: dict, s: dict, info: dict) -> str:
       "memory.bin at disk bandwidth → write time ÷ that | memory.bin + hashed disk chunks at sha256 rate |")
     a("|---|---|---|---|---|---|---|---|")
     rows = [("Full root", "(whole RAM)", w["full"])] + [
-        (f"Diff", f"{m} MiB", w[f"diff_{m}MiB"]) for m in DIFF_MIB]
+        ("Diff", f"{m} MiB", w[f"diff_{m}MiB"]) for m in DIFF_MIB]
     if f"disk_{DISK_WRITE_MIB}MiB" in w:
         rows.append(("Diff", f"{DISK_WRITE_MIB} MiB to a file on / + sync", w[f"disk_{DISK_WRITE_MIB}MiB"]))
     for label, dirt, x in rows:
@@ -318,7 +320,7 @@ def report(raw: dict, s: dict, info: dict) -> str:
     a("- Each boot gets a fresh sparse copy of guest/out/rootfs.ext4 (made before its clock starts); guest/out is "
       "only read. Store: a throwaway directory (`" + str(info["store"]) + "`), removed at start and end.")
     a("- Console input is paced (8-byte bursts, 20 ms apart: the PL011 RX FIFO holds 16 bytes). Commands are "
-      "bracketed by markers (scripts/harness.py); the VM is ended with Ctrl-A x and must exit 0.")
+      "bracketed by markers (scripts/ignition/console.py); the VM is ended with Ctrl-A x and must exit 0.")
     a("- Full layers are taken after `sync` in the guest (a prepared base image), so their restored children "
       "have no file-system data left to write back; a diff whose guest did not write its disk reuses the "
       "parent's disk image and chunk digests (`Snapshot-disk-clone = METHOD (0 of N chunks hashed: unchanged "
@@ -333,7 +335,7 @@ def report(raw: dict, s: dict, info: dict) -> str:
       "file in the store's directory (files kept until the batch ends, so each sample allocates fresh page cache as "
       "a snapshot does), before and after the VM runs; the §2 ratio uses the median of all samples. The page cache is warm throughout (nothing is evicted; the host "
       "is shared), so restore reads of memory.bin mostly hit the cache.")
-    a(f"- Host clocks: `time.perf_counter()`; pexpect reads output as it arrives (no poll quantization). The "
+    a("- Host clocks: `time.perf_counter()`; pexpect reads output as it arrives (no poll quantization). The "
       "VMM's own timers (Guest-boot-time, Snapshot-write-time, Restore-time) are whole milliseconds; stages are µs. "
       "Wall times include process spawn and pty latency; internal and wall figures are complementary, not "
       "subtractable.")

@@ -1,28 +1,38 @@
-"""Shared pytest setup for scripts/tests: import path, --backend, guest fixtures."""
+"""Shared pytest setup for scripts/tests: import path, --backend and --gic, guest and VM fixtures."""
 
 from __future__ import annotations
 
-import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent
-REPO_ROOT = SCRIPTS.parent
-GUEST_OUT = REPO_ROOT / "guest" / "out"
-sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ignition import paths, timeouts  # noqa: E402
+from ignition.vm import VmConfig  # noqa: E402
+
+GUEST_OUT = paths.GUEST_OUT
 
 
 def pytest_addoption(parser):
     parser.addoption("--backend", choices=["emu", "hvf"], default=None,
                      help="Ignition backend for boot tests (default: the binary's platform default)")
+    parser.addoption("--gic", choices=["userspace", "hvf"], default=None,
+                     help="interrupt controller for boot tests, passed to boot as --gic "
+                          "(default: boot's, the userspace GIC; hvf needs --backend hvf and macOS 15)")
 
 
 @pytest.fixture(scope="session")
 def backend(request) -> str | None:
     """The --backend value, or None to let `boot` pick its default."""
     return request.config.getoption("--backend")
+
+
+@pytest.fixture(scope="session")
+def gic(request) -> str | None:
+    """The --gic value, or None to let `boot` pick its default."""
+    return request.config.getoption("--gic")
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +47,36 @@ def guest_out() -> Path:
 @pytest.fixture(scope="session")
 def boot_bin() -> Path:
     """Our `boot` binary: $IGNITION_BOOT, or target/release/boot."""
-    boot = Path(os.environ.get("IGNITION_BOOT", REPO_ROOT / "target" / "release" / "boot"))
+    boot = paths.boot_bin()
     if not boot.is_file():
         pytest.fail(f"{boot} not built: run `cargo build --release --bin boot` (scripts/test.sh does)")
     return boot
+
+
+@pytest.fixture(scope="session")
+def vmstore_bin() -> Path:
+    """Our `vmstore` binary: $IGNITION_VMSTORE, or target/release/vmstore."""
+    vmstore = paths.vmstore_bin()
+    if not vmstore.is_file():
+        pytest.fail(f"{vmstore} not built: run `cargo build --release --workspace --bins` (scripts/test.sh does)")
+    return vmstore
+
+
+@pytest.fixture(scope="session")
+def cfg(boot_bin, guest_out, backend, gic) -> VmConfig:
+    """How every test runs `boot`: the binary, --backend, --gic, the guest's kernel and the timeouts."""
+    return VmConfig(boot=boot_bin, backend=backend, gic=gic, kernel=guest_out / "Image")
+
+
+@pytest.fixture(scope="session")
+def qemu_timeouts() -> timeouts.Timeouts:
+    """Timeouts for the reference boot under QEMU TCG."""
+    return timeouts.for_backend("qemu")
+
+
+@pytest.fixture
+def disk(guest_out, tmp_path) -> Path:
+    """A private copy of the root disk, so tests never change guest/out."""
+    d = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", d)
+    return d

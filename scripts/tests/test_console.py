@@ -1,4 +1,4 @@
-"""scripts/harness.py against a local shell on a pty (no guest needed)."""
+"""ignition.console (imported as harness) against a local shell on a pty (no guest needed)."""
 
 from __future__ import annotations
 

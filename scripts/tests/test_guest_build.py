@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from ignition.paths import REPO_ROOT
 
 GUEST = REPO_ROOT / "guest"
 

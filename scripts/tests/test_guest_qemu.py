@@ -10,44 +10,47 @@ import sys
 
 import pytest
 
-from ignition import console as harness
-import qemu_boot
+from ignition import console
+from ignition import qemu, timeouts
+from ignition.paths import SCRIPTS
 
-BOOT_TIMEOUT = 120  # TCG on a loaded 2-core CI runner
-CMD_TIMEOUT = 30
+TIMEOUTS = timeouts.for_backend("qemu")
+BOOT_TIMEOUT = TIMEOUTS.boot
+CMD_TIMEOUT = TIMEOUTS.cmd
+QEMU_BOOT = SCRIPTS / "qemu_boot.py"
 
 
 @pytest.fixture(autouse=True)
 def qemu_installed(guest_out):
     # A missing QEMU fails rather than skips: only an unbuilt guest may skip.
-    if shutil.which(qemu_boot.QEMU) is None:
-        pytest.fail(f"{qemu_boot.QEMU} not installed (Debian package qemu-system-arm)")
+    if shutil.which(qemu.QEMU) is None:
+        pytest.fail(f"{qemu.QEMU} not installed (Debian package qemu-system-arm)")
 
 
-def boot(guest_out, tmp_path, append=qemu_boot.DEFAULT_APPEND):
+def boot(guest_out, tmp_path, append=qemu.DEFAULT_APPEND):
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    argv = qemu_boot.qemu_argv(guest_out / "Image", disk, append=append)
-    return harness.spawn(argv, log_path=tmp_path / "console.log")
+    argv = qemu.qemu_argv(guest_out / "Image", disk, append=append)
+    return console.spawn(argv, log_path=tmp_path / "console.log")
 
 
 def test_boot_login_run_poweroff(guest_out, tmp_path):
     page_bytes = json.loads((guest_out / "guest.json").read_text())["page_size_bytes"]
     child = boot(guest_out, tmp_path)
     try:
-        harness.expect(child, harness.LOGIN, BOOT_TIMEOUT, "login:")
-        harness.paced_send(child, "root\n")
-        i = harness.expect(child, [harness.PROMPT, harness.PASSWORD], CMD_TIMEOUT, "shell prompt after 'root'")
+        console.expect(child, console.LOGIN, BOOT_TIMEOUT, "login:")
+        console.paced_send(child, "root\n")
+        i = console.expect(child, [console.PROMPT, console.PASSWORD], CMD_TIMEOUT, "shell prompt after 'root'")
         assert i == 0, "root was asked for a password; it should log in without one"
 
-        assert harness.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
-        assert harness.run(child, "id -u", CMD_TIMEOUT) == "0"
-        assert harness.run(child, "hostname", CMD_TIMEOUT) == "ignition"
-        assert harness.run(child, "getconf PAGESIZE", CMD_TIMEOUT) == str(page_bytes)
-        assert harness.run(child, "getconf PAGE_SIZE", CMD_TIMEOUT) == str(page_bytes)
+        assert console.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
+        assert console.run(child, "id -u", CMD_TIMEOUT) == "0"
+        assert console.run(child, "hostname", CMD_TIMEOUT) == "ignition"
+        assert console.run(child, "getconf PAGESIZE", CMD_TIMEOUT) == str(page_bytes)
+        assert console.run(child, "getconf PAGE_SIZE", CMD_TIMEOUT) == str(page_bytes)
 
         mounts = {}
-        for line in harness.run(child, "cat /proc/mounts", CMD_TIMEOUT).splitlines():
+        for line in console.run(child, "cat /proc/mounts", CMD_TIMEOUT).splitlines():
             _dev, point, fstype, *_ = line.split()
             mounts[point] = fstype
         assert mounts.get("/dev/shm") == "tmpfs", mounts
@@ -59,25 +62,25 @@ def test_boot_login_run_poweroff(guest_out, tmp_path):
         assert mounts.get("/") == "ext4", mounts
 
         # The shell really runs in the guest: a failing command reports its status.
-        status, out = harness.run_status(child, "ls /nonexistent", CMD_TIMEOUT)
+        status, out = console.run_status(child, "ls /nonexistent", CMD_TIMEOUT)
         assert status != 0 and "nonexistent" in out
 
-        harness.paced_send(child, "poweroff\n")
-        assert harness.wait_exit(child, CMD_TIMEOUT) == 0, "QEMU should exit 0 after guest poweroff (PSCI SYSTEM_OFF)"
+        console.paced_send(child, "poweroff\n")
+        assert console.wait_exit(child, CMD_TIMEOUT) == 0, "QEMU should exit 0 after guest poweroff (PSCI SYSTEM_OFF)"
     finally:
-        harness.terminate(child)
+        console.terminate(child)
 
 
 def test_reboot_exits_qemu(guest_out, tmp_path):
     # qemu_argv passes -no-reboot, so a guest reboot (PSCI SYSTEM_RESET) ends QEMU.
     child = boot(guest_out, tmp_path)
     try:
-        harness.login(child, BOOT_TIMEOUT)
-        harness.paced_send(child, "reboot\n")
-        harness.expect(child, r"reboot: Restarting system", CMD_TIMEOUT, "the kernel's restart message")
-        assert harness.wait_exit(child, CMD_TIMEOUT) == 0
+        console.login(child, BOOT_TIMEOUT)
+        console.paced_send(child, "reboot\n")
+        console.expect(child, r"reboot: Restarting system", CMD_TIMEOUT, "the kernel's restart message")
+        assert console.wait_exit(child, CMD_TIMEOUT) == 0
     finally:
-        harness.terminate(child)
+        console.terminate(child)
 
 
 # mem=448M keeps the kernel out of the top 64 MiB of QEMU's RAM, so init's
@@ -87,18 +90,18 @@ def test_boottimer_cmdline(guest_out, tmp_path, boottimer, expected):
     append = f"console=ttyAMA0 root=/dev/vda rw mem=448M boottimer={boottimer}"
     child = boot(guest_out, tmp_path, append=append)
     try:
-        harness.login(child, BOOT_TIMEOUT)
-        assert harness.run(child, "devmem 0x5f000000 8", CMD_TIMEOUT) == expected
-        assert harness.run(child, "devmem 0x5f000001 8", CMD_TIMEOUT) == "0x00", "init must write one byte only"
-        harness.paced_send(child, "poweroff\n")
-        assert harness.wait_exit(child, CMD_TIMEOUT) == 0
+        console.login(child, BOOT_TIMEOUT)
+        assert console.run(child, "devmem 0x5f000000 8", CMD_TIMEOUT) == expected
+        assert console.run(child, "devmem 0x5f000001 8", CMD_TIMEOUT) == "0x00", "init must write one byte only"
+        console.paced_send(child, "poweroff\n")
+        assert console.wait_exit(child, CMD_TIMEOUT) == 0
     finally:
-        harness.terminate(child)
+        console.terminate(child)
 
 
 def test_qemu_boot_script(guest_out):
     """scripts/qemu_boot.py end to end: runs the commands, prints output, exits 0, leaves guest/out alone."""
-    r = subprocess.run([sys.executable, qemu_boot.__file__, "--cmd", "echo hello-$((6*7))", "--cmd", "uname -m",
+    r = subprocess.run([sys.executable, str(QEMU_BOOT), "--cmd", "echo hello-$((6*7))", "--cmd", "uname -m",
                         "--cmd", "touch /written-by-test"],
                        capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
     assert r.returncode == 0, r.stderr
@@ -106,11 +109,11 @@ def test_qemu_boot_script(guest_out):
                                      "# touch /written-by-test"]
     manifest = json.loads((guest_out / "guest.json").read_text())
     digest = hashlib.sha256((guest_out / "rootfs.ext4").read_bytes()).hexdigest()
-    assert digest == manifest["files"]["rootfs.ext4"]["sha256"], "qemu_boot.py modified guest/out/rootfs.ext4"
+    assert digest == manifest["files"]["rootfs.ext4"]["sha256"], "qemu.py modified guest/out/rootfs.ext4"
 
 
 def test_qemu_boot_script_reports_failed_command(guest_out):
-    r = subprocess.run([sys.executable, qemu_boot.__file__, "--cmd", "exit_code_test() { return 7; }; exit_code_test"],
+    r = subprocess.run([sys.executable, str(QEMU_BOOT), "--cmd", "exit_code_test() { return 7; }; exit_code_test"],
                        capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
     assert r.returncode == 1
     assert "exited with status 7" in r.stderr

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 
-from conftest import REPO_ROOT
+from ignition.paths import REPO_ROOT
 
 BUILD = REPO_ROOT / "guest" / "build.sh"
 OUTPUTS = ("Image", "rootfs.ext4", "guest.json")

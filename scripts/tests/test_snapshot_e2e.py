@@ -9,9 +9,7 @@ instant, a process surviving restore, refusals on a damaged store, and a
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -19,54 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from ignition import console as harness
-from test_boot_e2e import BOOT_TIMEOUT, CMD_TIMEOUT, cpu_busy_ticks
+from ignition import loglines, store as vmstore
+from ignition.guest import cpu_busy_ticks
+from ignition.vm import CTRL_A, Vm
 
-MEM = "256"
-
-
-def spawn(boot_bin, args, backend, log):
-    argv = [str(boot_bin), *args]
-    if backend:
-        argv += ["--backend", backend]
-    return harness.spawn(argv, log_path=log, timeout=BOOT_TIMEOUT)
-
-
-def snapshot_disk(child, kind, name):
-    """Ctrl-A s; returns the pages of the `[snapshot]` line and H, N of
-    `Snapshot-disk-clone = METHOD (H of N chunks hashed...)`."""
-    child.send("\x01s")
-    harness.expect(child, r"Snapshot-write-time = \d+ ms", CMD_TIMEOUT, "Snapshot-write-time")
-    harness.expect(child, r"Snapshot-disk-clone = [^(\r\n]+ \((\d+) of (\d+) chunks hashed", CMD_TIMEOUT,
-                   "Snapshot-disk-clone")
-    hashed, chunks = int(child.match.group(1)), int(child.match.group(2))
-    harness.expect(child, rf"\[snapshot\] {kind} '{re.escape(name)}' \((\d+) pages, [0-9.]+ MiB\) written",
-                   CMD_TIMEOUT, f"the {kind} snapshot line")
-    return int(child.match.group(1)), hashed, chunks
-
-
-def snapshot(child, kind, name):
-    """Ctrl-A s; returns the pages of the `[snapshot]` line."""
-    return snapshot_disk(child, kind, name)[0]
-
-
-def quit_vm(child):
-    child.send("\x01x")
-    assert harness.wait_exit(child, CMD_TIMEOUT) == 0
-
-
-def restore(boot_bin, store, spec, backend, log, *extra):
-    child = spawn(boot_bin, ["--store", str(store), "--restore", spec, *extra], backend, log)
-    # The working disk's copy reports itself from its own thread: before or
-    # after the other two lines.
-    lines = [r"Restore-time = \d+ ms", r"Restore-stages: total \d+ us, .*vCPUs \d+ us",
-             r"Restore-disk-copy = \d+ us \([^)]+\); ready \d+ us after restore start"]
-    seen = set()
-    while len(seen) < len(lines):
-        seen.add(harness.expect(child, lines, BOOT_TIMEOUT, "the restore log lines"))
-    harness.paced_send(child, "\n")
-    harness.expect(child, harness.PROMPT, CMD_TIMEOUT, "the shell prompt after restore")
-    return child
+MEM = 256
 
 
 def fresh_copy(chain, tmp_path) -> Path:
@@ -80,16 +35,8 @@ def fresh_copy(chain, tmp_path) -> Path:
     return store
 
 
-def store_digest(store: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(store.rglob("*")):
-        if p.is_file():
-            out[str(p.relative_to(store))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory, guest_out, boot_bin, backend):
+def chain(tmp_path_factory, guest_out, cfg):
     """Builds golden -> d1 -> d2 -> d3 once; returns (store, facts)."""
     tmp = tmp_path_factory.mktemp("chain")
     store = tmp / "store"
@@ -97,53 +44,41 @@ def chain(tmp_path_factory, guest_out, boot_bin, backend):
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     facts = {"sums": {}, "pages": {}}
 
-    child = spawn(boot_bin, ["--kernel", str(guest_out / "Image"), "--disk", str(disk), "--mem", MEM,
-                             "--store", str(store), "--track-dirty", "--name", "golden"], backend, tmp / "golden.log")
-    try:
-        harness.login(child, timeout=BOOT_TIMEOUT)
-        facts["pid"] = harness.run(child, "sleep 100000 & echo $!", CMD_TIMEOUT).strip()
-        harness.run(child, "echo before-snapshot > /root/golden.txt && sync", CMD_TIMEOUT)
-        facts["pages"]["golden"] = snapshot(child, "full", "golden")
-        harness.run(child, "echo after-snapshot > /root/after.txt && sync", CMD_TIMEOUT)
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden",
+                 log_path=tmp / "golden.log") as vm:
+        vm.login()
+        facts["pid"] = vm.sh("sleep 100000 & echo $!").strip()
+        vm.sh("echo before-snapshot > /root/golden.txt && sync")
+        facts["pages"]["golden"] = vm.snapshot("golden", "full").pages
+        vm.sh("echo after-snapshot > /root/after.txt && sync")
+        assert vm.quit() == 0
 
     parent = "golden"
     for n in (1, 2, 3):
         name = f"d{n}"
-        child = restore(boot_bin, store, parent, backend, tmp / f"{name}.log", "--track-dirty", "--name", name)
-        try:
-            harness.run(child, f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null", CMD_TIMEOUT)
-            facts["sums"][name] = harness.run(child, f"sha256sum /dev/shm/{name}", CMD_TIMEOUT).split()[0]
-            facts["pages"][name] = snapshot(child, "diff", name)
-            quit_vm(child)
-        finally:
-            harness.terminate(child)
+        with Vm.restore(cfg, parent, store=store, track_dirty=True, name=name, log_path=tmp / f"{name}.log") as vm:
+            vm.sh(f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null")
+            facts["sums"][name] = vm.sh(f"sha256sum /dev/shm/{name}").split()[0]
+            facts["pages"][name] = vm.snapshot(name, "diff").pages
+            assert vm.quit() == 0
         parent = name
     return store, facts
 
 
-def test_chain_restores_every_layer(chain, boot_bin, backend, tmp_path):
+def test_chain_restores_every_layer(chain, cfg, tmp_path):
     store, facts = chain
-    child = restore(boot_bin, store, "golden+3", backend, tmp_path / "g3.log")
-    try:
+    with Vm.restore(cfg, "golden+3", store=store, log_path=tmp_path / "g3.log") as vm:
         for name, digest in facts["sums"].items():
-            assert harness.run(child, f"sha256sum /dev/shm/{name}", CMD_TIMEOUT).split()[0] == digest
+            assert vm.sh(f"sha256sum /dev/shm/{name}").split()[0] == digest
         # A process started before the golden snapshot still runs.
-        assert harness.run(child, f"kill -0 {facts['pid']} && echo alive", CMD_TIMEOUT) == "alive"
-        assert harness.run(child, "uname -m", CMD_TIMEOUT) == "aarch64"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+        assert vm.sh(f"kill -0 {facts['pid']} && echo alive") == "alive"
+        assert vm.sh("uname -m") == "aarch64"
+        assert vm.quit() == 0
 
-    child = restore(boot_bin, store, "d1", backend, tmp_path / "d1.log")
-    try:
-        assert harness.run(child, "sha256sum /dev/shm/d1", CMD_TIMEOUT).split()[0] == facts["sums"]["d1"]
-        assert harness.run(child, "ls /dev/shm", CMD_TIMEOUT).split() == ["d1"]
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "d1", store=store, log_path=tmp_path / "d1.log") as vm:
+        assert vm.sh("sha256sum /dev/shm/d1").split()[0] == facts["sums"]["d1"]
+        assert vm.sh("ls /dev/shm").split() == ["d1"]
+        assert vm.quit() == 0
 
 
 def test_diffs_are_much_smaller_than_the_full_layer(chain):
@@ -155,68 +90,57 @@ def test_diffs_are_much_smaller_than_the_full_layer(chain):
         assert facts["pages"][name] * 4 < facts["pages"]["golden"]
 
 
-def test_disk_is_captured_at_the_snapshot_instant(chain, boot_bin, backend, tmp_path):
+def test_disk_is_captured_at_the_snapshot_instant(chain, cfg, tmp_path):
     store, _ = chain
-    child = restore(boot_bin, store, "golden", backend, tmp_path / "disk.log")
-    try:
-        assert harness.run(child, "cat /root/golden.txt", CMD_TIMEOUT) == "before-snapshot"
-        status, _ = harness.run_status(child, "test -e /root/after.txt", CMD_TIMEOUT)
+    with Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "disk.log") as vm:
+        assert vm.sh("cat /root/golden.txt") == "before-snapshot"
+        status, _ = vm.sh_status("test -e /root/after.txt")
         assert status != 0, "a file written after the snapshot must not be in it"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+        assert vm.quit() == 0
 
 
-def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, boot_bin, backend, tmp_path):
+def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, cfg, tmp_path):
     store = fresh_copy(chain, tmp_path)
-    child = restore(boot_bin, store, "d1", backend, tmp_path / "e.log", "--track-dirty", "--name", "e")
-    try:
-        harness.run(child, "echo one > /dev/shm/e1", CMD_TIMEOUT)
-        snapshot(child, "diff", "e")
-        harness.run(child, "echo two > /dev/shm/e2", CMD_TIMEOUT)
-        snapshot(child, "diff", "e.2")
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
-    child = restore(boot_bin, store, "e.2", backend, tmp_path / "e2.log")
-    try:
-        assert harness.run(child, "cat /dev/shm/e1 /dev/shm/e2", CMD_TIMEOUT) == "one\ntwo"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "d1", store=store, track_dirty=True, name="e", log_path=tmp_path / "e.log") as vm:
+        vm.sh("echo one > /dev/shm/e1")
+        vm.snapshot("e", "diff")
+        vm.sh("echo two > /dev/shm/e2")
+        vm.snapshot("e.2", "diff")
+        assert vm.quit() == 0
+    with Vm.restore(cfg, "e.2", store=store, log_path=tmp_path / "e2.log") as vm:
+        assert vm.sh("cat /dev/shm/e1 /dev/shm/e2") == "one\ntwo"
+        assert vm.quit() == 0
 
 
-def refused(boot_bin, store, spec, backend):
-    args = [str(boot_bin), "--store", str(store), "--restore", spec]
-    if backend:
-        args += ["--backend", backend]
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+def refused(cfg, store, spec):
+    return subprocess.run(cfg.argv("--store", str(store), "--restore", spec), capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
 
 
-def test_damaged_store_is_refused_and_left_unchanged(chain, boot_bin, backend, tmp_path):
+def test_damaged_store_is_refused_and_left_unchanged(chain, cfg, tmp_path):
     store = fresh_copy(chain, tmp_path)
     mem = store / "d2" / "memory.bin"
     os.chmod(mem, 0o644)
     data = bytearray(mem.read_bytes())
     data[len(data) // 2] ^= 0x01
     mem.write_bytes(data)
-    before = store_digest(store)
-    r = refused(boot_bin, store, "golden+3", backend)
+    before = vmstore.digest(store)
+    r = refused(cfg, store, "golden+3")
     assert r.returncode != 0 and "d2" in r.stderr and "memory.bin" in r.stderr, r.stderr
-    assert store_digest(store) == before, "a refused restore must not change the store"
+    assert vmstore.digest(store) == before, "a refused restore must not change the store"
 
     store = fresh_copy(chain, tmp_path)
     shutil.rmtree(store / "d1")
-    r = refused(boot_bin, store, "d3", backend)
+    r = refused(cfg, store, "d3")
     assert r.returncode != 0 and "d1" in r.stderr, r.stderr
 
     store = fresh_copy(chain, tmp_path)
     (store / "d3" / "state.bin").unlink()
-    r = refused(boot_bin, store, "d3", backend)
+    r = refused(cfg, store, "d3")
     assert r.returncode != 0 and "state.bin" in r.stderr, r.stderr
 
 
-def test_snapshot_names_are_checked(chain, boot_bin, backend, guest_out, tmp_path):
+def test_snapshot_names_are_checked(chain, boot_bin, guest_out):
     store, _ = chain
     # An existing name is refused before anything runs; nothing is overwritten.
     r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "d2"],
@@ -231,95 +155,72 @@ def test_snapshot_names_are_checked(chain, boot_bin, backend, guest_out, tmp_pat
     assert r.returncode != 0 and "name" in r.stderr, r.stderr
 
 
-def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, boot_bin, backend, tmp_path):
+def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, cfg, tmp_path):
     """Dirty state is cleared only after a layer is durable: a snapshot that
     fails leaves every page dirtied before it in the next diff."""
     store = fresh_copy(chain, tmp_path)
-    child = restore(boot_bin, store, "golden", backend, tmp_path / "x.log", "--track-dirty", "--name", "x")
-    try:
-        harness.run(child, "dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null", CMD_TIMEOUT)
-        sum_a = harness.run(child, "sha256sum /dev/shm/a", CMD_TIMEOUT).split()[0]
+    with Vm.restore(cfg, "golden", store=store, track_dirty=True, name="x", log_path=tmp_path / "x.log") as vm:
+        vm.sh("dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null")
+        sum_a = vm.sh("sha256sum /dev/shm/a").split()[0]
         (store / "x").mkdir()  # the name is taken: this Ctrl-A s must fail
-        child.send("\x01s")
-        harness.expect(child, r"\[snapshot\] 'x' failed, nothing was written", CMD_TIMEOUT, "the refusal")
+        vm.send(CTRL_A + "s")
+        vm.expect(loglines.snapshot_failed("x"), "the refusal")
         (store / "x").rmdir()
-        harness.run(child, "echo b > /dev/shm/b", CMD_TIMEOUT)
-        snapshot(child, "diff", "x")
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
-    child = restore(boot_bin, store, "x", backend, tmp_path / "x2.log")
-    try:
-        assert harness.run(child, "sha256sum /dev/shm/a", CMD_TIMEOUT).split()[0] == sum_a
-        assert harness.run(child, "cat /dev/shm/b", CMD_TIMEOUT) == "b"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+        vm.sh("echo b > /dev/shm/b")
+        vm.snapshot("x", "diff")
+        assert vm.quit() == 0
+    with Vm.restore(cfg, "x", store=store, log_path=tmp_path / "x2.log") as vm:
+        assert vm.sh("sha256sum /dev/shm/a").split()[0] == sum_a
+        assert vm.sh("cat /dev/shm/b") == "b"
+        assert vm.quit() == 0
 
 
-def test_disk_diff_hashes_only_written_chunks(chain, boot_bin, backend, tmp_path):
+def test_disk_diff_hashes_only_written_chunks(chain, cfg, tmp_path):
     """A diff after the guest writes a small file to its root disk re-hashes
     a few 256 KiB chunks, not the whole disk; its restore has the file."""
     store = fresh_copy(chain, tmp_path)
-    child = restore(boot_bin, store, "golden", backend, tmp_path / "w.log", "--track-dirty", "--name", "w")
-    try:
-        harness.run(child, "echo chunked > /root/small.txt && sync", CMD_TIMEOUT)
-        _, hashed, chunks = snapshot_disk(child, "diff", "w")
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "golden", store=store, track_dirty=True, name="w", log_path=tmp_path / "w.log") as vm:
+        vm.sh("echo chunked > /root/small.txt && sync")
+        disk = vm.snapshot("w", "diff").disk
+        assert vm.quit() == 0
+    hashed, chunks = disk.chunks_hashed, disk.chunks
     disk_size = (store / "golden" / "disk.img").stat().st_size
     assert chunks == -(-disk_size // (256 << 10))
     assert 0 < hashed < chunks // 4, f"{hashed} of {chunks} chunks hashed"
-    child = restore(boot_bin, store, "w", backend, tmp_path / "w2.log")
-    try:
-        assert harness.run(child, "cat /root/small.txt", CMD_TIMEOUT) == "chunked"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "w", store=store, log_path=tmp_path / "w2.log") as vm:
+        assert vm.sh("cat /root/small.txt") == "chunked"
+        assert vm.quit() == 0
 
 
-def test_two_vcpus_snapshot_and_restore(guest_out, boot_bin, backend, tmp_path):
+def test_two_vcpus_snapshot_and_restore(cfg, disk, tmp_path):
     """SMP through a full and a diff snapshot: after each restore both vCPUs
     are online and run (busy loops started before the snapshot keep both
     busy), and memory written before the snapshot is there."""
     store = tmp_path / "store"
-    disk = tmp_path / "rootfs.ext4"
-    shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    child = spawn(boot_bin, ["--kernel", str(guest_out / "Image"), "--disk", str(disk), "--mem", MEM,
-                             "--cpus", "2", "--store", str(store), "--track-dirty", "--name", "smp"],
-                  backend, tmp_path / "smp.log")
-    try:
-        harness.login(child, timeout=BOOT_TIMEOUT)
-        harness.run(child, "for i in 1 2; do (while :; do :; done) & done", CMD_TIMEOUT)
-        harness.run(child, "echo two-cpus > /dev/shm/smp", CMD_TIMEOUT)
-        snapshot(child, "full", "smp")
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.boot(cfg, disk=disk, mem=MEM, cpus=2, store=store, track_dirty=True, name="smp",
+                 log_path=tmp_path / "smp.log") as vm:
+        vm.login()
+        vm.sh("for i in 1 2; do (while :; do :; done) & done")
+        vm.sh("echo two-cpus > /dev/shm/smp")
+        vm.snapshot("smp", "full")
+        assert vm.quit() == 0
 
-    def both_cpus_run(child):
-        assert harness.run(child, "cat /sys/devices/system/cpu/online", CMD_TIMEOUT) == "0-1"
-        before = cpu_busy_ticks(child)
+    def both_cpus_run(vm):
+        assert vm.sh("cat /sys/devices/system/cpu/online") == "0-1"
+        before = cpu_busy_ticks(vm)
         time.sleep(2)
-        after = cpu_busy_ticks(child)
+        after = cpu_busy_ticks(vm)
         for cpu in ("cpu0", "cpu1"):
             assert after[cpu] - before[cpu] >= 30, f"{cpu} is not running: {before} -> {after}"
 
-    child = restore(boot_bin, store, "smp", backend, tmp_path / "r1.log", "--track-dirty", "--name", "smp-d1")
-    try:
-        both_cpus_run(child)
-        assert harness.run(child, "cat /dev/shm/smp", CMD_TIMEOUT) == "two-cpus"
-        harness.run(child, "echo diff > /dev/shm/d1", CMD_TIMEOUT)
-        snapshot(child, "diff", "smp-d1")
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "smp", store=store, track_dirty=True, name="smp-d1", log_path=tmp_path / "r1.log") as vm:
+        both_cpus_run(vm)
+        assert vm.sh("cat /dev/shm/smp") == "two-cpus"
+        vm.sh("echo diff > /dev/shm/d1")
+        vm.snapshot("smp-d1", "diff")
+        assert vm.quit() == 0
 
-    child = restore(boot_bin, store, "smp+1", backend, tmp_path / "r2.log")
-    try:
-        both_cpus_run(child)
-        assert harness.run(child, "cat /dev/shm/smp /dev/shm/d1", CMD_TIMEOUT) == "two-cpus\ndiff"
-        quit_vm(child)
-    finally:
-        harness.terminate(child)
+    with Vm.restore(cfg, "smp+1", store=store, log_path=tmp_path / "r2.log") as vm:
+        both_cpus_run(vm)
+        assert vm.sh("cat /dev/shm/smp /dev/shm/d1") == "two-cpus\ndiff"
+        assert vm.quit() == 0

@@ -1,0 +1,40 @@
+"""The guest that guest/build.sh builds: its files, private disk copies, in-guest probes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, Protocol
+
+
+def missing(kernel: Path, disk: Path) -> str | None:
+    """An error message if the kernel or the disk is not a file, else None."""
+    for f in (kernel, disk):
+        if not f.is_file():
+            return f"{f} not found; build the guest first: guest/build.sh"
+    return None
+
+
+@contextlib.contextmanager
+def disk_copy(disk: os.PathLike | str) -> Iterator[Path]:
+    """A temporary copy of disk, removed afterwards (the guest writes its root disk)."""
+    with tempfile.TemporaryDirectory(prefix="ignition-qemu-") as tmp:
+        copy = Path(tmp) / Path(disk).name
+        shutil.copyfile(disk, copy)
+        yield copy
+
+
+class Shell(Protocol):
+    def sh(self, cmd: str, timeout: float | None = None) -> str: ...
+
+
+def cpu_busy_ticks(vm: Shell) -> dict[str, int]:
+    """user+nice+system ticks (USER_HZ) per CPU from the guest's /proc/stat: {"cpu0": N, ...}."""
+    ticks = {}
+    for line in vm.sh("grep '^cpu[0-9]' /proc/stat").splitlines():
+        name, user, nice, system, *_ = line.split()
+        ticks[name] = int(user) + int(nice) + int(system)
+    return ticks

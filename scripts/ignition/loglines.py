@@ -1,0 +1,95 @@
+"""The VMM's log lines (on its console, stderr): patterns and parsers.
+
+`boot` prints these lines; their text is part of its interface (see
+`boot --help`). The patterns are pexpect regular expressions for the pty;
+the parsers turn a matched line into numbers.
+
+    Guest-boot-time = N ms
+    Snapshot-write-time = N ms
+    Snapshot-disk-clone = METHOD (H of N chunks hashed[: NOTE])
+    [snapshot] KIND 'NAME' (P pages, M MiB) written
+    [snapshot] 'NAME' failed, nothing was written: ...   (or: refused: ...)
+    Restore-time = N ms
+    Restore-stages: total N us, STAGE N us, STAGE N us (PARALLEL N us), ...
+    Restore-disk-copy = N us (METHOD); ready N us after restore start
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GUEST_BOOT_TIME = r"Guest-boot-time = (\d+) ms"
+"""group 1: VM start -> the guest init's boot-timer write, whole ms."""
+SNAPSHOT_WRITE_TIME = r"Snapshot-write-time = (\d+) ms"
+SNAPSHOT_DISK_CLONE = r"Snapshot-disk-clone = ([^\r\n]+)\r*\n"
+"""group 1: the value, for parse_disk_clone."""
+SNAPSHOT_FAILED = r"\[snapshot\][^\r\n]*(?:failed|refused)[^\r\n]*"
+RESTORE_TIME = r"Restore-time = (\d+) ms"
+RESTORE_STAGES = r"Restore-stages: (total \d+ us, [^\r\n]*vCPUs \d+ us[^\r\n]*)\r*\n"
+"""group 1: the items, for parse_restore_stages."""
+RESTORE_DISK_COPY = r"Restore-disk-copy = (\d+) us \(([^)]+)\); ready (\d+) us after restore start"
+"""groups: the copy's own time (µs), its method, when it was ready (µs from restore start)."""
+
+
+def snapshot_written(name: str) -> str:
+    """The `[snapshot] KIND 'NAME' (P pages, M MiB) written` line of `name`; groups: kind, P, M."""
+    return rf"\[snapshot\] (full|diff) '{re.escape(name)}' \((\d+) pages, ([0-9.]+) MiB\) written"
+
+
+def snapshot_failed(name: str) -> str:
+    """The `[snapshot] 'NAME' failed, nothing was written` line of `name`."""
+    return rf"\[snapshot\] '{re.escape(name)}' failed, nothing was written"
+
+
+@dataclass(frozen=True)
+class DiskClone:
+    """A `Snapshot-disk-clone` value."""
+
+    method: str
+    """How disk.img was made (e.g. `FICLONE`, `sparse copy`)."""
+    chunks_hashed: int
+    """256 KiB chunks whose sha256 was computed for this layer."""
+    chunks: int
+    """Chunks of the whole disk."""
+    reused: bool
+    """A note follows the counts: the parent's image and digests were reused."""
+
+
+def parse_disk_clone(text: str) -> DiskClone:
+    """Parses `METHOD (H of N chunks hashed[: note])`; raises ValueError if it is not that."""
+    m = re.fullmatch(r"([^(\r\n]+?) \((\d+) of (\d+) chunks hashed(?:: ([^)]*))?\)", text.strip())
+    if not m:
+        raise ValueError(f"cannot parse Snapshot-disk-clone value {text!r}")
+    return DiskClone(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) is not None)
+
+
+@dataclass(frozen=True)
+class RestoreStages:
+    """A `Restore-stages` line: microseconds."""
+
+    total_us: int
+    stages_us: dict[str, int]
+    """The critical path's stages, in the VMM's order."""
+    parallel_us: dict[str, int]
+    """Work on another thread, shown after a stage in parentheses (e.g. `verify`)."""
+
+
+def parse_restore_stages(text: str) -> RestoreStages:
+    """Parses the items after `Restore-stages: `; raises ValueError on an item it cannot read
+    or without `total`."""
+    # "NAME N us", or "NAME N us (OTHER M us)" for work on another thread (not a stage).
+    stages, parallel, total_us = {}, {}, None
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(.+?) (\d+) us(?: \((.+?) (\d+) us\))?\s*", part)
+        if not m:
+            raise ValueError(f"cannot parse Restore-stages item {part!r}")
+        if m.group(1) == "total":
+            total_us = int(m.group(2))
+        else:
+            stages[m.group(1)] = int(m.group(2))
+        if m.group(3):
+            parallel[m.group(3)] = int(m.group(4))
+    if total_us is None:
+        raise ValueError("Restore-stages lacks the total")
+    return RestoreStages(total_us, stages, parallel)

@@ -1,0 +1,47 @@
+"""The reference boot: the same guest under qemu-system-aarch64 (TCG), not our VMM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from . import guest
+
+QEMU = "qemu-system-aarch64"
+# Nothing is mapped at the boot-timer address under QEMU, so the poke is off.
+DEFAULT_APPEND = "console=ttyAMA0 root=/dev/vda rw boottimer=off"
+
+
+def qemu_argv(
+    kernel: os.PathLike | str,
+    disk: os.PathLike | str,
+    cpus: int = 1,
+    mem_mib: int = 512,
+    append: str = DEFAULT_APPEND,
+    cpu: str = "max",
+    qemu: str = QEMU,
+) -> list[str]:
+    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device."""
+    return [
+        qemu,
+        "-M", "virt,gic-version=3",
+        "-cpu", cpu,
+        "-smp", str(cpus),
+        "-m", str(mem_mib),
+        "-nographic",
+        "-no-reboot",
+        "-kernel", str(kernel),
+        "-append", append,
+        "-global", "virtio-mmio.force-legacy=false",
+        "-drive", f"if=none,file={disk},format=raw,id=hd0",
+        # bus 0 = the first transport, 0x0a000000 (unqualified: the last one).
+        "-device", "virtio-blk-device,drive=hd0,bus=virtio-mmio-bus.0",
+    ]
+
+
+def check_inputs(kernel: Path, disk: Path, qemu: str = QEMU) -> str | None:
+    """An error message if QEMU or the guest files are missing, else None."""
+    if shutil.which(qemu) is None:
+        return f"{qemu} not found (Debian package qemu-system-arm)"
+    return guest.missing(kernel, disk)

@@ -1,0 +1,267 @@
+"""An Ignition VM: a `boot` process whose console is a pty.
+
+    cfg = VmConfig(backend="emu")
+    with Vm.boot(cfg, disk=copy_of_rootfs, store=store, name="golden", track_dirty=True) as vm:
+        vm.login()
+        print(vm.sh("uname -m"))                  # -> "aarch64"
+        snap = vm.snapshot("golden", "full")      # Ctrl-A s; snap.pages, snap.write_ms, ...
+        assert vm.quit() == 0                     # Ctrl-A x
+    with Vm.restore(cfg, "golden", store=store) as vm:   # returns at the shell prompt
+        print(vm.restored.total_us)
+
+Every wait has a timeout from the backend's policy (timeouts.py) and raises
+console.ConsoleError naming what it waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from . import console, loglines, paths, timeouts
+from .console import ConsoleError
+
+CTRL_A = "\x01"
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    """Which `boot` to run and with which backend: shared by every VM of a test run."""
+
+    boot: Path = paths.DEFAULT_BOOT
+    backend: str | None = None
+    """`--backend`; None leaves it to boot (hvf on macOS/aarch64, else emu)."""
+    gic: str | None = None
+    """`--gic` (`userspace`, `hvf`); None leaves it to boot."""
+    kernel: Path = paths.KERNEL
+    timeouts: timeouts.Timeouts | None = None
+    """None: timeouts.for_backend(backend), set on creation."""
+
+    def __post_init__(self):
+        if self.timeouts is None:
+            object.__setattr__(self, "timeouts", timeouts.for_backend(self.backend))
+
+    def argv(self, *args: str) -> list[str]:
+        """`boot ARGS` with this configuration's --backend and --gic."""
+        argv = [str(self.boot), *args]
+        if self.backend:
+            argv += ["--backend", self.backend]
+        if self.gic:
+            argv += ["--gic", self.gic]
+        return argv
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a Ctrl-A s printed (loglines), and the host's wall time for it."""
+
+    name: str
+    kind: str
+    """`full` or `diff`."""
+    write_ms: int
+    """Snapshot-write-time: quiesce, write, clone the disk, commit (whole ms)."""
+    pages: int
+    mib: float
+    disk: loglines.DiskClone
+    console_wall_s: float
+    """Ctrl-A s written to the pty -> the `[snapshot] ... written` line read."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The restore's log lines, and the host's wall times (seconds from spawn)."""
+
+    restore_ms: int
+    """Restore-time, whole ms."""
+    stages: loglines.RestoreStages
+    disk_copy_us: int
+    """The working disk's copy, on its own thread."""
+    disk_ready_us: int
+    """When that copy was done, from restore start."""
+    logged_wall_s: float
+    """spawn -> all three lines read."""
+    wall_s: float
+    """spawn -> the shell prompt answering the Enter sent once logged."""
+
+    @property
+    def total_us(self) -> int:
+        return self.stages.total_us
+
+
+class Vm:
+    """A running `boot` on a pty. Use Vm.boot or Vm.restore; end it with quit(),
+    poweroff(), kill() or terminate() (a `with` block terminates it)."""
+
+    def __init__(self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None):
+        """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path."""
+        self.cfg = cfg
+        self.timeouts = cfg.timeouts
+        self.argv = cfg.argv(*args)
+        self.log_path = log_path
+        self.restored: Restored | None = None
+        self._at_login = False
+        self.t_spawn = time.perf_counter()
+        self.child = console.spawn(self.argv, log_path=log_path, timeout=self.timeouts.boot)
+
+    @classmethod
+    def boot(cls, cfg: VmConfig, *, disk: os.PathLike | str, log_path: os.PathLike | str | None = None,
+             mem: int | None = None, cpus: int | None = None, store: os.PathLike | str | None = None,
+             name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = ()) -> Vm:
+        """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login())."""
+        args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
+        if mem is not None:
+            args += ["--mem", str(mem)]
+        if cpus is not None:
+            args += ["--cpus", str(cpus)]
+        return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path)
+
+    @classmethod
+    def restore(cls, cfg: VmConfig, spec: str, *, store: os.PathLike | str,
+                log_path: os.PathLike | str | None = None, name: str | None = None, track_dirty: bool = False,
+                extra: Sequence[str] = (), wait: bool = True) -> Vm:
+        """`boot --restore spec`. With wait (the default), returns once the restore is logged
+        (self.restored) and the shell answers an Enter with its prompt."""
+        args = ["--restore", spec] + _snapshot_args(store, name, track_dirty) + list(extra)
+        vm = cls(cfg, args, log_path)
+        if wait:
+            try:
+                vm.wait_restored()
+            except BaseException:
+                vm.terminate()
+                raise
+        return vm
+
+    def __enter__(self) -> Vm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    @property
+    def match(self):
+        """The re.Match of the last expect()."""
+        return self.child.match
+
+    # The console
+
+    def expect(self, patterns, what: str, timeout: float | None = None) -> int:
+        """Waits for a pattern (or one of a list: returns its index); timeout default: cmd."""
+        return console.expect(self.child, patterns, self.timeouts.cmd if timeout is None else timeout, what)
+
+    def send(self, text: str) -> None:
+        """Writes text to the console at once (escapes, single keys)."""
+        self.child.send(text)
+
+    def type(self, text: str) -> None:
+        """Types text at the guest's pace (console.paced_send)."""
+        console.paced_send(self.child, text)
+
+    def guest_boot_time_ms(self) -> int:
+        """Waits for `Guest-boot-time = N ms`; returns N."""
+        self.expect(loglines.GUEST_BOOT_TIME, "the Guest-boot-time line", self.timeouts.boot)
+        return int(self.match.group(1))
+
+    def wait_login(self) -> float:
+        """Waits for `login:`; returns the seconds since spawn."""
+        self.expect(console.LOGIN, "the login: prompt", self.timeouts.boot)
+        self._at_login = True
+        return time.perf_counter() - self.t_spawn
+
+    def login(self, user: str = "root", password: str = "") -> None:
+        """Logs in (waiting for `login:` unless wait_login() saw it) and waits for the prompt."""
+        if not self._at_login:
+            self.wait_login()
+        self._at_login = False
+        console.answer_login(self.child, self.timeouts.boot, user, password)
+
+    def sh_status(self, cmd: str, timeout: float | None = None) -> tuple[int, str]:
+        """Runs a shell command at the prompt; returns (exit status, output) (console.run_status)."""
+        return console.run_status(self.child, cmd, self.timeouts.cmd if timeout is None else timeout)
+
+    def sh(self, cmd: str, timeout: float | None = None) -> str:
+        """Runs a shell command; returns its output; raises ConsoleError if it exits non-zero."""
+        return console.run(self.child, cmd, self.timeouts.cmd if timeout is None else timeout)
+
+    # Snapshots and restore
+
+    def snapshot(self, name: str, kind: str) -> Snapshot:
+        """Ctrl-A s: waits for the write time, the disk clone and the `[snapshot] KIND 'name'`
+        lines. Raises ConsoleError if the VMM reports a failure or writes another kind."""
+        t0 = time.perf_counter()
+        self.send(CTRL_A + "s")
+        if self.expect([loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED],
+                       f"Snapshot-write-time of '{name}'") == 1:
+            raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
+        write_ms = int(self.match.group(1))
+        self.expect(loglines.SNAPSHOT_DISK_CLONE, "Snapshot-disk-clone")
+        try:
+            disk = loglines.parse_disk_clone(self.match.group(1))
+        except ValueError as e:
+            raise ConsoleError(str(e)) from None
+        self.expect(loglines.snapshot_written(name), f"the [snapshot] line of '{name}'")
+        wall = time.perf_counter() - t0
+        got = self.match.group(1)
+        if got != kind:
+            raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
+        return Snapshot(name, kind, write_ms, int(self.match.group(2)), float(self.match.group(3)), disk, wall)
+
+    def wait_restored(self) -> Restored:
+        """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
+        reports itself from its own thread: before or after the others), presses Enter and
+        waits for the shell prompt. Sets and returns self.restored."""
+        pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
+        seen = {}
+        while len(seen) < len(pats):
+            i = self.expect(pats, "the Restore-time, -stages and -disk-copy lines", self.timeouts.boot)
+            seen[i] = self.match
+        t_logged = time.perf_counter()
+        try:
+            stages = loglines.parse_restore_stages(seen[1].group(1))
+        except ValueError as e:
+            raise ConsoleError(str(e)) from None
+        self.type("\n")
+        self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
+        t_prompt = time.perf_counter()
+        self.restored = Restored(int(seen[0].group(1)), stages, int(seen[2].group(1)), int(seen[2].group(3)),
+                                 t_logged - self.t_spawn, t_prompt - self.t_spawn)
+        return self.restored
+
+    # Ending
+
+    def quit(self) -> int:
+        """Ctrl-A x; returns boot's exit status (0 expected)."""
+        self.send(CTRL_A + "x")
+        return self.wait_exit()
+
+    def poweroff(self) -> int:
+        """`poweroff` in the guest; returns boot's exit status (0 expected)."""
+        self.type("poweroff\n")
+        return self.wait_exit()
+
+    def wait_exit(self, timeout: float | None = None) -> int:
+        """Waits for boot to exit; returns its status (128+N if killed by signal N)."""
+        return console.wait_exit(self.child, self.timeouts.cmd if timeout is None else timeout)
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        """Sends sig to boot and reaps it (so its pid is gone); returns its exit status."""
+        os.kill(self.pid, sig)
+        return self.wait_exit()
+
+    def terminate(self) -> None:
+        """Kills boot if it still runs and closes the pty and the log (console.terminate)."""
+        console.terminate(self.child)
+
+
+def _snapshot_args(store, name, track_dirty) -> list[str]:
+    args = [] if store is None else ["--store", str(store)]
+    if name is not None:
+        args += ["--name", name]
+    return args + (["--track-dirty"] if track_dirty else [])
