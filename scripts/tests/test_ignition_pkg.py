@@ -1,0 +1,81 @@
+"""The ignition package's pure parts (no guest): log-line parsers, the timeout policy, store listing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ignition import loglines, store, timeouts
+from ignition.vm import VmConfig
+
+
+def test_disk_clone_lines():
+    d = loglines.parse_disk_clone("sparse copy (34 of 256 chunks hashed)")
+    assert d == loglines.DiskClone("sparse copy", 34, 256, False)
+    d = loglines.parse_disk_clone("FICLONE (0 of 256 chunks hashed: unchanged since the parent, its image and "
+                                  "digests reused)")
+    assert d == loglines.DiskClone("FICLONE", 0, 256, True)
+    for bad in ("sparse copy", "copy (x of 2 chunks hashed)", "a (b) (1 of 2 chunks hashed)"):
+        with pytest.raises(ValueError):
+            loglines.parse_disk_clone(bad)
+
+
+def test_restore_lines():
+    line = ("Restore-stages: total 3944 us, resolve 181 us, verify wait 156 us (verify 99 us), map base 20 us, "
+            "overlay 1 us, state 182 us, VM create 21 us, GIC 1 us, devices 16 us, vCPUs 3279 us\r\n")
+    m = re.search(loglines.RESTORE_STAGES, line)
+    st = loglines.parse_restore_stages(m.group(1))
+    assert st.total_us == 3944
+    assert list(st.stages_us) == ["resolve", "verify wait", "map base", "overlay", "state", "VM create", "GIC",
+                                  "devices", "vCPUs"]
+    assert st.stages_us["verify wait"] == 156 and st.parallel_us == {"verify": 99}
+    with pytest.raises(ValueError, match="lacks the total"):
+        loglines.parse_restore_stages("resolve 1 us, vCPUs 2 us")
+    with pytest.raises(ValueError, match="cannot parse"):
+        loglines.parse_restore_stages("total 1 us, resolve soon")
+    m = re.search(loglines.RESTORE_DISK_COPY, "Restore-disk-copy = 19101 us (sparse copy); ready 19367 us after "
+                                              "restore start")
+    assert m.groups() == ("19101", "sparse copy", "19367")
+
+
+def test_snapshot_lines():
+    m = re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'd.2' (685 pages, 10.7 MiB) written")
+    assert m.groups() == ("diff", "685", "10.7")
+    assert not re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'dx2' (685 pages, 10.7 MiB) written")
+    assert re.search(loglines.snapshot_failed("x"), "[snapshot] 'x' failed, nothing was written: exists")
+    assert re.search(loglines.SNAPSHOT_FAILED, "[snapshot] refused: no snapshot name (start boot with --name NAME)")
+
+
+def test_timeouts_scale_by_backend(monkeypatch):
+    monkeypatch.delenv(timeouts.SCALE_ENV, raising=False)
+    assert timeouts.for_backend("emu") == timeouts.BASE
+    assert timeouts.for_backend("qemu") == timeouts.BASE
+    hvf = timeouts.for_backend("hvf")
+    assert hvf.boot == timeouts.BASE.boot * timeouts.SCALE["hvf"] < timeouts.BASE.boot
+    assert timeouts.for_backend(None) == timeouts.for_backend(timeouts.default_backend())
+    monkeypatch.setenv(timeouts.SCALE_ENV, "3")
+    assert timeouts.for_backend("emu").cmd == 3 * timeouts.BASE.cmd
+    assert VmConfig(backend="hvf").timeouts == timeouts.Timeouts(3 * hvf.boot, 3 * hvf.cmd)
+    monkeypatch.setenv(timeouts.SCALE_ENV, "0")
+    with pytest.raises(ValueError):
+        timeouts.for_backend("emu")
+    with pytest.raises(ValueError):
+        timeouts.for_backend("kvm")
+
+
+def test_vm_config_argv(tmp_path):
+    cfg = VmConfig(boot=tmp_path / "boot", backend="hvf", gic="hvf")
+    assert cfg.argv("--restore", "a") == [str(tmp_path / "boot"), "--restore", "a", "--backend", "hvf",
+                                          "--gic", "hvf"]
+    assert VmConfig(boot=tmp_path / "boot").argv() == [str(tmp_path / "boot")]
+
+
+def test_store_listing(tmp_path):
+    for d in ("golden", "d1", ".tmp-d2-4242-00ff", ".tmp-run-4242-00ff", ".del-x-1-ab", "-bad"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "stray").write_text("")
+    (tmp_path / "d1" / ".verified.json.tmp-4242-00ff").write_text("")
+    assert store.layer_names(tmp_path) == ["d1", "golden"]
+    assert store.work_entries(tmp_path) == [".del-x-1-ab", ".tmp-d2-4242-00ff", ".tmp-run-4242-00ff",
+                                            "d1/.verified.json.tmp-4242-00ff"]
