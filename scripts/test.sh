@@ -15,5 +15,11 @@ cargo test --workspace --release
 echo "[test] cargo test (debug: overflow checks) of devices and parsers"
 cargo test -p ignition-vmm --no-default-features --lib devices::
 cargo test -p snapshot-store --lib
+# Every cargo build above may have replaced boot, which drops its signature;
+# Hypervisor.framework answers HV_DENIED to an unsigned boot.
+if [ "$(uname -s)" = Darwin ]; then
+    echo "[test] sign boot (hypervisor entitlement)"
+    scripts/sign.sh target/release/boot
+fi
 echo "[test] pytest"
 python3 -m pytest -q scripts/tests "$@"

@@ -1,0 +1,93 @@
+"""scripts/test.sh on a simulated Mac: fake uname, sw_vers, sysctl, cargo, codesign and
+pytest on PATH record what the script runs, in order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ignition.paths import SCRIPTS
+
+FAKE_PYTEST = """#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = pytest ]; then
+    echo "pytest $*" >> "$CALLS"
+    xml=; gic=; prev=
+    for a in "$@"; do
+        case "$a" in --junitxml=*) xml=${a#--junitxml=} ;; esac
+        [ "$prev" = --gic ] && gic=$a
+        prev=$a
+    done
+    [ -n "$xml" ] || exit 0
+    # The in-kernel GIC fails one boot test and skips one snapshot test.
+    fail=; skip=; rc=0
+    if [ "$gic" = hvf ]; then
+        fail='<failure message="x"/>'; skip='<skipped message="y"/>'; rc=1
+    fi
+    cat > "$xml" <<XML
+<?xml version="1.0"?><testsuites><testsuite name="pytest">
+<testcase classname="scripts.tests.test_boot_e2e" name="a"/>
+<testcase classname="scripts.tests.test_boot_e2e" name="b">$fail</testcase>
+<testcase classname="scripts.tests.test_snapshot_e2e" name="c">$skip</testcase>
+<testcase classname="scripts.tests.test_snapshot_e2e" name="d"/>
+<testcase classname="scripts.tests.test_crash_consistency" name="e"/>
+</testsuite></testsuites>
+XML
+    exit $rc
+fi
+exec PYTHON "$@"
+"""
+
+
+def fake_mac(tmp_path: Path, macos: str = "15.1") -> dict[str, str]:
+    """A PATH whose uname says Darwin arm64 and whose build, sign and pytest tools only record
+    their arguments in $CALLS; returns the environment."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tools = {
+        "uname": 'case "$1" in -m) echo arm64 ;; *) echo Darwin ;; esac\n',
+        "sw_vers": f'case "$1" in -productVersion) echo {macos} ;; *) echo 24B83 ;; esac\n',
+        "sysctl": "echo Apple M2\n",
+        "cargo": 'echo "cargo $*" >> "$CALLS"\n',
+        "codesign": 'echo "codesign $*" >> "$CALLS"\n',
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+    (bin_dir / "python3").write_text(FAKE_PYTEST.replace("PYTHON", sys.executable))
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls),
+                MAC_CHECK_OUT=str(tmp_path / "out"))
+
+
+def calls(env) -> list[str]:
+    return Path(env["CALLS"]).read_text().splitlines()
+
+
+def run(script: str, env=None, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
+    env = fake_mac(tmp_path)
+    r = run("test.sh", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = calls(env)
+    sign = [i for i, line in enumerate(c) if line.startswith("codesign")]
+    assert len(sign) == 1 and "target/release/boot" in c[sign[0]], c
+    assert all(line.startswith("cargo") for line in c[:sign[0]]) and sign[0] >= 2, c
+    assert c[sign[0] + 1:] == ["pytest -m pytest -q scripts/tests"], c
+
+
+def test_test_sh_does_not_sign_on_linux(tmp_path):
+    env = fake_mac(tmp_path)
+    (tmp_path / "bin" / "uname").write_text("#!/bin/sh\necho Linux\n")
+    r = run("test.sh", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not [line for line in calls(env) if line.startswith("codesign")]
