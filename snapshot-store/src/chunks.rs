@@ -25,9 +25,9 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, IoContext, ParseError, Result};
+use crate::format::{check_prelude, u64_at};
 use crate::hash::{hex, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 use crate::manifest::{DiskEntry, FormatVersion, FORMAT_VERSION};
-use crate::prelude::{check_prelude, u64_at};
 use crate::{Progress, ProgressFn};
 
 /// Chunk size of the disk digests this crate writes, in bytes (256 KiB).
