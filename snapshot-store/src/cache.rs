@@ -30,9 +30,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, ParseError, Result};
+use crate::format::LAYER_FILES;
 use crate::fsutil::nonce;
 use crate::hash::is_sha256_hex;
-use crate::LAYER_FILES;
 
 /// File name of a layer's verified-file cache (not part of the layer; see
 /// `FORMAT.md`).
@@ -360,7 +360,7 @@ pub(crate) fn record_written(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MEMORY_FILE, STATE_FILE};
+    use crate::format::{MEMORY_FILE, STATE_FILE};
 
     fn stamp(ctime_ns: i128) -> Stamp {
         Stamp {

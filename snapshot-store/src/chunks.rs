@@ -25,10 +25,10 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, IoContext, ParseError, Result};
-use crate::format::{check_prelude, u64_at};
+use crate::format::{check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
 use crate::hash::{hex, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
-use crate::manifest::{DiskEntry, FormatVersion, FORMAT_VERSION};
-use crate::{Progress, ProgressFn};
+use crate::manifest::DiskEntry;
+use crate::progress::{Progress, ProgressFn};
 
 /// Chunk size of the disk digests this crate writes, in bytes (256 KiB).
 /// The VMM tracks guest disk writes at this granularity.

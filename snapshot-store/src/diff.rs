@@ -19,8 +19,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::error::ParseError;
-use crate::format::{check_prelude, u64_at};
-use crate::manifest::{check_geometry, FormatVersion, FORMAT_VERSION};
+use crate::format::{check_geometry, check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
 
 /// Magic bytes at offset 0 of a diff memory file.
 pub const DIFF_MAGIC: [u8; 8] = *b"IGNDIFF\0";

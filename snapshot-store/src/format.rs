@@ -1,10 +1,101 @@
-//! The 16-byte prelude every binary file of a layer starts with (`memory.bin`
-//! of a diff, `state.bin`, `disk.chunks`; FORMAT.md): magic (8 bytes),
-//! format major and minor (u16 each), header length (u32), little-endian.
-//! Also the little-endian field readers the parsers share.
+//! What every file of a layer shares: the layer's file names, the store
+//! format version ([`FormatVersion`]), the limits on RAM geometry, and the
+//! 16-byte prelude every binary file starts with (`memory.bin` of a diff,
+//! `state.bin`, `disk.chunks`; FORMAT.md): magic (8 bytes), format major
+//! and minor (u16 each), header length (u32), little-endian. Also the
+//! little-endian field readers the parsers share.
+//!
+//! The bottom of the store's file codecs: it imports nothing but
+//! `error`, and `manifest`, `diff`, `state` and `chunks` build on it.
+
+use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
-use crate::manifest::FormatVersion;
+
+/// File name of a layer's manifest.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// File name of a layer's memory (full RAM image or packed diff).
+pub const MEMORY_FILE: &str = "memory.bin";
+/// File name of a layer's machine state.
+pub const STATE_FILE: &str = "state.bin";
+/// File name of a layer's disk image clone.
+pub const DISK_FILE: &str = "disk.img";
+/// File name of a layer's disk chunk digests (present with `disk.img`).
+pub const DISK_CHUNKS_FILE: &str = "disk.chunks";
+/// Every file a layer may hold, in the order they are listed and checked
+/// (the disk's two only if the VM had a disk).
+pub const LAYER_FILES: [&str; 5] = [
+    MANIFEST_FILE,
+    MEMORY_FILE,
+    STATE_FILE,
+    DISK_FILE,
+    DISK_CHUNKS_FILE,
+];
+
+/// A store format version. All store files (manifest, diff memory, state,
+/// disk chunk list) carry one.
+///
+/// Compatibility rule (Firecracker's): a reader accepts a file whose major
+/// equals its own and whose minor is not newer than its own. Minor versions
+/// only add; a major bump breaks.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FormatVersion {
+    /// Incompatible revisions.
+    pub major: u16,
+    /// Backward-compatible additions.
+    pub minor: u16,
+}
+
+/// The format version this crate writes and the newest it reads.
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 2, minor: 0 };
+
+impl FormatVersion {
+    /// Check that this reader can read a file of version `self`.
+    pub fn check_readable(self) -> Result<(), ParseError> {
+        let ours = FORMAT_VERSION;
+        if self.major != ours.major || self.minor > ours.minor {
+            return Err(ParseError::new(format!(
+                "format version {self} is not readable by this build (reads {}.0 to {ours})",
+                ours.major
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Smallest supported page size, in bytes.
+pub const MIN_PAGE_SIZE: u64 = 4096;
+/// Largest supported page size, in bytes.
+pub const MAX_PAGE_SIZE: u64 = 64 * 1024;
+/// Largest supported guest RAM, in bytes (1 TiB).
+pub const MAX_RAM_SIZE: u64 = 1 << 40;
+
+/// Check page size, RAM base and RAM size (bytes) against the limits.
+pub(crate) fn check_geometry(page_size: u64, base: u64, size: u64) -> Result<(), ParseError> {
+    if !page_size.is_power_of_two() || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size) {
+        return Err(ParseError::new(format!(
+            "page size {page_size} is not a power of two in {MIN_PAGE_SIZE}..={MAX_PAGE_SIZE}"
+        )));
+    }
+    if size == 0 || size > MAX_RAM_SIZE || size % page_size != 0 {
+        return Err(ParseError::new(format!(
+            "RAM size {size} is not a non-zero multiple of the page size {page_size} up to {MAX_RAM_SIZE}"
+        )));
+    }
+    if base % page_size != 0 || base.checked_add(size).is_none() {
+        return Err(ParseError::new(format!(
+            "RAM base {base:#x} is not page-aligned or RAM wraps the address space"
+        )));
+    }
+    Ok(())
+}
 
 /// The little-endian u16 at `b[at..at + 2]` (the caller checked the length).
 pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {

@@ -7,7 +7,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::Progress;
+use crate::progress::Progress;
 
 /// A sha256 digest (32 bytes).
 pub type Sha256Digest = [u8; 32];

@@ -47,6 +47,7 @@ mod fsutil;
 mod hash;
 mod manifest;
 mod name;
+mod progress;
 mod restore;
 mod state;
 mod store;
@@ -67,13 +68,17 @@ pub use diff::{
     parse_diff_prefix, DiffHeader, DiffView, DIFF_HEADER_LEN, DIFF_MAGIC,
 };
 pub use error::{Error, ParseError, Result};
+pub use format::{
+    FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
+    MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
+};
 pub use hash::{hex, sha256, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 pub use manifest::{
-    parse_manifest, DiskEntry, FileEntry, FormatVersion, LayerKind, Manifest, ParentRef,
-    FORMAT_VERSION, MAX_CREATOR_LEN, MAX_MANIFEST_BYTES, MAX_PAGE_SIZE, MAX_RAM_SIZE, MAX_TAG_LEN,
-    MAX_VCPUS, MIN_PAGE_SIZE,
+    parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
+    MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
 };
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
+pub use progress::{Progress, ProgressFn};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
 };
@@ -90,45 +95,3 @@ pub use verify::{
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
 pub use writer::{DiskClone, LayerMeta, SnapshotWriter};
-
-/// File name of a layer's manifest.
-pub const MANIFEST_FILE: &str = "manifest.json";
-/// File name of a layer's memory (full RAM image or packed diff).
-pub const MEMORY_FILE: &str = "memory.bin";
-/// File name of a layer's machine state.
-pub const STATE_FILE: &str = "state.bin";
-/// File name of a layer's disk image clone.
-pub const DISK_FILE: &str = "disk.img";
-/// File name of a layer's disk chunk digests (present with `disk.img`).
-pub const DISK_CHUNKS_FILE: &str = "disk.chunks";
-/// Every file a layer may hold, in the order they are listed and checked
-/// (the disk's two only if the VM had a disk).
-pub const LAYER_FILES: [&str; 5] = [
-    MANIFEST_FILE,
-    MEMORY_FILE,
-    STATE_FILE,
-    DISK_FILE,
-    DISK_CHUNKS_FILE,
-];
-
-/// Progress of a long operation, for progress lines. Delivered to a
-/// callback that may be called from several threads at once.
-#[derive(Debug, Clone, Copy)]
-pub enum Progress<'a> {
-    /// `done` of `total` bytes of `path` have been hashed. Reported only for
-    /// files of at least [`PROGRESS_MIN_BYTES`], every
-    /// [`PROGRESS_STEP_BYTES`] and at the end.
-    Hashing {
-        /// File being hashed.
-        path: &'a std::path::Path,
-        /// Bytes hashed so far.
-        done: u64,
-        /// File size in bytes.
-        total: u64,
-    },
-    /// A stage of a multi-stage operation (squash) begins.
-    Stage(&'a str),
-}
-
-/// A progress callback: `&|p: Progress| eprintln!(...)`.
-pub type ProgressFn<'a> = &'a (dyn Fn(Progress<'_>) + Sync);

@@ -11,62 +11,19 @@ use serde::{Deserialize, Serialize};
 use crate::chunks::check_chunk_geometry;
 use crate::diff::diff_file_size;
 use crate::error::ParseError;
+use crate::format::{check_geometry, FormatVersion};
 use crate::hash::{hex, is_sha256_hex, sha256};
 use crate::name::validate_name;
 use crate::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
 
 /// Largest accepted `manifest.json`, in bytes.
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
-/// Smallest supported page size, in bytes.
-pub const MIN_PAGE_SIZE: u64 = 4096;
-/// Largest supported page size, in bytes.
-pub const MAX_PAGE_SIZE: u64 = 64 * 1024;
-/// Largest supported guest RAM, in bytes (1 TiB).
-pub const MAX_RAM_SIZE: u64 = 1 << 40;
 /// Largest supported vCPU count.
 pub const MAX_VCPUS: u32 = 512;
 /// Longest `backend` / `gic_mode` string, in bytes.
 pub const MAX_TAG_LEN: usize = 64;
 /// Longest `creator` string, in bytes.
 pub const MAX_CREATOR_LEN: usize = 128;
-
-/// A store format version. All store files (manifest, diff memory, state,
-/// disk chunk list) carry one.
-///
-/// Compatibility rule (Firecracker's): a reader accepts a file whose major
-/// equals its own and whose minor is not newer than its own. Minor versions
-/// only add; a major bump breaks.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct FormatVersion {
-    /// Incompatible revisions.
-    pub major: u16,
-    /// Backward-compatible additions.
-    pub minor: u16,
-}
-
-/// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 2, minor: 0 };
-
-impl FormatVersion {
-    /// Check that this reader can read a file of version `self`.
-    pub fn check_readable(self) -> Result<(), ParseError> {
-        let ours = FORMAT_VERSION;
-        if self.major != ours.major || self.minor > ours.minor {
-            return Err(ParseError::new(format!(
-                "format version {self} is not readable by this build (reads {}.0 to {ours})",
-                ours.major
-            )));
-        }
-        Ok(())
-    }
-}
-
-impl std::fmt::Display for FormatVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
 
 /// Whether a layer holds all of RAM or only the pages dirtied since its
 /// parent.
@@ -294,26 +251,6 @@ impl Manifest {
     }
 }
 
-/// Check page size, RAM base and RAM size (bytes) against the limits.
-pub(crate) fn check_geometry(page_size: u64, base: u64, size: u64) -> Result<(), ParseError> {
-    if !page_size.is_power_of_two() || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&page_size) {
-        return Err(ParseError::new(format!(
-            "page size {page_size} is not a power of two in {MIN_PAGE_SIZE}..={MAX_PAGE_SIZE}"
-        )));
-    }
-    if size == 0 || size > MAX_RAM_SIZE || size % page_size != 0 {
-        return Err(ParseError::new(format!(
-            "RAM size {size} is not a non-zero multiple of the page size {page_size} up to {MAX_RAM_SIZE}"
-        )));
-    }
-    if base % page_size != 0 || base.checked_add(size).is_none() {
-        return Err(ParseError::new(format!(
-            "RAM base {base:#x} is not page-aligned or RAM wraps the address space"
-        )));
-    }
-    Ok(())
-}
-
 fn check_tag(field: &str, v: &str) -> Result<(), ParseError> {
     if v.is_empty()
         || v.len() > MAX_TAG_LEN
@@ -371,6 +308,7 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, ParseError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::format::{FORMAT_VERSION, MAX_RAM_SIZE};
 
     pub(crate) fn sample(kind: LayerKind) -> Manifest {
         let page_size = 16384;
@@ -410,7 +348,7 @@ pub(crate) mod tests {
             },
             disk: Some(DiskEntry {
                 size: 4096,
-                chunk_size: crate::DISK_CHUNK_SIZE,
+                chunk_size: crate::chunks::DISK_CHUNK_SIZE,
                 sha256: "03".repeat(32),
             }),
             manifest_sha256: String::new(),

@@ -15,9 +15,8 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::{Error, IoContext, ParseError, Result};
-use crate::format::{check_prelude, u64_at};
+use crate::format::{check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
 use crate::hash::sha256;
-use crate::manifest::{FormatVersion, FORMAT_VERSION};
 
 /// Magic bytes at offset 0 of `state.bin`.
 pub const STATE_MAGIC: [u8; 8] = *b"IGNSTATE";

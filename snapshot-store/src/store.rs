@@ -9,15 +9,14 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
+use crate::format::{DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, pid_alive, sync_dir};
 use crate::hash::{hex, sha256};
 use crate::manifest::{parse_manifest, LayerKind, Manifest, ParentRef, MAX_MANIFEST_BYTES};
 use crate::name::{validate_name, Spec};
+use crate::progress::{Progress, ProgressFn};
 use crate::writer::LayerMeta;
-use crate::{
-    map_chain_memory, verify_chain_with_progress, Progress, ProgressFn, DISK_FILE, MANIFEST_FILE,
-    MEMORY_FILE, STATE_FILE,
-};
+use crate::{map_chain_memory, verify_chain_with_progress};
 
 /// Default store directory, relative to the working directory.
 pub const DEFAULT_STORE_DIR: &str = "vmstore";

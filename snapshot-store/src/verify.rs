@@ -14,12 +14,13 @@ use crate::chunks::{
     hash_disk, read_disk_chunks,
 };
 use crate::error::{Error, IoContext, Result};
+use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256_open_file};
 use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
+use crate::progress::ProgressFn;
 use crate::restore::{check_diff_against_manifest, read_diff_prefix};
 use crate::state::{parse_state_header, read_up_to, STATE_HEADER_LEN};
 use crate::store::{check_link, Chain, Layer, Store};
-use crate::{ProgressFn, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 
 /// How the sha256 of a verified file was established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,13 +17,15 @@ use crate::chunks::{
 use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
+use crate::format::{
+    DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
+};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};
-use crate::manifest::{DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, FORMAT_VERSION};
+use crate::manifest::{DiskEntry, FileEntry, LayerKind, Manifest, ParentRef};
 use crate::name::validate_name;
 use crate::state::encode_state_header;
 use crate::store::{check_same_machine, Layer, Store, DEL_PREFIX, TMP_PREFIX};
-use crate::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 
 /// What the VMM knows about the layer it is about to write.
 #[derive(Debug, Clone, PartialEq, Eq)]

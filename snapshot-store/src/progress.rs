@@ -1,0 +1,24 @@
+//! Progress reports of long operations (hashing, squash), for progress
+//! lines.
+
+/// Progress of a long operation, for progress lines. Delivered to a
+/// callback that may be called from several threads at once.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// `done` of `total` bytes of `path` have been hashed. Reported only for
+    /// files of at least [`crate::PROGRESS_MIN_BYTES`], every
+    /// [`crate::PROGRESS_STEP_BYTES`] and at the end.
+    Hashing {
+        /// File being hashed.
+        path: &'a std::path::Path,
+        /// Bytes hashed so far.
+        done: u64,
+        /// File size in bytes.
+        total: u64,
+    },
+    /// A stage of a multi-stage operation (squash) begins.
+    Stage(&'a str),
+}
+
+/// A progress callback: `&|p: Progress| eprintln!(...)`.
+pub type ProgressFn<'a> = &'a (dyn Fn(Progress<'_>) + Sync);
