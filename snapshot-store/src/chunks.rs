@@ -16,18 +16,16 @@
 //! The disk's digest (the manifest's `disk.sha256`) is the sha256 of the
 //! digest list alone ([`disk_digest`]), so the manifest pins this file.
 
-use std::fs::{File, OpenOptions};
-use std::io::Read;
+use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, IoContext, ParseError, Result};
 use crate::format::{check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
-use crate::hash::{hex, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
-use crate::manifest::DiskEntry;
+use crate::hash::{Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 use crate::progress::{Progress, ProgressFn};
 
 /// Chunk size of the disk digests this crate writes, in bytes (256 KiB).
@@ -236,74 +234,6 @@ pub fn encode_disk_chunks(
     sum.update(&b[DISK_CHUNKS_HEADER_LEN..]);
     b[DIGEST_AT..DIGEST_AT + 32].copy_from_slice(&sum.finalize());
     Ok(b)
-}
-
-/// Read `disk.chunks` at `path` (untrusted, bounded) and check it against
-/// the manifest's disk entry; see [`check_disk_chunks_file`].
-pub(crate) fn read_disk_chunks(path: &Path, entry: &DiskEntry) -> Result<DiskChunks> {
-    // O_NOFOLLOW: never through a symlink; O_NONBLOCK: never hang on a FIFO.
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::corrupt(path, "not a regular file"),
-            _ if e.kind() == std::io::ErrorKind::NotFound => Error::corrupt(path, "missing"),
-            _ => Error::io(path, "open", e),
-        })?;
-    check_disk_chunks_file(&f, path, entry)
-}
-
-/// Read the open `disk.chunks` `f` (named `path` in errors; untrusted,
-/// bounded: its size must be the one `entry` implies before anything is
-/// read) and check it against the manifest's disk entry: well-formed,
-/// same chunk size and disk size, and the sha256 of the digest list equal
-/// to `entry.sha256`.
-pub(crate) fn check_disk_chunks_file(
-    f: &File,
-    path: &Path,
-    entry: &DiskEntry,
-) -> Result<DiskChunks> {
-    let n = check_chunk_geometry(entry.chunk_size, entry.size)
-        .map_err(|e| Error::corrupt(path, format!("manifest disk entry: {e}")))?;
-    let want = disk_chunks_file_size(n);
-    let meta = f.metadata().ctx(path, "stat")?;
-    if !meta.is_file() {
-        return Err(Error::corrupt(path, "not a regular file"));
-    }
-    if meta.len() != want {
-        return Err(Error::corrupt(
-            path,
-            format!(
-                "is {} bytes, a list of {n} digests is {want} bytes",
-                meta.len()
-            ),
-        ));
-    }
-    // want <= 72 + 32 * MAX_DISK_CHUNKS: fits a usize.
-    let mut bytes = Vec::with_capacity(want as usize);
-    f.take(want + 1).read_to_end(&mut bytes).ctx(path, "read")?;
-    let chunks = parse_disk_chunks(&bytes).map_err(|e| Error::corrupt(path, e.0))?;
-    if chunks.chunk_size != entry.chunk_size || chunks.disk_size != entry.size {
-        return Err(Error::corrupt(
-            path,
-            format!(
-                "lists {}-byte chunks of a {}-byte disk, the manifest says {}-byte chunks of {} bytes",
-                chunks.chunk_size, chunks.disk_size, entry.chunk_size, entry.size
-            ),
-        ));
-    }
-    let found = hex(&chunks.disk_digest());
-    if found != entry.sha256 {
-        return Err(Error::corrupt(
-            path,
-            format!(
-                "sha256 mismatch: digest list does not match the manifest (disk sha256 {}, list hashes to {found})",
-                entry.sha256
-            ),
-        ));
-    }
-    Ok(chunks)
 }
 
 /// The byte range of chunk `i` of a `size`-byte disk.

@@ -48,6 +48,7 @@ mod hash;
 mod manifest;
 mod name;
 mod progress;
+mod readers;
 mod restore;
 mod state;
 mod store;

@@ -6,58 +6,11 @@ use std::path::Path;
 
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::diff::{parse_diff_header, parse_diff_prefix, DiffHeader, DIFF_HEADER_LEN};
+use crate::diff::DiffHeader;
 use crate::error::{Error, IoContext, Result};
 use crate::manifest::LayerKind;
-use crate::state::read_up_to;
+use crate::readers::{check_diff_against_manifest, read_diff_prefix};
 use crate::store::{Chain, Layer};
-
-/// Read and check the header, index and padding of the diff file at
-/// `path`, whose length is `file_len`. Reads at most the prefix, which
-/// the header check bounds by the real file size.
-pub(crate) fn read_diff_prefix(
-    f: &File,
-    path: &Path,
-    file_len: u64,
-) -> Result<(DiffHeader, Vec<u64>)> {
-    let mut head = [0u8; DIFF_HEADER_LEN];
-    let got = read_up_to(&mut &*f, &mut head).ctx(path, "read")?;
-    let h = parse_diff_header(&head[..got]).map_err(|e| Error::corrupt(path, e.0))?;
-    if file_len != h.file_size() {
-        return Err(Error::corrupt(
-            path,
-            format!(
-                "file is {file_len} bytes, but its header announces {} ({} pages)",
-                h.file_size(),
-                h.page_count
-            ),
-        ));
-    }
-    let mut prefix = vec![0u8; h.data_offset as usize];
-    f.read_exact_at(&mut prefix, 0).ctx(path, "read")?;
-    parse_diff_prefix(&prefix).map_err(|e| Error::corrupt(path, e.0))
-}
-
-/// Check a diff header against the layer's manifest.
-pub(crate) fn check_diff_against_manifest(layer: &Layer, h: &DiffHeader) -> Result<()> {
-    let m = &layer.manifest;
-    if h.page_size != m.page_size || h.ram_size != m.ram_size || Some(h.page_count) != m.diff_pages
-    {
-        return Err(Error::corrupt(
-            layer.memory_path(),
-            format!(
-                "header says {} pages of {} bytes over {} bytes of RAM; manifest.json says {} pages of {} bytes over {}",
-                h.page_count,
-                h.page_size,
-                h.ram_size,
-                m.diff_pages.unwrap_or(0),
-                m.page_size,
-                m.ram_size
-            ),
-        ));
-    }
-    Ok(())
-}
 
 fn ram_len(layer: &Layer) -> Result<usize> {
     usize::try_from(layer.manifest.ram_size).map_err(|_| {
@@ -138,7 +91,7 @@ fn open_diff(layer: &Layer, ram_len: usize) -> Result<OpenDiff> {
         ));
     }
     let (header, index) = read_diff_prefix(&file, &path, file_len)?;
-    check_diff_against_manifest(layer, &header)?;
+    check_diff_against_manifest(m, &path, &header)?;
     Ok(OpenDiff {
         file,
         header,

@@ -10,11 +10,7 @@
 //! 56  L  payload
 //! ```
 
-use std::fs::File;
-use std::io::Read;
-use std::path::Path;
-
-use crate::error::{Error, IoContext, ParseError, Result};
+use crate::error::{ParseError, Result};
 use crate::format::{check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
 use crate::hash::sha256;
 
@@ -94,47 +90,6 @@ pub fn encode_state_header(payload: &[u8]) -> Result<[u8; STATE_HEADER_LEN], Par
     Ok(h)
 }
 
-/// Read `state.bin` at `path` with bounded reads: the header first, then
-/// exactly the payload it announces (never more than [`MAX_STATE_BYTES`]).
-pub(crate) fn read_state_file(path: &Path) -> Result<Vec<u8>> {
-    let mut f = File::open(path).ctx(path, "open")?;
-    let file_len = f.metadata().ctx(path, "stat")?.len();
-    let mut head = [0u8; STATE_HEADER_LEN];
-    let got = read_up_to(&mut f, &mut head).ctx(path, "read")?;
-    let h = parse_state_header(&head[..got]).map_err(|e| Error::corrupt(path, e.0))?;
-    if file_len != STATE_HEADER_LEN as u64 + h.payload_len {
-        return Err(Error::corrupt(
-            path,
-            format!(
-                "file is {file_len} bytes, header announces {} + {}",
-                STATE_HEADER_LEN, h.payload_len
-            ),
-        ));
-    }
-    let mut file = head.to_vec();
-    file.resize(STATE_HEADER_LEN + h.payload_len as usize, 0);
-    let got = read_up_to(&mut f, &mut file[STATE_HEADER_LEN..]).ctx(path, "read")?;
-    if got as u64 != h.payload_len {
-        return Err(Error::corrupt(path, "truncated while reading"));
-    }
-    let payload = parse_state(&file).map_err(|e| Error::corrupt(path, e.0))?;
-    Ok(payload.to_vec())
-}
-
-/// Fill as much of `buf` as the reader provides; returns the bytes read.
-pub(crate) fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,25 +146,5 @@ mod tests {
     fn oversized_payload_refused() {
         let big = vec![0u8; MAX_STATE_BYTES as usize + 1];
         assert!(encode_state_header(&big).is_err());
-    }
-
-    #[test]
-    fn file_reader_bounds() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("state.bin");
-        std::fs::write(&p, file(b"abc")).unwrap();
-        assert_eq!(read_state_file(&p).unwrap(), b"abc");
-        // Header claims more than the file has.
-        let mut b = file(b"abc");
-        b[16] = 200;
-        std::fs::write(&p, &b).unwrap();
-        let e = read_state_file(&p).unwrap_err().to_string();
-        assert!(
-            e.contains("state.bin") && e.contains("header announces"),
-            "{e}"
-        );
-        std::fs::write(&p, b"IGN").unwrap();
-        let e = read_state_file(&p).unwrap_err().to_string();
-        assert!(e.contains("truncated"), "{e}");
     }
 }

@@ -139,7 +139,7 @@ impl Layer {
     /// manifest).
     pub fn read_state(&self) -> Result<Vec<u8>> {
         let path = self.state_path();
-        let payload = crate::state::read_state_file(&path)?;
+        let payload = crate::readers::read_state_file(&path)?;
         let size = (crate::STATE_HEADER_LEN + payload.len()) as u64;
         if size != self.manifest.state.size {
             return Err(Error::corrupt(

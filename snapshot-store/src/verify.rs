@@ -9,17 +9,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::cache::{self, CacheEntry, Entries, Stamp};
-use crate::chunks::{
-    check_disk_chunks_file, chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest,
-    hash_disk, read_disk_chunks,
-};
+use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256_open_file};
 use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::progress::ProgressFn;
-use crate::restore::{check_diff_against_manifest, read_diff_prefix};
-use crate::state::{parse_state_header, read_up_to, STATE_HEADER_LEN};
+use crate::readers::{
+    check_diff_against_manifest, check_disk_chunks_file, read_diff_prefix, read_disk_chunks,
+    read_up_to,
+};
+use crate::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::store::{check_link, Chain, Layer, Store};
 
 /// How the sha256 of a verified file was established.
@@ -182,7 +182,7 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     if m.kind == LayerKind::Diff {
         let f = File::open(&mem).ctx(&mem, "open")?;
         let (h, _) = read_diff_prefix(&f, &mem, m.memory.size)?;
-        check_diff_against_manifest(layer, &h)?;
+        check_diff_against_manifest(m, &mem, &h)?;
     }
     jobs.push(Job {
         path: mem,

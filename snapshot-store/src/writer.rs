@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::cache::{record_written, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
 use crate::chunks::{
     check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
-    read_disk_chunks, ChunkHasher, DISK_CHUNK_SIZE,
+    ChunkHasher, DISK_CHUNK_SIZE,
 };
 use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
@@ -24,6 +24,7 @@ use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};
 use crate::manifest::{DiskEntry, FileEntry, LayerKind, Manifest, ParentRef};
 use crate::name::validate_name;
+use crate::readers::read_disk_chunks;
 use crate::state::encode_state_header;
 use crate::store::{check_same_machine, Layer, Store, DEL_PREFIX, TMP_PREFIX};
 
