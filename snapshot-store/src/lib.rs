@@ -45,11 +45,13 @@ mod error;
 mod format;
 mod fsutil;
 mod hash;
+mod layer;
 mod manifest;
 mod name;
 mod progress;
 mod readers;
 mod restore;
+mod squash;
 mod state;
 mod store;
 mod time;
@@ -74,6 +76,7 @@ pub use format::{
     MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
 };
 pub use hash::{hex, sha256, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
+pub use layer::{Chain, Layer, LayerMeta};
 pub use manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
     MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
@@ -87,12 +90,10 @@ pub use state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
     STATE_HEADER_LEN, STATE_MAGIC,
 };
-pub use store::{
-    Chain, GcReport, Layer, LayerSummary, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,
-};
+pub use store::{GcReport, LayerSummary, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH};
 pub use time::rfc3339;
 pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
-pub use writer::{DiskClone, LayerMeta, SnapshotWriter};
+pub use writer::{DiskClone, SnapshotWriter};

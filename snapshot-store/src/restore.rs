@@ -8,9 +8,9 @@ use memmap2::{MmapMut, MmapOptions};
 
 use crate::diff::DiffHeader;
 use crate::error::{Error, IoContext, Result};
+use crate::layer::{Chain, Layer};
 use crate::manifest::LayerKind;
 use crate::readers::{check_diff_against_manifest, read_diff_prefix};
-use crate::store::{Chain, Layer};
 
 fn ram_len(layer: &Layer) -> Result<usize> {
     usize::try_from(layer.manifest.ram_size).map_err(|_| {

@@ -13,6 +13,7 @@ use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_d
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256_open_file};
+use crate::layer::{check_link, Chain, Layer};
 use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::progress::ProgressFn;
 use crate::readers::{
@@ -20,7 +21,7 @@ use crate::readers::{
     read_up_to,
 };
 use crate::state::{parse_state_header, STATE_HEADER_LEN};
-use crate::store::{check_link, Chain, Layer, Store};
+use crate::store::Store;
 
 /// How the sha256 of a verified file was established.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

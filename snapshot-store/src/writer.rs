@@ -17,107 +17,15 @@ use crate::chunks::{
 use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
-use crate::format::{
-    DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
-};
+use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};
-use crate::manifest::{DiskEntry, FileEntry, LayerKind, Manifest, ParentRef};
+use crate::layer::{check_same_machine, Layer, LayerMeta};
+use crate::manifest::{DiskEntry, FileEntry};
 use crate::name::validate_name;
 use crate::readers::read_disk_chunks;
 use crate::state::encode_state_header;
-use crate::store::{check_same_machine, Layer, Store, DEL_PREFIX, TMP_PREFIX};
-
-/// What the VMM knows about the layer it is about to write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayerMeta {
-    /// The parent layer ([`Layer::parent_ref`]): `Some` writes a diff
-    /// layer, `None` a full one.
-    pub parent: Option<ParentRef>,
-    /// Page size in bytes (Ignition: 16384).
-    pub page_size: u64,
-    /// Guest-physical address of the start of RAM.
-    pub ram_base_gpa: u64,
-    /// Guest RAM size in bytes.
-    pub ram_size: u64,
-    /// Number of vCPUs.
-    pub vcpus: u32,
-    /// Backend name, e.g. `emu` or `hvf`.
-    pub backend: String,
-    /// GIC mode, e.g. `userspace` or `hvf`.
-    pub gic_mode: String,
-    /// Program and version writing the state, e.g. `ignition-vmm 0.1.0`.
-    pub creator: String,
-}
-
-impl LayerMeta {
-    fn kind(&self) -> LayerKind {
-        if self.parent.is_some() {
-            LayerKind::Diff
-        } else {
-            LayerKind::Full
-        }
-    }
-
-    /// A manifest with this metadata and the given files; not sealed.
-    fn manifest(
-        &self,
-        name: &str,
-        memory: FileEntry,
-        diff_pages: Option<u64>,
-        state: FileEntry,
-        disk: Option<DiskEntry>,
-        created_unix: u64,
-    ) -> Manifest {
-        Manifest {
-            format: FORMAT_VERSION,
-            kind: self.kind(),
-            name: name.to_string(),
-            parent: self.parent.clone(),
-            page_size: self.page_size,
-            ram_base_gpa: self.ram_base_gpa,
-            ram_size: self.ram_size,
-            vcpus: self.vcpus,
-            backend: self.backend.clone(),
-            gic_mode: self.gic_mode.clone(),
-            creator: self.creator.clone(),
-            created_unix,
-            created: crate::time::rfc3339(created_unix),
-            memory,
-            diff_pages,
-            state,
-            disk,
-            manifest_sha256: String::new(),
-        }
-    }
-
-    /// Check the values by validating a manifest with placeholder files.
-    fn validate(&self, name: &str) -> Result<()> {
-        let zero = crate::manifest::ZERO_HASH.to_string();
-        let entry = |size| FileEntry {
-            size,
-            sha256: zero.clone(),
-        };
-        let (memory, pages) = match self.kind() {
-            LayerKind::Full => (entry(self.ram_size), None),
-            LayerKind::Diff => (
-                entry(crate::diff_file_size(self.page_size, 0).unwrap_or(0)),
-                Some(0),
-            ),
-        };
-        let mut m = self.manifest(
-            name,
-            memory,
-            pages,
-            entry(crate::STATE_HEADER_LEN as u64),
-            None,
-            0,
-        );
-        m.manifest_sha256 = zero.clone();
-        m.validate()
-            .map_err(|e| Error::Usage(format!("invalid metadata for snapshot '{name}': {e}")))
-    }
-}
+use crate::store::{Store, DEL_PREFIX, TMP_PREFIX};
 
 /// Check that `meta.parent` exists with the recorded content hash and
 /// describes the same machine.
