@@ -1,29 +1,26 @@
 //! Writing a layer: a work directory inside the store, then an atomic,
-//! durable commit.
+//! durable commit. The disk's part is `writer/disk.rs`.
+
+mod disk;
+
+pub use disk::DiskClone;
+use disk::DiskJob;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Write};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
 use crate::cache::{record_written, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
-use crate::chunks::{
-    check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
-    ChunkHasher, DISK_CHUNK_SIZE,
-};
-use crate::clone::{clone_file, CloneMethod};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
-use crate::manifest::{DiskEntry, FileEntry};
+use crate::manifest::FileEntry;
 use crate::name::validate_name;
-use crate::readers::read_disk_chunks;
 use crate::state::encode_state_header;
 use crate::store::{Store, DEL_PREFIX, TMP_PREFIX};
 
@@ -62,73 +59,6 @@ fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
         0,
     );
     check_same_machine(&parent.manifest, &probe, &p.name, name)
-}
-
-/// The disk's manifest entry: being computed (digests hashed and
-/// `disk.chunks` written on a background thread), or known (the parent's).
-enum DiskJob {
-    Hashing(JoinHandle<Result<DiskEntry>>),
-    Known(DiskEntry),
-}
-
-impl DiskJob {
-    fn finish(self) -> Result<DiskEntry> {
-        match self {
-            DiskJob::Known(e) => Ok(e),
-            DiskJob::Hashing(h) => h
-                .join()
-                .map_err(|_| Error::Usage("disk hashing thread panicked".into()))?,
-        }
-    }
-}
-
-/// What [`SnapshotWriter::clone_disk`] or
-/// [`SnapshotWriter::reuse_parent_disk`] did, for the log. Displays as
-/// `sparse copy (3 of 256 chunks hashed)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskClone {
-    /// How `disk.img` was copied.
-    pub method: CloneMethod,
-    /// Chunks of the disk ([`DISK_CHUNK_SIZE`] bytes each, the last one
-    /// possibly shorter).
-    pub chunks: u64,
-    /// Chunks read and hashed (on a background thread joined by commit).
-    /// The other chunks' digests come from the parent's `disk.chunks`, or
-    /// are the digest of zeros for chunks inside holes.
-    pub hashed: u64,
-}
-
-impl std::fmt::Display for DiskClone {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} ({} of {} chunks hashed)",
-            self.method, self.hashed, self.chunks
-        )
-    }
-}
-
-/// Which chunks of a new disk clone to hash.
-enum HashPlan {
-    /// Start from the parent's digest list (read from `path` and checked
-    /// against the parent's manifest entry) and re-hash these chunks.
-    Update {
-        path: PathBuf,
-        entry: DiskEntry,
-        chunks: Vec<u64>,
-    },
-    /// Hash these ranges of chunks; the rest are holes.
-    All(Vec<Range<u64>>),
-}
-
-/// Create `path` (which must not exist) holding `bytes`.
-fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .ctx(path, "create")?;
-    f.write_all(bytes).ctx(path, "write")
 }
 
 /// A layer being written into a work directory `.tmp-NAME-PID-NONCE`
@@ -403,157 +333,6 @@ impl SnapshotWriter {
             sha256: hex(&h.finalize()),
         });
         Ok(())
-    }
-
-    fn check_no_disk(&self) -> Result<()> {
-        if self.disk.is_some() {
-            return Err(Error::Usage(format!(
-                "disk of snapshot '{}' was already written",
-                self.name
-            )));
-        }
-        Ok(())
-    }
-
-    /// The parent's disk entry and `disk.chunks` path, if the parent has a
-    /// disk of `size` bytes digested in [`DISK_CHUNK_SIZE`] chunks.
-    fn parent_chunks(&self, size: u64) -> Result<Option<(PathBuf, DiskEntry)>> {
-        let Some(parent) = &self.meta.parent else {
-            return Ok(None);
-        };
-        let layer = Store::open(&self.root)?.layer(&parent.name)?;
-        Ok(layer
-            .manifest
-            .disk
-            .filter(|d| d.size == size && d.chunk_size == DISK_CHUNK_SIZE)
-            .map(|d| (layer.dir.join(DISK_CHUNKS_FILE), d)))
-    }
-
-    /// Clone the disk image `src` into the layer (copy-on-write where the
-    /// filesystem allows; see [`clone_file`]) and start computing its
-    /// [`DISK_CHUNK_SIZE`]-byte chunk digests and `disk.chunks` on a
-    /// background thread (joined by `commit`). `src` must not change until
-    /// this returns.
-    ///
-    /// `written`: the chunk indices (`offset / DISK_CHUNK_SIZE`, any order,
-    /// each below the disk's chunk count) that may differ from the parent
-    /// layer's disk, if the caller knows them (`None`: unknown). If it does
-    /// and the parent has a disk of the same size and chunk size, only those
-    /// chunks are read from the clone; the other digests are taken from the
-    /// parent's `disk.chunks`, which is first checked against the parent's
-    /// manifest. Otherwise every chunk holding data is hashed, and chunks
-    /// inside holes get the digest of zeros without being read (the holes
-    /// are found before this returns: two `lseek`s per data region).
-    /// Returns the clone method and the number of chunks hashed, for the
-    /// log.
-    pub fn clone_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<DiskClone> {
-        self.check_no_disk()?;
-        let dst = self.tmp.join(DISK_FILE);
-        let method = clone_file(src, &dst)?;
-        let file = File::open(&dst).ctx(&dst, "open")?;
-        let size = file.metadata().ctx(&dst, "stat")?.len();
-        let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
-            .map_err(|e| Error::Usage(format!("disk image {}: {e}", src.display())))?;
-        let written = match written {
-            Some(w) => {
-                let mut w = w.to_vec();
-                w.sort_unstable();
-                w.dedup();
-                if let Some(&bad) = w.iter().find(|&&c| c >= chunks) {
-                    return Err(Error::Usage(format!(
-                        "written chunk {bad} is beyond the {chunks} chunks of disk image {}",
-                        src.display()
-                    )));
-                }
-                Some(w)
-            }
-            None => None,
-        };
-        let parent = match written {
-            Some(_) => self.parent_chunks(size)?,
-            None => None,
-        };
-        let plan = match (written, parent) {
-            (Some(chunks), Some((path, entry))) => HashPlan::Update {
-                path,
-                entry,
-                chunks,
-            },
-            _ => HashPlan::All(data_chunks(&file, &dst, size, DISK_CHUNK_SIZE)?),
-        };
-        let hashed = match &plan {
-            HashPlan::Update { chunks, .. } => chunks.len() as u64,
-            HashPlan::All(ranges) => ranges.iter().map(|r| r.end - r.start).sum(),
-        };
-        let list_path = self.tmp.join(DISK_CHUNKS_FILE);
-        let handle = std::thread::Builder::new()
-            .name("vmstore-disk-hash".into())
-            .spawn(move || {
-                let mut hasher = ChunkHasher::new(&file, &dst, size, DISK_CHUNK_SIZE, None);
-                let digests = match plan {
-                    HashPlan::Update {
-                        path,
-                        entry,
-                        chunks,
-                    } => {
-                        let mut list = read_disk_chunks(&path, &entry)?.digests;
-                        hasher.update(&mut list, &chunks)?;
-                        list
-                    }
-                    HashPlan::All(ranges) => hasher.all(&ranges)?,
-                };
-                let bytes = encode_disk_chunks(DISK_CHUNK_SIZE, size, &digests)
-                    .map_err(|e| Error::Usage(format!("{}: {e}", list_path.display())))?;
-                write_new(&list_path, &bytes)?;
-                Ok(DiskEntry {
-                    size,
-                    chunk_size: DISK_CHUNK_SIZE,
-                    sha256: hex(&disk_digest(&digests)),
-                })
-            })
-            .map_err(|e| Error::io(&self.tmp, "spawn hashing thread", e))?;
-        self.disk = Some(DiskJob::Hashing(handle));
-        Ok(DiskClone {
-            method,
-            chunks,
-            hashed,
-        })
-    }
-
-    /// The layer's disk is its parent's, unchanged (the caller knows no
-    /// write reached it since the parent was taken): clone the parent's
-    /// `disk.img` and `disk.chunks` (immutable, and verified when the
-    /// parent was restored; only read, so their identity stamps stay valid)
-    /// and reuse its manifest entry instead of hashing anything. Errors if
-    /// this is not a diff layer or the parent has no disk image.
-    pub fn reuse_parent_disk(&mut self) -> Result<DiskClone> {
-        self.check_no_disk()?;
-        let Some(parent) = &self.meta.parent else {
-            return Err(Error::Usage(format!(
-                "snapshot '{}' has no parent whose disk it could reuse",
-                self.name
-            )));
-        };
-        let store = Store::open(&self.root)?;
-        let layer = store.layer(&parent.name)?;
-        let Some(entry) = layer.manifest.disk.clone() else {
-            return Err(Error::Usage(format!(
-                "parent '{}' has no disk image",
-                parent.name
-            )));
-        };
-        let method = clone_file(&layer.dir.join(DISK_FILE), &self.tmp.join(DISK_FILE))?;
-        clone_file(
-            &layer.dir.join(DISK_CHUNKS_FILE),
-            &self.tmp.join(DISK_CHUNKS_FILE),
-        )?;
-        let chunks = disk_chunk_count(entry.size, entry.chunk_size);
-        self.disk = Some(DiskJob::Known(entry));
-        Ok(DiskClone {
-            method,
-            chunks,
-            hashed: 0,
-        })
     }
 
     /// Make the layer durable and visible: write `manifest.json`, make the
