@@ -30,7 +30,7 @@ pub(crate) fn sync_dir(path: &Path) -> Result<()> {
                 .map_err(io::Error::from)
                 .ctx(path, "fsync directory")
         }
-        Err(e) => Err(crate::Error::io(path, "fsync directory", e)),
+        Err(e) => Err(crate::error::Error::io(path, "fsync directory", e)),
     }
 }
 

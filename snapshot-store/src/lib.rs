@@ -37,26 +37,50 @@
 //! offsets checked, versions compared, and every error names the file.
 //! Nothing here measures time; callers time the stages they care about.
 
+// The modules in layers, bottom first, one group per layer. A module
+// imports only from modules of the groups above its own, and names the
+// module it imports from (never these re-exports); `tests/layering.rs`
+// checks both and the size of each file.
+
+// Leaves: errors, progress reports, time.
+mod error;
+mod progress;
+mod time;
+
+// What every layer file shares (names, format version, prelude), hashing,
+// snapshot names, file-system helpers.
+mod format;
+mod fsutil;
+mod hash;
+mod name;
+
+// The binary file codecs (diff, state, disk chunks), the verified-file
+// cache, file cloning.
 mod cache;
 mod chunks;
 mod clone;
 mod diff;
-mod error;
-mod format;
-mod fsutil;
-mod hash;
-mod layer;
-mod manifest;
-mod name;
-mod progress;
-mod readers;
-mod restore;
-mod squash;
 mod state;
+
+// `manifest.json`, which pins every other file of a layer.
+mod manifest;
+
+// Bounded reads of a layer's files, checked against its manifest.
+mod readers;
+
+// A layer as read from the store, and a chain of layers.
+mod layer;
+
+// The store directory; a chain's memory mapped for restore.
+mod restore;
 mod store;
-mod time;
+
+// Verifying and writing layers.
 mod verify;
 mod writer;
+
+// Squash: verify, map and write.
+mod squash;
 
 pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
 pub use chunks::{
