@@ -127,11 +127,30 @@ struct CacheFile {
 /// File name -> entry.
 pub(crate) type Entries = BTreeMap<String, CacheEntry>;
 
-/// The wall clock in nanoseconds since the epoch (negative before it).
-pub(crate) fn now_ns() -> i128 {
-    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i128,
-        Err(e) => -(e.duration().as_nanos() as i128),
+/// The clock the racy-window decisions read and commit's wait sleeps on:
+/// [`SystemClock`], or a test's, so that the decisions are tested without
+/// depending on timing.
+pub(crate) trait Clock: Sync {
+    /// Wall-clock time in nanoseconds since the epoch (negative before it),
+    /// on the clock file times are taken from.
+    fn now_ns(&self) -> i128;
+    /// Sleep at least `ns` nanoseconds.
+    fn sleep_ns(&self, ns: u64);
+}
+
+/// The system's wall clock (`CLOCK_REALTIME`, which file times follow).
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> i128 {
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => d.as_nanos() as i128,
+            Err(e) => -(e.duration().as_nanos() as i128),
+        }
+    }
+
+    fn sleep_ns(&self, ns: u64) {
+        std::thread::sleep(std::time::Duration::from_nanos(ns));
     }
 }
 
@@ -155,6 +174,13 @@ pub(crate) fn settled(stamp: &Stamp, t0_ns: i128) -> bool {
 /// Nanoseconds to wait from `now_ns` until `stamp` would be settled.
 pub(crate) fn until_settled(stamp: &Stamp, now_ns: i128) -> i128 {
     (stamp.ctime_ns + window(stamp) - now_ns).max(0)
+}
+
+/// The stamp a verification may record for a file it hashed: `before`, its
+/// stamp when opened after the clock read `t0_ns`, if it still had that
+/// stamp after hashing (`after`) and is settled relative to `t0_ns`.
+pub(crate) fn recordable(before: Stamp, after: Stamp, t0_ns: i128) -> Option<Stamp> {
+    (before == after && settled(&before, t0_ns)).then_some(before)
 }
 
 /// Read `dir/verified.json`. Never fails: a missing cache is empty, and an
@@ -301,18 +327,74 @@ pub(crate) fn write_entries(dir: &Path, entries: &Entries) -> Result<()> {
 /// to settle rather than leave them to be re-hashed at the first restore.
 pub(crate) const COMMIT_WAIT_MIN_BYTES: u64 = 32 << 20;
 
+/// How long commit sleeps before taking the stamps of its new files again,
+/// given their `stamps` taken after the clock read `t0_ns`: if at least
+/// `wait_min_bytes` of them (`None`: never wait) are not settled, and every
+/// file settles within [`RACY_WINDOW_NS`], the time until the last one
+/// settles plus 1 ms; otherwise `None` (no wait: the unsettled files are
+/// left to the first verification).
+pub(crate) fn commit_wait_ns(
+    stamps: &[Stamp],
+    t0_ns: i128,
+    wait_min_bytes: Option<u64>,
+) -> Option<u64> {
+    let min = wait_min_bytes?.max(1);
+    let racy: u64 = stamps
+        .iter()
+        .filter(|s| !settled(s, t0_ns))
+        .map(|s| s.size)
+        .sum();
+    if racy < min {
+        return None;
+    }
+    let wait = stamps
+        .iter()
+        .map(|s| until_settled(s, t0_ns))
+        .max()
+        .unwrap_or(0);
+    // wait <= 50 ms: fits u64.
+    (wait <= RACY_WINDOW_NS).then(|| wait as u64 + 1_000_000)
+}
+
+/// The entries commit records for `files` (`(file name, sha256 of the
+/// bytes written)`): `stat_all` gives their stamps, in order; if
+/// [`commit_wait_ns`] says so, it sleeps on `clock` and takes them again.
+/// Only settled stamps are recorded.
+fn entries_to_record(
+    files: &[(&str, &str)],
+    stat_all: impl Fn() -> Result<Vec<Stamp>>,
+    wait_min_bytes: Option<u64>,
+    clock: &dyn Clock,
+) -> Result<Entries> {
+    let mut t0 = clock.now_ns();
+    let mut stamps = stat_all()?;
+    if let Some(ns) = commit_wait_ns(&stamps, t0, wait_min_bytes) {
+        clock.sleep_ns(ns);
+        t0 = clock.now_ns();
+        stamps = stat_all()?;
+    }
+    let mut entries = Entries::new();
+    for ((f, sha), s) in files.iter().zip(&stamps) {
+        if settled(s, t0) {
+            entries.insert(f.to_string(), CacheEntry::new(*s, sha));
+        }
+    }
+    Ok(entries)
+}
+
 /// At commit: record in `dir/verified.json` (`dir` is the work directory,
 /// which the caller fsyncs) the stamps of the layer's `files`, given as
 /// `(file name, sha256 of the bytes written)`. Files whose stamps are not
 /// settled are left out (they are hashed by the first verification); if
 /// they are large, it first waits up to the racy window for them to
 /// settle, when at least `wait_min_bytes` of them are unsettled (`None`:
-/// never wait). Always writes the file, possibly with no entries. Returns
-/// the number of files recorded.
+/// never wait; see [`commit_wait_ns`]). Always writes the file, possibly
+/// with no entries. Returns the number of files recorded.
 pub(crate) fn record_written(
     dir: &Path,
     files: &[(&str, &str)],
     wait_min_bytes: Option<u64>,
+    clock: &dyn Clock,
 ) -> Result<usize> {
     let stat_all = || -> Result<Vec<Stamp>> {
         files
@@ -325,36 +407,39 @@ pub(crate) fn record_written(
             })
             .collect()
     };
-    let mut t0 = now_ns();
-    let mut stamps = stat_all()?;
-    let racy = |stamps: &[Stamp], t0| {
-        stamps
-            .iter()
-            .filter(|s| !settled(s, t0))
-            .map(|s| s.size)
-            .sum::<u64>()
-    };
-    if wait_min_bytes.is_some_and(|min| racy(&stamps, t0) >= min.max(1)) {
-        let wait = stamps
-            .iter()
-            .map(|s| until_settled(s, t0))
-            .max()
-            .unwrap_or(0);
-        if wait <= RACY_WINDOW_NS {
-            // wait <= 50 ms: fits u64.
-            std::thread::sleep(std::time::Duration::from_nanos(wait as u64 + 1_000_000));
-            t0 = now_ns();
-            stamps = stat_all()?;
-        }
-    }
-    let mut entries = Entries::new();
-    for ((f, sha), s) in files.iter().zip(&stamps) {
-        if settled(s, t0) {
-            entries.insert(f.to_string(), CacheEntry::new(*s, sha));
-        }
-    }
+    let entries = entries_to_record(files, stat_all, wait_min_bytes, clock)?;
     write_entries(dir, &entries)?;
     Ok(entries.len())
+}
+
+/// A clock for tests: reads `now`, and sleeping advances it (recorded in
+/// `slept`) instead of waiting.
+#[cfg(test)]
+pub(crate) struct FakeClock {
+    pub now: std::sync::Mutex<i128>,
+    pub slept: std::sync::Mutex<Vec<u64>>,
+}
+
+#[cfg(test)]
+impl FakeClock {
+    pub(crate) fn at(now_ns: i128) -> FakeClock {
+        FakeClock {
+            now: std::sync::Mutex::new(now_ns),
+            slept: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Clock for FakeClock {
+    fn now_ns(&self) -> i128 {
+        *self.now.lock().unwrap()
+    }
+
+    fn sleep_ns(&self, ns: u64) {
+        *self.now.lock().unwrap() += i128::from(ns);
+        self.slept.lock().unwrap().push(ns);
+    }
 }
 
 #[cfg(test)]
@@ -387,6 +472,127 @@ mod tests {
         assert!(settled(&s, s.ctime_ns + COARSE_RACY_WINDOW_NS));
         // A ctime in the future is never settled.
         assert!(!settled(&stamp(c), c - 1));
+    }
+
+    #[test]
+    fn recordable_needs_an_unchanged_settled_stamp() {
+        let c = 1_700_000_000_123_456_789;
+        let s = stamp(c);
+        assert_eq!(recordable(s, s, c + RACY_WINDOW_NS), Some(s));
+        // Changed while it was hashed.
+        let mut later = s;
+        later.ctime_ns += 1;
+        assert_eq!(recordable(s, later, c + RACY_WINDOW_NS), None);
+        // Too fresh relative to the clock read before it was opened.
+        assert_eq!(recordable(s, s, c + RACY_WINDOW_NS - 1), None);
+        assert_eq!(recordable(s, s, c - 1), None);
+    }
+
+    fn sized(ctime_ns: i128, size: u64) -> Stamp {
+        Stamp {
+            size,
+            ..stamp(ctime_ns)
+        }
+    }
+
+    #[test]
+    fn commit_waits_only_for_enough_unsettled_bytes_within_the_window() {
+        let c = 1_700_000_000_123_456_789;
+        let big = sized(c, 40 << 20);
+        let small = sized(c + 5_000_000, 100);
+        let min = Some(32 << 20);
+        // All fresh: wait until the newest settles, plus 1 ms.
+        assert_eq!(
+            commit_wait_ns(&[big, small], c + 6_000_000, min),
+            Some(50_000_000)
+        );
+        // One ctime ahead of the clock read (skew): it would take longer
+        // than the window, so no wait.
+        assert_eq!(commit_wait_ns(&[big, small], c + 1_000_000, min), None);
+        // Never asked to wait, or too few unsettled bytes.
+        assert_eq!(commit_wait_ns(&[big, small], c, None), None);
+        assert_eq!(commit_wait_ns(&[small], c, min), None);
+        assert_eq!(
+            commit_wait_ns(&[small], c + 5_000_000, Some(0)),
+            Some(51_000_000)
+        );
+        // Settled already: nothing to wait for.
+        assert_eq!(commit_wait_ns(&[big, small], c + 60_000_000, min), None);
+        assert_eq!(commit_wait_ns(&[], c, Some(0)), None);
+        // A coarse (whole 10 ms) ctime needs 2.1 s: not worth waiting for.
+        let coarse = sized(1_700_000_000_000_000_000, 40 << 20);
+        assert_eq!(commit_wait_ns(&[coarse], coarse.ctime_ns, min), None);
+        // A ctime ahead of the clock (skew) is not waited for either.
+        assert_eq!(commit_wait_ns(&[big], c - 1_000_000_000, min), None);
+    }
+
+    #[test]
+    fn commit_records_settled_stamps_after_its_wait() {
+        use std::cell::Cell;
+        let c = 1_700_000_000_123_456_789;
+        let files = [(MEMORY_FILE, "aa"), (STATE_FILE, "bb")];
+        let stamps = vec![sized(c, 40 << 20), sized(c + 1, 56)];
+        let stats = Cell::new(0);
+        let stat_all = || {
+            stats.set(stats.get() + 1);
+            Ok(stamps.clone())
+        };
+        // Fresh and large: one wait, then both are recorded.
+        let clock = FakeClock::at(c + 2_000_000);
+        let e = entries_to_record(&files, stat_all, Some(32 << 20), &clock).unwrap();
+        assert_eq!(*clock.slept.lock().unwrap(), [49_000_001]);
+        assert_eq!(stats.get(), 2);
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[MEMORY_FILE], CacheEntry::new(stamps[0], "aa"));
+        assert_eq!(e[STATE_FILE], CacheEntry::new(stamps[1], "bb"));
+        // Fresh, not allowed to wait: nothing recorded, no second stat.
+        stats.set(0);
+        let clock = FakeClock::at(c + 2_000_000);
+        let e = entries_to_record(&files, stat_all, None, &clock).unwrap();
+        assert!(e.is_empty() && clock.slept.lock().unwrap().is_empty());
+        assert_eq!(stats.get(), 1);
+        // Only the older file has settled: it alone is recorded.
+        let clock = FakeClock::at(c + RACY_WINDOW_NS);
+        let e = entries_to_record(&files, stat_all, None, &clock).unwrap();
+        assert_eq!(e.keys().collect::<Vec<_>>(), [MEMORY_FILE]);
+        // A stamp that changes during the wait is recorded as it is after.
+        let moved = Cell::new(false);
+        let stat_all = || {
+            let mut s = stamps.clone();
+            if moved.replace(true) {
+                s[1].ctime_ns += 10_000_001;
+            }
+            Ok(s)
+        };
+        let clock = FakeClock::at(c + 2_000_000);
+        let e = entries_to_record(&files, stat_all, Some(0), &clock).unwrap();
+        assert_eq!(e.keys().collect::<Vec<_>>(), [MEMORY_FILE]);
+    }
+
+    #[test]
+    fn record_written_stats_the_files() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join(MEMORY_FILE), b"memory").unwrap();
+        std::fs::write(d.path().join(STATE_FILE), b"state").unwrap();
+        let (aa, bb) = ("aa".repeat(32), "bb".repeat(32));
+        let files = [(MEMORY_FILE, aa.as_str()), (STATE_FILE, bb.as_str())];
+        let stamps: Vec<Stamp> = files
+            .iter()
+            .map(|(f, _)| Stamp::of(&std::fs::symlink_metadata(d.path().join(f)).unwrap()))
+            .collect();
+        let newest = stamps.iter().map(|s| s.ctime_ns).max().unwrap();
+        // Long after the newest change (past even the coarse window).
+        let clock = FakeClock::at(newest + 3_000_000_000);
+        assert_eq!(record_written(d.path(), &files, None, &clock).unwrap(), 2);
+        let (e, note) = load(d.path());
+        assert!(note.is_none());
+        assert!(vouches(&e, MEMORY_FILE, &stamps[0], &aa));
+        assert!(vouches(&e, STATE_FILE, &stamps[1], &bb));
+        // Right after it: nothing recorded, and the cache says so.
+        let clock = FakeClock::at(newest);
+        assert_eq!(record_written(d.path(), &files, None, &clock).unwrap(), 0);
+        assert!(load(d.path()).0.is_empty());
+        assert!(record_written(d.path(), &[("missing", &aa)], None, &clock).is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use crate::cache::{self, CacheEntry, Entries, Stamp};
+use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
 use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
@@ -256,10 +256,14 @@ const MAX_HASH_THREADS: usize = 4;
 
 /// Hash one file and compare with the manifest. Returns the stamp to
 /// record in the cache, if any: the file's stamp when it was opened, if it
-/// was the same after hashing and settled relative to a clock reading
-/// taken before it was opened.
-fn hash_job(job: &Job, progress: Option<ProgressFn<'_>>) -> Result<Option<Stamp>> {
-    let t0 = cache::now_ns();
+/// was the same after hashing and settled relative to a reading of `clock`
+/// taken before it was opened ([`cache::recordable`]).
+fn hash_job(
+    job: &Job,
+    progress: Option<ProgressFn<'_>>,
+    clock: &dyn Clock,
+) -> Result<Option<Stamp>> {
+    let t0 = clock.now_ns();
     // O_NOFOLLOW: not through a symlink swapped in after the checks;
     // O_NONBLOCK: never hang on a FIFO swapped in (regular files ignore it).
     let f = OpenOptions::new()
@@ -296,8 +300,7 @@ fn hash_job(job: &Job, progress: Option<ProgressFn<'_>>) -> Result<Option<Stamp>
         Check::Disk { list, entry } => check_disk(&f, job, list, entry, progress)?,
     }
     let after = f.metadata().ctx(&job.path, "stat")?;
-    let stamp = Stamp::of(&before);
-    Ok((stamp == Stamp::of(&after) && cache::settled(&stamp, t0)).then_some(stamp))
+    Ok(cache::recordable(Stamp::of(&before), Stamp::of(&after), t0))
 }
 
 /// Hash the disk image `f` of `job` in chunks and compare with the
@@ -346,6 +349,7 @@ fn run_jobs(
     jobs: &[Job],
     which: &[usize],
     progress: Option<ProgressFn<'_>>,
+    clock: &dyn Clock,
 ) -> Vec<Result<Option<Stamp>>> {
     let total: u64 = which.iter().map(|&i| jobs[i].size).sum();
     let threads = std::thread::available_parallelism()
@@ -356,7 +360,7 @@ fn run_jobs(
     if threads == 1 || total < PARALLEL_MIN_BYTES {
         return which
             .iter()
-            .map(|&i| hash_job(&jobs[i], progress))
+            .map(|&i| hash_job(&jobs[i], progress, clock))
             .collect();
     }
     let mut order: Vec<usize> = (0..which.len()).collect();
@@ -369,7 +373,7 @@ fn run_jobs(
             s.spawn(|| loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&k) = order.get(n) else { break };
-                let r = hash_job(&jobs[which[k]], progress);
+                let r = hash_job(&jobs[which[k]], progress, clock);
                 *results[k].lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
             });
         }
@@ -385,20 +389,21 @@ fn run_jobs(
 }
 
 /// Check every job's sha256: trusted from its layer's cache where
-/// `use_cache` and the cache vouches for it, hashed otherwise. Results in
-/// job order.
+/// `use_cache` and the cache vouches for it, hashed otherwise (stamps to
+/// record judged by `clock`). Results in job order.
 fn check_jobs(
     jobs: &[Job],
     caches: &[LayerCache],
     use_cache: bool,
     progress: Option<ProgressFn<'_>>,
+    clock: &dyn Clock,
 ) -> Vec<Result<Outcome>> {
     let trusted: Vec<bool> = jobs
         .iter()
         .map(|j| use_cache && cache::vouches(&caches[j.owner].entries, j.file, &j.stamp, &j.expect))
         .collect();
     let which: Vec<usize> = (0..jobs.len()).filter(|&i| !trusted[i]).collect();
-    let mut hashed = run_jobs(jobs, &which, progress).into_iter();
+    let mut hashed = run_jobs(jobs, &which, progress, clock).into_iter();
     trusted
         .iter()
         .map(|&t| {
@@ -492,7 +497,7 @@ pub fn verify_chain_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain, false, progress)
+    verify_chain_impl(chain, false, progress, &SystemClock)
 }
 
 /// [`verify_chain`] for the restore path, at a cost that does not grow
@@ -521,13 +526,16 @@ pub fn verify_chain_cached_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain, true, progress)
+    verify_chain_impl(chain, true, progress, &SystemClock)
 }
 
+/// [`verify_chain`] (`use_cache` false) or [`verify_chain_cached`], with
+/// the stamps that may be recorded judged by `clock`.
 fn verify_chain_impl(
     chain: &Chain,
     use_cache: bool,
     progress: Option<ProgressFn<'_>>,
+    clock: &dyn Clock,
 ) -> Result<VerifyReport> {
     // Parent links were checked when the chain was built (`Chain::new`).
     let layers = chain.layers();
@@ -539,7 +547,7 @@ fn verify_chain_impl(
     let mut checked = Vec::with_capacity(jobs.len());
     for (job, r) in jobs
         .iter()
-        .zip(check_jobs(&jobs, &caches, use_cache, progress))
+        .zip(check_jobs(&jobs, &caches, use_cache, progress, clock))
     {
         checked.push((job, r?));
     }
@@ -592,7 +600,7 @@ impl Store {
             outcome.push(r);
         }
         let no_caches: Vec<LayerCache> = Vec::new();
-        let results = check_jobs(&jobs, &no_caches, false, progress);
+        let results = check_jobs(&jobs, &no_caches, false, progress, &SystemClock);
         let mut checked: Vec<Vec<(&Job, Outcome)>> = names.iter().map(|_| Vec::new()).collect();
         let mut failed: Vec<Option<Error>> = names.iter().map(|_| None).collect();
         for (job, r) in jobs.iter().zip(results) {
@@ -617,5 +625,69 @@ impl Store {
             out.push((name, r));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::FakeClock;
+    use crate::layer::LayerMeta;
+
+    /// A store with one small full layer `g`, and the newest ctime of its
+    /// files.
+    fn store() -> (tempfile::TempDir, Store, i128) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::create(d.path().join("s")).unwrap();
+        let meta = LayerMeta {
+            parent: None,
+            page_size: 4096,
+            ram_base_gpa: 0x4000_0000,
+            ram_size: 4 * 4096,
+            vcpus: 1,
+            backend: "emu".into(),
+            gic_mode: "userspace".into(),
+            creator: "test".into(),
+        };
+        let mut w = s.begin("g", meta).unwrap();
+        w.write_full_memory(&[7u8; 4 * 4096]).unwrap();
+        w.write_state(b"state").unwrap();
+        let g = w.commit().unwrap();
+        let newest = [MANIFEST_FILE, MEMORY_FILE, STATE_FILE]
+            .iter()
+            .map(|f| Stamp::of(&std::fs::symlink_metadata(g.dir.join(f)).unwrap()).ctime_ns)
+            .max()
+            .unwrap();
+        (d, s, newest)
+    }
+
+    /// The files `g`'s `verified.json` has entries for.
+    fn recorded(s: &Store) -> Vec<String> {
+        cache::load(&s.root().join("g")).0.into_keys().collect()
+    }
+
+    #[test]
+    fn a_verification_records_only_settled_stamps() {
+        let (_d, s, newest) = store();
+        let chain = s.resolve("g").unwrap();
+        // Files changed just before the clock read: verified, but not
+        // recorded (a change in the same clock tick would keep the ctime).
+        let r = verify_chain_impl(&chain, false, None, &FakeClock::at(newest + 1_000_000));
+        assert_eq!(r.unwrap().files_hashed, 3);
+        assert!(recorded(&s).is_empty());
+        // A clock behind the files' ctimes (stepped back): not recorded.
+        let behind = FakeClock::at(newest - 1_000_000_000);
+        verify_chain_impl(&chain, false, None, &behind).unwrap();
+        assert!(recorded(&s).is_empty());
+        // Settled: every file is recorded, and a cached verification then
+        // hashes nothing.
+        let later = FakeClock::at(newest + 3_000_000_000);
+        verify_chain_impl(&chain, false, None, &later).unwrap();
+        assert_eq!(recorded(&s), [MANIFEST_FILE, MEMORY_FILE, STATE_FILE]);
+        let r = verify_chain_impl(&chain, true, None, &later).unwrap();
+        assert_eq!((r.files_cached, r.files_hashed), (3, 0), "{r:?}");
+        // The full verification never trusts the cache.
+        let r = verify_chain_impl(&chain, false, None, &later).unwrap();
+        assert_eq!((r.files_cached, r.files_hashed), (0, 3), "{r:?}");
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::cache::{record_written, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
+use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
@@ -363,7 +363,7 @@ impl SnapshotWriter {
                 let files: Vec<(&str, &str)> =
                     files.iter().map(|(f, h)| (f.as_str(), h.as_str())).collect();
                 // Off the critical path: wait for every file to settle.
-                if let Err(e) = record_written(&dir, &files, Some(0)) {
+                if let Err(e) = record_written(&dir, &files, Some(0), &SystemClock) {
                     tracing::warn!(
                         "snapshot '{name}': {VERIFIED_FILE} not written ({e}); the first restore hashes every file"
                     );
@@ -432,7 +432,7 @@ impl SnapshotWriter {
         // that the first restore need not hash the layer again. Optional:
         // without the cache, verification hashes.
         let wait_min_bytes = wait.then_some(COMMIT_WAIT_MIN_BYTES);
-        if let Err(e) = record_written(&self.tmp, &files, wait_min_bytes) {
+        if let Err(e) = record_written(&self.tmp, &files, wait_min_bytes, &SystemClock) {
             tracing::warn!(
                 "snapshot '{}': {} not written ({e}); the first restore hashes every file",
                 self.name,

@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::time::Instant;
 
 use common::*;
 use snapshot_store::{
@@ -15,7 +14,7 @@ use snapshot_store::{
 };
 
 /// Larger than the size above which commit waits for stamps to settle
-/// (32 MiB), so that commit records the base.
+/// (32 MiB), so that commit takes that path.
 const BIG_RAM: usize = 40 << 20;
 
 struct Fx {
@@ -68,23 +67,33 @@ fn warm(fx: &Fx) -> VerifyReport {
 #[test]
 fn commit_records_and_cached_verify_skips_hashing() {
     let fx = chain(BIG_RAM);
-    let golden = fx.store.root().join("golden");
-    // Commit recorded the big base (it waited for its stamps to settle):
-    // the first restore does not hash it.
-    for f in LAYER_FILES {
-        assert_eq!(
-            cached_stamp(&golden, f),
-            Some(stamp(&golden.join(f))),
-            "{f}"
-        );
+    // Which files commit could record depends on the clock (its wait for
+    // their stamps to settle is tested with a fake clock in cache.rs and
+    // measured by `examples/commit_cache.rs`). Whatever it recorded, the
+    // first restore trusts exactly those files and hashes the others.
+    let mut vouched = Vec::new();
+    for layer in ["golden", "d1", "d2"] {
+        let dir = fx.store.root().join(layer);
+        for f in LAYER_FILES {
+            let p = dir.join(f);
+            if p.exists() && cached_stamp(&dir, f) == Some(stamp(&p)) {
+                vouched.push(p);
+            }
+        }
     }
     let first = cached(&fx).unwrap();
     assert_eq!(first.layers, 3);
     assert_eq!(first.files, 13);
     assert_eq!(first.files_hashed + first.files_cached, 13);
-    assert_eq!(source(&first, &golden.join(MEMORY_FILE)), HashSource::Cache);
-    assert!(first.bytes_cached >= BIG_RAM as u64, "{first:?}");
-    assert!(first.bytes_hashed < 1 << 20, "{first:?}");
+    for c in &first.checked {
+        let from_cache = c.source == HashSource::Cache;
+        assert_eq!(
+            from_cache,
+            vouched.contains(&c.path),
+            "{}",
+            c.path.display()
+        );
+    }
     assert!(first.cache_notes.is_empty(), "{first:?}");
     // The small diffs may have been too fresh to record at commit; once
     // verified they are recorded too, and then nothing is hashed.
@@ -168,7 +177,7 @@ fn modification_with_restored_mtime_is_detected() {
 }
 
 #[test]
-fn full_verify_records_and_fresh_changes_are_not_recorded() {
+fn full_verify_records_and_a_changed_file_is_hashed_again() {
     let fx = chain(8 * PS as usize);
     let state = fx.store.root().join("d1").join(STATE_FILE);
     make_writable(fx.store.root());
@@ -179,16 +188,12 @@ fn full_verify_records_and_fresh_changes_are_not_recorded() {
     let r = cached(&fx).unwrap();
     assert_eq!((r.files_cached, r.bytes_hashed), (13, 0), "{r:?}");
 
-    // A file changed just now verifies, but its stamp is too fresh to be
-    // recorded: a change in the same clock tick would keep its ctime.
-    let changed = Instant::now();
+    // A file changed since is hashed again (that its stamp is recorded only
+    // once settled is tested with a fake clock in verify.rs).
     flip_keep_times(&state, 56, 1);
     flip_keep_times(&state, 56, 1);
     let r = cached(&fx).unwrap();
     assert_eq!(source(&r, &state), HashSource::Hashed);
-    if changed.elapsed().as_millis() < 40 {
-        assert_eq!(cached_stamp(state.parent().unwrap(), STATE_FILE), None);
-    }
     let r = warm(&fx);
     assert_eq!(r.files_cached, 13);
     assert_eq!(
@@ -404,7 +409,7 @@ fn verify_all_records_per_layer_and_gc_removes_stale_temp_files() {
 }
 
 #[test]
-fn commit_cache_later_records_every_file_once_joined() {
+fn commit_cache_later_is_visible_first_and_its_cache_is_used_once_joined() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::create(dir.path().join("s")).unwrap();
     let disk = dir.path().join("disk.img");
@@ -419,14 +424,17 @@ fn commit_cache_later_records_every_file_once_joined() {
     // Durable and visible before the cache thread is done.
     assert!(store.contains("golden"));
     cache.join().unwrap();
-    for f in LAYER_FILES {
-        assert_eq!(
-            cached_stamp(&layer.dir, f),
-            Some(stamp(&layer.dir.join(f))),
-            "{f}"
-        );
-    }
+    // The thread waits for every file to settle before recording (tested
+    // with a fake clock in cache.rs); what it recorded, restore trusts.
+    let vouched = LAYER_FILES
+        .iter()
+        .filter(|f| cached_stamp(&layer.dir, f) == Some(stamp(&layer.dir.join(f))))
+        .count();
+    assert!(layer.dir.join(VERIFIED_FILE).is_file());
     let r = verify_chain_cached(&store.resolve("golden").unwrap()).unwrap();
-    assert_eq!((r.files_hashed, r.bytes_hashed), (0, 0), "{r:?}");
-    assert_eq!(r.files_cached, 5);
+    assert_eq!(
+        (r.files_cached, r.files_hashed),
+        (vouched, 5 - vouched),
+        "{r:?}"
+    );
 }
