@@ -285,7 +285,8 @@ pub struct LayerMeta {
 }
 
 impl LayerMeta {
-    pub(crate) fn kind(&self) -> LayerKind {
+    /// Diff if there is a parent, full otherwise.
+    fn kind(&self) -> LayerKind {
         if self.parent.is_some() {
             LayerKind::Diff
         } else {
