@@ -11,8 +11,9 @@
 //! * [`check_kernel_gic_fit`]: whether the hypervisor's GIC frames fit the
 //!   guest memory map of [`crate::arch::layout`] (which the FDT also
 //!   describes).
-//! * [`icc_state_regs`] / [`check_icc_state`]: which GIC CPU-interface
-//!   (`ICC_*_EL1`) registers a snapshot saves per vCPU, in which order.
+//! * [`ICC_STATE_REGS`] / [`icc_state_to_restore`]: which GIC CPU-interface
+//!   (`ICC_*_EL1`) registers a snapshot saves per vCPU, in which order, and
+//!   what a saved list (also one of an earlier version) restores.
 //!
 //! These are pure so they are unit-tested on every host; the `hvf` backend
 //! only makes the calls.
@@ -243,67 +244,81 @@ pub fn check_kernel_gic_fit(p: &KernelGicParams, vcpus: usize) -> Result<(), Gic
     Ok(())
 }
 
-/// ICC_CTLR_EL1.PRIbits, bits `[10:8]`: implemented priority bits minus one
-/// (GICv3 spec, ICC_CTLR_EL1).
-fn priority_bits(ctlr: u64) -> u64 {
-    ((ctlr >> 8) & 0x7) + 1
-}
-
-/// The active-priority registers per group that exist with `ctlr`'s
-/// priority bits (GICv3 spec, `ICC_AP0R<n>_EL1`: n = 1 needs at least 6 bits,
-/// n = 2 and 3 need 7 or more).
-fn apr_count(ctlr: u64) -> usize {
-    match priority_bits(ctlr) {
-        0..=5 => 1,
-        6 => 2,
-        _ => 4,
-    }
-}
-
 /// The CPU-interface registers a snapshot saves for one vCPU of an in-kernel
-/// GIC, in save and restore order, given that vCPU's ICC_CTLR_EL1 (read
-/// first, because its PRIbits decide which active-priority registers exist).
+/// GIC, in save and restore order: those of Hypervisor.framework's
+/// `hv_gic_icc_reg_t` (macOS 15 `hv_gic_types.h`) but RPR (read-only,
+/// derived from the active priorities) and SRE_EL2 (no EL2 in the guest).
+/// IAR/EOIR/DIR/HPPIR/SGI are operations, not state.
 ///
-/// Order (QEMU's `hw/intc/arm_gicv3_hvf.c`, `hvf_gicv3_put_cpu`): SRE first
-/// (it selects the system-register interface), CTLR, the group enables,
-/// PMR, the binary points, then the active priorities of group 0 and group
-/// 1, highest register first. Not saved: RPR (read-only, derived from the
-/// active priorities), IAR/EOIR/DIR/HPPIR/SGI (operations, not state) and
-/// SRE_EL2 (no EL2 in the guest).
-pub fn icc_state_regs(ctlr: u64) -> Vec<SysReg> {
-    const AP0: [SysReg; 4] = [ICC_AP0R0_EL1, ICC_AP0R1_EL1, ICC_AP0R2_EL1, ICC_AP0R3_EL1];
-    const AP1: [SysReg; 4] = [ICC_AP1R0_EL1, ICC_AP1R1_EL1, ICC_AP1R2_EL1, ICC_AP1R3_EL1];
-    let n = apr_count(ctlr);
-    let mut regs = vec![
-        ICC_SRE_EL1,
-        ICC_CTLR_EL1,
-        ICC_IGRPEN0_EL1,
-        ICC_IGRPEN1_EL1,
-        ICC_PMR_EL1,
-        ICC_BPR0_EL1,
-        ICC_BPR1_EL1,
-    ];
-    regs.extend(AP0[..n].iter().rev());
-    regs.extend(AP1[..n].iter().rev());
-    regs
-}
+/// The framework has one active-priority register per group, AP0R0 and
+/// AP1R0, whatever ICC_CTLR_EL1.PRIbits says; `hv_gic_get_icc_reg` takes
+/// no other. Order (QEMU's `hw/intc/arm_gicv3_hvf.c`,
+/// `hvf_gicv3_put_cpu`): SRE first (it selects the system-register
+/// interface), CTLR, the group enables, PMR, the binary points, then the
+/// active priorities of group 0 and group 1.
+pub const ICC_STATE_REGS: [SysReg; 9] = [
+    ICC_SRE_EL1,
+    ICC_CTLR_EL1,
+    ICC_IGRPEN0_EL1,
+    ICC_IGRPEN1_EL1,
+    ICC_PMR_EL1,
+    ICC_BPR0_EL1,
+    ICC_BPR1_EL1,
+    ICC_AP0R0_EL1,
+    ICC_AP1R0_EL1,
+];
 
-/// Checks an untrusted saved CPU-interface state: exactly the registers of
-/// [`icc_state_regs`] for its own ICC_CTLR_EL1 value, in that order.
-pub fn check_icc_state(state: &[(SysReg, u64)]) -> Result<(), String> {
-    let ctlr = state
-        .iter()
-        .find(|(r, _)| *r == ICC_CTLR_EL1)
-        .map(|&(_, v)| v)
-        .ok_or("the GIC CPU-interface state has no ICC_CTLR_EL1")?;
-    let want = icc_state_regs(ctlr);
-    let have: Vec<SysReg> = state.iter().map(|&(r, _)| r).collect();
-    if have != want {
+/// Active-priority registers that snapshots of an earlier version saved
+/// when ICC_CTLR_EL1.PRIbits implied them, and that Hypervisor.framework
+/// does not have.
+const ICC_EXTRA_APRS: [SysReg; 6] = [
+    ICC_AP0R1_EL1,
+    ICC_AP0R2_EL1,
+    ICC_AP0R3_EL1,
+    ICC_AP1R1_EL1,
+    ICC_AP1R2_EL1,
+    ICC_AP1R3_EL1,
+];
+
+/// The registers to write back from an untrusted saved CPU-interface
+/// state: exactly [`ICC_STATE_REGS`], in that order.
+///
+/// Snapshots of an earlier version also saved `ICC_AP0R<n>_EL1` and
+/// `ICC_AP1R<n>_EL1` for n = 1 to 3 when ICC_CTLR_EL1.PRIbits implied them.
+/// Each may appear once, anywhere, and is dropped if it is zero (no active
+/// priority in its range, the only value the framework's GIC can hold);
+/// a non-zero one cannot be restored and is an error naming it.
+pub fn icc_state_to_restore(state: &[(SysReg, u64)]) -> Result<Vec<(SysReg, u64)>, String> {
+    let mut extras = Vec::new();
+    let mut kept = Vec::with_capacity(ICC_STATE_REGS.len());
+    for &(reg, value) in state {
+        if !ICC_EXTRA_APRS.contains(&reg) {
+            kept.push((reg, value));
+        } else if extras.contains(&reg) {
+            return Err(format!("the GIC CPU-interface state holds {reg} twice"));
+        } else if value != 0 {
+            return Err(format!(
+                "the GIC CPU-interface state holds {reg} = {value:#x}, an active priority \
+                 Hypervisor.framework's GIC cannot hold (it has ICC_AP0R0_EL1 and \
+                 ICC_AP1R0_EL1 only)"
+            ));
+        } else {
+            extras.push(reg);
+        }
+    }
+    let have: Vec<SysReg> = kept.iter().map(|&(r, _)| r).collect();
+    if have != ICC_STATE_REGS {
         return Err(format!(
-            "the GIC CPU-interface state holds {have:?}; expected {want:?}"
+            "the GIC CPU-interface state holds {have:?}; expected {ICC_STATE_REGS:?}"
         ));
     }
-    Ok(())
+    Ok(kept)
+}
+
+/// Checks an untrusted saved CPU-interface state
+/// ([`icc_state_to_restore`]).
+pub fn check_icc_state(state: &[(SysReg, u64)]) -> Result<(), String> {
+    icc_state_to_restore(state).map(drop)
 }
 
 /// How long a vCPU that exited on WFI sleeps at most with an in-kernel GIC.
@@ -328,6 +343,7 @@ pub fn wfi_wakes(pending: Option<bool>, due: bool, interrupts_since: bool) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::sysreg::ICC_RPR_EL1;
 
     /// What HVF reports on an M-series Mac as far as the API documents it:
     /// 64 KiB distributor, two 64 KiB frames per redistributor, 64 KiB
@@ -489,55 +505,35 @@ mod tests {
     }
 
     #[test]
-    fn icc_registers_follow_the_priority_bits() {
-        let head = [
-            ICC_SRE_EL1,
-            ICC_CTLR_EL1,
-            ICC_IGRPEN0_EL1,
-            ICC_IGRPEN1_EL1,
-            ICC_PMR_EL1,
-            ICC_BPR0_EL1,
-            ICC_BPR1_EL1,
+    fn icc_registers_are_apples() {
+        // hv_gic_icc_reg_t's values (macOS 15 SDK) are our packing.
+        let apple: [(SysReg, u16); 9] = [
+            (ICC_SRE_EL1, 0xc665),
+            (ICC_CTLR_EL1, 0xc664),
+            (ICC_IGRPEN0_EL1, 0xc666),
+            (ICC_IGRPEN1_EL1, 0xc667),
+            (ICC_PMR_EL1, 0xc230),
+            (ICC_BPR0_EL1, 0xc643),
+            (ICC_BPR1_EL1, 0xc663),
+            (ICC_AP0R0_EL1, 0xc644),
+            (ICC_AP1R0_EL1, 0xc648),
         ];
-        // 5 priority bits (PRIbits = 4): one register per group.
-        let five = icc_state_regs(4 << 8);
-        assert_eq!(five[..7], head);
-        assert_eq!(five[7..], [ICC_AP0R0_EL1, ICC_AP1R0_EL1]);
-        // 6 bits: two per group, highest first.
-        assert_eq!(
-            icc_state_regs(5 << 8)[7..],
-            [ICC_AP0R1_EL1, ICC_AP0R0_EL1, ICC_AP1R1_EL1, ICC_AP1R0_EL1]
-        );
-        // 7 and 8 bits: four per group.
-        for pri in [6u64, 7] {
-            assert_eq!(
-                icc_state_regs(pri << 8)[7..],
-                [
-                    ICC_AP0R3_EL1,
-                    ICC_AP0R2_EL1,
-                    ICC_AP0R1_EL1,
-                    ICC_AP0R0_EL1,
-                    ICC_AP1R3_EL1,
-                    ICC_AP1R2_EL1,
-                    ICC_AP1R1_EL1,
-                    ICC_AP1R0_EL1
-                ]
-            );
+        assert_eq!(ICC_STATE_REGS, apple.map(|(r, _)| r));
+        for (r, v) in apple {
+            assert_eq!(r.0, v, "{r}");
         }
-        // Other CTLR bits do not matter.
-        assert_eq!(icc_state_regs(0xffff_f8ff | (4 << 8)), five);
+    }
+
+    /// A saved state of [`ICC_STATE_REGS`] with distinct values.
+    fn saved() -> Vec<(SysReg, u64)> {
+        (1..).zip(ICC_STATE_REGS).map(|(v, r)| (r, v)).collect()
     }
 
     #[test]
     fn saved_icc_state_is_checked() {
-        let ctlr = 4 << 8;
-        let good: Vec<(SysReg, u64)> = icc_state_regs(ctlr)
-            .into_iter()
-            .map(|r| (r, if r == ICC_CTLR_EL1 { ctlr } else { 1 }))
-            .collect();
+        let good = saved();
+        assert_eq!(icc_state_to_restore(&good), Ok(good.clone()));
         assert_eq!(check_icc_state(&good), Ok(()));
-        // Missing CTLR.
-        assert!(check_icc_state(&good[..1]).is_err());
         assert!(check_icc_state(&[]).is_err());
         // A register missing, reordered, or one too many.
         let mut short = good.clone();
@@ -546,13 +542,57 @@ mod tests {
         let mut swapped = good.clone();
         swapped.swap(2, 3);
         assert!(check_icc_state(&swapped).is_err());
-        let mut extra = good.clone();
-        extra.push((ICC_AP0R1_EL1, 0));
-        assert!(check_icc_state(&extra).is_err());
-        // CTLR claiming 7 priority bits needs the AP*R1..3 registers.
-        let mut more_bits = good;
-        more_bits[1].1 = 6 << 8;
-        assert!(check_icc_state(&more_bits).is_err());
+        let mut twice = good.clone();
+        twice.push((ICC_PMR_EL1, 0));
+        assert!(check_icc_state(&twice).is_err());
+        let mut other = good;
+        other.push((ICC_RPR_EL1, 0));
+        assert!(check_icc_state(&other).is_err());
+    }
+
+    /// What an earlier version saved with 7 or 8 priority bits: AP0R3..0
+    /// after BPR1, then AP1R3..0.
+    fn saved_by_earlier_version(extra: u64) -> Vec<(SysReg, u64)> {
+        let mut old = saved();
+        let ap1r0 = old.pop().unwrap();
+        let ap0r0 = old.pop().unwrap();
+        old.extend([
+            (ICC_AP0R3_EL1, extra),
+            (ICC_AP0R2_EL1, 0),
+            (ICC_AP0R1_EL1, 0),
+            ap0r0,
+            (ICC_AP1R3_EL1, 0),
+            (ICC_AP1R2_EL1, 0),
+            (ICC_AP1R1_EL1, 0),
+            ap1r0,
+        ]);
+        old
+    }
+
+    #[test]
+    fn earlier_snapshots_with_zero_extra_active_priorities_restore() {
+        assert_eq!(
+            icc_state_to_restore(&saved_by_earlier_version(0)),
+            Ok(saved())
+        );
+        // 6 priority bits: one extra per group.
+        let mut six = saved();
+        six.insert(7, (ICC_AP0R1_EL1, 0));
+        six.insert(9, (ICC_AP1R1_EL1, 0));
+        assert_eq!(icc_state_to_restore(&six), Ok(saved()));
+    }
+
+    #[test]
+    fn earlier_snapshots_with_live_extra_active_priorities_are_refused() {
+        let e = icc_state_to_restore(&saved_by_earlier_version(0x8000_0000)).unwrap_err();
+        assert!(e.contains("ICC_AP0R3_EL1 = 0x80000000"), "{e}");
+        assert!(e.contains("cannot hold"), "{e}");
+        // The same extra register twice is damage, even when zero.
+        let mut twice = saved();
+        twice.push((ICC_AP1R2_EL1, 0));
+        twice.push((ICC_AP1R2_EL1, 0));
+        let e = icc_state_to_restore(&twice).unwrap_err();
+        assert!(e.contains("ICC_AP1R2_EL1 twice"), "{e}");
     }
 
     #[test]

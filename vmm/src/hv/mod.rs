@@ -251,7 +251,7 @@ pub trait Vcpu {
     /// A handle to make this vCPU's `run` return from another thread.
     fn kicker(&self) -> Arc<dyn Kick>;
     /// This vCPU's GIC CPU-interface registers held by an in-kernel GIC
-    /// (`ICC_*_EL1`, in [`gic::icc_state_regs`] order); empty with the
+    /// (`ICC_*_EL1`, in [`gic::ICC_STATE_REGS`] order); empty with the
     /// userspace GIC, whose CPU interface is part of its own state. Call on
     /// the vCPU's thread while it is stopped.
     fn gic_cpu_state(&mut self) -> Result<Vec<(SysReg, u64)>>;

@@ -46,7 +46,7 @@ pub struct VcpuState {
     pub virtual_count: u64,
     /// GIC CPU-interface registers held by an in-kernel GIC
     /// ([`Vcpu::gic_cpu_state`], `ICC_*_EL1` in
-    /// [`crate::hv::gic::icc_state_regs`] order); empty with the userspace
+    /// [`crate::hv::gic::ICC_STATE_REGS`] order); empty with the userspace
     /// GIC, whose CPU interface is in [`IrqchipState::Userspace`].
     #[serde(default)]
     pub gic_cpu: Vec<(SysReg, u64)>,
@@ -304,7 +304,7 @@ mod tests {
     use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
     use crate::devices::{IrqLine, Persist};
-    use crate::hv::gic::icc_state_regs;
+    use crate::hv::gic::ICC_STATE_REGS;
     use crate::machine::devices::{DeviceArgs, Devices};
     use crate::memory::GuestRam;
     use std::sync::Arc;
@@ -329,10 +329,10 @@ mod tests {
         }
     }
 
-    /// The in-kernel GIC's registers of one vCPU with 5 priority bits.
+    /// The in-kernel GIC's registers of one vCPU.
     fn icc() -> Vec<(SysReg, u64)> {
         let ctlr = 4 << 8;
-        icc_state_regs(ctlr)
+        ICC_STATE_REGS
             .into_iter()
             .map(|r| (r, if r == ICC_CTLR_EL1 { ctlr } else { 0xf0 }))
             .collect()

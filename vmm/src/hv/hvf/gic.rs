@@ -7,7 +7,7 @@
 //! `applevisor-sys` 1.0 (Apple's macOS 15 SDK headers), declared here so
 //! that crate's `macos-15-0` feature stays off; register enums are passed
 //! as their `u16` values (Apple's `OS_ENUM(..., uint16_t, ...)`; the ICC
-//! values equal our [`SysReg`] packing).
+//! values equal our [`SysReg`] packing, tested in [`crate::hv::gic`]).
 //!
 //! The decisions (does the GIC fit the memory map, which ICC registers to
 //! save) are in [`crate::hv::gic`] and tested on every host; this module
@@ -15,9 +15,9 @@
 
 use super::vm::check;
 use crate::arch::layout::{GICD_BASE, GICR_BASE};
-use crate::arch::sysreg::{SysReg, ICC_CTLR_EL1};
+use crate::arch::sysreg::SysReg;
 use crate::hv::gic::{
-    check_icc_state, check_kernel_gic_fit, icc_state_regs, KernelGicParams,
+    check_kernel_gic_fit, icc_state_to_restore, KernelGicParams, ICC_STATE_REGS,
     KERNEL_GIC_NEEDS_MACOS_15,
 };
 use crate::hv::{GicMode, HvError, KernelGic, Result};
@@ -219,34 +219,30 @@ impl HvfGic {
         })
     }
 
-    fn icc_get(&self, vcpu: HvVcpu, reg: SysReg) -> Result<u64> {
-        let mut v = 0u64;
-        // SAFETY: `v` is writable for the call; `vcpu` is the calling
-        // thread's own vCPU (the caller's contract) and `reg` one of the
-        // ICC registers of `icc_state_regs`.
-        let ret = unsafe { (self.fns.get_icc_reg)(vcpu, reg.0, &mut v) };
-        check("hv_gic_get_icc_reg", ret)?;
-        Ok(v)
-    }
-
     /// Reads the CPU-interface registers of `vcpu` (the calling thread's
-    /// own vCPU) in [`icc_state_regs`] order.
+    /// own vCPU) in [`ICC_STATE_REGS`] order.
     pub(super) fn cpu_state(&self, vcpu: HvVcpu) -> Result<Vec<(SysReg, u64)>> {
-        let ctlr = self.icc_get(vcpu, ICC_CTLR_EL1)?;
-        icc_state_regs(ctlr)
-            .into_iter()
-            .map(|r| self.icc_get(vcpu, r).map(|v| (r, v)))
+        ICC_STATE_REGS
+            .iter()
+            .map(|&reg| {
+                let mut v = 0u64;
+                // SAFETY: `v` is writable for the call; `vcpu` is the
+                // calling thread's own vCPU (the caller's contract) and
+                // `reg` an hv_gic_icc_reg_t value.
+                let ret = unsafe { (self.fns.get_icc_reg)(vcpu, reg.0, &mut v) };
+                check("hv_gic_get_icc_reg", ret).map(|()| (reg, v))
+            })
             .collect()
     }
 
     /// Writes saved CPU-interface registers of `vcpu` (the calling thread's
-    /// own vCPU), after checking they are exactly the set and order
-    /// [`icc_state_regs`] gives for their ICC_CTLR_EL1.
+    /// own vCPU) in [`ICC_STATE_REGS`] order, after checking them
+    /// ([`icc_state_to_restore`], which also reads lists of an earlier
+    /// version).
     pub(super) fn set_cpu_state(&self, vcpu: HvVcpu, regs: &[(SysReg, u64)]) -> Result<()> {
-        check_icc_state(regs).map_err(HvError::Guest)?;
-        for &(reg, value) in regs {
+        for (reg, value) in icc_state_to_restore(regs).map_err(HvError::Guest)? {
             // SAFETY: `vcpu` is the calling thread's vCPU; `reg` was checked
-            // to be one of the ICC registers of `icc_state_regs`.
+            // to be one of ICC_STATE_REGS, all hv_gic_icc_reg_t values.
             let ret = unsafe { (self.fns.set_icc_reg)(vcpu, reg.0, value) };
             check("hv_gic_set_icc_reg", ret)?;
         }

@@ -300,7 +300,7 @@ impl Vcpu for HvfVcpu {
     }
 
     /// `hv_gic_get_icc_reg` for each register of
-    /// [`crate::hv::gic::icc_state_regs`]; empty with the userspace GIC.
+    /// [`crate::hv::gic::ICC_STATE_REGS`]; empty with the userspace GIC.
     fn gic_cpu_state(&mut self) -> Result<Vec<(SysReg, u64)>> {
         match &self.shared.kgic {
             Some(k) => k.cpu_state(self.vcpu.id()),
