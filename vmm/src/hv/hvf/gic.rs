@@ -1,18 +1,19 @@
 //! Hypervisor.framework's in-kernel GICv3 (`hv_gic_*`, macOS 15.0).
 //!
-//! The symbols are looked up at run time with `dlsym(RTLD_DEFAULT, ...)`
-//! (Hypervisor.framework is linked, so its exports are in the default
-//! search scope), never linked directly: a binary that referenced them
-//! would not start on macOS 13 or 14. The signatures are those of
-//! `applevisor-sys` 1.0 (Apple's macOS 15 SDK headers), declared here so
-//! that crate's `macos-15-0` feature stays off; register enums are passed
-//! as their `u16` values (Apple's `OS_ENUM(..., uint16_t, ...)`; the ICC
-//! values equal our [`SysReg`] packing, tested in [`crate::hv::gic`]).
+//! The symbols are looked up at run time ([`lookup`]), never linked
+//! directly: a binary that referenced them would not start on macOS 13 or
+//! 14. The signatures are those of Apple's macOS 15 SDK headers
+//! (`hv_gic.h`, `hv_gic_config.h`, `hv_gic_parameters.h`, `hv_gic_state.h`),
+//! declared here so applevisor-sys's `macos-15-0` feature stays off;
+//! `hv_gic_icc_reg_t` is passed as its `uint16_t` value, which is our
+//! [`SysReg`] packing (tested in [`crate::hv::gic`]).
 //!
 //! The decisions (does the GIC fit the memory map, which ICC registers to
 //! save) are in [`crate::hv::gic`] and tested on every host; this module
 //! only makes the calls.
 
+use super::abi::HvReturn;
+use super::ffi::{as_fn, lookup, HvVcpuId as HvVcpu};
 use super::vm::check;
 use crate::arch::layout::{GICD_BASE, GICR_BASE};
 use crate::arch::sysreg::SysReg;
@@ -24,12 +25,8 @@ use crate::hv::{GicMode, HvError, KernelGic, Result};
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
 
-/// `hv_return_t`.
-type HvReturn = i32;
 /// `hv_gic_config_t` / `hv_gic_state_t`: retained OS objects.
 type OsObject = *mut c_void;
-/// `hv_vcpu_t`.
-type HvVcpu = u64;
 
 /// The `hv_gic_*` functions this VMM uses, resolved once.
 struct GicFns {
@@ -50,29 +47,6 @@ struct GicFns {
     state_get_size: unsafe extern "C" fn(OsObject, *mut usize) -> HvReturn,
     state_get_data: unsafe extern "C" fn(OsObject, *mut c_void) -> HvReturn,
     set_state: unsafe extern "C" fn(*const c_void, usize) -> HvReturn,
-}
-
-/// Looks `name` up in the process's default symbol scope.
-fn lookup(name: &'static CStr) -> std::result::Result<*mut c_void, &'static CStr> {
-    // SAFETY: `name` is NUL-terminated; dlsym only reads it. RTLD_DEFAULT
-    // searches every image loaded in the process.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    if p.is_null() {
-        Err(name)
-    } else {
-        Ok(p)
-    }
-}
-
-/// Reinterprets a function address as the function pointer type `F`.
-///
-/// # Safety
-/// `F` must be an `unsafe extern "C" fn` type matching the C signature of
-/// the function at `p`.
-unsafe fn as_fn<F: Copy>(p: *mut c_void) -> F {
-    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    // SAFETY: same size (checked above); the caller guarantees the type.
-    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
 macro_rules! resolve {

@@ -1,13 +1,17 @@
 //! The `hvf` backend: macOS Hypervisor.framework on Apple Silicon, through
-//! the `applevisor` crate (VM, vCPUs, registers) and `applevisor-sys` where
-//! the safe API does not reach (mapping the VMM's own RAM, write-protecting
-//! page ranges).
+//! the `applevisor` crate for the VM, `applevisor-sys` for RAM mapping and
+//! stage-2 protection and the register enums, and its own declarations of
+//! the vCPU calls (`ffi`: applevisor 1.0's vCPU binding gets three of them
+//! wrong, see there).
 //!
-//! The exit handling ([`exits`]: decide, complete, inject) is compiled and
-//! unit-tested on every host. The rest is the thin FFI layer, compiled only
-//! on macOS on Apple Silicon: `vm` (the VM, RAM mapping, stage-2
-//! protection), `vcpu` (the `hv_vcpu_run` loop, registers, kicks), `regs`
-//! (register identifiers) and `gic` (the in-kernel GIC).
+//! The exit handling ([`exits`]: decide, complete, inject) and the raw
+//! values and layouts of the C interface with the decisions on them
+//! ([`abi`]: exit reasons, SIMD read-back) are compiled
+//! and unit-tested on every host. The rest is the thin FFI layer, compiled
+//! only on macOS on Apple Silicon: `vm` (the VM, RAM mapping, stage-2
+//! protection), `vcpu` (the `hv_vcpu_run` loop, registers, kicks), `ffi`
+//! (the vCPU calls and `dlsym` lookups), `regs` (register identifiers) and
+//! `gic` (the in-kernel GIC).
 //!
 //! # Processes and threads
 //! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
@@ -54,7 +58,10 @@
 //! bitmap, makes it writable and retries the store. VMM writes (virtio DMA)
 //! do not fault: they are in [`crate::memory::GuestRam::vmm_dirty`].
 
+pub mod abi;
 pub mod exits;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod ffi;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod gic;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]

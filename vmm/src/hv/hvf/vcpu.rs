@@ -1,18 +1,18 @@
 //! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
 
-use super::exits::{complete, decide, Action, ExitReason, ExitRecord, LocalState, Step};
+use super::abi::check_vreg_readback;
+use super::exits::{complete, decide, Action, ExitRecord, LocalState, Step};
+use super::ffi::{vcpus_exit, HvVcpuId, RawVcpu};
 use super::regs;
-use super::vm::{call_err, check, host_count, VmShared};
+use super::vm::{call_err, host_count, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::sysreg::SysReg;
 use crate::arch::timer::vtimer_asserted;
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
-use applevisor::vcpu::{Vcpu as HvVcpu, VcpuHandle};
-use applevisor_sys::{
-    hv_exit_reason_t, hv_interrupt_type_t, hv_reg_t, hv_sys_reg_t, hv_vcpus_exit,
-};
+use crate::sync::Locked;
+use applevisor_sys::{hv_reg_t, hv_sys_reg_t};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Makes one vCPU leave the guest from any thread (`hv_vcpus_exit`).
 ///
@@ -22,24 +22,24 @@ use std::sync::Arc;
 /// [`Vcpu::run`] at once, and a CANCELED exit left over from a kick already
 /// reported resumes the guest. The handle does not keep the VM alive.
 pub struct HvfKicker {
-    handle: VcpuHandle,
+    /// The vCPU's id while it exists: the vCPU clears it (under this lock)
+    /// before `hv_vcpu_destroy`, so `hv_vcpus_exit` never sees a destroyed
+    /// id, nor one the framework has given to a newer vCPU.
+    vcpu: Mutex<Option<HvVcpuId>>,
     pending: AtomicBool,
 }
 
 impl Kick for HvfKicker {
     fn kick(&self) {
         self.pending.store(true, Ordering::Release);
-        if !self.handle.is_valid() {
+        let vcpu = self.vcpu.locked();
+        let Some(id) = *vcpu else {
             return;
-        }
-        let id = self.handle.id();
-        // SAFETY: passes one vCPU id by pointer, valid for the call. If the
-        // vCPU was destroyed meanwhile, HVF rejects the id; if the id was
-        // reused, that vCPU sees a CANCELED exit without a pending kick,
-        // which it ignores.
-        let ret = unsafe { hv_vcpus_exit(&id, 1) };
-        if let Err(e) = check("hv_vcpus_exit", ret) {
-            tracing::debug!("{e}");
+        };
+        // SAFETY: the vCPU is not destroyed while `vcpu` is locked (its
+        // Drop clears the id under this lock first).
+        if let Err(e) = unsafe { vcpus_exit(id) } {
+            tracing::debug!("hv_vcpus_exit failed: {e}");
         }
     }
 }
@@ -49,7 +49,7 @@ impl Kick for HvfKicker {
 pub struct HvfVcpu {
     // Field order is drop order: the vCPU is destroyed before the VM state
     // (RAM mapping) it references.
-    vcpu: HvVcpu,
+    vcpu: RawVcpu,
     kicker: Arc<HvfKicker>,
     shared: Arc<VmShared>,
     id: VcpuId,
@@ -67,10 +67,7 @@ pub struct HvfVcpu {
 impl HvfVcpu {
     /// Creates the vCPU on the calling thread (see [`crate::hv::Vm::create_vcpu`]).
     pub(super) fn create(shared: Arc<VmShared>, id: VcpuId, mpidr: u64) -> Result<Self> {
-        let vcpu = shared
-            .vm
-            .vcpu_create()
-            .map_err(call_err("hv_vcpu_create"))?;
+        let vcpu = RawVcpu::create().map_err(call_err("hv_vcpu_create"))?;
         vcpu.set_sys_reg(hv_sys_reg_t::MPIDR_EL1, mpidr)
             .map_err(call_err("hv_vcpu_set_sys_reg"))?;
         vcpu.set_reg(hv_reg_t::CPSR, PSTATE_EL1H | PSTATE_DAIF)
@@ -89,7 +86,7 @@ impl HvfVcpu {
         vcpu.set_vtimer_mask(!kernel_gic)
             .map_err(call_err("hv_vcpu_set_vtimer_mask"))?;
         let kicker = Arc::new(HvfKicker {
-            handle: vcpu.get_handle(),
+            vcpu: Mutex::new(Some(vcpu.id())),
             pending: AtomicBool::new(false),
         });
         Ok(HvfVcpu {
@@ -133,20 +130,10 @@ impl HvfVcpu {
         Ok(())
     }
 
-    /// The last exit, as a record for [`decide`].
-    fn exit_record(&self) -> ExitRecord {
-        let info = self.vcpu.get_exit_info();
-        ExitRecord {
-            reason: match info.reason {
-                hv_exit_reason_t::CANCELED => ExitReason::Canceled,
-                hv_exit_reason_t::EXCEPTION => ExitReason::Exception,
-                hv_exit_reason_t::VTIMER_ACTIVATED => ExitReason::VtimerActivated,
-                hv_exit_reason_t::UNKNOWN => ExitReason::Unknown,
-            },
-            esr: info.exception.syndrome,
-            far: info.exception.virtual_address,
-            ipa: info.exception.physical_address,
-        }
+    /// The last exit, as a record for [`decide`] (an exit reason this VMM
+    /// does not know is an error).
+    fn exit_record(&self) -> Result<ExitRecord> {
+        self.vcpu.exit().record()
     }
 
     fn unsupported(call: &'static str, what: String) -> HvError {
@@ -178,11 +165,11 @@ impl Vcpu for HvfVcpu {
             if !self.kernel_gic {
                 let irq = io.irq_line(self.id);
                 self.vcpu
-                    .set_pending_interrupt(hv_interrupt_type_t::IRQ, irq)
+                    .set_pending_irq(irq)
                     .map_err(call_err("hv_vcpu_set_pending_interrupt"))?;
             }
             self.vcpu.run().map_err(call_err("hv_vcpu_run"))?;
-            let exit = self.exit_record();
+            let exit = self.exit_record()?;
             let armed = self.shared.write_protect_armed.load(Ordering::Acquire);
             match decide(&exit, ram, armed) {
                 Action::Kicked => {
@@ -240,12 +227,19 @@ impl Vcpu for HvfVcpu {
             .map_err(call_err("hv_vcpu_get_simd_fp_reg"))
     }
 
+    /// `hv_vcpu_set_simd_fp_reg`, then `hv_vcpu_get_simd_fp_reg`: a value
+    /// that does not read back is an error naming the register.
     fn set_vreg(&mut self, n: u8, value: u128) -> Result<()> {
         let r = regs::hv_simd_reg(n)
             .ok_or_else(|| Self::unsupported("hv_vcpu_set_simd_fp_reg", format!("V{n}")))?;
         self.vcpu
             .set_simd_fp_reg(r, value)
-            .map_err(call_err("hv_vcpu_set_simd_fp_reg"))
+            .map_err(call_err("hv_vcpu_set_simd_fp_reg"))?;
+        let read = self
+            .vcpu
+            .get_simd_fp_reg(r)
+            .map_err(call_err("hv_vcpu_get_simd_fp_reg"))?;
+        check_vreg_readback(n, value, read)
     }
 
     /// Any register of [`super::HVF_SYSREGS`] (FPCR and FPSR through
@@ -318,6 +312,14 @@ impl Vcpu for HvfVcpu {
                 "in-kernel GIC registers given to a VM with the userspace GIC".into(),
             )),
         }
+    }
+}
+
+impl Drop for HvfVcpu {
+    /// Retires the kick handle before the vCPU is destroyed (its field
+    /// drops after this).
+    fn drop(&mut self) {
+        *self.kicker.vcpu.locked() = None;
     }
 }
 

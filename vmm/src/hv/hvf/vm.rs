@@ -189,7 +189,7 @@ impl Hypervisor for HvfHypervisor {
             freq: self.freq,
             kgic: None,
             ram,
-            vm,
+            _vm: vm,
         };
         // After the RAM mapping, before any vCPU. On failure `shared`'s Drop
         // unmaps RAM.
@@ -217,7 +217,9 @@ pub(super) struct VmShared {
     /// The in-kernel GIC, if the VM has one.
     pub(super) kgic: Option<Arc<gic::HvfGic>>,
     pub(super) ram: Arc<GuestRam>,
-    pub(super) vm: VirtualMachineInstance<GicDisabled>,
+    /// Held for its drop, which destroys the VM (`hv_vm_destroy`) after
+    /// every vCPU (each holds this struct) and after RAM is unmapped.
+    _vm: VirtualMachineInstance<GicDisabled>,
 }
 
 impl VmShared {
