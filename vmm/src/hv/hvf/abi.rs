@@ -3,8 +3,8 @@
 //! (the calls themselves are in the macOS-only `ffi` module).
 //!
 //! Values and layouts are those of Apple's headers (`hv_vcpu_types.h`,
-//! `hv_vcpu.h`, `hv_error.h`). Everything the framework writes is read as
-//! integers, never as a Rust `enum`:
+//! `hv_vcpu.h`, `hv_error.h`; macOS 15.2 for the SME ones). Everything the
+//! framework writes is read as integers, never as a Rust `enum` or `bool`:
 //! a value a newer macOS adds is then an error that names it, not undefined
 //! behaviour.
 
@@ -15,6 +15,8 @@ use crate::hv::HvError;
 pub type HvReturn = i32;
 /// `HV_SUCCESS`.
 pub const HV_SUCCESS: HvReturn = 0;
+/// `HV_UNSUPPORTED` (0xfae9400f): the host lacks the feature.
+pub const HV_UNSUPPORTED: HvReturn = 0xfae9_400f_u32 as i32;
 
 /// `HV_INTERRUPT_TYPE_IRQ` of `hv_interrupt_type_t` (a `uint32_t` enum).
 ///
@@ -82,6 +84,59 @@ impl VcpuExit {
             ipa: self.physical_address,
         })
     }
+}
+
+/// `hv_vcpu_sme_state_t` (macOS 15.2): two C `bool`s, read as bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SmeState {
+    /// `streaming_sve_mode_enabled`: PSTATE.SM.
+    pub streaming_sve_mode_enabled: u8,
+    /// `za_storage_enabled`: PSTATE.ZA.
+    pub za_storage_enabled: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<SmeState>() == 2);
+
+/// Whether a vCPU's SME state lets a snapshot be taken, from what
+/// `hv_vcpu_get_sme_state` answered: `None` when this macOS lacks the call
+/// (before 15.2, which is also when guests got SME), else its return code
+/// and the state it wrote.
+///
+/// A snapshot saves V0-V31 but none of SME's own state (Z0-Z31 beyond their
+/// low 128 bits, P0-P15, ZA, ZT0), so it is refused while PSTATE.SM or
+/// PSTATE.ZA is set; the guest's SME state is dead otherwise. No call, or
+/// `HV_UNSUPPORTED` (a Mac without SME), means there is no SME state. Any
+/// other failure refuses too, since the state is then unknown.
+pub fn sme_snapshot_check(answer: Option<(HvReturn, SmeState)>) -> Result<(), String> {
+    let state = match answer {
+        None => return Ok(()),
+        Some((HV_UNSUPPORTED, _)) => return Ok(()),
+        Some((HV_SUCCESS, state)) => state,
+        Some((ret, _)) => {
+            return Err(format!(
+                "hv_vcpu_get_sme_state failed ({:#x}), so whether the vCPU has live SME state \
+                 (which snapshots do not save) is unknown",
+                ret as u32
+            ))
+        }
+    };
+    let live = match (
+        state.streaming_sve_mode_enabled != 0,
+        state.za_storage_enabled != 0,
+    ) {
+        (false, false) => return Ok(()),
+        (true, false) => "PSTATE.SM is set (streaming SVE mode: Z0-Z31 and P0-P15 are live)",
+        (false, true) => "PSTATE.ZA is set (the ZA array and ZT0 are live)",
+        (true, true) => {
+            "PSTATE.SM and PSTATE.ZA are set (streaming SVE mode and ZA: Z0-Z31, P0-P15, ZA \
+             and ZT0 are live)"
+        }
+    };
+    Err(format!(
+        "{live}; snapshots save V0-V31 but not SME state, so this one is refused. Try again \
+         once the guest has left streaming mode and released ZA (SMSTOP)"
+    ))
 }
 
 /// Checks that SIMD/FP register `V<n>` reads back as `written` after a
@@ -158,7 +213,36 @@ mod tests {
 
     #[test]
     fn apples_constants() {
+        assert_eq!(HV_UNSUPPORTED as u32, 0xfae9_400f);
         assert_eq!(HV_INTERRUPT_TYPE_IRQ, 0);
+    }
+
+    #[test]
+    fn sme_state_decides_whether_a_snapshot_may_be_taken() {
+        let state = |sm, za| SmeState {
+            streaming_sve_mode_enabled: sm,
+            za_storage_enabled: za,
+        };
+        // No SME: the call is missing (macOS < 15.2) or the Mac has none.
+        assert_eq!(sme_snapshot_check(None), Ok(()));
+        assert_eq!(
+            sme_snapshot_check(Some((HV_UNSUPPORTED, state(1, 1)))),
+            Ok(())
+        );
+        // SME present but off.
+        assert_eq!(sme_snapshot_check(Some((HV_SUCCESS, state(0, 0)))), Ok(()));
+        // Live SME state is named.
+        let e = sme_snapshot_check(Some((HV_SUCCESS, state(1, 0)))).unwrap_err();
+        assert!(e.starts_with("PSTATE.SM is set"), "{e}");
+        let e = sme_snapshot_check(Some((HV_SUCCESS, state(0, 1)))).unwrap_err();
+        assert!(e.starts_with("PSTATE.ZA is set"), "{e}");
+        let e = sme_snapshot_check(Some((HV_SUCCESS, state(1, 1)))).unwrap_err();
+        assert!(e.starts_with("PSTATE.SM and PSTATE.ZA are set"), "{e}");
+        // Any non-zero byte is true (C bool written by the framework).
+        assert!(sme_snapshot_check(Some((HV_SUCCESS, state(0, 0xff)))).is_err());
+        // Other failures: unknown state, refused.
+        let e = sme_snapshot_check(Some((0xfae9_4001_u32 as i32, state(0, 0)))).unwrap_err();
+        assert!(e.contains("0xfae94001"), "{e}");
     }
 
     #[test]

@@ -16,11 +16,12 @@
 //! Every call but `hv_vcpus_exit` must be made on the thread that created
 //! the vCPU, which [`RawVcpu`] (not `Send`) guarantees.
 
-use super::abi::{HvReturn, VcpuExit, HV_INTERRUPT_TYPE_IRQ, HV_SUCCESS};
+use super::abi::{HvReturn, SmeState, VcpuExit, HV_INTERRUPT_TYPE_IRQ, HV_SUCCESS};
 use applevisor::error::HypervisorError;
 use applevisor_sys::{hv_reg_t, hv_simd_fp_reg_t, hv_sys_reg_t};
 use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 
 /// `hv_vcpu_t`.
 pub(super) type HvVcpuId = u64;
@@ -232,6 +233,28 @@ impl RawVcpu {
     pub(super) fn set_vtimer_offset(&self, offset: u64) -> Result<(), HypervisorError> {
         // SAFETY: this thread's vCPU; plain values.
         result(unsafe { hv_vcpu_set_vtimer_offset(self.id, offset) })
+    }
+
+    /// What `hv_vcpu_get_sme_state` (macOS 15.2, looked up at run time)
+    /// answers for this vCPU: `None` if this macOS lacks it, else its
+    /// return code and the state it wrote (for
+    /// [`super::abi::sme_snapshot_check`]).
+    pub(super) fn sme_state(&self) -> Option<(HvReturn, SmeState)> {
+        type GetSmeState = unsafe extern "C" fn(HvVcpuId, *mut SmeState) -> HvReturn;
+        static GET: OnceLock<Option<GetSmeState>> = OnceLock::new();
+        let get = GET.get_or_init(|| {
+            // SAFETY: hv_vcpu_get_sme_state's C signature (hv_vcpu.h, macOS
+            // 15.2) is `hv_return_t (hv_vcpu_t, hv_vcpu_sme_state_t *)`.
+            lookup(c"hv_vcpu_get_sme_state")
+                .ok()
+                .map(|p| unsafe { as_fn(p) })
+        });
+        let get = (*get)?;
+        let mut state = SmeState::default();
+        // SAFETY: this thread's vCPU; `state` is a writable
+        // hv_vcpu_sme_state_t (two C bools, read as bytes) for the call.
+        let ret = unsafe { get(self.id, &mut state) };
+        Some((ret, state))
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! The exit handling ([`exits`]: decide, complete, inject) and the raw
 //! values and layouts of the C interface with the decisions on them
-//! ([`abi`]: exit reasons, SIMD read-back) are compiled
+//! ([`abi`]: exit reasons, SME snapshot safety, SIMD read-back) are compiled
 //! and unit-tested on every host. The rest is the thin FFI layer, compiled
 //! only on macOS on Apple Silicon: `vm` (the VM, RAM mapping, stage-2
 //! protection), `vcpu` (the `hv_vcpu_run` loop, registers, kicks), `ffi`
@@ -27,11 +27,14 @@
 //! debug traps) and `hv_vcpus_exit`. The in-kernel GICv3 (`hv_gic_*`,
 //! macOS 15.0, `boot --gic hvf`) is looked up at run time with `dlsym`
 //! (`gic`), so the binary still starts on macOS 13 and 14, where
-//! `--gic hvf` is refused. Not used yet, with the release that introduced
-//! them: the IPA-size configuration (`hv_vm_config_*`, macOS 13), nested
-//! EL2 (15.0), SME state (15.2) and a 4 KiB stage-2 granule
-//! (`hv_vm_config_set_ipa_granule`, macOS 26). Whoever adds one must look it
-//! up at run time (`dlsym`) or gate it on the matching applevisor feature.
+//! `--gic hvf` is refused; so is `hv_vcpu_get_sme_state` (macOS 15.2,
+//! `ffi`), with which a snapshot is refused while a vCPU has live SME state
+//! ([`abi::sme_snapshot_check`]). Not used yet, with the release that
+//! introduced them: the IPA-size configuration (`hv_vm_config_*`, macOS
+//! 13), nested EL2 (15.0), saving SME state (15.2) and a 4 KiB stage-2
+//! granule (`hv_vm_config_set_ipa_granule`, macOS 26). Whoever adds one must
+//! look it up at run time (`dlsym`) or gate it on the matching applevisor
+//! feature.
 //!
 //! # GIC
 //! With the userspace GIC (the default) the ICC system registers trap to

@@ -1,6 +1,6 @@
 //! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
 
-use super::abi::check_vreg_readback;
+use super::abi::{check_vreg_readback, sme_snapshot_check};
 use super::exits::{complete, decide, Action, ExitRecord, LocalState, Step};
 use super::ffi::{vcpus_exit, HvVcpuId, RawVcpu};
 use super::regs;
@@ -219,9 +219,16 @@ impl Vcpu for HvfVcpu {
             .map_err(call_err("hv_vcpu_set_reg"))
     }
 
+    /// `hv_vcpu_get_simd_fp_reg`. A snapshot reads V0-V31 through here, so
+    /// this refuses while the vCPU has live SME state, which V0-V31 do not
+    /// carry ([`sme_snapshot_check`]).
     fn vreg(&mut self, n: u8) -> Result<u128> {
         let r = regs::hv_simd_reg(n)
             .ok_or_else(|| Self::unsupported("hv_vcpu_get_simd_fp_reg", format!("V{n}")))?;
+        sme_snapshot_check(self.vcpu.sme_state()).map_err(|detail| HvError::Call {
+            call: "snapshot",
+            detail,
+        })?;
         self.vcpu
             .get_simd_fp_reg(r)
             .map_err(call_err("hv_vcpu_get_simd_fp_reg"))
