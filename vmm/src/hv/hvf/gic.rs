@@ -256,6 +256,12 @@ impl KernelGic for HvfGic {
         // SAFETY: `state` is a live GIC state object; `size` is writable.
         let ret = unsafe { (self.fns.state_get_size)(state.0, &mut size) };
         check("hv_gic_state_get_size", ret)?;
+        if size == 0 {
+            return Err(HvError::Call {
+                call: "hv_gic_state_get_size",
+                detail: "the GIC state is empty".into(),
+            });
+        }
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` has the `size` bytes the state reported it needs.
         let ret = unsafe { (self.fns.state_get_data)(state.0, buf.as_mut_ptr().cast()) };

@@ -265,6 +265,19 @@ pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<37>(
     ],
 );
 
+// Every register a snapshot saves is one HVF reads and writes.
+const _: () = {
+    let mut i = 0;
+    while i < SNAPSHOT_SYSREGS.len() {
+        let mut j = 0;
+        while HVF_SYSREGS[j].0 != SNAPSHOT_SYSREGS[i].0 {
+            j += 1;
+            assert!(j < HVF_SYSREGS.len(), "a snapshot register HVF lacks");
+        }
+        i += 1;
+    }
+};
+
 macro_rules! same_encoding {
     ($($ours:path => $hv:ident),* $(,)?) => {
         $(const _: () = assert!($ours.0 == hv_sys_reg_t::$hv as u16);)*
