@@ -80,7 +80,10 @@ pub const NUM_SPIS: u32 = 64;
 /// virtual, hypervisor phys).
 pub const TIMER_PPIS: [u32; 4] = [29, 30, 27, 26];
 /// INTID of the EL1 virtual timer PPI (CNTV), the one the guest uses.
-pub const VTIMER_INTID: u32 = 27;
+pub const VTIMER_INTID: u32 = TIMER_PPIS[2];
+/// INTID of the EL1 (non-secure) physical timer PPI (CNTP), which the VMM
+/// emulates (`machine::clock`).
+pub const PTIMER_INTID: u32 = TIMER_PPIS[1];
 
 /// The kind of device behind an MMIO region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

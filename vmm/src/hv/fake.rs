@@ -27,15 +27,13 @@ pub(crate) struct FakeVcpu {
     pub(crate) pc: u64,
     pub(crate) pstate: u64,
     pub(crate) sys: HashMap<SysReg, u64>,
-    pub(crate) vtimer_offset: u64,
     /// Makes every [`Vcpu::set_reg`] fail.
     pub(crate) fail_writes: bool,
 }
 
 impl FakeVcpu {
     /// vCPU 2 at [`PC`] in EL1h ([`PSTATE_EL1H_Z`]), VBAR_EL1 = [`VBAR`],
-    /// SCTLR_EL1.SPAN set (PAN unchanged on entry), DSSBS clear, vtimer
-    /// offset 1000.
+    /// SCTLR_EL1.SPAN set (PAN unchanged on entry), DSSBS clear.
     pub(crate) fn new() -> Self {
         let mut x = [0u64; 31];
         for (i, r) in x.iter_mut().enumerate() {
@@ -50,7 +48,6 @@ impl FakeVcpu {
             pc: PC,
             pstate: PSTATE_EL1H_Z,
             sys,
-            vtimer_offset: 1000,
             fail_writes: false,
         }
     }
@@ -105,13 +102,6 @@ impl Vcpu for FakeVcpu {
     }
     fn set_sysreg(&mut self, reg: SysReg, value: u64) -> hv::Result<()> {
         self.sys.insert(reg, value);
-        Ok(())
-    }
-    fn vtimer_offset(&mut self) -> hv::Result<u64> {
-        Ok(self.vtimer_offset)
-    }
-    fn set_vtimer_offset(&mut self, offset: u64) -> hv::Result<()> {
-        self.vtimer_offset = offset;
         Ok(())
     }
     fn state_sysregs(&self) -> &'static [SysReg] {

@@ -150,8 +150,9 @@ pub trait VcpuIo {
         data: &[u8],
     ) -> std::result::Result<(), MmioFault>;
     /// A trapped `MRS` of a register the backend does not implement itself
-    /// (the GIC CPU interface, the virtual timer on `emu`). `None` makes the
-    /// instruction UNDEFINED for the guest.
+    /// (the GIC CPU interface; the EL1 physical timer's CNTP_CTL_EL0,
+    /// CNTP_CVAL_EL0 and CNTP_TVAL_EL0, which the VMM emulates for both
+    /// backends). `None` makes the instruction UNDEFINED for the guest.
     fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64>;
     /// A trapped `MSR`; `false` makes the instruction UNDEFINED.
     fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool;
@@ -213,9 +214,24 @@ pub trait Vm: Send + Sync {
     fn dirty_pages(&self) -> Result<Vec<u64>>;
     /// Frequency of the guest's generic counter in Hz (CNTFRQ_EL0).
     fn counter_frequency(&self) -> u64;
-    /// The physical count now (CNTPCT_EL0, in guest ticks). The virtual count
-    /// a vCPU sees is this minus its vtimer offset.
+    /// The backend's physical count now, in guest ticks (the host counter on
+    /// HVF, ticks since VM creation on `emu`). The guest never sees it: every
+    /// vCPU's virtual count is this minus [`Vm::counter_offset`], and
+    /// CNTPCT_EL0 reads the same as CNTVCT_EL0 (the guest sees CNTVOFF_EL2 =
+    /// 0; see [`crate::arch::timer`]).
     fn physical_count(&self) -> u64;
+    /// The VM's counter offset in guest ticks (CNTVOFF_EL2 of every vCPU):
+    /// the guest's count is [`Vm::physical_count`] minus this, wrapping.
+    fn counter_offset(&self) -> u64;
+    /// Sets the counter offset of every vCPU. A vCPU takes it up before it
+    /// next runs guest code (HVF sets CNTVOFF_EL2 per vCPU, on the vCPU's
+    /// thread), so call this only while no vCPU runs: before they start or
+    /// with all of them parked.
+    fn set_counter_offset(&self, offset: u64);
+    /// The guest's count now (CNTVCT_EL0 and CNTPCT_EL0 of every vCPU).
+    fn virtual_count(&self) -> u64 {
+        self.physical_count().wrapping_sub(self.counter_offset())
+    }
     /// The in-kernel GIC, if the VM was created with one ([`GicMode::Hvf`]);
     /// `None` for the userspace GIC.
     fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>>;
@@ -240,10 +256,6 @@ pub trait Vcpu {
     fn sysreg(&mut self, reg: SysReg) -> Result<u64>;
     /// Writes a system register held by the backend.
     fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()>;
-    /// The vtimer offset in guest ticks (virtual count = physical count - offset).
-    fn vtimer_offset(&mut self) -> Result<u64>;
-    /// Sets the vtimer offset in guest ticks.
-    fn set_vtimer_offset(&mut self, offset: u64) -> Result<()>;
     /// The system registers a snapshot saves for this backend (every register
     /// a Linux guest relies on that the backend holds), excluding the virtual
     /// timer's CNTV_CTL_EL0/CNTV_CVAL_EL0, which are saved separately.

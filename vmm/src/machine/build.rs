@@ -2,6 +2,7 @@
 //! controller, the devices on the MMIO bus, and the state the VM's threads
 //! share.
 
+use super::clock::Clock;
 use super::config::{Plan, PlanDisk, Start};
 use super::control::Control;
 use super::devices::{DeviceArgs, Devices, SpiLine};
@@ -45,7 +46,10 @@ pub(super) fn build<H: Hypervisor>(
     hv: &H,
     plan: Plan,
     stages: &mut Stages,
-) -> anyhow::Result<Machine<H::Vm>> {
+) -> anyhow::Result<Machine<H::Vm>>
+where
+    H::Vm: 'static,
+{
     tracing::info!("GIC mode: {}", plan.gic);
     // The VM first: it maps RAM and, for an in-kernel GIC, creates the GIC
     // (before any vCPU, as Hypervisor.framework requires).
@@ -81,12 +85,26 @@ pub(super) fn build<H: Hypervisor>(
         None => Devices::new(args),
         Some(st) => Devices::restore(args, &st.devices)?,
     };
+    // The guest's clock last, just before the vCPUs: a restore's count
+    // continues from here.
+    let (chip, ctl) = (irqchip.clone(), control.clone());
+    let clock = Clock::new(
+        vm.clone(),
+        plan.cpus,
+        saved.map(|s| &s.clock),
+        Box::new(move |vcpu, level| {
+            chip.ptimer_level(vcpu, level);
+            ctl.interrupts_changed();
+        }),
+    )
+    .context("cannot start the physical timer thread")?;
     let shared = Arc::new(Shared {
         bus: bus(&irqchip, &devices, plan.cpus),
         ram: plan.ram,
         irqchip,
         devices,
         control,
+        clock,
         cache_writers: Mutex::new(Vec::new()),
     });
     stages.devices = t.elapsed();

@@ -1,12 +1,15 @@
 //! The control block every thread of a running VM shares: wake-ups, vCPU
 //! power states, the VM's end, the vCPU threads' start-up, and the snapshot
-//! handshake (pause: every vCPU thread parks and captures its vCPUs; resume).
+//! handshake (pause: every vCPU thread parks and captures its vCPUs, and the
+//! guest's clock stops; resume: the clock goes on from where it stopped, and
+//! the vCPUs run again).
 //!
 //! One mutex guards [`RunState`]; its condition variable wakes waiters on
 //! any change. A vCPU running guest code does not wait on it: it is kicked
 //! ([`Kick`]) out of [`crate::hv::Vcpu::run`] and sees the change on its way
 //! round the loop.
 
+use super::clock::Clock;
 use super::irqchip::Irqchip;
 use super::state::{VcpuPower, VcpuState};
 use super::VmExit;
@@ -223,9 +226,11 @@ impl Control {
 
     // The snapshot handshake.
 
-    /// Parks every vCPU thread and returns the vCPUs' states; call
-    /// [`Control::resume`] afterwards whatever the result.
-    pub(super) fn pause(&self) -> anyhow::Result<Vec<VcpuState>> {
+    /// Parks every vCPU thread, stops `clock` (the guest's time stands still
+    /// from the moment all are parked, [`Clock::freeze`]) and returns the
+    /// vCPUs' states; call [`Control::resume`] afterwards whatever the
+    /// result.
+    pub(super) fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
         {
             let mut c = self.lock();
             if c.exit.is_some() {
@@ -241,7 +246,8 @@ impl Control {
         if c.exit.is_some() {
             anyhow::bail!("the VM is shutting down");
         }
-        c.captured
+        let states = c
+            .captured
             .iter_mut()
             .enumerate()
             .map(|(id, s)| match s.take() {
@@ -249,11 +255,17 @@ impl Control {
                 Some(Err(e)) => Err(anyhow::anyhow!("cannot capture {e}")),
                 None => Err(anyhow::anyhow!("vCPU {id} did not stop")),
             })
-            .collect()
+            .collect();
+        drop(c);
+        clock.freeze();
+        states
     }
 
-    /// Lets the parked vCPU threads run again.
-    pub(super) fn resume(&self) {
+    /// Restarts `clock` where [`Control::pause`] stopped it (the paused
+    /// interval is added to the VM's counter offset, [`Clock::thaw`]) and
+    /// lets the parked vCPU threads run again.
+    pub(super) fn resume(&self, clock: &Clock) {
+        clock.thaw();
         self.lock().pause = false;
         self.notify();
     }

@@ -6,7 +6,7 @@
 use super::control::Control;
 use super::devices::BusRegion;
 use super::state::IrqchipState;
-use crate::arch::layout::VTIMER_INTID;
+use crate::arch::layout::{PTIMER_INTID, VTIMER_INTID};
 use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
 use crate::devices::Persist;
@@ -180,6 +180,15 @@ impl Irqchip {
         }
     }
 
+    /// The vCPU's EL1 physical timer output changed (the timer is the
+    /// VMM's, `super::clock`). Hypervisor.framework's in-kernel GIC has no
+    /// call to drive a PPI, so it does not get it.
+    pub(super) fn ptimer_level(&self, vcpu: VcpuId, level: bool) {
+        if let Irqchip::Userspace(gic) = self {
+            gic.locked().set_ppi_level(vcpu, PTIMER_INTID, level);
+        }
+    }
+
     /// The GIC's state for a snapshot (every vCPU stopped). The per-vCPU
     /// registers of an in-kernel GIC are in each vCPU's state.
     pub(super) fn save(&self) -> crate::hv::Result<IrqchipState> {
@@ -235,6 +244,7 @@ mod tests {
         assert!(chip.sysreg_write(0, ICC_PMR_EL1, 0xf0).is_some());
         chip.set_spi(33, true);
         chip.vtimer_level(1, true);
+        chip.ptimer_level(1, true);
         assert!(matches!(chip.save(), Ok(IrqchipState::Userspace(_))));
     }
 
@@ -252,6 +262,7 @@ mod tests {
         assert_eq!(chip.sysreg_read(0, ICC_PMR_EL1), None);
         assert_eq!(chip.sysreg_write(0, ICC_PMR_EL1, 1), None);
         chip.vtimer_level(0, true);
+        chip.ptimer_level(0, true);
         assert_eq!(chip.save().unwrap(), IrqchipState::Hvf(vec![7, 8, 9]));
         assert_eq!(k.saves.load(Ordering::Relaxed), 1);
     }

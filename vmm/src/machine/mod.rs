@@ -6,13 +6,15 @@
 //! hypervisor's VM, the `irqchip`, the `devices` on the MMIO bus), the
 //! console input thread (`input`, whose Ctrl-A s takes a snapshot: `take`),
 //! and the vCPU threads (`vcpu`: the run loop, PSCI, WFI, MMIO and
-//! system-register exits), which share a `control` block.
+//! system-register exits), which share a `control` block and the guest's
+//! `clock` (one count per VM, the physical timers).
 //!
 //! Threads: one per vCPU, or one for all vCPUs round-robin when the backend
-//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; and
-//! the caller's thread, which waits for the VM to end. Lock order: a device
-//! lock, then the GIC lock (interrupt lines), then the control block's; never
-//! the reverse. No lock is held across [`crate::hv::Vcpu::run`].
+//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
+//! clock's physical timer thread; and the caller's thread, which waits for
+//! the VM to end. Lock order: a device lock (the clock's counts as one), then
+//! the GIC lock (interrupt lines), then the control block's; never the
+//! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
 use crate::console;
 use crate::devices::MmioBus;
@@ -29,6 +31,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 mod build;
+mod clock;
 mod config;
 mod control;
 mod devices;
@@ -61,6 +64,8 @@ struct Shared {
     irqchip: Irqchip,
     devices: Devices,
     control: Arc<Control>,
+    /// The guest's clock and physical timers.
+    clock: clock::Clock,
     /// Threads recording snapshot layers' verified-file caches; joined at exit.
     cache_writers: Mutex<Vec<JoinHandle<()>>>,
 }

@@ -10,17 +10,20 @@ use crate::arch::exception::{current_el, PSTATE_NRW};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::devices::gicv3::GicState;
 use crate::hv::gic::check_icc_state;
-use crate::hv::{self, GicMode, Reg, Vcpu, Vm};
+use crate::hv::{self, GicMode, Reg, Vcpu};
 use serde::{Deserialize, Serialize};
 
 pub use super::devices::DevicesState;
 
 /// Version of the machine-state encoding; bump on incompatible changes.
 ///
+/// Version 3 records the guest's clock once for the VM ([`ClockState`]: one
+/// count, and each vCPU's EL1 physical timer) instead of a count per vCPU.
 /// Version 2 records the GIC by mode ([`IrqchipState`]) and each vCPU's
-/// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Version 1
-/// (userspace GIC only) is still read: [`MachineState::decode`] upgrades it.
-pub const MACHINE_STATE_VERSION: u32 = 2;
+/// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Versions
+/// 1 (userspace GIC only) and 2 are still read: [`MachineState::decode`]
+/// upgrades them.
+pub const MACHINE_STATE_VERSION: u32 = 3;
 
 /// One vCPU's architectural state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,9 +44,6 @@ pub struct VcpuState {
     pub cntv_ctl: u64,
     /// CNTV_CVAL_EL0 (guest ticks).
     pub cntv_cval: u64,
-    /// The virtual count (CNTVCT_EL0) at capture; restore sets the vtimer
-    /// offset so the guest's clock continues from here.
-    pub virtual_count: u64,
     /// GIC CPU-interface registers held by an in-kernel GIC
     /// ([`Vcpu::gic_cpu_state`], `ICC_*_EL1` in
     /// [`crate::hv::gic::ICC_STATE_REGS`] order); empty with the userspace
@@ -53,8 +53,9 @@ pub struct VcpuState {
 }
 
 /// Captures a vCPU's state. Call on the vCPU's own thread while it is
-/// stopped at an instruction boundary.
-pub fn capture_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<VcpuState> {
+/// stopped at an instruction boundary. The guest's count is the VM's, saved
+/// once in [`ClockState`].
+pub fn capture_vcpu<V: Vcpu>(vcpu: &mut V) -> hv::Result<VcpuState> {
     let x = (0..31)
         .map(|n| vcpu.reg(Reg::X(n)))
         .collect::<hv::Result<_>>()?;
@@ -74,16 +75,16 @@ pub fn capture_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu) -> hv::Result<VcpuState> 
         sysregs,
         cntv_ctl: vcpu.sysreg(CNTV_CTL_EL0)?,
         cntv_cval: vcpu.sysreg(CNTV_CVAL_EL0)?,
-        virtual_count: vm.physical_count().wrapping_sub(vcpu.vtimer_offset()?),
         gic_cpu: vcpu.gic_cpu_state()?,
     })
 }
 
 /// Applies a captured state to a freshly created vCPU (on its own thread).
-/// The vtimer offset is set first so the timer registers are interpreted in
-/// the restored guest's time. The in-kernel GIC's CPU-interface registers
-/// are not applied here but by [`apply_vcpu_gic`], after the GIC's own state.
-pub fn apply_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu, s: &VcpuState) -> hv::Result<()> {
+/// The VM's counter offset is set before any vCPU is created (the clock), so
+/// the timer registers are interpreted in the restored guest's time. The
+/// in-kernel GIC's CPU-interface registers are not applied here but by
+/// [`apply_vcpu_gic`], after the GIC's own state.
+pub fn apply_vcpu<V: Vcpu>(vcpu: &mut V, s: &VcpuState) -> hv::Result<()> {
     if s.x.len() != 31 || s.v.len() != 32 {
         return Err(hv::HvError::Guest(format!(
             "vCPU state has {} general and {} vector registers (expected 31 and 32)",
@@ -97,7 +98,6 @@ pub fn apply_vcpu<V: Vm>(vm: &V, vcpu: &mut V::Vcpu, s: &VcpuState) -> hv::Resul
             "vCPU state's system-register set does not match this backend's".into(),
         ));
     }
-    vcpu.set_vtimer_offset(vm.physical_count().wrapping_sub(s.virtual_count))?;
     for (n, &val) in (0u8..).zip(&s.x) {
         vcpu.set_reg(Reg::X(n), val)?;
     }
@@ -137,6 +137,29 @@ pub enum VcpuPower {
     On,
 }
 
+/// The guest's clock (the machine's `clock` module): one count for the VM
+/// and each vCPU's EL1 physical timer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockState {
+    /// The VM's count (CNTVCT_EL0, and CNTPCT_EL0, of every vCPU; guest
+    /// ticks) with every vCPU parked. Restore sets the VM's counter offset
+    /// so the count continues from here.
+    pub virtual_count: u64,
+    /// Per vCPU, index order: the EL1 physical timer.
+    pub ptimers: Vec<TimerState>,
+}
+
+/// An EL1 timer's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerState {
+    /// CTL's ENABLE (bit 0) and IMASK (bit 1); other bits are ignored.
+    pub ctl: u64,
+    /// CVAL, in guest ticks.
+    pub cval: u64,
+}
+
 /// Everything but RAM and the disk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,6 +176,8 @@ pub struct MachineState {
     pub vcpus: Vec<VcpuState>,
     /// Per vCPU, index order.
     pub power: Vec<VcpuPower>,
+    /// The guest's clock.
+    pub clock: ClockState,
     /// The interrupt controller, by mode.
     pub gic: IrqchipState,
     /// The devices (each a top-level key: `pl011`, `boot_timer`, ...).
@@ -213,7 +238,7 @@ pub enum StateError {
     #[error("machine state is malformed: {0}")]
     Malformed(#[from] serde_json::Error),
     /// Written by an incompatible version.
-    #[error("machine state version {found} is not supported (this build reads version {MACHINE_STATE_VERSION})")]
+    #[error("machine state version {found} is not supported (this build reads versions 1 to {MACHINE_STATE_VERSION})")]
     Version {
         /// The version found.
         found: u32,
@@ -234,19 +259,17 @@ impl MachineState {
         self.gic.mode()
     }
 
-    /// Parses and checks the shape of an untrusted state. A version 1 state
-    /// (userspace GIC only) is upgraded to the current encoding.
+    /// Parses and checks the shape of an untrusted state. Versions 1 and 2
+    /// are upgraded to the current encoding (a version 2 state's clock is
+    /// its vCPUs' largest count).
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
         let mut v: serde_json::Value = serde_json::from_slice(bytes)?;
         match v.get("version").and_then(serde_json::Value::as_u64) {
             Some(1) => {
-                if let Some(obj) = v.as_object_mut() {
-                    if let Some(gic) = obj.remove("gic") {
-                        obj.insert("gic".into(), serde_json::json!({ "userspace": gic }));
-                    }
-                    obj.insert("version".into(), MACHINE_STATE_VERSION.into());
-                }
+                upgrade_v1(&mut v);
+                upgrade_v2(&mut v)?;
             }
+            Some(2) => upgrade_v2(&mut v)?,
             Some(found) if found != u64::from(MACHINE_STATE_VERSION) => {
                 return Err(StateError::Version {
                     found: u32::try_from(found).unwrap_or(u32::MAX),
@@ -261,6 +284,13 @@ impl MachineState {
                 "{} vCPU states and {} power states",
                 n,
                 s.power.len()
+            )));
+        }
+        if s.clock.ptimers.len() != n {
+            return Err(StateError::Inconsistent(format!(
+                "{} vCPU states and {} physical timers",
+                n,
+                s.clock.ptimers.len()
             )));
         }
         for (id, vcpu) in s.vcpus.iter().enumerate() {
@@ -294,6 +324,51 @@ impl MachineState {
     }
 }
 
+/// Version 1 to 2: the userspace GIC's state becomes `{"userspace": GIC}`.
+fn upgrade_v1(v: &mut serde_json::Value) {
+    if let Some(obj) = v.as_object_mut() {
+        if let Some(gic) = obj.remove("gic") {
+            obj.insert("gic".into(), serde_json::json!({ "userspace": gic }));
+        }
+        obj.insert("version".into(), 2.into());
+    }
+}
+
+/// Version 2 to 3: each vCPU's `virtual_count` goes, and the VM's clock
+/// takes the largest of them as its count, so no vCPU's clock steps back
+/// (each vCPU was captured when it parked; the others moved on by at most
+/// the time until the last one parked). The physical timers are disabled:
+/// before version 3 their registers were UNDEFINED, so no guest used them.
+fn upgrade_v2(v: &mut serde_json::Value) -> Result<(), StateError> {
+    let counts = v
+        .get_mut("vcpus")
+        .and_then(serde_json::Value::as_array_mut)
+        .map(|vcpus| {
+            vcpus
+                .iter_mut()
+                .map(|vcpu| {
+                    vcpu.as_object_mut()
+                        .and_then(|o| o.remove("virtual_count"))
+                        .and_then(|c| c.as_u64())
+                })
+                .collect::<Option<Vec<u64>>>()
+        });
+    let Some(Some(counts)) = counts else {
+        return Err(StateError::Inconsistent(
+            "a version 2 state needs every vCPU's virtual_count".into(),
+        ));
+    };
+    let clock = ClockState {
+        virtual_count: counts.iter().copied().max().unwrap_or(0),
+        ptimers: vec![TimerState { ctl: 0, cval: 0 }; counts.len()],
+    };
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("clock".into(), serde_json::to_value(clock)?);
+        obj.insert("version".into(), MACHINE_STATE_VERSION.into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,7 +399,6 @@ mod tests {
             sysregs: vec![(SCTLR_EL1, 0x30d0_1805)],
             cntv_ctl: 1,
             cntv_cval: 123_456,
-            virtual_count: 100_000,
             gic_cpu,
         }
     }
@@ -355,6 +429,16 @@ mod tests {
             cmdline: "console=ttyAMA0".into(),
             vcpus: vec![vcpu(gic_cpu.clone()), vcpu(gic_cpu)],
             power: vec![VcpuPower::On, VcpuPower::Off],
+            clock: ClockState {
+                virtual_count: 100_000,
+                ptimers: vec![
+                    TimerState {
+                        ctl: 1,
+                        cval: 100_500,
+                    },
+                    TimerState { ctl: 0, cval: 0 },
+                ],
+            },
             gic,
             devices: DevicesState {
                 pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
@@ -406,6 +490,7 @@ mod tests {
             "cmdline",
             "vcpus",
             "power",
+            "clock",
             "gic",
             "pl011",
             "boot_timer",
@@ -426,10 +511,63 @@ mod tests {
         ));
     }
 
+    /// `s` as version 2 wrote it: a count per vCPU (`counts`), no clock.
+    fn as_version_2(s: &MachineState, counts: &[u64]) -> serde_json::Value {
+        let mut v = serde_json::to_value(s).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("clock");
+        obj.insert("version".into(), 2.into());
+        for (vcpu, &c) in obj["vcpus"].as_array_mut().unwrap().iter_mut().zip(counts) {
+            vcpu.as_object_mut()
+                .unwrap()
+                .insert("virtual_count".into(), c.into());
+        }
+        v
+    }
+
+    /// `s` as the upgrade makes it: the largest count, timers disabled.
+    fn upgraded(mut s: MachineState, count: u64) -> MachineState {
+        s.clock.virtual_count = count;
+        for t in &mut s.clock.ptimers {
+            *t = TimerState { ctl: 0, cval: 0 };
+        }
+        s
+    }
+
+    #[test]
+    fn version_2_states_get_one_clock() {
+        for s in [userspace(), hvf()] {
+            // vCPU 1 parked 250 ticks after vCPU 0.
+            let v = as_version_2(&s, &[100_000, 100_250]);
+            let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+            assert_eq!(back, upgraded(s.clone(), 100_250));
+            assert_eq!(back.version, MACHINE_STATE_VERSION);
+            let v = as_version_2(&s, &[7, 3]);
+            let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
+            assert_eq!(back.clock.virtual_count, 7, "the largest count");
+        }
+        // A version 2 state without a vCPU's count is refused, naming it.
+        let mut v = as_version_2(&userspace(), &[1, 2]);
+        v["vcpus"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("virtual_count");
+        let e = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("virtual_count"), "{e}");
+        // A version 3 state with a per-vCPU count is malformed.
+        let mut v = as_version_2(&userspace(), &[1, 2]);
+        v["version"] = 3.into();
+        v["clock"] = serde_json::to_value(&userspace().clock).unwrap();
+        assert!(matches!(
+            MachineState::decode(&serde_json::to_vec(&v).unwrap()),
+            Err(StateError::Malformed(_))
+        ));
+    }
+
     #[test]
     fn version_1_states_are_upgraded() {
         let s = userspace();
-        let mut v: serde_json::Value = serde_json::from_slice(&s.encode()).unwrap();
+        let mut v = as_version_2(&s, &[5_000, 4_000]);
         let obj = v.as_object_mut().unwrap();
         let IrqchipState::Userspace(g) = &s.gic else {
             unreachable!()
@@ -440,13 +578,31 @@ mod tests {
             vcpu.as_object_mut().unwrap().remove("gic_cpu");
         }
         let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
-        assert_eq!(back, s);
+        assert_eq!(back, upgraded(s, 5_000));
         // Other versions are refused.
-        v["version"] = 3.into();
+        for found in [0, 4, u64::from(u32::MAX) + 1] {
+            v["version"] = found.into();
+            let r = MachineState::decode(&serde_json::to_vec(&v).unwrap());
+            assert!(
+                matches!(r, Err(StateError::Version { found: f }) if u64::from(f) == found.min(u64::from(u32::MAX))),
+                "{found}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_clock_has_a_timer_per_vcpu() {
+        let mut s = userspace();
+        s.clock.ptimers.pop();
         assert!(matches!(
-            MachineState::decode(&serde_json::to_vec(&v).unwrap()),
-            Err(StateError::Version { found: 3 })
+            MachineState::decode(&s.encode()),
+            Err(StateError::Inconsistent(_))
         ));
+        let json = String::from_utf8(userspace().encode()).unwrap();
+        assert!(
+            json.contains(r#""clock":{"virtual_count":100000,"ptimers":[{"ctl":1,"cval":100500},{"ctl":0,"cval":0}]}"#),
+            "{json}"
+        );
     }
 
     #[test]

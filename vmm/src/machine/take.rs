@@ -1,12 +1,14 @@
 //! Ctrl-A s: stopping every vCPU at an instruction boundary, capturing the
 //! machine, and writing a layer to the snapshot store.
 //!
-//! Order (issue-level guarantees): vCPUs park and capture their own state;
-//! devices are idle (virtio requests complete inside the MMIO write that
-//! queued them, so none is in flight once every vCPU is parked); the layer
-//! is written into a temporary directory, fsynced and renamed by the store;
-//! only then are the dirty bitmaps cleared and write protection re-armed;
-//! then the vCPUs resume.
+//! Order (issue-level guarantees): vCPUs park and capture their own state,
+//! and the guest's clock stops (one count for the VM, saved once); devices
+//! are idle (virtio requests complete inside the MMIO write that queued
+//! them, so none is in flight once every vCPU is parked); the layer is
+//! written into a temporary directory, fsynced and renamed by the store; only
+//! then are the dirty bitmaps cleared and write protection re-armed; then
+//! the clock goes on from where it stopped and the vCPUs resume, so the
+//! guest sees no time pass however long the snapshot took.
 
 use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use super::Shared;
@@ -19,7 +21,14 @@ use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Test hook: with `IGNITION_TEST_SNAPSHOT_DELAY_MS=N` in its environment,
+/// `boot` keeps the VM paused N ms longer at every snapshot (after the layer
+/// is written), so that end-to-end tests can check that guest time stands
+/// still across a pause without depending on how fast this machine writes a
+/// layer (`scripts/tests/test_clock_e2e.py`).
+pub(super) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
 
 /// Takes snapshots for one running VM.
 pub(super) struct Snapshotter<V: Vm> {
@@ -35,6 +44,8 @@ pub(super) struct Snapshotter<V: Vm> {
     disk: PathBuf,
     cmdline: String,
     backend: &'static str,
+    /// The test hook's extra pause ([`TEST_DELAY_ENV`]).
+    test_delay: Option<Duration>,
 }
 
 impl<V: Vm> Snapshotter<V> {
@@ -58,6 +69,10 @@ impl<V: Vm> Snapshotter<V> {
             disk,
             cmdline,
             backend,
+            test_delay: std::env::var(TEST_DELAY_ENV)
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 
@@ -76,17 +91,21 @@ impl<V: Vm> Snapshotter<V> {
             console::message("[snapshot] refused: no snapshot name (start boot with --name NAME)");
             return;
         };
-        let control = self.shared.control.clone();
-        let states = match control.pause() {
+        let shared = self.shared.clone();
+        let (control, clock) = (&shared.control, &shared.clock);
+        let states = match control.pause(clock) {
             Ok(s) => s,
             Err(e) => {
-                control.resume();
+                control.resume(clock);
                 console::message(&format!("[snapshot] '{name}' failed: {e:#}"));
                 return;
             }
         };
         let result = self.write(&name, states);
-        control.resume();
+        if let Some(d) = self.test_delay {
+            std::thread::sleep(d);
+        }
+        control.resume(clock);
         match result {
             Ok(msg) => {
                 self.taken += 1;
@@ -112,6 +131,7 @@ impl<V: Vm> Snapshotter<V> {
             cmdline: self.cmdline.clone(),
             vcpus,
             power,
+            clock: shared.clock.save(),
             gic: shared
                 .irqchip
                 .save()

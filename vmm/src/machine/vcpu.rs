@@ -10,7 +10,7 @@ use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::layout;
 use crate::arch::psci::{self, PowerState, PsciAction, PsciCall, PsciCpus};
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
-use crate::arch::timer::vtimer_deadline_ns;
+use crate::arch::timer::deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use anyhow::{bail, Context};
@@ -56,6 +56,9 @@ impl VcpuIo for Io<'_> {
     }
 
     fn sysreg_read(&mut self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+        if let Some(v) = self.shared.clock.sysreg_read(vcpu, reg) {
+            return Some(v);
+        }
         let v = self.shared.irqchip.sysreg_read(vcpu, reg);
         if v.is_none() {
             crate::warn_ratelimited!("vCPU {vcpu}: read of unimplemented system register {reg}");
@@ -64,6 +67,9 @@ impl VcpuIo for Io<'_> {
     }
 
     fn sysreg_write(&mut self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+        if self.shared.clock.sysreg_write(vcpu, reg, value) {
+            return true;
+        }
         let Some(targets) = self.shared.irqchip.sysreg_write(vcpu, reg, value) else {
             crate::warn_ratelimited!("vCPU {vcpu}: write of unimplemented system register {reg}");
             return false;
@@ -172,7 +178,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
                 let state = states
                     .get(id)
                     .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
-                state::apply_vcpu(vm, &mut vcpu, state)
+                state::apply_vcpu(&mut vcpu, state)
                     .with_context(|| format!("cannot restore vCPU {id}"))?;
             }
         }
@@ -215,7 +221,7 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             }
             if c.pause_requested() {
                 drop(c);
-                park(vm, shared, &mut vcpus);
+                park(shared, &mut vcpus);
                 continue;
             }
             c.generation
@@ -285,12 +291,12 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
 
 /// Snapshot rendezvous: captures this thread's vCPUs (on their own thread,
 /// as HVF requires) and waits until the snapshot is done.
-fn park<V: Vm>(vm: &V, shared: &Shared, vcpus: &mut [RunVcpu<V::Vcpu>]) {
+fn park<V: Vcpu>(shared: &Shared, vcpus: &mut [RunVcpu<V>]) {
     let states: Vec<_> = vcpus
         .iter_mut()
         .map(|rv| {
             let id = rv.vcpu.id();
-            let st = state::capture_vcpu(vm, &mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
+            let st = state::capture_vcpu(&mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
             (id, st)
         })
         .collect();
@@ -323,11 +329,10 @@ fn wfi_wait<V: Vm>(
     if pending == Some(true) {
         return Ok(None);
     }
-    let ns = vtimer_deadline_ns(
+    let ns = deadline_ns(
         vcpu.sysreg(CNTV_CTL_EL0)?,
         vcpu.sysreg(CNTV_CVAL_EL0)?,
-        vcpu.vtimer_offset()?,
-        vm.physical_count(),
+        vm.virtual_count(),
         vm.counter_frequency(),
     );
     let now = Instant::now();

@@ -17,7 +17,8 @@
 //!   the run loop decodes the load/store ([`insn`]), calls [`VcpuIo`] with
 //!   the exact size, and completes the instruction; a device error there
 //!   becomes a synchronous external abort.
-//! - System registers (quirk 6): ICC_* go to [`VcpuIo`]; the counter and the
+//! - System registers (quirk 6): ICC_* and the EL1 physical timer's CNTP_*
+//!   go to [`VcpuIo`]; the counter (CNTPCT_EL0 reads CNTVCT_EL0) and the
 //!   EL1 virtual timer are emulated ([`timer`], quirk 7); ID_AA64MMFR0_EL1
 //!   advertises the 16 KiB granule (quirk 13).
 //! - Interrupts: HCR_EL2.VI follows [`VcpuIo::irq_line`] (quirk 5).

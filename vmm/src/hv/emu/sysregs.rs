@@ -1,7 +1,8 @@
 //! System registers (quirk 6): the MRS/MSR/SYS hooks' handlers (the GIC CPU
-//! interface through [`VcpuIo`], the counter and virtual timer, emulated ID
-//! registers, TLB and IC maintenance, address translation), the vCPU's entry
-//! state, and [`Vcpu::sysreg`] / [`Vcpu::set_sysreg`].
+//! interface and the EL1 physical timer through [`VcpuIo`], the counter and
+//! virtual timer, emulated ID registers, TLB and IC maintenance, address
+//! translation), the vCPU's entry state, and [`Vcpu::sysreg`] /
+//! [`Vcpu::set_sysreg`].
 
 use super::mmu::{self, Access};
 use super::timer;
@@ -29,6 +30,12 @@ pub(super) fn is_icc(r: SysReg) -> bool {
     op0 == 3 && op1 == 0 && ((crn == 12 && crm >= 8) || (crn == 4 && crm == 6 && op2 == 0))
 }
 
+/// Whether `r` is a register of the EL1 physical timer, which the VMM
+/// emulates for both backends (reached through [`VcpuIo`]).
+pub(super) fn is_ptimer(r: SysReg) -> bool {
+    matches!(r, sr::CNTP_CTL_EL0 | sr::CNTP_CVAL_EL0 | sr::CNTP_TVAL_EL0)
+}
+
 /// Whether the MRS hook handles `k` (everything else is left to unicorn).
 pub(super) fn emulated_mrs(k: SysReg) -> bool {
     matches!(
@@ -42,6 +49,7 @@ pub(super) fn emulated_mrs(k: SysReg) -> bool {
             | sr::ID_AA64MMFR0_EL1
             | sr::ID_AA64PFR0_EL1
     ) || is_icc(k)
+        || is_ptimer(k)
 }
 
 /// Whether the MSR hook handles `k`.
@@ -57,6 +65,7 @@ pub(super) fn emulated_msr(k: SysReg) -> bool {
             | sr::TTBR0_EL1
             | sr::TTBR1_EL1
     ) || is_icc(k)
+        || is_ptimer(k)
 }
 
 impl HookState {
@@ -92,7 +101,8 @@ impl HookState {
             sr::CNTVCT_EL0 => k & (1 << 1) != 0,
             sr::CNTPCT_EL0 => k & 1 != 0,
             sr::CNTFRQ_EL0 => k & 3 != 0,
-            _ => k & (1 << 8) != 0, // EL0VTEN for CNTV_*
+            r if is_ptimer(r) => k & (1 << 9) != 0, // EL0PTEN
+            _ => k & (1 << 8) != 0,                 // EL0VTEN for CNTV_*
         }
     }
 
@@ -110,8 +120,8 @@ impl HookState {
                 }
                 let vcount = self.vcount();
                 match key {
-                    sr::CNTVCT_EL0 => vcount,
-                    sr::CNTPCT_EL0 => self.vm.physical_count(),
+                    // The guest sees CNTVOFF_EL2 = 0 (crate::arch::timer).
+                    sr::CNTVCT_EL0 | sr::CNTPCT_EL0 => vcount,
                     sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
                     sr::CNTV_CTL_EL0 => self.vtimer.read_ctl(vcount),
                     sr::CNTV_CVAL_EL0 => self.vtimer.cval,
@@ -127,6 +137,20 @@ impl HookState {
                 } else {
                     self.id_pfr0
                 }
+            }
+            k if is_ptimer(k) => {
+                if self.el() == 0 && !self.el0_timer_ok(k) {
+                    return 0; // unicorn's own access check traps it
+                }
+                // SAFETY: sys hooks only run inside `emu_start`.
+                let Some(io) = (unsafe { self.io() }) else {
+                    return 0;
+                };
+                let v = io.sysreg_read(self.id, k);
+                self.update_irq(io, false);
+                // A register unicorn knows cannot be made UNDEFINED in the
+                // middle of its block; the machine always answers these.
+                v.unwrap_or(0)
             }
             k if is_icc(k) => {
                 // Unknown to unicorn: emulate, then step over it ourselves.
@@ -180,6 +204,19 @@ impl HookState {
                     // No kick needed: a system register write ends the
                     // block, so unicorn checks for interrupts right after.
                     self.vtimer_update(io, false, false);
+                }
+                1
+            }
+            k if is_ptimer(k) => {
+                if self.el() == 0 && !self.el0_timer_ok(k) {
+                    return 0;
+                }
+                // SAFETY: sys hooks only run inside `emu_start`.
+                if let Some(io) = unsafe { self.io() } {
+                    // Refused writes are ignored, as for the read above. No
+                    // kick needed: the write ends the block.
+                    io.sysreg_write(self.id, k, value);
+                    self.update_irq(io, false);
                 }
                 1
             }
@@ -310,10 +347,11 @@ impl HookState {
 }
 
 impl EmuVcpu {
-    /// [`Vcpu::sysreg`]: the timer and counter,
-    /// MPIDR and the emulated ID registers from the VMM's state, FPCR/FPSR
-    /// and SP_EL0/SP_EL1 from unicorn's registers, anything else unicorn
-    /// knows through a raw CP_REG read; ICC_* belong to the VMM's GIC.
+    /// [`Vcpu::sysreg`]: the virtual timer and counter (CNTPCT_EL0 reads
+    /// the virtual count), MPIDR and the emulated ID registers from the
+    /// VMM's state, FPCR/FPSR and SP_EL0/SP_EL1 from unicorn's registers,
+    /// anything else unicorn knows through a raw CP_REG read; ICC_* belong
+    /// to the VMM's GIC and CNTP_* to its physical timer.
     pub(super) fn read_sysreg(&mut self, reg: SysReg) -> Result<u64> {
         let uc = self.uc;
         let err = uc_err("read system register");
@@ -322,10 +360,9 @@ impl EmuVcpu {
             sr::CNTV_CTL_EL0 => st.vtimer.read_ctl(st.vcount()),
             sr::CNTV_CVAL_EL0 => st.vtimer.cval,
             sr::CNTV_TVAL_EL0 => st.vtimer.read_tval(st.vcount()),
-            sr::CNTVCT_EL0 => st.vcount(),
-            sr::CNTPCT_EL0 => st.vm.physical_count(),
+            sr::CNTVCT_EL0 | sr::CNTPCT_EL0 => st.vcount(),
             sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
-            sr::CNTVOFF_EL2 => st.vtimer_offset,
+            sr::CNTVOFF_EL2 => st.vm.counter_offset(),
             sr::MPIDR_EL1 => st.mpidr,
             sr::ID_AA64MMFR0_EL1 => st.id_mmfr0,
             sr::ID_AA64PFR0_EL1 => st.id_pfr0,
@@ -344,6 +381,12 @@ impl EmuVcpu {
                 return Err(HvError::Call {
                     call: "sysreg",
                     detail: format!("{r:?} belongs to the VMM's GIC"),
+                })
+            }
+            r if is_ptimer(r) => {
+                return Err(HvError::Call {
+                    call: "sysreg",
+                    detail: format!("{r:?} belongs to the VMM's physical timer"),
                 })
             }
             r => uc.cp_read(r).map_err(|e| HvError::Call {
@@ -367,7 +410,13 @@ impl EmuVcpu {
                 let vcount = st.vcount();
                 st.vtimer.write_tval(vcount, value);
             }
-            sr::CNTVOFF_EL2 => self.state().vtimer_offset = value,
+            sr::CNTVOFF_EL2 => {
+                return Err(HvError::Call {
+                    call: "set_sysreg",
+                    detail: "CNTVOFF_EL2 is the VM's counter offset (Vm::set_counter_offset)"
+                        .into(),
+                })
+            }
             sr::MPIDR_EL1 => {
                 let v = value | (1 << 31);
                 uc.cp_write(sr::VMPIDR_EL2, v).map_err(err)?;
@@ -400,6 +449,12 @@ impl EmuVcpu {
                 return Err(HvError::Call {
                     call: "set_sysreg",
                     detail: format!("{r:?} belongs to the VMM's GIC"),
+                })
+            }
+            r if is_ptimer(r) => {
+                return Err(HvError::Call {
+                    call: "set_sysreg",
+                    detail: format!("{r:?} belongs to the VMM's physical timer"),
                 })
             }
             r => uc

@@ -178,6 +178,23 @@ const COUNTERS: &[u32] = &[
     0xd538_0703, // 0x0c: mrs x3, id_aa64mmfr0_el1
     0xd400_0002, // 0x10: hvc #0
 ];
+/// `counts`
+const COUNTS: &[u32] = &[
+    0xd53b_e040, // 0x00: mrs x0, cntvct_el0
+    0xd53b_e021, // 0x04: mrs x1, cntpct_el0
+    0xd53b_e042, // 0x08: mrs x2, cntvct_el0
+    0xd400_0002, // 0x0c: hvc #0
+];
+/// `ptimer`
+const PTIMER: &[u32] = &[
+    0xd53b_e221, // 0x00: mrs x1, cntp_ctl_el0
+    0xd51b_e242, // 0x04: msr cntp_cval_el0, x2
+    0xd51b_e203, // 0x08: msr cntp_tval_el0, x3
+    0xd51b_e224, // 0x0c: msr cntp_ctl_el0, x4
+    0xd53b_e205, // 0x10: mrs x5, cntp_tval_el0
+    0xd53b_e246, // 0x14: mrs x6, cntp_cval_el0
+    0xd400_0002, // 0x18: hvc #0
+];
 /// `self_modify`
 const SELF_MODIFY: &[u32] = &[
     0xd63f_0080, // 0x00: blr x4
@@ -398,7 +415,7 @@ fn entry_state_is_el1h_masked_with_mmu_off() {
     let mut g = Guest::new(COUNTERS);
     assert_eq!(g.cpu.reg(Reg::Pstate).unwrap(), 0x3c5);
     assert_eq!(g.sys(sr::SCTLR_EL1) & 1, 0);
-    g.cpu.set_vtimer_offset(1000).unwrap();
+    g.vm.set_counter_offset(1000);
     let before = g.vm.physical_count();
     assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
     let after = g.vm.physical_count();
@@ -784,9 +801,22 @@ fn write_protection_marks_exactly_the_written_page() {
 }
 
 fn vtimer_fires(delay_ticks: u64) -> Duration {
+    vtimer_fires_at(delay_ticks, 0)
+}
+
+/// Runs `VTIMER` with the VM's counter offset `offset`; a watchdog kicks
+/// the vCPU after 60 s, so a timer that never fires fails the test rather
+/// than hanging it.
+fn vtimer_fires_at(delay_ticks: u64, offset: u64) -> Duration {
     let mut g = Guest::new(VTIMER);
+    g.vm.set_counter_offset(offset);
     g.io.irq_follows_vtimer = true;
     g.set_x(1, delay_ticks);
+    let kick = g.cpu.kicker();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        kick.kick();
+    });
     let start = Instant::now();
     assert_eq!(g.run(), VcpuExit::Hvc { imm: IRQ_EL1H });
     let elapsed = start.elapsed();
@@ -807,6 +837,66 @@ fn vtimer_in_the_future_wakes_the_running_guest() {
     // 5 ms at 24 MHz.
     let elapsed = vtimer_fires(120_000);
     assert!(elapsed >= Duration::from_millis(5), "{elapsed:?}");
+}
+
+#[test]
+fn vtimer_fires_with_a_restored_offset() {
+    // A restored VM's count is ahead of the new VM's physical count, so its
+    // offset wraps: the deadline must still be armed (it was not, when it
+    // was computed as CVAL + offset without wrapping).
+    let elapsed = vtimer_fires_at(120_000, 0u64.wrapping_sub(50_000_000_000));
+    assert!(elapsed >= Duration::from_millis(5), "{elapsed:?}");
+}
+
+#[test]
+fn the_physical_count_is_the_virtual_count() {
+    let mut g = Guest::new(COUNTS);
+    // A restored VM's offset: the count is far ahead of the physical count.
+    let ahead = 5_000_000_000;
+    g.vm.set_counter_offset(g.vm.physical_count().wrapping_sub(ahead));
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    let (v0, p, v1) = (g.x(0), g.x(1), g.x(2));
+    assert!(v0 >= ahead && v0 <= p && p <= v1, "{v0} {p} {v1}");
+    let v = g.sys(sr::CNTVCT_EL0);
+    assert!(g.sys(sr::CNTPCT_EL0) >= v);
+    assert_eq!(g.sys(sr::CNTVOFF_EL2), g.vm.counter_offset());
+    assert!(
+        g.cpu.set_sysreg(sr::CNTVOFF_EL2, 0).is_err(),
+        "the VM's, not a vCPU's"
+    );
+}
+
+#[test]
+fn physical_timer_registers_go_to_the_vmm() {
+    let mut g = Guest::new(PTIMER);
+    g.io.icc_value = Some(0x55);
+    g.set_x(2, 0x1234);
+    g.set_x(3, 0xfff);
+    g.set_x(4, 1);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    use sr::{CNTP_CTL_EL0, CNTP_CVAL_EL0, CNTP_TVAL_EL0};
+    let accesses: Vec<Ev> =
+        g.io.events
+            .iter()
+            .filter(|e| matches!(e, Ev::SysRead(_) | Ev::SysWrite(..)))
+            .cloned()
+            .collect();
+    assert_eq!(
+        accesses,
+        [
+            Ev::SysRead(CNTP_CTL_EL0),
+            Ev::SysWrite(CNTP_CVAL_EL0, 0x1234),
+            Ev::SysWrite(CNTP_TVAL_EL0, 0xfff),
+            Ev::SysWrite(CNTP_CTL_EL0, 1),
+            Ev::SysRead(CNTP_TVAL_EL0),
+            Ev::SysRead(CNTP_CVAL_EL0),
+        ]
+    );
+    assert_eq!((g.x(1), g.x(5), g.x(6)), (0x55, 0x55, 0x55));
+    assert_eq!(g.pc(), CODE + 0x1c);
+    // They are not the backend's registers.
+    assert!(g.cpu.sysreg(CNTP_CTL_EL0).is_err());
+    assert!(g.cpu.set_sysreg(CNTP_CVAL_EL0, 0).is_err());
 }
 
 #[test]
@@ -927,9 +1017,10 @@ fn system_registers_round_trip() {
     assert!(g.cpu.reg(Reg::X(31)).is_err());
     assert!(g.cpu.sysreg(sr::ICC_PMR_EL1).is_err());
     assert!(g.cpu.sysreg(SysReg::new(3, 2, 15, 15, 7)).is_err());
-    assert_eq!(g.cpu.vtimer_offset().unwrap(), 0);
-    g.cpu.set_vtimer_offset(77).unwrap();
-    assert_eq!(g.cpu.vtimer_offset().unwrap(), 77);
+    assert_eq!(g.vm.counter_offset(), 0);
+    g.vm.set_counter_offset(77);
+    assert_eq!(g.vm.counter_offset(), 77);
+    assert_eq!(g.sys(sr::CNTVOFF_EL2), 77);
 }
 
 #[test]

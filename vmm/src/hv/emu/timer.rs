@@ -1,13 +1,13 @@
 //! The guest's generic counter and EL1 virtual timer, emulated (unicorn
 //! compiles its timer out, quirk 7).
 //!
-//! The physical count runs from VM creation at [`COUNTER_HZ`]; a vCPU's
-//! virtual count is the physical count minus its vtimer offset. A per-VM
-//! thread wakes vCPUs whose timer deadline passes while they run.
+//! The physical count runs from VM creation at [`COUNTER_HZ`]; every vCPU's
+//! virtual count is the physical count minus the VM's counter offset. Each
+//! vCPU's virtual timer is a [`crate::arch::timer::GenericTimer`] in its hook
+//! state; a per-VM thread wakes vCPUs whose timer deadline passes while they
+//! run.
 
-use crate::arch::timer::{
-    ticks_to_ns, vtimer_asserted, CNTV_CTL_ENABLE, CNTV_CTL_IMASK, CNTV_CTL_ISTATUS,
-};
+use crate::arch::timer::ticks_to_ns;
 use crate::sync::{Locked, Waited};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -30,62 +30,6 @@ pub fn ticks(d: Duration) -> u64 {
 /// The time after which at least `ticks` ticks have elapsed.
 pub fn duration_of(ticks: u64) -> Duration {
     Duration::from_nanos(ticks_to_ns(ticks, COUNTER_HZ))
-}
-
-/// The EL1 virtual timer of one vCPU (Arm ARM D11.2.4).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VTimer {
-    /// ENABLE and IMASK (ISTATUS is computed).
-    pub ctl: u64,
-    /// CNTV_CVAL_EL0 in guest ticks.
-    pub cval: u64,
-}
-
-impl VTimer {
-    /// Timer condition met: enabled and the virtual count reached CVAL.
-    pub fn istatus(&self, vcount: u64) -> bool {
-        self.ctl & CNTV_CTL_ENABLE != 0 && vcount >= self.cval
-    }
-
-    /// The output line: ENABLE && !IMASK && ISTATUS.
-    pub fn level(&self, vcount: u64) -> bool {
-        vtimer_asserted(self.read_ctl(vcount))
-    }
-
-    /// CNTV_CTL_EL0 as the guest reads it.
-    pub fn read_ctl(&self, vcount: u64) -> u64 {
-        self.ctl
-            | if self.istatus(vcount) {
-                CNTV_CTL_ISTATUS
-            } else {
-                0
-            }
-    }
-
-    /// A guest write of CNTV_CTL_EL0 (ISTATUS is read-only).
-    pub fn write_ctl(&mut self, v: u64) {
-        self.ctl = v & (CNTV_CTL_ENABLE | CNTV_CTL_IMASK);
-    }
-
-    /// CNTV_TVAL_EL0: CVAL - count, as a signed 32-bit value.
-    pub fn read_tval(&self, vcount: u64) -> u64 {
-        u64::from(self.cval.wrapping_sub(vcount) as u32)
-    }
-
-    /// A write of CNTV_TVAL_EL0: CVAL = count + sign-extended value.
-    pub fn write_tval(&mut self, vcount: u64, v: u64) {
-        self.cval = vcount.wrapping_add(v as u32 as i32 as i64 as u64);
-    }
-
-    /// The physical count at which the output rises, if it is low now and
-    /// can rise without a register write.
-    pub fn deadline(&self, vcount: u64, offset: u64) -> Option<u64> {
-        if self.ctl & (CNTV_CTL_ENABLE | CNTV_CTL_IMASK) != CNTV_CTL_ENABLE || self.istatus(vcount)
-        {
-            return None;
-        }
-        self.cval.checked_add(offset)
-    }
 }
 
 struct TimerState {
@@ -182,54 +126,5 @@ mod tests {
         assert_eq!(duration_of(1), Duration::from_nanos(42));
         assert_eq!(duration_of(24), Duration::from_nanos(1000));
         assert!(ticks(duration_of(12345)) >= 12345);
-    }
-
-    #[test]
-    fn timer_condition_and_level() {
-        let mut t = VTimer {
-            cval: 100,
-            ..VTimer::default()
-        };
-        assert!(!t.istatus(200)); // disabled
-        t.write_ctl(CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS);
-        assert_eq!(t.ctl, CNTV_CTL_ENABLE);
-        assert!(!t.level(99));
-        assert!(t.level(100));
-        assert_eq!(t.read_ctl(150), CNTV_CTL_ENABLE | CNTV_CTL_ISTATUS);
-        t.write_ctl(CNTV_CTL_ENABLE | CNTV_CTL_IMASK);
-        assert!(t.istatus(150) && !t.level(150));
-        assert_eq!(
-            t.read_ctl(150),
-            CNTV_CTL_ENABLE | CNTV_CTL_IMASK | CNTV_CTL_ISTATUS
-        );
-    }
-
-    #[test]
-    fn tval_is_signed_32_bit() {
-        let mut t = VTimer::default();
-        t.write_tval(1000, (-10i32) as u32 as u64);
-        assert_eq!(t.cval, 990);
-        assert_eq!(t.read_tval(1000), (-10i32) as u32 as u64);
-        t.write_tval(1000, 0xffff_ffff_0000_0010);
-        assert_eq!(t.cval, 1016);
-    }
-
-    #[test]
-    fn deadline_only_when_the_output_can_rise() {
-        let mut t = VTimer {
-            ctl: CNTV_CTL_ENABLE,
-            cval: 500,
-        };
-        assert_eq!(t.deadline(100, 7), Some(507));
-        assert_eq!(t.deadline(600, 7), None); // already fired
-        t.ctl |= CNTV_CTL_IMASK;
-        assert_eq!(t.deadline(100, 7), None);
-        t.ctl = 0;
-        assert_eq!(t.deadline(100, 7), None);
-        let t = VTimer {
-            ctl: CNTV_CTL_ENABLE,
-            cval: u64::MAX,
-        };
-        assert_eq!(t.deadline(0, 1), None);
     }
 }

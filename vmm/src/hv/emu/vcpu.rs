@@ -7,7 +7,7 @@ use super::faults::PendingFault;
 use super::hooks::{self, MmioCtx};
 use super::mmu::{self, Fault};
 use super::sysregs::{HCR_IMO, HCR_RW, HCR_VI};
-use super::timer::{self, VTimer};
+use super::timer;
 use super::uc::Uc;
 use super::vm::{
     uc_err, VcpuShared, VmShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_TB, ATTN_TIMER, ATTN_TLB,
@@ -16,6 +16,7 @@ use super::{insn, spin};
 use crate::arch::exception::CpuFeatures;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::arch::sysreg::{self as sr, SysReg};
+use crate::arch::timer::GenericTimer;
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use crate::sync::Locked;
 use std::any::Any;
@@ -94,8 +95,7 @@ impl EmuVcpu {
             io: None,
             walk: None,
             cntkctl: 0,
-            vtimer: VTimer::default(),
-            vtimer_offset: 0,
+            vtimer: GenericTimer::default(),
             reported_level: None,
             armed: None,
             hcr: HCR_RW | HCR_IMO,
@@ -393,15 +393,6 @@ impl Vcpu for EmuVcpu {
         self.write_sysreg(reg, value)
     }
 
-    fn vtimer_offset(&mut self) -> Result<u64> {
-        Ok(self.state().vtimer_offset)
-    }
-
-    fn set_vtimer_offset(&mut self, offset: u64) -> Result<()> {
-        self.state().vtimer_offset = offset;
-        Ok(())
-    }
-
     /// The common EL1 set; the CPU model (Cortex-A72) has no pointer
     /// authentication keys.
     fn state_sysregs(&self) -> &'static [SysReg] {
@@ -445,10 +436,8 @@ pub(crate) struct HookState {
     pub walk: Option<mmu::Regs>,
     /// Cached CNTKCTL_EL1 (EL0 access to the counter and timer).
     pub cntkctl: u64,
-    /// The EL1 virtual timer.
-    pub vtimer: VTimer,
-    /// Virtual count = physical count - this, in guest ticks.
-    pub vtimer_offset: u64,
+    /// The EL1 virtual timer (compared with [`HookState::vcount`]).
+    pub vtimer: GenericTimer,
     /// The timer output last reported through `VcpuIo::vtimer_level`.
     pub reported_level: Option<bool>,
     /// The wake-up currently armed with the timer thread.
@@ -535,9 +524,12 @@ impl HookState {
         self.vm.ram_u32(t.pa)
     }
 
-    /// The virtual count now.
+    /// The virtual count now: the VM's count, the same on every vCPU (also
+    /// what CNTPCT_EL0 reads, see [`crate::arch::timer`]).
     pub fn vcount(&self) -> u64 {
-        self.vm.physical_count().wrapping_sub(self.vtimer_offset)
+        self.vm
+            .physical_count()
+            .wrapping_sub(self.vm.counter_offset())
     }
 
     /// Re-evaluates the IRQ line and updates HCR_EL2.VI (quirk 5). When the
@@ -561,17 +553,24 @@ impl HookState {
     /// Reports the virtual timer output if it changed (or `force`), and
     /// re-arms the wake-up at the next deadline (quirk 7).
     pub fn vtimer_update(&mut self, io: &mut dyn VcpuIo, force: bool, kick: bool) {
-        let vcount = self.vcount();
+        let phys = self.vm.physical_count();
+        let vcount = phys.wrapping_sub(self.vm.counter_offset());
         let level = self.vtimer.level(vcount);
         if force || self.reported_level != Some(level) {
             self.reported_level = Some(level);
             io.vtimer_level(self.id, level);
             self.update_irq(io, kick);
         }
+        // The physical count at the deadline is `offset + CVAL`, the same
+        // however often this runs, so an unchanged deadline is not re-armed;
+        // computed from `phys`, it is right whether or not the offset wraps
+        // (a restored VM's offset usually does: its count is ahead of the
+        // new VM's physical count).
         let at = self
             .vtimer
-            .deadline(vcount, self.vtimer_offset)
-            .and_then(|phys| self.vm.epoch.checked_add(timer::duration_of(phys)));
+            .ticks_until_rise(vcount)
+            .and_then(|ticks| phys.checked_add(ticks))
+            .and_then(|deadline| self.vm.epoch.checked_add(timer::duration_of(deadline)));
         if at != self.armed {
             self.armed = at;
             self.vm.timer.arm(self.id, at);

@@ -1,6 +1,7 @@
 //! The `emu` VM: guest RAM and the state its vCPUs share (attention
 //! requests between threads, write protection and dirty pages, the counter
-//! epoch, the vtimer thread), and the [`Vm`] and [`Hypervisor`] traits.
+//! epoch and offset, the vtimer thread), and the [`Vm`] and [`Hypervisor`]
+//! traits.
 
 use super::vcpu::EmuVcpu;
 use super::{mmu, timer};
@@ -8,7 +9,7 @@ use crate::arch::layout::{self, MmioAccess, MmioRegion, MMIO_REGIONS, PAGE_SIZE,
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
 use crate::memory::{marked_pages, GuestRam};
 use crate::sync::Locked;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use unicorn_engine::uc_error;
@@ -116,6 +117,8 @@ pub(crate) struct VmShared {
     pub(crate) dirty: AtomicBitmap,
     /// Physical count 0.
     pub(crate) epoch: Instant,
+    /// The VM's counter offset ([`Vm::counter_offset`]).
+    pub(crate) counter_offset: AtomicU64,
     pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     pub(crate) timer: timer::TimerThread,
 }
@@ -160,6 +163,11 @@ impl VmShared {
     /// The physical count now, in guest ticks.
     pub(crate) fn physical_count(&self) -> u64 {
         timer::ticks(self.epoch.elapsed())
+    }
+
+    /// The VM's counter offset, in guest ticks.
+    pub(crate) fn counter_offset(&self) -> u64 {
+        self.counter_offset.load(Ordering::Acquire)
     }
 
     /// Requests `bits` from every created vCPU except `except`.
@@ -250,6 +258,7 @@ impl EmuVm {
                 dirty: ram.page_bitmap(),
                 _ram: ram,
                 epoch: Instant::now(),
+                counter_offset: AtomicU64::new(0),
                 vcpus: shared_vcpus,
                 timer,
             }),
@@ -322,6 +331,15 @@ impl Vm for EmuVm {
 
     fn physical_count(&self) -> u64 {
         self.shared.physical_count()
+    }
+
+    fn counter_offset(&self) -> u64 {
+        self.shared.counter_offset()
+    }
+
+    /// Takes effect at once: every vCPU's count reads the shared offset.
+    fn set_counter_offset(&self, offset: u64) {
+        self.shared.counter_offset.store(offset, Ordering::Release);
     }
 
     /// None: the `emu` backend has only the userspace GIC.

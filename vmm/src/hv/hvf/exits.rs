@@ -70,8 +70,10 @@ pub enum LocalSysReg {
     ReadOsLockStatus,
     /// `MSR OSLAR_EL1`: OSLK = bit 0 of the value.
     WriteOsLock,
-    /// `MRS CNTPCT_EL0`: the guest's physical count, which the VMM presents
-    /// equal to its virtual count (physical count minus the vtimer offset).
+    /// `MRS CNTPCT_EL0`: the VM's virtual count. The guest sees CNTVOFF_EL2
+    /// = 0, so its physical count is its virtual count, on both backends
+    /// ([`crate::arch::timer`]); QEMU's hvf answers the trapped CNTPCT_EL0
+    /// the same way.
     ReadVirtualCount,
 }
 
@@ -259,6 +261,9 @@ fn sysreg_action(access: SysRegAccess) -> GuestAction {
             GuestAction::InjectUndef
         }
     } else {
+        // The GIC CPU interface, and the EL1 physical timer (CNTP_CTL_EL0,
+        // CNTP_CVAL_EL0, CNTP_TVAL_EL0: HVF traps them without EL2, and the
+        // VMM emulates the timer for both backends).
         GuestAction::SysReg(access)
     }
 }
@@ -295,8 +300,8 @@ const OSLSR_OSLM_IMPLEMENTED: u64 = 1 << 3;
 /// Carries out `action` for `exit` on `vcpu`, calling `io` for the devices
 /// and system registers the VMM owns. The instruction is finished (register
 /// write-back, sign extension, PC advance) before this returns, so nothing is
-/// left pending across a snapshot. `physical_count` returns the guest's
-/// physical count (for CNTPCT_EL0).
+/// left pending across a snapshot. `virtual_count` returns the VM's count
+/// (for CNTPCT_EL0, see [`LocalSysReg::ReadVirtualCount`]).
 ///
 /// A device error ([`crate::hv::MmioFault`]) becomes a synchronous external
 /// abort in the guest; a system register the VMM refuses becomes UNDEFINED.
@@ -308,7 +313,7 @@ pub fn complete(
     exit: &ExitRecord,
     action: GuestAction,
     local: &mut LocalState,
-    physical_count: fn() -> u64,
+    virtual_count: &dyn Fn() -> u64,
 ) -> hv::Result<Step> {
     let id = vcpu.id();
     let il = exit.esr & IL_BIT != 0;
@@ -343,8 +348,7 @@ pub fn complete(
                 advance_pc(vcpu, il)?;
             }
             LocalSysReg::ReadVirtualCount => {
-                let count = physical_count().wrapping_sub(vcpu.vtimer_offset()?);
-                complete_sysreg_read(vcpu, &access, count)?;
+                complete_sysreg_read(vcpu, &access, virtual_count())?;
             }
         },
         GuestAction::InjectUndef => inject_exception(vcpu, undefined())?,
@@ -776,6 +780,19 @@ mod tests {
     }
 
     #[test]
+    fn physical_timer_accesses_go_to_the_vmm() {
+        use crate::arch::esr::{encode, ExceptionClass};
+        use crate::arch::sysreg::{CNTP_CTL_EL0, CNTP_CVAL_EL0, CNTP_TVAL_EL0};
+        for reg in [CNTP_CTL_EL0, CNTP_CVAL_EL0, CNTP_TVAL_EL0] {
+            for read in [true, false] {
+                let access = SysRegAccess { reg, rt: 4, read };
+                let esr = encode(ExceptionClass::SysReg, true, access.to_iss());
+                assert_eq!(sysreg(esr), GuestAction::SysReg(access), "{reg:?}");
+            }
+        }
+    }
+
+    #[test]
     fn hypervisor_artifact_sysregs_are_completed_locally() {
         let op = |esr| match sysreg(esr) {
             GuestAction::LocalSysReg { op, .. } => Some(op),
@@ -884,8 +901,8 @@ mod tests {
         fn vtimer_level(&mut self, _vcpu: VcpuId, _level: bool) {}
     }
 
-    fn physical_count() -> u64 {
-        51_000
+    fn virtual_count() -> u64 {
+        50_000
     }
 
     /// Decides and completes `esr` at `ipa` on `v` with `io`.
@@ -898,7 +915,7 @@ mod tests {
             &exit,
             action,
             &mut LocalState::default(),
-            physical_count,
+            &virtual_count,
         )
         .unwrap()
     }
@@ -1015,7 +1032,7 @@ mod tests {
         let mut go = |v: &mut FakeVcpu, esr| {
             let e = exit(esr);
             let a = guest(decide(&e, RAM, false));
-            complete(v, &mut io, &e, a, &mut local, physical_count).unwrap()
+            complete(v, &mut io, &e, a, &mut local, &virtual_count).unwrap()
         };
         v.x[1] = 5;
         go(&mut v, MRS_X1_OSLSR);
@@ -1025,7 +1042,7 @@ mod tests {
         go(&mut v, MRS_X1_OSLSR);
         assert_eq!(v.x[1], 0b1000, "unlocked");
         go(&mut v, MRS_X0_CNTPCT);
-        assert_eq!(v.x[0], 50_000, "physical count minus the vtimer offset");
+        assert_eq!(v.x[0], 50_000, "CNTPCT_EL0 reads the virtual count");
         v.x[2] = 7;
         go(&mut v, MRS_X2_PMCR);
         assert_eq!(v.x[2], 0);

@@ -51,7 +51,6 @@ extern "C" {
     fn hv_vcpu_set_trap_debug_exceptions(vcpu: HvVcpuId, value: bool) -> HvReturn;
     fn hv_vcpu_set_trap_debug_reg_accesses(vcpu: HvVcpuId, value: bool) -> HvReturn;
     fn hv_vcpu_set_vtimer_mask(vcpu: HvVcpuId, vtimer_is_masked: bool) -> HvReturn;
-    fn hv_vcpu_get_vtimer_offset(vcpu: HvVcpuId, vtimer_offset: *mut u64) -> HvReturn;
     fn hv_vcpu_set_vtimer_offset(vcpu: HvVcpuId, vtimer_offset: u64) -> HvReturn;
 }
 
@@ -219,14 +218,6 @@ impl RawVcpu {
     pub(super) fn set_vtimer_mask(&self, masked: bool) -> Result<(), HypervisorError> {
         // SAFETY: this thread's vCPU; plain values.
         result(unsafe { hv_vcpu_set_vtimer_mask(self.id, masked) })
-    }
-
-    /// `hv_vcpu_get_vtimer_offset`.
-    pub(super) fn get_vtimer_offset(&self) -> Result<u64, HypervisorError> {
-        let mut v = 0;
-        // SAFETY: this thread's vCPU; `v` is writable for the call.
-        result(unsafe { hv_vcpu_get_vtimer_offset(self.id, &mut v) })?;
-        Ok(v)
     }
 
     /// `hv_vcpu_set_vtimer_offset`.

@@ -48,11 +48,14 @@
 //! documents it as occurring only with a userspace irqchip).
 //!
 //! # Time
-//! The guest's counter runs on the host timebase: its physical count is
-//! `mach_absolute_time()` and its virtual count that minus the vCPU's vtimer
-//! offset (CNTVOFF_EL2). The frequency is the host's timebase frequency
-//! (`hw.tbfrequency`, 24 MHz on M1 to M3), which is the CNTFRQ_EL0 the guest
-//! reads.
+//! The guest's counter runs on the host timebase: its count is
+//! `mach_absolute_time()` minus the VM's counter offset, which every vCPU
+//! sets as its vtimer offset (CNTVOFF_EL2) before it enters the guest. The
+//! frequency is the host's timebase frequency (`hw.tbfrequency`, 24 MHz on
+//! M1 to M3), which is the CNTFRQ_EL0 the guest reads. Without EL2, HVF traps
+//! EL1's accesses to the physical counter and timer: CNTPCT_EL0 reads the
+//! virtual count (`exits`), and the physical timer's CNTP_* registers go to
+//! the VMM, which emulates that timer for both backends.
 //!
 //! # Dirty tracking
 //! Guest RAM is mapped read/write/execute. Arming write protection maps it

@@ -7,7 +7,7 @@ use super::regs;
 use super::vm::{call_err, host_count, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::sysreg::SysReg;
-use crate::arch::timer::vtimer_asserted;
+use crate::arch::timer::timer_asserted;
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use crate::sync::Locked;
 use applevisor_sys::{hv_reg_t, hv_sys_reg_t};
@@ -58,6 +58,9 @@ pub struct HvfVcpu {
     vtimer_masked: bool,
     /// The vtimer level last reported to [`VcpuIo::vtimer_level`].
     vtimer_level: Option<bool>,
+    /// The vtimer offset this vCPU has set, the VM's counter offset when it
+    /// last entered the guest ([`HvfVcpu::sync_counter_offset`]).
+    counter_offset: u64,
     /// The VM has an in-kernel GIC: Hypervisor.framework delivers the IRQ
     /// and the vtimer PPI itself.
     kernel_gic: bool,
@@ -76,7 +79,8 @@ impl HvfVcpu {
             .map_err(call_err("hv_vcpu_set_trap_debug_exceptions"))?;
         vcpu.set_trap_debug_reg_accesses(false)
             .map_err(call_err("hv_vcpu_set_trap_debug_reg_accesses"))?;
-        vcpu.set_vtimer_offset(shared.vtimer_offset)
+        let counter_offset = shared.counter_offset.load(Ordering::Acquire);
+        vcpu.set_vtimer_offset(counter_offset)
             .map_err(call_err("hv_vcpu_set_vtimer_offset"))?;
         // Userspace GIC: start masked, so the first run reports the timer's
         // level (also after a restore) and unmasks it if it is not asserted.
@@ -96,6 +100,7 @@ impl HvfVcpu {
             id,
             vtimer_masked: !kernel_gic,
             vtimer_level: None,
+            counter_offset,
             kernel_gic,
             local: LocalState::default(),
         })
@@ -119,13 +124,26 @@ impl HvfVcpu {
             .vcpu
             .get_sys_reg(hv_sys_reg_t::CNTV_CTL_EL0)
             .map_err(call_err("hv_vcpu_get_sys_reg"))?;
-        let level = vtimer_asserted(ctl);
+        let level = timer_asserted(ctl);
         self.report_vtimer(io, level);
         if !level {
             self.vcpu
                 .set_vtimer_mask(false)
                 .map_err(call_err("hv_vcpu_set_vtimer_mask"))?;
             self.vtimer_masked = false;
+        }
+        Ok(())
+    }
+
+    /// Takes up the VM's counter offset if it moved (a snapshot's resume)
+    /// since this vCPU last set it: one count for every vCPU.
+    fn sync_counter_offset(&mut self) -> Result<()> {
+        let offset = self.shared.counter_offset.load(Ordering::Acquire);
+        if offset != self.counter_offset {
+            self.vcpu
+                .set_vtimer_offset(offset)
+                .map_err(call_err("hv_vcpu_set_vtimer_offset"))?;
+            self.counter_offset = offset;
         }
         Ok(())
     }
@@ -162,6 +180,7 @@ impl Vcpu for HvfVcpu {
                 return Ok(VcpuExit::Kicked);
             }
             self.sync_vtimer(io)?;
+            self.sync_counter_offset()?;
             if !self.kernel_gic {
                 let irq = io.irq_line(self.id);
                 self.vcpu
@@ -194,7 +213,9 @@ impl Vcpu for HvfVcpu {
                 Action::WriteProtectFault { page } => self.shared.write_fault(page)?,
                 Action::Guest(action) => {
                     let mut local = self.local;
-                    let step = complete(self, io, &exit, action, &mut local, host_count);
+                    let offset = self.counter_offset;
+                    let count = move || host_count().wrapping_sub(offset);
+                    let step = complete(self, io, &exit, action, &mut local, &count);
                     self.local = local;
                     if let Step::Exit(e) = step? {
                         self.sync_vtimer(io)?;
@@ -275,21 +296,6 @@ impl Vcpu for HvfVcpu {
         self.vcpu
             .set_sys_reg(r, value)
             .map_err(call_err("hv_vcpu_set_sys_reg"))
-    }
-
-    /// CNTVOFF_EL2 (`hv_vcpu_get_vtimer_offset`), in guest ticks.
-    fn vtimer_offset(&mut self) -> Result<u64> {
-        self.vcpu
-            .get_vtimer_offset()
-            .map_err(call_err("hv_vcpu_get_vtimer_offset"))
-    }
-
-    /// Sets CNTVOFF_EL2 (`hv_vcpu_set_vtimer_offset`). To resume a snapshot,
-    /// use `host_count() - saved_virtual_count` so guest time continues.
-    fn set_vtimer_offset(&mut self, offset: u64) -> Result<()> {
-        self.vcpu
-            .set_vtimer_offset(offset)
-            .map_err(call_err("hv_vcpu_set_vtimer_offset"))
     }
 
     fn state_sysregs(&self) -> &'static [SysReg] {

@@ -13,7 +13,7 @@ use applevisor_sys::{
     HV_MEMORY_READ, HV_MEMORY_WRITE,
 };
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use vm_memory::bitmap::AtomicBitmap;
 
@@ -185,7 +185,7 @@ impl Hypervisor for HvfHypervisor {
         let mut shared = VmShared {
             dirty: ram.page_bitmap(),
             write_protect_armed: AtomicBool::new(false),
-            vtimer_offset: host_count(),
+            counter_offset: AtomicU64::new(host_count()),
             freq: self.freq,
             kgic: None,
             ram,
@@ -210,9 +210,11 @@ pub(super) struct VmShared {
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).
     pub(super) write_protect_armed: AtomicBool,
-    /// Vtimer offset given to every vCPU at creation (the host count at VM
-    /// creation, so the guest's virtual count starts near 0 on all vCPUs).
-    pub(super) vtimer_offset: u64,
+    /// The VM's counter offset ([`Vm::counter_offset`]), which every vCPU
+    /// sets as its vtimer offset before it enters the guest: the host count
+    /// at VM creation (the guest's count starts near 0), until a restore or
+    /// a snapshot's resume moves it.
+    pub(super) counter_offset: AtomicU64,
     pub(super) freq: u64,
     /// The in-kernel GIC, if the VM has one.
     pub(super) kgic: Option<Arc<gic::HvfGic>>,
@@ -305,7 +307,7 @@ impl Vm for HvfVm {
 
     /// Creates vCPU `id` on the calling thread (`hv_vcpu_create`), with
     /// MPIDR_EL1 = `mpidr`, PSTATE = EL1h with D/A/I/F masked, the VM's
-    /// initial vtimer offset, and debug exceptions and debug-register
+    /// counter offset, and debug exceptions and debug-register
     /// accesses left to the guest (not trapped).
     fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<HvfVcpu> {
         if id >= self.vcpus {
@@ -347,9 +349,19 @@ impl Vm for HvfVm {
         self.shared.freq
     }
 
-    /// `mach_absolute_time()`: the guest's physical count.
+    /// `mach_absolute_time()`, the host counter.
     fn physical_count(&self) -> u64 {
         host_count()
+    }
+
+    fn counter_offset(&self) -> u64 {
+        self.shared.counter_offset.load(Ordering::Acquire)
+    }
+
+    /// Stores the offset; each vCPU passes it to `hv_vcpu_set_vtimer_offset`
+    /// on its own thread before its next `hv_vcpu_run`.
+    fn set_counter_offset(&self, offset: u64) {
+        self.shared.counter_offset.store(offset, Ordering::Release);
     }
 
     fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>> {
