@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the Ignition aarch64 guest: out/Image, out/rootfs.ext4, out/guest.json.
+# Build the Ignition aarch64 guest: out/Image, out/rootfs.ext4, out/guest.json
+# (and the conformance test images, out/conformance/).
 # See guest/README.md. Run `guest/build.sh --help` for options.
 set -euo pipefail
 
@@ -22,6 +23,7 @@ Builds the Ignition guest into the output directory:
   Image        arm64 Linux kernel, everything built in
   rootfs.ext4  busybox root filesystem (root logs in without a password)
   guest.json   sha256/size of both, kernel version, page size, package versions
+  conformance/ the bare-metal conformance test images (guest/conformance/)
 
 Options:
   --page-size 4k|16k   kernel page size (default: 16k)
@@ -375,6 +377,10 @@ if [[ $ROOTFS_ONLY == 1 ]]; then
     say "done: $OUT_DIR/rootfs.ext4"
     exit 0
 fi
+
+# ---------------------------------------------------------------- conformance images
+run_stage conformance "building the conformance test images into $OUT_DIR/conformance" \
+    "$GUEST_DIR/conformance/build.sh" --out "$OUT_DIR/conformance"
 
 # ---------------------------------------------------------------- outputs
 install -m 0644 "$KDIR/Image" "$OUT_DIR/Image.tmp"
