@@ -10,6 +10,9 @@ Modules:
   store      a snapshot store on disk: layers, work directories, `vmstore`, sizes
   guest      the built guest: missing files, disk copies, in-guest probes
   qemu       the reference boot under qemu-system-aarch64
+  conformance
+             the conformance test images (guest/conformance/): build, run on boot
+             and on QEMU, parse their console protocol
   paths      the repository, guest/out, target/release, bench-results
   stats      median/min/max summaries, file digests
   host       host facts for benchmark results
