@@ -1,11 +1,13 @@
 //! A test-only vCPU: a register file with no CPU behind it, shared by the
-//! unit tests of [`crate::arch::esr`] and [`crate::hv::hvf::exits`].
+//! unit tests of [`crate::arch::esr`], [`crate::hv::hvf::exits`] and the
+//! machine's vCPU threads; and a VM of them that logs what it creates.
 
 use crate::arch::exception::SCTLR_SPAN;
-use crate::arch::sysreg::{SysReg, SCTLR_EL1, VBAR_EL1};
-use crate::hv::{self, HvError, Kick, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo};
+use crate::arch::sysreg::{SysReg, MPIDR_EL1, SCTLR_EL1, VBAR_EL1};
+use crate::hv::{self, HvError, KernelGic, Kick, Prot, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// PC of a fresh [`FakeVcpu`].
 pub(crate) const PC: u64 = 0xffff_8000_1000_0000;
@@ -122,5 +124,59 @@ impl Vcpu for FakeVcpu {
                 detail: "the fake vCPU has no in-kernel GIC".into(),
             })
         }
+    }
+}
+
+/// A VM of [`FakeVcpu`]s: logs `create <id>` for each vCPU it creates (in
+/// a log the test shares), fails to create vCPU [`FakeVm::fail`].
+#[derive(Default)]
+pub(crate) struct FakeVm {
+    pub(crate) log: Arc<Mutex<Vec<String>>>,
+    /// A vCPU whose creation fails.
+    pub(crate) fail: Option<VcpuId>,
+    pub(crate) counter_offset: AtomicU64,
+}
+
+impl Vm for FakeVm {
+    type Vcpu = FakeVcpu;
+    /// A [`FakeVcpu::new`] with this id and MPIDR_EL1.
+    fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> hv::Result<FakeVcpu> {
+        if self.fail == Some(id) {
+            return Err(HvError::Call {
+                call: "create_vcpu",
+                detail: "injected".into(),
+            });
+        }
+        self.log.lock().unwrap().push(format!("create {id}"));
+        let mut vcpu = FakeVcpu {
+            id,
+            ..FakeVcpu::new()
+        };
+        vcpu.sys.insert(MPIDR_EL1, mpidr);
+        Ok(vcpu)
+    }
+    fn protect(&self, _gpa: u64, _size: u64, _prot: Prot) -> hv::Result<()> {
+        Ok(())
+    }
+    fn rearm_dirty_tracking(&self) -> hv::Result<()> {
+        Ok(())
+    }
+    fn dirty_pages(&self) -> hv::Result<Vec<u64>> {
+        Ok(Vec::new())
+    }
+    fn counter_frequency(&self) -> u64 {
+        24_000_000
+    }
+    fn physical_count(&self) -> u64 {
+        1 << 40
+    }
+    fn counter_offset(&self) -> u64 {
+        self.counter_offset.load(Ordering::Relaxed)
+    }
+    fn set_counter_offset(&self, offset: u64) {
+        self.counter_offset.store(offset, Ordering::Relaxed);
+    }
+    fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>> {
+        None
     }
 }

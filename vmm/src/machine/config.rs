@@ -77,9 +77,6 @@ pub(super) enum Start {
     Restore {
         /// Per vCPU, index order.
         states: Arc<Vec<VcpuState>>,
-        /// An in-kernel GIC's state is loaded once every vCPU is created;
-        /// the vCPU threads wait for it before their CPU-interface registers.
-        kernel_gic: bool,
     },
 }
 

@@ -35,11 +35,11 @@ pub(super) struct RunState {
     captured: Vec<Option<Result<VcpuState, String>>>,
     /// vCPU threads whose vCPUs are created and ready to run.
     ready: usize,
-    /// vCPU threads whose vCPUs are created (restore with an in-kernel GIC:
-    /// its state is loaded once all are, before any runs).
+    /// vCPU threads whose vCPUs are created.
     created: usize,
-    /// The in-kernel GIC's state has been loaded (or failed to load).
-    gic_loaded: Option<Result<(), String>>,
+    /// The vCPUs may run (every one exists and a restored in-kernel GIC's
+    /// state is loaded), or the VM's start failed.
+    released: Option<Result<(), String>>,
 }
 
 impl RunState {
@@ -75,7 +75,7 @@ impl Control {
                 captured: vec![None; cpus],
                 ready: 0,
                 created: 0,
-                gic_loaded: None,
+                released: None,
             }),
             wake: Condvar::new(),
             kicks: Mutex::new(vec![None; cpus]),
@@ -182,19 +182,25 @@ impl Control {
         }
     }
 
-    // Start-up of the vCPU threads.
+    // Start-up of the vCPU threads: every vCPU is created before any runs,
+    // on a fresh boot as on a restore (an in-kernel GIC's topology is final
+    // once vCPUs run, and a restored one's state goes in once all exist).
+    // Each vCPU thread creates its vCPUs and waits in `created_wait_release`;
+    // the VM's thread waits for all of them (`wait_created`), loads what must
+    // come in between, and lets them run (`release`).
 
-    /// A vCPU thread has created its vCPUs (restore with an in-kernel GIC).
-    /// Waits until the in-kernel GIC's state is loaded; `Ok(false)` if the
-    /// VM ended first.
-    pub(super) fn created_wait_gic(&self) -> Result<bool, String> {
+    /// A vCPU thread has created its vCPUs. Waits until the VM's thread
+    /// releases them: `Ok(true)` to run, `Ok(false)` if the VM ended first,
+    /// the error if the start failed.
+    pub(super) fn created_wait_release(&self) -> Result<bool, String> {
         let mut c = self.lock();
         c.created += 1;
         self.notify();
-        while c.gic_loaded.is_none() && c.exit.is_none() {
+        while c.released.is_none() && c.exit.is_none() {
             c = self.wait(c);
         }
-        match &c.gic_loaded {
+        match &c.released {
+            _ if c.exit.is_some() => Ok(false),
             Some(Ok(())) => Ok(true),
             Some(Err(e)) => Err(e.clone()),
             None => Ok(false),
@@ -207,9 +213,10 @@ impl Control {
         drop(self.wait_until(|c| c.created >= self.threads));
     }
 
-    /// Records the in-kernel GIC's load and lets the vCPU threads go on.
-    pub(super) fn gic_loaded(&self, result: Result<(), String>) {
-        self.lock().gic_loaded = Some(result);
+    /// Lets the vCPU threads waiting in [`Control::created_wait_release`] go
+    /// on (`Ok`), or end the VM with the error.
+    pub(super) fn release(&self, result: Result<(), String>) {
+        self.lock().released = Some(result);
         self.notify();
     }
 

@@ -3,7 +3,6 @@
 //! the devices and snapshots need. Nothing else in the machine knows which
 //! one it has.
 
-use super::control::Control;
 use super::devices::BusRegion;
 use super::state::IrqchipState;
 use crate::arch::layout::{PTIMER_INTID, VTIMER_INTID};
@@ -36,15 +35,12 @@ pub(super) struct PendingKernelGicState {
 }
 
 impl PendingKernelGicState {
-    /// Waits until every vCPU thread has created its vCPUs, loads the state,
-    /// and lets the threads go on (they end the VM if it did not load).
-    pub(super) fn load(self, control: &Control) {
-        control.wait_created();
-        let loaded = self
-            .gic
+    /// Loads the state; call once every vCPU is created
+    /// ([`super::control::Control::wait_created`]) and before any runs.
+    pub(super) fn load(self) -> Result<(), String> {
+        self.gic
             .restore(&self.blob)
-            .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"));
-        control.gic_loaded(loaded);
+            .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"))
     }
 }
 

@@ -97,11 +97,19 @@ where
 
     let t = Instant::now();
     let threads = vcpu::spawn_threads(&m.vm, &m.shared, m.groups, &m.start)?;
-    if let Some(gic) = m.kernel_gic_state {
-        let t = Instant::now();
-        gic.load(&m.shared.control);
-        stages.gic += t.elapsed();
-    }
+    // Every vCPU exists before any runs; a restored in-kernel GIC's state
+    // goes in between.
+    let t_gic = Instant::now();
+    m.shared.control.wait_created();
+    let released = match m.kernel_gic_state {
+        Some(gic) => {
+            let loaded = gic.load();
+            stages.gic += t_gic.elapsed();
+            loaded
+        }
+        None => Ok(()),
+    };
+    m.shared.control.release(released);
     if let BootSource::Restore { .. } = cfg.source {
         m.shared.control.wait_ready();
         stages.vcpus = t.elapsed();

@@ -270,7 +270,6 @@ pub(super) fn plan<H: Hypervisor>(
         // The vCPU states go to the vCPU threads; the rest to the devices.
         start: Start::Restore {
             states: Arc::new(std::mem::take(&mut state.vcpus)),
-            kernel_gic: gic == GicMode::Hvf,
         },
         power,
         saved: Some(Box::new(state)),

@@ -3,7 +3,7 @@
 //! ([`VcpuIo`]), and the thread's side of the snapshot pause.
 
 use super::config::Start;
-use super::control::EndOnPanic;
+use super::control::{Control, EndOnPanic};
 use super::state::{self, VcpuPower};
 use super::{Shared, VmExit};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
@@ -166,43 +166,9 @@ pub(super) fn spawn_threads<V: Vm + 'static>(
 
 /// Runs vCPUs `ids` on the current thread until the VM ends.
 fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> anyhow::Result<()> {
-    let mut vcpus = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let mut vcpu = vm
-            .create_vcpu(id, psci::mpidr(id))
-            .with_context(|| format!("cannot create vCPU {id}"))?;
-        match &start {
-            Start::Boot(boot) if id == 0 => start_vcpu(&mut vcpu, boot.entry, boot.dtb)?,
-            Start::Boot(_) => {}
-            Start::Restore { states, .. } => {
-                let state = states
-                    .get(id)
-                    .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
-                state::apply_vcpu(&mut vcpu, state)
-                    .with_context(|| format!("cannot restore vCPU {id}"))?;
-            }
-        }
-        shared.control.set_kicker(id, vcpu.kicker());
-        vcpus.push(RunVcpu { vcpu, wfi: None });
-    }
-    if let Start::Restore { states, kernel_gic } = &start {
-        if *kernel_gic {
-            match shared.control.created_wait_gic() {
-                Ok(true) => {}
-                Err(e) => bail!("{e}"),
-                Ok(false) => return Ok(()),
-            }
-        }
-        for rv in &mut vcpus {
-            let id = rv.vcpu.id();
-            let state = states
-                .get(id)
-                .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
-            state::apply_vcpu_gic(&mut rv.vcpu, state)
-                .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
-        }
-    }
-    shared.control.thread_ready();
+    let Some(mut vcpus) = start_up(vm, &shared.control, ids, &start)? else {
+        return Ok(());
+    };
     // Preempts the running vCPU when several share this thread.
     let running = Arc::new(AtomicUsize::new(usize::MAX));
     let _ticker = (vcpus.len() > 1).then(|| {
@@ -287,6 +253,56 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             }
         }
     }
+}
+
+/// A vCPU thread's start-up: creates vCPUs `ids`, starts them as `start`
+/// says (the boot CPU at the kernel entry, or
+/// every vCPU from its snapshot state), and waits until every vCPU of the VM
+/// exists (and a restored in-kernel GIC's state is loaded) before any runs:
+/// `hv_gic_create`'s topology is final once vCPUs run. A restored in-kernel
+/// GIC's CPU-interface registers go in last. `None` if the VM ended first.
+fn start_up<V: Vm>(
+    vm: &V,
+    control: &Control,
+    ids: &[VcpuId],
+    start: &Start,
+) -> anyhow::Result<Option<Vec<RunVcpu<V::Vcpu>>>> {
+    let mut vcpus = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let mut vcpu = vm
+            .create_vcpu(id, psci::mpidr(id))
+            .with_context(|| format!("cannot create vCPU {id}"))?;
+        match start {
+            Start::Boot(boot) if id == 0 => start_vcpu(&mut vcpu, boot.entry, boot.dtb)?,
+            Start::Boot(_) => {}
+            Start::Restore { states } => {
+                let state = states
+                    .get(id)
+                    .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+                state::apply_vcpu(&mut vcpu, state)
+                    .with_context(|| format!("cannot restore vCPU {id}"))?;
+            }
+        }
+        control.set_kicker(id, vcpu.kicker());
+        vcpus.push(RunVcpu { vcpu, wfi: None });
+    }
+    match control.created_wait_release() {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) => bail!("{e}"),
+    }
+    if let Start::Restore { states } = start {
+        for rv in &mut vcpus {
+            let id = rv.vcpu.id();
+            let state = states
+                .get(id)
+                .with_context(|| format!("the snapshot has no state for vCPU {id}"))?;
+            state::apply_vcpu_gic(&mut rv.vcpu, state)
+                .with_context(|| format!("cannot restore vCPU {id}'s GIC CPU interface"))?;
+        }
+    }
+    control.thread_ready();
+    Ok(Some(vcpus))
 }
 
 /// Snapshot rendezvous: captures this thread's vCPUs (on their own thread,
@@ -436,5 +452,122 @@ impl Ticker {
 impl Drop for Ticker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::gicv3::Gicv3;
+    use crate::hv::fake::FakeVm;
+    use crate::machine::config::BootRegs;
+    use crate::machine::irqchip::Irqchip;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    const ENTRY: u64 = 0x4020_0000;
+    const CONTEXT: u64 = 0x4100_0000;
+
+    /// Runs `start_up` for each group on its own thread against a [`FakeVm`]
+    /// whose log the threads add `run <id>` to once they may run. The VM's
+    /// thread (the test) logs `release` when it lets them go, after every
+    /// vCPU exists. Returns the log.
+    fn start_up_order(start: Start, groups: Vec<Vec<VcpuId>>, fail: Option<VcpuId>) -> Vec<String> {
+        let cpus = groups.iter().map(Vec::len).sum();
+        let vm = Arc::new(FakeVm {
+            fail,
+            ..FakeVm::default()
+        });
+        let control = Arc::new(Control::new(
+            Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
+            vec![VcpuPower::Off; cpus],
+            groups.len(),
+        ));
+        let spawn = |ids: Vec<VcpuId>| {
+            let (vm, control, start) = (vm.clone(), control.clone(), start.clone());
+            std::thread::spawn(move || match start_up(&*vm, &control, &ids, &start) {
+                Ok(Some(vcpus)) => {
+                    for rv in vcpus {
+                        vm.log.lock().unwrap().push(format!("run {}", rv.vcpu.id()));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => control.finish(VmExit::Error(format!("{e:#}"))),
+            })
+        };
+        let mut groups = groups.into_iter();
+        let first = spawn(groups.next().unwrap());
+        // The first thread has its vCPUs but not the others: it must not run
+        // (a failure here is certain if it would, whatever the timing).
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!vm.log.lock().unwrap().iter().any(|e| e.starts_with("run")));
+        let mut threads: Vec<_> = groups.map(spawn).collect();
+        threads.push(first);
+        control.wait_created();
+        if !control.finished() {
+            vm.log.lock().unwrap().push("release".into());
+        }
+        control.release(Ok(()));
+        for t in threads {
+            t.join().unwrap();
+        }
+        let log = vm.log.lock().unwrap().clone();
+        log
+    }
+
+    /// Where `event` is in `log`.
+    fn at(log: &[String], event: &str) -> usize {
+        log.iter()
+            .position(|e| e == event)
+            .unwrap_or_else(|| panic!("no {event:?} in {log:?}"))
+    }
+
+    #[test]
+    fn every_vcpu_exists_before_any_runs_on_a_fresh_boot() {
+        let boot = Start::Boot(BootRegs {
+            entry: ENTRY,
+            dtb: CONTEXT,
+        });
+        for groups in [vec![vec![0], vec![1], vec![2]], vec![vec![0, 1, 2]]] {
+            let log = start_up_order(boot.clone(), groups, None);
+            let release = at(&log, "release");
+            for id in 0..3 {
+                assert!(at(&log, &format!("create {id}")) < release, "{log:?}");
+                assert!(at(&log, &format!("run {id}")) > release, "{log:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_vcpu_exists_before_any_runs_on_a_restore() {
+        let vm = FakeVm::default();
+        let states = (0..3)
+            .map(|id| {
+                let mut vcpu = vm.create_vcpu(id, psci::mpidr(id)).unwrap();
+                state::capture_vcpu(&mut vcpu).unwrap()
+            })
+            .collect();
+        let restore = Start::Restore {
+            states: Arc::new(states),
+        };
+        let log = start_up_order(restore, vec![vec![0], vec![1], vec![2]], None);
+        let release = at(&log, "release");
+        for id in 0..3 {
+            assert!(at(&log, &format!("create {id}")) < release, "{log:?}");
+            assert!(at(&log, &format!("run {id}")) > release, "{log:?}");
+        }
+    }
+
+    #[test]
+    fn a_vcpu_that_cannot_be_created_ends_the_start_up() {
+        let boot = Start::Boot(BootRegs {
+            entry: ENTRY,
+            dtb: CONTEXT,
+        });
+        let log = start_up_order(boot, vec![vec![0], vec![1], vec![2]], Some(1));
+        assert!(
+            !log.iter().any(|e| e == "release" || e.starts_with("run")),
+            "{log:?}"
+        );
     }
 }
