@@ -24,6 +24,12 @@ pub const PSTATE_PAN: u64 = 1 << 22;
 pub const PSTATE_UAO: u64 = 1 << 23;
 /// PSTATE.M\[4:0\] = EL1h (AArch64, EL1, SP_EL1).
 pub const PSTATE_EL1H: u64 = 0b0_0101;
+/// SCTLR_EL1.M, bit 0: stage 1 address translation (the MMU) enabled.
+pub const SCTLR_M: u64 = 1 << 0;
+/// SCTLR_EL1.C, bit 2: data accesses cacheable.
+pub const SCTLR_C: u64 = 1 << 2;
+/// SCTLR_EL1.I, bit 12: instruction fetches cacheable.
+pub const SCTLR_I: u64 = 1 << 12;
 /// SCTLR_EL1.SPAN, bit 23: when 0, PSTATE.PAN is set on exception entry.
 pub const SCTLR_SPAN: u64 = 1 << 23;
 /// SCTLR_EL1.DSSBS, bit 44: PSTATE.SSBS on exception entry.

@@ -7,6 +7,17 @@
 //!
 //! Topology rule: vCPU `n` has MPIDR_EL1 = [`mpidr`]`(n)` (Aff0 = n, bit 31
 //! RES1). The GIC, the FDT and vCPU creation all use this function.
+//!
+//! A core that starts (the boot CPU, and every `CPU_ON`, also of a core that
+//! ran before and called `CPU_OFF`) starts in its reset state: the registers
+//! and values [`sysreg_reset`] and [`START_ZEROED_X`] describe, at the entry
+//! point in [`PSTATE_AT_START`].
+
+use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H, SCTLR_C, SCTLR_I, SCTLR_M};
+use crate::arch::sysreg::{
+    SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, ELR_EL1, ESR_EL1, FAR_EL1, OSLSR_EL1, SCTLR_EL1, SPSR_EL1,
+    SP_EL0, SP_EL1,
+};
 
 /// `PSCI_VERSION` (SMC32): returns the PSCI version.
 pub const PSCI_VERSION: u32 = 0x8400_0000;
@@ -161,9 +172,9 @@ pub enum PsciAction {
     /// when asked). The loop must atomically move it from off to on-pending or
     /// on and return [`SUCCESS`] in the caller's X0, or return
     /// [`ALREADY_ON`]/[`ON_PENDING`] if it lost a race, or
-    /// [`INVALID_ADDRESS`] if `entry` is not in RAM. The target starts at
-    /// `entry` in EL1h with DAIF masked, MMU and caches off, X0 =
-    /// `context_id` (DEN0022D 6.4.3).
+    /// [`INVALID_ADDRESS`] if `entry` is not in RAM. The target starts in
+    /// its reset state ([`sysreg_reset`]: MMU and caches off) at `entry` in
+    /// [`PSTATE_AT_START`], X0 = `context_id` (DEN0022D 6.4.3).
     CpuOn {
         /// Index of the vCPU to start.
         target: usize,
@@ -173,7 +184,7 @@ pub enum PsciAction {
         context_id: u64,
     },
     /// Power the calling vCPU off; it does not return (a later `CPU_ON`
-    /// restarts it from scratch).
+    /// restarts it from its reset state).
     CpuOff,
     /// `CPU_SUSPEND`: treat as WFI (wait for an interrupt), then return
     /// [`SUCCESS`] in X0. Power-down requests are treated as standby, which
@@ -183,6 +194,76 @@ pub enum PsciAction {
     SystemOff,
     /// Reset the VM.
     SystemReset,
+}
+
+/// PSTATE of a core at its entry point: EL1h with D, A, I and F masked
+/// (PSCI `CPU_ON`, DEN0022D 6.4.3; the Linux arm64 boot protocol: "all forms
+/// of interrupts must be masked").
+pub const PSTATE_AT_START: u64 = PSTATE_EL1H | PSTATE_DAIF;
+
+/// SCTLR_EL1 bits clear at a core's start: M, C and I, "MMU and caches off"
+/// (DEN0022D 6.4.3; the Linux arm64 boot protocol asks the same of every
+/// CPU).
+pub const SCTLR_CLEAR_AT_START: u64 = SCTLR_M | SCTLR_C | SCTLR_I;
+
+/// The general registers zeroed at a core's start, X1..X3 (the Linux arm64
+/// boot protocol's rule for the boot CPU; PSCI leaves them UNKNOWN, so one
+/// rule serves both). X0 holds the context ID (the DTB address for the boot
+/// CPU); X4..X30 and V0..V31 reset as created ([`ResetValue::AsCreated`]).
+pub const START_ZEROED_X: std::ops::RangeInclusive<u8> = 1..=3;
+
+/// The system registers a core's reset sets besides the EL1 registers a
+/// snapshot holds for the backend: the virtual timer (compare value before
+/// control, as a restore writes them) and the OS lock (OSLSR_EL1.OSLK, set
+/// on a cold reset).
+pub const RESET_TIMER_AND_OS_LOCK: [SysReg; 3] = [CNTV_CVAL_EL0, CNTV_CTL_EL0, OSLSR_EL1];
+
+/// How a core's reset sets a register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetValue {
+    /// To this value, on every backend.
+    Fixed(u64),
+    /// To the value the backend's freshly created vCPU has, with the bits of
+    /// `clear` cleared. For registers whose reset value the architecture
+    /// leaves UNKNOWN or IMPLEMENTATION DEFINED (whole, or outside `clear`):
+    /// the backend's own value makes a core that `CPU_ON` starts equal to
+    /// one that never ran.
+    AsCreated {
+        /// Bits that are 0 whatever the backend has.
+        clear: u64,
+    },
+}
+
+impl ResetValue {
+    /// The value for a register that has `created` on a fresh vCPU.
+    pub const fn resolve(self, created: u64) -> u64 {
+        match self {
+            ResetValue::Fixed(v) => v,
+            ResetValue::AsCreated { clear } => created & !clear,
+        }
+    }
+}
+
+/// How a core's reset sets system register `reg` (any register of a
+/// snapshot's vCPU state, or of [`RESET_TIMER_AND_OS_LOCK`]; MPIDR_EL1 is the
+/// core's identity, which no reset changes, and is not reset):
+/// - SCTLR_EL1: as created, with [`SCTLR_CLEAR_AT_START`] clear (its RES1
+///   bits and IMPLEMENTATION DEFINED fields as the backend has them).
+/// - SP_EL0, SP_EL1, ELR_EL1, SPSR_EL1, ESR_EL1, FAR_EL1: zero (UNKNOWN in
+///   the architecture; a stack pointer or exception record from before
+///   `CPU_OFF` must not survive).
+/// - Every other register as created: translation (TCR, TTBR0/1, MAIR,
+///   AMAIR), VBAR, CPACR, the thread IDs, CONTEXTIDR, PAR, AFSR0/1, CSSELR,
+///   FPCR/FPSR, the pointer-authentication keys, and debug and timer state
+///   as at power-on (MDSCR, the OS lock, CNTKCTL, CNTV_CTL, CNTV_CVAL).
+pub const fn sysreg_reset(reg: SysReg) -> ResetValue {
+    match reg {
+        SCTLR_EL1 => ResetValue::AsCreated {
+            clear: SCTLR_CLEAR_AT_START,
+        },
+        SP_EL0 | SP_EL1 | ELR_EL1 | SPSR_EL1 | ESR_EL1 | FAR_EL1 => ResetValue::Fixed(0),
+        _ => ResetValue::AsCreated { clear: 0 },
+    }
 }
 
 /// Whether `PSCI_FEATURES` reports `function_id` as implemented.
@@ -493,5 +574,31 @@ mod tests {
         ] {
             assert_eq!(call(fid, 0, 0, 0), NS, "{fid:#x}");
         }
+    }
+    #[test]
+    fn reset_state_description() {
+        use crate::arch::sysreg::{EL1_STATE_SYSREGS, MPIDR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1};
+        // SCTLR_EL1: the backend's bits, MMU and caches off.
+        let sctlr = sysreg_reset(SCTLR_EL1);
+        assert_eq!(sctlr.resolve(0x30d0_1805), 0x30d0_0800);
+        assert_eq!(sctlr.resolve(0x00c5_0838), 0x00c5_0838);
+        // A stale stack pointer or exception record is zeroed, whatever the
+        // backend had.
+        for r in [SP_EL0, SP_EL1, ELR_EL1, SPSR_EL1, ESR_EL1, FAR_EL1] {
+            assert_eq!(sysreg_reset(r).resolve(0x1234), 0, "{r:?}");
+        }
+        // UNKNOWN at reset: as a fresh vCPU has them.
+        for r in [TCR_EL1, TTBR1_EL1, VBAR_EL1, CNTV_CTL_EL0, OSLSR_EL1] {
+            assert_eq!(sysreg_reset(r), ResetValue::AsCreated { clear: 0 }, "{r:?}");
+        }
+        // Every register a reset may set is named once; MPIDR is not among
+        // the extras (callers leave the snapshot set's MPIDR out).
+        for (i, r) in RESET_TIMER_AND_OS_LOCK.iter().enumerate() {
+            assert!(!EL1_STATE_SYSREGS.contains(r), "{r:?}");
+            assert!(!RESET_TIMER_AND_OS_LOCK[i + 1..].contains(r), "{r:?}");
+            assert_ne!(*r, MPIDR_EL1);
+        }
+        assert_eq!(PSTATE_AT_START, 0x3c5);
+        assert_eq!(START_ZEROED_X, 1..=3);
     }
 }

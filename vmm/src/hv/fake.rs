@@ -3,7 +3,7 @@
 //! machine's vCPU threads; and a VM of them that logs what it creates.
 
 use crate::arch::exception::SCTLR_SPAN;
-use crate::arch::sysreg::{SysReg, MPIDR_EL1, SCTLR_EL1, VBAR_EL1};
+use crate::arch::sysreg::{self as sr, SysReg, MPIDR_EL1, SCTLR_EL1, VBAR_EL1};
 use crate::hv::{self, HvError, KernelGic, Kick, Prot, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,8 +106,9 @@ impl Vcpu for FakeVcpu {
         self.sys.insert(reg, value);
         Ok(())
     }
+    /// The EL1 set every backend saves.
     fn state_sysregs(&self) -> &'static [SysReg] {
-        &[]
+        &sr::EL1_STATE_SYSREGS
     }
     fn kicker(&self) -> Arc<dyn Kick> {
         Arc::new(NoKick)

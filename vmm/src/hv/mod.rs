@@ -252,9 +252,10 @@ pub trait Vcpu {
     /// Writes SIMD/FP register `V<n>` (`n < 32`).
     fn set_vreg(&mut self, n: u8, value: u128) -> Result<()>;
     /// Reads a system register held by the backend (including the virtual
-    /// timer's CNTV_CTL_EL0 and CNTV_CVAL_EL0).
+    /// timer's CNTV_CTL_EL0 and CNTV_CVAL_EL0, and OSLSR_EL1).
     fn sysreg(&mut self, reg: SysReg) -> Result<u64>;
-    /// Writes a system register held by the backend.
+    /// Writes a system register held by the backend (an OSLSR_EL1 write
+    /// sets the OS lock, OSLK).
     fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()>;
     /// The system registers a snapshot saves for this backend (every register
     /// a Linux guest relies on that the backend holds), excluding the virtual

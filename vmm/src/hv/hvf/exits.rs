@@ -294,6 +294,19 @@ impl Default for LocalState {
     }
 }
 
+impl LocalState {
+    /// OSLSR_EL1 as the guest reads it: OSLM = 0b10 and OSLK.
+    pub fn oslsr(self) -> u64 {
+        OSLSR_OSLM_IMPLEMENTED | u64::from(self.os_lock) << 1
+    }
+
+    /// Sets OSLK from an OSLSR_EL1 value (the VMM's write, as on a reset;
+    /// the guest's OSLSR_EL1 is read-only).
+    pub fn set_oslsr(&mut self, value: u64) {
+        self.os_lock = value & 1 << 1 != 0;
+    }
+}
+
 /// OSLSR_EL1.OSLM = 0b10 (bits 3 and 0): the OS lock is implemented.
 const OSLSR_OSLM_IMPLEMENTED: u64 = 1 << 3;
 
@@ -340,8 +353,7 @@ pub fn complete(
                 advance_pc(vcpu, il)?;
             }
             LocalSysReg::ReadOsLockStatus => {
-                let value = OSLSR_OSLM_IMPLEMENTED | u64::from(local.os_lock) << 1;
-                complete_sysreg_read(vcpu, &access, value)?;
+                complete_sysreg_read(vcpu, &access, local.oslsr())?;
             }
             LocalSysReg::WriteOsLock => {
                 local.os_lock = sysreg_write_value(vcpu, &access)? & 1 != 0;
@@ -1055,6 +1067,16 @@ mod tests {
             "reading a write-only register is UNDEFINED"
         );
         assert!(io.calls.is_empty(), "none of these reach the VMM");
+    }
+
+    #[test]
+    fn the_vmm_reads_and_resets_the_os_lock() {
+        let mut local = LocalState::default();
+        assert_eq!(local.oslsr(), 0b1010, "locked at reset");
+        local.set_oslsr(0b1000);
+        assert_eq!((local.os_lock, local.oslsr()), (false, 0b1000));
+        local.set_oslsr(0b1010);
+        assert_eq!(local, LocalState::default());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::ffi::{vcpus_exit, HvVcpuId, RawVcpu};
 use super::regs;
 use super::vm::{call_err, host_count, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
-use crate::arch::sysreg::SysReg;
+use crate::arch::sysreg::{SysReg, OSLSR_EL1};
 use crate::arch::timer::timer_asserted;
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
 use crate::sync::Locked;
@@ -271,8 +271,11 @@ impl Vcpu for HvfVcpu {
     }
 
     /// Any register of [`super::HVF_SYSREGS`] (FPCR and FPSR through
-    /// `hv_vcpu_get_reg`).
+    /// `hv_vcpu_get_reg`), and OSLSR_EL1, which the VMM emulates.
     fn sysreg(&mut self, reg: SysReg) -> Result<u64> {
+        if reg == OSLSR_EL1 {
+            return Ok(self.local.oslsr());
+        }
         if let Some(r) = regs::hv_fp_status_reg(reg) {
             return self.vcpu.get_reg(r).map_err(call_err("hv_vcpu_get_reg"));
         }
@@ -283,8 +286,13 @@ impl Vcpu for HvfVcpu {
             .map_err(call_err("hv_vcpu_get_sys_reg"))
     }
 
-    /// As [`HvfVcpu::sysreg`]; HVF refuses writes to ID registers.
+    /// As [`HvfVcpu::sysreg`]; HVF refuses writes to ID registers. An
+    /// OSLSR_EL1 write sets the OS lock (a reset's).
     fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()> {
+        if reg == OSLSR_EL1 {
+            self.local.set_oslsr(value);
+            return Ok(());
+        }
         if let Some(r) = regs::hv_fp_status_reg(reg) {
             return self
                 .vcpu
