@@ -222,6 +222,19 @@ impl Clock {
         self.inner.wake.notify_all();
         true
     }
+
+    /// Puts vCPU `vcpu`'s physical timer in its power-on state (a new
+    /// VM's: disabled, compare value 0), as the core's reset does (PSCI
+    /// CPU_ON), and lowers its output.
+    pub(super) fn reset_timer(&self, vcpu: VcpuId) {
+        let mut st = self.inner.state.locked();
+        let count = self.inner.now(&st);
+        if let Some(t) = st.ptimers.get_mut(vcpu) {
+            *t = GenericTimer::default();
+            self.inner.report(&mut st, vcpu, count);
+            self.inner.wake.notify_all();
+        }
+    }
 }
 
 impl Drop for Clock {
@@ -452,6 +465,26 @@ mod tests {
         assert!(!clock.sysreg_write(0, SysReg::new(3, 3, 14, 3, 1), 1));
         assert_eq!(clock.sysreg_read(2, CNTP_CTL_EL0), None);
         assert!(!clock.sysreg_write(2, CNTP_CTL_EL0, 1));
+    }
+
+    #[test]
+    fn a_reset_timer_is_as_at_power_on() {
+        let c = FakeCounter::manual(1_000, 0);
+        let (l, rx) = line();
+        let clock = Clock::new(c.clone(), 2, None, l).unwrap();
+        let mut first = vec![next(&rx), next(&rx)];
+        first.sort_unstable();
+        assert_eq!(first, [(0, false), (1, false)]);
+        assert!(clock.sysreg_write(1, CNTP_CVAL_EL0, 900));
+        assert!(clock.sysreg_write(1, CNTP_CTL_EL0, CTL_ENABLE));
+        assert_eq!(seen(&rx), [(1, true)]);
+        clock.reset_timer(1);
+        assert_eq!(seen(&rx), [(1, false)], "the output drops at once");
+        assert_eq!(clock.sysreg_read(1, CNTP_CTL_EL0), Some(0));
+        assert_eq!(clock.sysreg_read(1, CNTP_CVAL_EL0), Some(0));
+        clock.reset_timer(7); // no such vCPU: nothing
+        clock.freeze();
+        assert_eq!(clock.save().ptimers[1], TimerState { ctl: 0, cval: 0 });
     }
 
     #[test]

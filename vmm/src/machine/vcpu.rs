@@ -269,6 +269,8 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
                     rv.reset
                         .start(&mut rv.vcpu, entry, context)
                         .with_context(|| format!("cannot start vCPU {id}"))?;
+                    // Its physical timer is the machine's, not the backend's.
+                    shared.clock.reset_timer(id);
                     shared.control.lock().power[id] = VcpuPower::On;
                     rv.wfi = None;
                 }
