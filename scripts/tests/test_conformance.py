@@ -25,12 +25,6 @@ EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {
               "issue 15: no hardware debug exceptions on emu: a DBGBCR breakpoint arrives as an instruction abort "
               "(EC 0x21/0x20, synchronous external abort) instead of EC 0x31/0x30, a DBGWCR watchpoint never fires, "
               "a software step arrives as EC 0 instead of EC 0x33/0x32"),
-    "pmu": ({"pmu-events"},
-            "issue 15: PMUv3 advertised (PMUVer 1, PMCEID0 lists SW_INCR and CPU_CYCLES) but event counter 0 stays 0 "
-            "for both (the cycle counter counts)"),
-    "idregs": ({"idregs-el2-el3", "idregs-aarch32-el0"},
-               "issue 15: ID_AA64PFR0_EL1 advertises EL2 and EL3 (=2) to an EL1 guest, and AArch32 at EL0 (EL0=2) "
-               "which hangs: A32 code entered at EL0 never returns"),
 }
 """group -> (the checks that fail on emu today, the xfail reason naming what is missing)."""
 

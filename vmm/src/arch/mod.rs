@@ -1,5 +1,6 @@
 //! Architecture support: the machine's memory map, AArch64 syndrome decoding,
-//! exception entry, system-register identifiers, the virtual timer, PSCI,
+//! exception entry, system-register identifiers, the ID register values
+//! both backends advertise, the virtual timer, PSCI,
 //! the Linux arm64 Image format and the FDT.
 
 pub mod esr;
@@ -7,6 +8,7 @@ pub mod esr;
 pub(crate) mod esr_vectors;
 pub mod exception;
 pub mod fdt;
+pub mod idregs;
 pub mod image;
 pub mod layout;
 pub mod psci;

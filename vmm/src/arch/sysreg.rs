@@ -78,10 +78,21 @@ sysregs! {
     ID_AA64PFR0_EL1 = (3, 0, 0, 4, 0);
     /// Processor feature register 1 (SSBS, BTI, MTE).
     ID_AA64PFR1_EL1 = (3, 0, 0, 4, 1);
+    /// Debug feature register 0 (debug and PMU versions, breakpoint and
+    /// watchpoint counts).
+    ID_AA64DFR0_EL1 = (3, 0, 0, 5, 0);
+    /// Debug feature register 1.
+    ID_AA64DFR1_EL1 = (3, 0, 0, 5, 1);
+    /// Instruction set attribute register 0 (AES, SHA, CRC32, atomics).
+    ID_AA64ISAR0_EL1 = (3, 0, 0, 6, 0);
+    /// Instruction set attribute register 1 (PAuth, LRCPC, JSCVT).
+    ID_AA64ISAR1_EL1 = (3, 0, 0, 6, 1);
     /// Memory model feature register 0 (translation granules, PA range).
     ID_AA64MMFR0_EL1 = (3, 0, 0, 7, 0);
     /// Memory model feature register 1 (PAN, VHE, HAFDBS).
     ID_AA64MMFR1_EL1 = (3, 0, 0, 7, 1);
+    /// Memory model feature register 2.
+    ID_AA64MMFR2_EL1 = (3, 0, 0, 7, 2);
     /// System control register (EL1).
     SCTLR_EL1 = (3, 0, 1, 0, 0);
     /// Architectural feature access control (FP/SIMD enable).

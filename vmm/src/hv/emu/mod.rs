@@ -19,8 +19,9 @@
 //!   becomes a synchronous external abort.
 //! - System registers (quirk 6): ICC_* and the EL1 physical timer's CNTP_*
 //!   go to [`VcpuIo`]; the counter (CNTPCT_EL0 reads CNTVCT_EL0) and the
-//!   EL1 virtual timer are emulated ([`timer`], quirk 7); ID_AA64MMFR0_EL1
-//!   advertises the 16 KiB granule (quirk 13).
+//!   EL1 virtual timer are emulated ([`timer`], quirk 7); the ID registers
+//!   read as [`crate::arch::idregs`] says (including the 16 KiB granule,
+//!   quirk 13) and the PMU registers RAZ/WI (no PMU advertised).
 //! - Interrupts: HCR_EL2.VI follows [`VcpuIo::irq_line`] (quirk 5).
 //! - Stops: other threads only set flags; a block hook stops the engine
 //!   before a block's first instruction (quirk 9). With several vCPUs it

@@ -1,6 +1,7 @@
 //! System registers (quirk 6): the MRS/MSR/SYS hooks' handlers (the GIC CPU
 //! interface and the EL1 physical timer through [`VcpuIo`], the counter and
-//! virtual timer, emulated ID registers, TLB and IC maintenance, address
+//! virtual timer, the advertised ID registers ([`crate::arch::idregs`]),
+//! the absent PMU (RAZ/WI), TLB and IC maintenance, address
 //! translation), the vCPU's entry state, and [`Vcpu::sysreg`] /
 //! [`Vcpu::set_sysreg`].
 
@@ -9,6 +10,7 @@ use super::timer;
 use super::vcpu::{EmuVcpu, HookState};
 use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB};
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
+use crate::arch::idregs;
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::{HvError, Result};
@@ -46,10 +48,10 @@ pub(super) fn emulated_mrs(k: SysReg) -> bool {
             | sr::CNTV_CTL_EL0
             | sr::CNTV_CVAL_EL0
             | sr::CNTV_TVAL_EL0
-            | sr::ID_AA64MMFR0_EL1
-            | sr::ID_AA64PFR0_EL1
     ) || is_icc(k)
         || is_ptimer(k)
+        || idregs::is_pmu(k)
+        || idregs::advertised(k).is_some()
 }
 
 /// Whether the MSR hook handles `k`.
@@ -66,11 +68,11 @@ pub(super) fn emulated_msr(k: SysReg) -> bool {
             | sr::TTBR1_EL1
     ) || is_icc(k)
         || is_ptimer(k)
+        || idregs::is_pmu(k)
 }
 
 impl HookState {
-    /// Writes the entry state of a new vCPU and reads the ID registers the
-    /// VMM emulates.
+    /// Writes the entry state of a new vCPU.
     pub(super) fn init_sysregs(&mut self) -> Result<()> {
         let uc = self.uc;
         // Entry state (quirk 2): Non-secure, EL2 present with HVC enabled,
@@ -86,11 +88,11 @@ impl HookState {
         // EL1 physical counter and timer not trapped to EL2.
         cp(sr::CNTHCTL_EL2, 3)?;
         cp(sr::VMPIDR_EL2, self.mpidr)?;
-        let rd = |reg: SysReg| uc.cp_read(reg).map_err(uc_err("read system register"));
-        self.id_mmfr0 = (rd(sr::ID_AA64MMFR0_EL1)? & !(0xf << 20)) | (1 << 20); // TGran16
-        self.id_pfr0 = (rd(sr::ID_AA64PFR0_EL1)? & !(0xf << 24)) | (1 << 24); // GIC sysregs
+        // The features the guest is told of (arch::idregs), which unicorn's
+        // Cortex-A72 has (neither PAN nor SSBS).
+        let id = |reg| idregs::advertised(reg).unwrap_or(0);
         self.features =
-            CpuFeatures::from_id_regs(rd(sr::ID_AA64MMFR1_EL1)?, rd(sr::ID_AA64PFR1_EL1)?);
+            CpuFeatures::from_id_regs(id(sr::ID_AA64MMFR1_EL1), id(sr::ID_AA64PFR1_EL1));
         Ok(())
     }
 
@@ -128,15 +130,12 @@ impl HookState {
                     _ => self.vtimer.read_tval(vcount),
                 }
             }
-            sr::ID_AA64MMFR0_EL1 | sr::ID_AA64PFR0_EL1 => {
+            k if idregs::is_pmu(k) => 0, // no PMU: RAZ at every EL, as on HVF
+            k if idregs::advertised(k).is_some() => {
                 if self.el() == 0 {
                     return 0; // UNDEFINED at EL0; Linux emulates it
                 }
-                if key == sr::ID_AA64MMFR0_EL1 {
-                    self.id_mmfr0
-                } else {
-                    self.id_pfr0
-                }
+                idregs::advertised(k).unwrap_or(0)
             }
             k if is_ptimer(k) => {
                 if self.el() == 0 && !self.el0_timer_ok(k) {
@@ -220,6 +219,7 @@ impl HookState {
                 }
                 1
             }
+            k if idregs::is_pmu(k) => 1, // no PMU: WI at every EL, as on HVF
             sr::CNTKCTL_EL1 => {
                 if self.el() == 1 {
                     self.cntkctl = value;
@@ -348,7 +348,7 @@ impl HookState {
 
 impl EmuVcpu {
     /// [`Vcpu::sysreg`]: the virtual timer and counter (CNTPCT_EL0 reads
-    /// the virtual count), MPIDR and the emulated ID registers from the
+    /// the virtual count), MPIDR and the advertised ID registers from the
     /// VMM's state, FPCR/FPSR and SP_EL0/SP_EL1 from unicorn's registers,
     /// anything else unicorn knows through a raw CP_REG read; ICC_* belong
     /// to the VMM's GIC and CNTP_* to its physical timer.
@@ -364,8 +364,7 @@ impl EmuVcpu {
             sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
             sr::CNTVOFF_EL2 => st.vm.counter_offset(),
             sr::MPIDR_EL1 => st.mpidr,
-            sr::ID_AA64MMFR0_EL1 => st.id_mmfr0,
-            sr::ID_AA64PFR0_EL1 => st.id_pfr0,
+            r if idregs::advertised(r).is_some() => idregs::advertised(r).unwrap_or(0),
             sr::FPCR => uc.read(R::FPCR).map_err(err)?,
             sr::FPSR => uc.read(R::FPSR).map_err(err)?,
             sr::SP_EL0 | sr::SP_EL1 => {

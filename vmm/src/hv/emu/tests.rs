@@ -178,6 +178,26 @@ const COUNTERS: &[u32] = &[
     0xd538_0703, // 0x0c: mrs x3, id_aa64mmfr0_el1
     0xd400_0002, // 0x10: hvc #0
 ];
+/// `id_regs`: the advertised ID registers, and the absent PMU's RAZ/WI.
+const ID_REGS: &[u32] = &[
+    0xd538_0400, // 0x00: mrs x0, id_aa64pfr0_el1
+    0xd538_0421, // 0x04: mrs x1, id_aa64pfr1_el1
+    0xd538_0502, // 0x08: mrs x2, id_aa64dfr0_el1
+    0xd538_0523, // 0x0c: mrs x3, id_aa64dfr1_el1
+    0xd538_0604, // 0x10: mrs x4, id_aa64isar0_el1
+    0xd538_0625, // 0x14: mrs x5, id_aa64isar1_el1
+    0xd538_0706, // 0x18: mrs x6, id_aa64mmfr0_el1
+    0xd538_0727, // 0x1c: mrs x7, id_aa64mmfr1_el1
+    0xd538_0748, // 0x20: mrs x8, id_aa64mmfr2_el1
+    0xd51b_9c09, // 0x24: msr pmcr_el0, x9
+    0xd51b_9c29, // 0x28: msr pmcntenset_el0, x9
+    0xd51b_9c89, // 0x2c: msr pmswinc_el0, x9
+    0xd53b_9c0a, // 0x30: mrs x10, pmcr_el0
+    0xd53b_9ccb, // 0x34: mrs x11, pmceid0_el0
+    0xd53b_9d0c, // 0x38: mrs x12, pmccntr_el0
+    0xd53b_e80d, // 0x3c: mrs x13, pmevcntr0_el0
+    0xd400_0002, // 0x40: hvc #0
+];
 /// `counts`
 const COUNTS: &[u32] = &[
     0xd53b_e040, // 0x00: mrs x0, cntvct_el0
@@ -429,6 +449,21 @@ fn entry_state_is_el1h_masked_with_mmu_off() {
     assert_eq!(g.x(2), 0x8000_0000, "MPIDR_EL1 with RES1 bit 31");
     assert_eq!((g.x(3) >> 20) & 0xf, 1, "TGran16 advertised");
     assert_eq!(g.sys(sr::MPIDR_EL1), 0x8000_0000);
+}
+
+#[test]
+fn id_registers_are_the_shared_table_and_the_pmu_is_absent() {
+    let mut g = Guest::new(ID_REGS);
+    g.set_x(9, u64::MAX);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    for (n, (reg, value)) in crate::arch::idregs::ADVERTISED.iter().enumerate() {
+        assert_eq!(g.x(n as u8), *value, "{reg:?} as the guest reads it");
+        assert_eq!(g.sys(*reg), *value, "{reg:?} as the VMM reads it");
+    }
+    // PMCR_EL0, PMCEID0_EL0, PMCCNTR_EL0, PMEVCNTR0_EL0: RAZ/WI.
+    for n in 10..=13 {
+        assert_eq!(g.x(n), 0, "x{n}");
+    }
 }
 
 #[test]

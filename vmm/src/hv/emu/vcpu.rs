@@ -107,8 +107,6 @@ impl EmuVcpu {
             identity: false,
             panic: None,
             mpidr: mpidr | (1 << 31),
-            id_mmfr0: 0,
-            id_pfr0: 0,
             features: CpuFeatures {
                 pan: false,
                 ssbs: false,
@@ -461,10 +459,6 @@ pub(crate) struct HookState {
     pub panic: Option<Box<dyn Any + Send>>,
     /// MPIDR_EL1 as the guest reads it.
     pub mpidr: u64,
-    /// Emulated ID_AA64MMFR0_EL1 (TGran16 advertised, quirk 13).
-    pub id_mmfr0: u64,
-    /// Emulated ID_AA64PFR0_EL1 (GIC system registers advertised).
-    pub id_pfr0: u64,
     /// PSTATE features of the emulated CPU, for exception entry.
     pub features: CpuFeatures,
     /// `user_data` of the fast-path MMIO regions (filled once, never moved).

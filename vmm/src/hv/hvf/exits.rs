@@ -18,10 +18,11 @@ use crate::arch::esr::{
     FSC_SYNC_EXTERNAL,
 };
 use crate::arch::exception::{current_el, exception_entry, CpuFeatures, GuestException};
+use crate::arch::idregs::is_pmu;
 use crate::arch::layout::{RamRange, PAGE_SIZE};
 use crate::arch::sysreg::{
-    SysReg, ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, OSDLR_EL1, OSLAR_EL1,
-    OSLSR_EL1, SCTLR_EL1, SPSR_EL1, VBAR_EL1,
+    ELR_EL1, ESR_EL1, FAR_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR1_EL1, OSDLR_EL1, OSLAR_EL1, OSLSR_EL1,
+    SCTLR_EL1, SPSR_EL1, VBAR_EL1,
 };
 use crate::hv::{self, HvError, Reg, Vcpu, VcpuExit, VcpuIo};
 
@@ -212,16 +213,6 @@ pub fn decide(exit: &ExitRecord, ram: RamRange, write_protect: bool) -> Action {
         Syndrome::InstrAbort(_) => unhandled("instruction abort at stage 2"),
         _ => unhandled("exception class not handled by the VMM"),
     }
-}
-
-/// PMUv3 registers: op0 = 3, CRn = 9, CRm = 12..=14 (PMCR_EL0 to
-/// PMOVSSET_EL0, PMINTEN*_EL1), and `PMEVCNTR<n>`/`PMEVTYPER<n>`/PMCCFILTR_EL0
-/// (op0 = 3, op1 = 3, CRn = 14, CRm = 8..=15). Arm ARM D24.5.
-fn is_pmu(reg: SysReg) -> bool {
-    let (op0, op1, crn, crm, _) = reg.fields();
-    op0 == 3
-        && ((crn == 9 && (12..=14).contains(&crm) && (op1 == 0 || op1 == 3))
-            || (op1 == 3 && crn == 14 && crm >= 8))
 }
 
 fn sysreg_action(access: SysRegAccess) -> GuestAction {
@@ -635,7 +626,7 @@ mod tests {
     use crate::arch::esr::FaultStatus;
     use crate::arch::esr_vectors::*;
     use crate::arch::layout::RAM_BASE;
-    use crate::arch::sysreg::{CNTPCT_EL0, ICC_EOIR1_EL1, ICC_IAR1_EL1, ID_AA64MMFR0_EL1};
+    use crate::arch::sysreg::{SysReg, CNTPCT_EL0, ICC_EOIR1_EL1, ICC_IAR1_EL1, ID_AA64MMFR0_EL1};
     use crate::hv::fake::{FakeVcpu, PC, PSTATE_EL1H_Z, VBAR};
     use crate::hv::{MmioFault, VcpuId};
     const RAM: RamRange = RamRange {

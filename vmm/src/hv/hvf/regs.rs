@@ -5,6 +5,7 @@
 //! translation is a table, and compile-time assertions check that our
 //! [`SysReg`] packing equals HVF's value for every register both name.
 
+use crate::arch::idregs;
 use crate::arch::sysreg::{self, SysReg};
 use crate::hv::Reg;
 use applevisor_sys::{hv_reg_t, hv_simd_fp_reg_t, hv_sys_reg_t};
@@ -110,8 +111,8 @@ pub(super) fn hv_fp_status_reg(reg: SysReg) -> Option<hv_reg_t> {
 macro_rules! hv_sysregs {
     ($($name:ident),* $(,)?) => {
         /// Every system register [`super::HvfVcpu`] reads and writes through
-        /// `hv_vcpu_get_sys_reg`/`hv_vcpu_set_sys_reg` (the macOS 11 set;
-        /// ID registers are read-only), plus FPCR and FPSR.
+        /// `hv_vcpu_get_sys_reg`/`hv_vcpu_set_sys_reg` (the macOS 11 set; the
+        /// ID registers are written once, at creation), plus FPCR and FPSR.
         pub const HVF_SYSREGS: &[SysReg] = &[
             $(SysReg(hv_sys_reg_t::$name as u16),)*
             sysreg::FPCR,
@@ -278,6 +279,19 @@ const _: () = {
     }
 };
 
+// Every ID register both backends advertise is one HVF can set.
+const _: () = {
+    let mut i = 0;
+    while i < idregs::ADVERTISED.len() {
+        let mut j = 0;
+        while HVF_SYSREGS[j].0 != idregs::ADVERTISED[i].0 .0 {
+            j += 1;
+            assert!(j < HVF_SYSREGS.len(), "an advertised ID register HVF lacks");
+        }
+        i += 1;
+    }
+};
+
 macro_rules! same_encoding {
     ($($ours:path => $hv:ident),* $(,)?) => {
         $(const _: () = assert!($ours.0 == hv_sys_reg_t::$hv as u16);)*
@@ -289,7 +303,14 @@ same_encoding!(
     sysreg::MIDR_EL1 => MIDR_EL1,
     sysreg::MPIDR_EL1 => MPIDR_EL1,
     sysreg::ID_AA64PFR0_EL1 => ID_AA64PFR0_EL1,
+    sysreg::ID_AA64PFR1_EL1 => ID_AA64PFR1_EL1,
+    sysreg::ID_AA64DFR0_EL1 => ID_AA64DFR0_EL1,
+    sysreg::ID_AA64DFR1_EL1 => ID_AA64DFR1_EL1,
+    sysreg::ID_AA64ISAR0_EL1 => ID_AA64ISAR0_EL1,
+    sysreg::ID_AA64ISAR1_EL1 => ID_AA64ISAR1_EL1,
     sysreg::ID_AA64MMFR0_EL1 => ID_AA64MMFR0_EL1,
+    sysreg::ID_AA64MMFR1_EL1 => ID_AA64MMFR1_EL1,
+    sysreg::ID_AA64MMFR2_EL1 => ID_AA64MMFR2_EL1,
     sysreg::SCTLR_EL1 => SCTLR_EL1,
     sysreg::CPACR_EL1 => CPACR_EL1,
     sysreg::TTBR0_EL1 => TTBR0_EL1,

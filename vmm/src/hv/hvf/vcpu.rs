@@ -6,6 +6,7 @@ use super::ffi::{vcpus_exit, HvVcpuId, RawVcpu};
 use super::regs;
 use super::vm::{call_err, host_count, VmShared};
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
+use crate::arch::idregs;
 use crate::arch::sysreg::{SysReg, OSLSR_EL1};
 use crate::arch::timer::timer_asserted;
 use crate::hv::{HvError, Kick, Reg, Result, Vcpu, VcpuExit, VcpuId, VcpuIo};
@@ -67,12 +68,34 @@ pub struct HvfVcpu {
     local: LocalState,
 }
 
+/// Writes the ID registers both backends advertise ([`idregs::ADVERTISED`],
+/// all of them `hv_sys_reg_t` registers) before the vCPU first runs, as
+/// QEMU's hvf does for ID_AA64PFR0_EL1. A register the
+/// framework refuses or changes keeps the host's value, with a warning
+/// naming it (the guest then sees a value `emu` does not advertise).
+fn set_id_regs(vcpu: &RawVcpu) {
+    for (reg, value) in idregs::ADVERTISED {
+        let Some(r) = regs::hv_sys_reg(reg) else {
+            continue; // never: regs.rs checks every entry has an hv_sys_reg_t
+        };
+        match vcpu
+            .set_sys_reg(r, value)
+            .and_then(|()| vcpu.get_sys_reg(r))
+        {
+            Ok(v) if v == value => {}
+            Ok(v) => tracing::warn!("{reg:?}: HVF keeps {v:#x}, not the advertised {value:#x}"),
+            Err(e) => tracing::warn!("{reg:?}: hv_vcpu_set_sys_reg failed: {e}"),
+        }
+    }
+}
+
 impl HvfVcpu {
     /// Creates the vCPU on the calling thread (see [`crate::hv::Vm::create_vcpu`]).
     pub(super) fn create(shared: Arc<VmShared>, id: VcpuId, mpidr: u64) -> Result<Self> {
         let vcpu = RawVcpu::create().map_err(call_err("hv_vcpu_create"))?;
         vcpu.set_sys_reg(hv_sys_reg_t::MPIDR_EL1, mpidr)
             .map_err(call_err("hv_vcpu_set_sys_reg"))?;
+        set_id_regs(&vcpu);
         vcpu.set_reg(hv_reg_t::CPSR, PSTATE_EL1H | PSTATE_DAIF)
             .map_err(call_err("hv_vcpu_set_reg"))?;
         vcpu.set_trap_debug_exceptions(false)
@@ -286,8 +309,9 @@ impl Vcpu for HvfVcpu {
             .map_err(call_err("hv_vcpu_get_sys_reg"))
     }
 
-    /// As [`HvfVcpu::sysreg`]; HVF refuses writes to ID registers. An
-    /// OSLSR_EL1 write sets the OS lock (a reset's).
+    /// As [`HvfVcpu::sysreg`]; the ID registers are written once, at
+    /// creation, from [`crate::arch::idregs`]. An OSLSR_EL1 write sets the
+    /// OS lock (a reset's or a restore's).
     fn set_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()> {
         if reg == OSLSR_EL1 {
             self.local.set_oslsr(value);
