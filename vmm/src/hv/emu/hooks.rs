@@ -350,32 +350,14 @@ pub(super) unsafe fn register(
             all,
             None,
         )?;
-        let mrs = mrs_hook as *mut c_void;
-        let msr = msr_hook as *mut c_void;
-        add_hook(
-            handle,
-            HookType::INSN,
-            mrs,
-            ud,
-            all,
-            Some(Arm64Insn::UC_ARM64_INS_MRS),
-        )?;
-        add_hook(
-            handle,
-            HookType::INSN,
-            msr,
-            ud,
-            all,
-            Some(Arm64Insn::UC_ARM64_INS_MSR),
-        )?;
-        add_hook(
-            handle,
-            HookType::INSN,
-            msr,
-            ud,
-            all,
-            Some(Arm64Insn::UC_ARM64_INS_SYS),
-        )?;
+        // MSR and SYS share one handler.
+        for (hook, insn) in [
+            (mrs_hook as *mut c_void, Arm64Insn::UC_ARM64_INS_MRS),
+            (msr_hook as *mut c_void, Arm64Insn::UC_ARM64_INS_MSR),
+            (msr_hook as *mut c_void, Arm64Insn::UC_ARM64_INS_SYS),
+        ] {
+            add_hook(handle, HookType::INSN, hook, ud, all, Some(insn))?;
+        }
     }
     Ok(())
 }
