@@ -1,5 +1,8 @@
 //! Locking and waiting on shared VMM state.
 //!
+//! Threads that sleep until a guest deadline (timers, WFI) call
+//! [`punctual_wakeups`] first.
+//!
 //! Every critical section in the VMM leaves its state consistent at each step,
 //! and a panic on one thread (reported as a VM error) must not become a second
 //! panic on every other thread that touches the same device. So locks and
@@ -40,6 +43,19 @@ impl Waited for Condvar {
         self.wait_timeout(guard, timeout)
             .unwrap_or_else(PoisonError::into_inner)
             .0
+    }
+}
+
+/// Makes the calling thread's timed waits end as close to their deadline as
+/// the host allows: on Linux, a timer slack of 1 ns instead of the default
+/// 50 us (`PR_SET_TIMERSLACK`), which would otherwise delay every guest timer
+/// interrupt by about that much. Nothing elsewhere.
+pub fn punctual_wakeups() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes an integer and changes only the
+    // calling thread's slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
     }
 }
 

@@ -93,7 +93,19 @@ pub enum Prot {
 pub trait Kick: Send + Sync {
     /// Requests the exit.
     fn kick(&self);
+
+    /// The vCPU's IRQ line may have risen ([`VcpuIo::irq_line`]): the vCPU
+    /// re-evaluates it before it next executes guest code, without returning
+    /// from [`Vcpu::run`] for it, so that a spinning vCPU takes the
+    /// interrupt at once. The default is a [`Kick::kick`].
+    fn irq_line_changed(&self) {
+        self.kick();
+    }
 }
+
+/// A round-robin backend's request that vCPU `id` run soon, for a reason
+/// only the backend sees ([`Vm::set_run_request`]). Called from any thread.
+pub type RunRequest = Arc<dyn Fn(VcpuId) + Send + Sync>;
 
 /// Why [`Vcpu::run`] returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,6 +247,13 @@ pub trait Vm: Send + Sync {
     /// The in-kernel GIC, if the VM was created with one ([`GicMode::Hvf`]);
     /// `None` for the userspace GIC.
     fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>>;
+    /// Registers how the backend asks for a vCPU to be scheduled. Backends
+    /// that run several vCPUs on one thread ([`Hypervisor::ROUND_ROBIN`])
+    /// call it when a vCPU that may not be the running one has work only the
+    /// backend can see (its virtual timer fired), so that the vCPU's thread
+    /// can give it the next turn. Others never call it (the default ignores
+    /// it).
+    fn set_run_request(&self, _request: RunRequest) {}
 }
 
 /// A virtual CPU. Not `Send`: it stays on the thread that created it.

@@ -71,7 +71,7 @@ where
     let t = Instant::now();
     let (disk, disk_len, disk_path, work_disk) = open_disk(plan.disk)?;
     let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
-    let control = Arc::new(Control::new(irqchip.clone(), plan.power, groups.len()));
+    let control = Arc::new(Control::new(irqchip.clone(), plan.power, &groups));
     let (chip, ctl) = (irqchip.clone(), control.clone());
     let args = DeviceArgs {
         ram: plan.ram.clone(),
@@ -98,6 +98,14 @@ where
         }),
     )
     .context("cannot start the physical timer thread")?;
+    // A round-robin backend's timer asks for its vCPU's turn (and the
+    // control block is dropped with the machine, so hold it weakly).
+    let ctl = Arc::downgrade(&control);
+    vm.set_run_request(Arc::new(move |vcpu| {
+        if let Some(c) = ctl.upgrade() {
+            c.run_soon(vcpu, false);
+        }
+    }));
     let shared = Arc::new(Shared {
         bus: bus(&irqchip, &devices, plan.cpus),
         ram: plan.ram,

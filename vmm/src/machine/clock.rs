@@ -138,7 +138,10 @@ impl Clock {
             let inner = inner.clone();
             std::thread::Builder::new()
                 .name("ptimer".into())
-                .spawn(move || inner.run())?
+                .spawn(move || {
+                    crate::sync::punctual_wakeups();
+                    inner.run()
+                })?
         };
         Ok(Clock {
             inner,

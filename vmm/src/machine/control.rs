@@ -15,6 +15,7 @@ use super::state::{VcpuPower, VcpuState};
 use super::VmExit;
 use crate::hv::{Kick, VcpuId};
 use crate::sync::{Locked, Waited};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,6 +50,71 @@ impl RunState {
     }
 }
 
+/// The turns of one vCPU thread's vCPUs: which one is in
+/// [`crate::hv::Vcpu::run`], and which want the next turns. With several
+/// vCPUs on a thread ([`crate::hv::Hypervisor::ROUND_ROBIN`]), a vCPU that
+/// gets an interrupt, or whose timer fires, while another one runs is given
+/// the next turn and the running one is kicked, so that the interrupt waits
+/// for a block boundary instead of a time slice.
+#[derive(Debug)]
+pub(super) struct Turns {
+    /// The vCPU in `run`, or `NONE`.
+    running: AtomicUsize,
+    /// vCPUs (bit `id`) that get the next turns, lowest first.
+    urgent: AtomicU64,
+    /// The thread runs several vCPUs (else nothing is ever urgent).
+    several: bool,
+}
+
+impl Turns {
+    const NONE: usize = usize::MAX;
+
+    fn new(several: bool) -> Self {
+        Turns {
+            running: AtomicUsize::new(Self::NONE),
+            urgent: AtomicU64::new(0),
+            several,
+        }
+    }
+
+    /// Records the vCPU in `run` (`None` between runs).
+    pub(super) fn set_running(&self, vcpu: Option<VcpuId>) {
+        self.running
+            .store(vcpu.unwrap_or(Self::NONE), Ordering::SeqCst);
+    }
+
+    /// The vCPU in `run`, if any.
+    pub(super) fn running(&self) -> Option<VcpuId> {
+        Some(self.running.load(Ordering::SeqCst)).filter(|&v| v != Self::NONE)
+    }
+
+    /// Takes the lowest vCPU of `ids` that wants a turn: its index in `ids`.
+    pub(super) fn take_urgent(&self, ids: &[VcpuId]) -> Option<usize> {
+        let mut cur = self.urgent.load(Ordering::SeqCst);
+        loop {
+            let slot = ids.iter().position(|&id| cur & (1 << id) != 0)?;
+            let next = cur & !(1 << ids[slot]);
+            match self
+                .urgent
+                .compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(slot),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Whether a vCPU wants a turn.
+    pub(super) fn any_urgent(&self) -> bool {
+        self.urgent.load(Ordering::SeqCst) != 0
+    }
+
+    /// Marks `vcpu` as wanting a turn; whether it did not already.
+    fn want(&self, vcpu: VcpuId) -> bool {
+        self.urgent.fetch_or(1 << vcpu, Ordering::SeqCst) & (1 << vcpu) == 0
+    }
+}
+
 /// The shared control block of a running VM.
 pub(super) struct Control {
     state: Mutex<RunState>,
@@ -58,13 +124,27 @@ pub(super) struct Control {
     irqchip: Irqchip,
     /// Number of vCPU threads.
     threads: usize,
+    /// Per vCPU, the turns of its thread.
+    turns: Vec<Arc<Turns>>,
 }
 
 impl Control {
-    /// The control block of `power.len()` vCPUs on `threads` threads, with
-    /// their initial power states.
-    pub(super) fn new(irqchip: Irqchip, power: Vec<VcpuPower>, threads: usize) -> Self {
+    /// The control block of `power.len()` vCPUs on threads that run
+    /// `groups` of them, with their initial power states.
+    pub(super) fn new(irqchip: Irqchip, power: Vec<VcpuPower>, groups: &[Vec<VcpuId>]) -> Self {
         let cpus = power.len();
+        assert!(cpus <= 64, "vCPU sets are 64-bit masks");
+        let mut turns: Vec<Option<Arc<Turns>>> = vec![None; cpus];
+        for group in groups {
+            let t = Arc::new(Turns::new(group.len() > 1));
+            for &id in group {
+                turns[id] = Some(t.clone());
+            }
+        }
+        let turns = turns
+            .into_iter()
+            .map(|t| t.expect("every vCPU is in a thread group"))
+            .collect();
         Control {
             state: Mutex::new(RunState {
                 generation: 0,
@@ -80,8 +160,14 @@ impl Control {
             wake: Condvar::new(),
             kicks: Mutex::new(vec![None; cpus]),
             irqchip,
-            threads,
+            threads: groups.len(),
+            turns,
         }
+    }
+
+    /// The turns of `vcpu`'s thread.
+    pub(super) fn turns(&self, vcpu: VcpuId) -> Arc<Turns> {
+        self.turns[vcpu].clone()
     }
 
     /// Locks the run state.
@@ -132,14 +218,6 @@ impl Control {
         }
     }
 
-    /// Bumps the wake-up generation, wakes the waiters and kicks the vCPUs
-    /// `which` selects.
-    pub(super) fn wake_where(&self, which: impl Fn(VcpuId) -> bool) {
-        self.lock().generation += 1;
-        self.notify();
-        self.kick_where(which);
-    }
-
     /// Ends the VM (the first reason wins) and stops every vCPU.
     pub(super) fn finish(&self, why: VmExit) {
         {
@@ -167,16 +245,59 @@ impl Control {
     }
 
     /// Called after the GIC's pending state may have changed for other
-    /// vCPUs. With the userspace GIC, wakes and kicks the vCPUs that now
-    /// have an interrupt pending; with an in-kernel GIC (which delivers to
+    /// vCPUs. With the userspace GIC, wakes the vCPUs sleeping in WFI and
+    /// brings the interrupt to each vCPU that now has one pending
+    /// ([`Control::run_soon`]); with an in-kernel GIC (which delivers to
     /// running vCPUs itself) wakes the vCPUs sleeping in WFI, which cannot
     /// tell whether it was for them.
     pub(super) fn interrupts_changed(&self) {
         match self.irqchip.pending_vcpus() {
             Some(pending) if pending.is_empty() => {}
-            Some(pending) => self.wake_where(|v| pending.contains(v)),
+            Some(pending) => {
+                self.lock().generation += 1;
+                self.notify();
+                for v in pending.iter() {
+                    self.run_soon(v, true);
+                }
+            }
             None => {
                 self.lock().generation += 1;
+                self.notify();
+            }
+        }
+    }
+
+    /// Makes `vcpu` run soon: if it is running, and `irq` says its IRQ line
+    /// may have risen, it re-evaluates the line at once
+    /// ([`Kick::irq_line_changed`]); if another vCPU of its thread is
+    /// running, `vcpu` gets the next turn and the running one is kicked
+    /// (once per turn wanted). Called from any thread.
+    pub(super) fn run_soon(&self, vcpu: VcpuId, irq: bool) {
+        let Some(turns) = self.turns.get(vcpu) else {
+            return;
+        };
+        match turns.running() {
+            Some(r) if r == vcpu => {
+                if irq {
+                    if let Some(k) = &self.kicks.locked()[vcpu] {
+                        k.irq_line_changed();
+                    }
+                }
+            }
+            Some(r) if turns.several => {
+                if turns.want(vcpu) {
+                    if let Some(k) = &self.kicks.locked()[r] {
+                        k.kick();
+                    }
+                }
+            }
+            _ => {
+                if turns.several {
+                    turns.want(vcpu);
+                }
+                // A thread about to wait for a deadline sees the request
+                // (it checks under the lock), or is waiting and wakes.
+                drop(self.lock());
                 self.notify();
             }
         }
@@ -304,5 +425,110 @@ impl Drop for EndOnPanic<'_> {
             self.0
                 .finish(VmExit::Error(format!("thread {name} panicked (see above)")));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::gicv3::Gicv3;
+
+    /// Counts kicks and line re-evaluations.
+    #[derive(Default)]
+    struct Counting {
+        kicks: AtomicUsize,
+        lines: AtomicUsize,
+    }
+
+    impl Kick for Counting {
+        fn kick(&self) {
+            self.kicks.fetch_add(1, Ordering::SeqCst);
+        }
+        fn irq_line_changed(&self) {
+            self.lines.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A control block of `groups` with a counting kicker per vCPU.
+    fn control(groups: &[Vec<VcpuId>]) -> (Control, Vec<Arc<Counting>>) {
+        let cpus = groups.iter().map(Vec::len).sum();
+        let c = Control::new(
+            Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
+            vec![VcpuPower::On; cpus],
+            groups,
+        );
+        let kicks: Vec<Arc<Counting>> = (0..cpus).map(|_| Arc::default()).collect();
+        for (id, k) in kicks.iter().enumerate() {
+            c.set_kicker(id, k.clone());
+        }
+        (c, kicks)
+    }
+
+    fn counts(k: &Counting) -> (usize, usize) {
+        (
+            k.kicks.load(Ordering::SeqCst),
+            k.lines.load(Ordering::SeqCst),
+        )
+    }
+
+    #[test]
+    fn the_running_vcpu_re_evaluates_its_line_without_leaving_run() {
+        let (c, k) = control(&[vec![0, 1, 2]]);
+        c.turns(0).set_running(Some(1));
+        c.run_soon(1, true);
+        assert_eq!(counts(&k[1]), (0, 1));
+        assert!(!c.turns(0).any_urgent());
+        // A timer request for the running vCPU: the backend already knows.
+        c.run_soon(1, false);
+        assert_eq!(counts(&k[1]), (0, 1));
+    }
+
+    #[test]
+    fn another_vcpu_of_the_thread_gets_the_next_turn_and_the_running_one_is_kicked_once() {
+        let (c, k) = control(&[vec![0, 1, 2, 3]]);
+        let t = c.turns(0);
+        t.set_running(Some(0));
+        c.run_soon(3, true);
+        c.run_soon(3, true);
+        c.run_soon(2, false);
+        assert_eq!(counts(&k[0]), (2, 0), "one kick per vCPU that wants a turn");
+        assert_eq!(counts(&k[3]), (0, 0));
+        let ids = [0, 1, 2, 3];
+        assert_eq!(t.take_urgent(&ids), Some(2), "lowest first");
+        assert_eq!(t.take_urgent(&ids), Some(3));
+        assert_eq!(t.take_urgent(&ids), None);
+        // Taken: the next interrupt asks again.
+        c.run_soon(3, true);
+        assert_eq!(counts(&k[0]), (3, 0));
+    }
+
+    #[test]
+    fn a_thread_between_runs_finds_the_request() {
+        let (c, k) = control(&[vec![0, 1]]);
+        c.run_soon(1, true);
+        assert!(c.turns(0).any_urgent());
+        assert_eq!(c.turns(0).take_urgent(&[0, 1]), Some(1));
+        assert!(k.iter().all(|k| counts(k) == (0, 0)));
+    }
+
+    #[test]
+    fn threads_of_one_vcpu_never_queue_turns() {
+        let (c, k) = control(&[vec![0], vec![1]]);
+        c.turns(1).set_running(Some(1));
+        c.run_soon(0, true);
+        c.run_soon(1, true);
+        assert!(!c.turns(0).any_urgent() && !c.turns(1).any_urgent());
+        assert_eq!(counts(&k[0]), (0, 0));
+        assert_eq!(counts(&k[1]), (0, 1));
+        assert!(!Arc::ptr_eq(&c.turns(0), &c.turns(1)));
+    }
+
+    #[test]
+    fn take_urgent_only_takes_the_threads_own_vcpus() {
+        let (c, _) = control(&[vec![0, 1], vec![2, 3]]);
+        c.turns(2).set_running(Some(2));
+        c.run_soon(3, true);
+        assert_eq!(c.turns(0).take_urgent(&[0, 1]), None);
+        assert_eq!(c.turns(2).take_urgent(&[2, 3]), Some(1));
     }
 }

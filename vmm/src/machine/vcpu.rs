@@ -3,7 +3,7 @@
 //! ([`VcpuIo`]), and the thread's side of the snapshot pause.
 
 use super::config::Start;
-use super::control::{Control, EndOnPanic};
+use super::control::{Control, EndOnPanic, Turns};
 use super::state::{self, VcpuPower};
 use super::{Shared, VmExit};
 use crate::arch::layout;
@@ -16,7 +16,7 @@ use crate::arch::timer::deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
 use anyhow::{bail, Context};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -220,6 +220,8 @@ pub(super) fn spawn_threads<V: Vm + 'static>(
                     // A panic ends the VM with an error instead of leaving the
                     // other threads waiting for this one.
                     let _ended = EndOnPanic(&shared.control);
+                    // WFI sleeps until the guest's timer deadline.
+                    crate::sync::punctual_wakeups();
                     if let Err(e) = vcpu_thread(&*vm, &shared, &ids, start) {
                         shared.control.finish(VmExit::Error(format!("{e:#}")));
                     }
@@ -235,16 +237,21 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
     let Some(mut vcpus) = start_up(vm, &shared.control, ids, &start)? else {
         return Ok(());
     };
+    let turns = shared.control.turns(ids[0]);
+    let several = vcpus.len() > 1;
     // Preempts the running vCPU when several share this thread.
-    let running = Arc::new(AtomicUsize::new(usize::MAX));
-    let _ticker = (vcpus.len() > 1).then(|| {
+    let _ticker = several.then(|| {
         Ticker::start(
-            running.clone(),
-            vcpus.iter().map(|v| v.vcpu.kicker()).collect(),
+            turns.clone(),
+            vcpus
+                .iter()
+                .map(|v| (v.vcpu.id(), v.vcpu.kicker()))
+                .collect(),
         )
     });
 
     let mut io = Io { shared };
+    let mut cursor = 0;
     loop {
         let generation = {
             let c = shared.control.lock();
@@ -258,58 +265,39 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             }
             c.generation
         };
+        // One pass: every vCPU in round-robin order, and before each, a vCPU
+        // that asked for a turn (an interrupt or its timer), at most one
+        // such turn per vCPU of the thread.
         let mut ran = false;
         let mut next_deadline: Option<Instant> = None;
-        for (slot, rv) in vcpus.iter_mut().enumerate() {
-            let id = rv.vcpu.id();
-            let power = shared.control.lock().power[id];
-            match power {
-                VcpuPower::Off => continue,
-                VcpuPower::OnPending { entry, context } => {
-                    rv.reset
-                        .start(&mut rv.vcpu, entry, context)
-                        .with_context(|| format!("cannot start vCPU {id}"))?;
-                    // Its physical timer is the machine's, not the backend's.
-                    shared.clock.reset_timer(id);
-                    shared.control.lock().power[id] = VcpuPower::On;
-                    rv.wfi = None;
+        let (mut in_order, mut asked) = (0, 0);
+        while in_order < vcpus.len() {
+            let wanted = (several && asked < vcpus.len())
+                .then(|| turns.take_urgent(ids))
+                .flatten();
+            let slot = match wanted {
+                Some(slot) => {
+                    asked += 1;
+                    slot
                 }
-                VcpuPower::On => {}
-            }
-            if let Some(wait) = rv.wfi {
-                let due = wait.until.is_some_and(|d| d <= Instant::now());
-                let pending = shared.irqchip.irq_pending(id);
-                if !wfi_wakes(pending, due, generation != wait.generation) {
-                    if let Some(d) = wait.until {
-                        next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
-                    }
-                    continue;
+                None => {
+                    let slot = cursor;
+                    cursor = (cursor + 1) % vcpus.len();
+                    in_order += 1;
+                    slot
                 }
-                rv.wfi = None;
-            }
-            ran = true;
-            running.store(slot, Ordering::Relaxed);
-            let exit = rv.vcpu.run(&mut io);
-            running.store(usize::MAX, Ordering::Relaxed);
-            match exit.with_context(|| format!("vCPU {id}"))? {
-                VcpuExit::Hvc { .. } | VcpuExit::Smc { .. } => {
-                    if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend {
-                        rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?;
-                    }
+            };
+            match take_turn(vm, shared, &mut vcpus[slot], &mut io, &turns, generation)? {
+                Turn::Ran => ran = true,
+                Turn::Waiting(Some(d)) => {
+                    next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
                 }
-                VcpuExit::Wfi => rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?,
-                VcpuExit::Wfe | VcpuExit::Kicked => {}
-                VcpuExit::Unhandled { esr, far, ipa, pc } => {
-                    bail!(
-                        "vCPU {id}: unhandled exception: ESR {esr:#x} (EC {:#x}), FAR {far:#x}, IPA {ipa:#x}, PC {pc:#x}",
-                        esr >> 26
-                    );
-                }
+                Turn::Waiting(None) => {}
             }
         }
         if !ran {
             let c = shared.control.lock();
-            if c.generation != generation || c.exit.is_some() {
+            if c.generation != generation || c.exit.is_some() || turns.any_urgent() {
                 continue;
             }
             match next_deadline {
@@ -323,6 +311,69 @@ fn vcpu_thread<V: Vm>(vm: &V, shared: &Shared, ids: &[VcpuId], start: Start) -> 
             }
         }
     }
+}
+
+/// What a vCPU did with its turn.
+enum Turn {
+    /// It ran.
+    Ran,
+    /// It is off, or in WFI until an interrupt, a wake-up or this deadline.
+    Waiting(Option<Instant>),
+}
+
+/// Gives `rv` a turn at wake-up generation `generation`: starts it if PSCI
+/// CPU_ON asked for it, skips it while it is off or its WFI lasts, else runs
+/// it until its next exit and handles that.
+fn take_turn<V: Vm>(
+    vm: &V,
+    shared: &Shared,
+    rv: &mut RunVcpu<V::Vcpu>,
+    io: &mut Io<'_>,
+    turns: &Turns,
+    generation: u64,
+) -> anyhow::Result<Turn> {
+    let id = rv.vcpu.id();
+    let power = shared.control.lock().power[id];
+    match power {
+        VcpuPower::Off => return Ok(Turn::Waiting(None)),
+        VcpuPower::OnPending { entry, context } => {
+            rv.reset
+                .start(&mut rv.vcpu, entry, context)
+                .with_context(|| format!("cannot start vCPU {id}"))?;
+            // Its physical timer is the machine's, not the backend's.
+            shared.clock.reset_timer(id);
+            shared.control.lock().power[id] = VcpuPower::On;
+            rv.wfi = None;
+        }
+        VcpuPower::On => {}
+    }
+    if let Some(wait) = rv.wfi {
+        let due = wait.until.is_some_and(|d| d <= Instant::now());
+        let pending = shared.irqchip.irq_pending(id);
+        if !wfi_wakes(pending, due, generation != wait.generation) {
+            return Ok(Turn::Waiting(wait.until));
+        }
+        rv.wfi = None;
+    }
+    turns.set_running(Some(id));
+    let exit = rv.vcpu.run(io);
+    turns.set_running(None);
+    match exit.with_context(|| format!("vCPU {id}"))? {
+        VcpuExit::Hvc { .. } | VcpuExit::Smc { .. } => {
+            if handle_psci(&mut rv.vcpu, shared)? == AfterPsci::Suspend {
+                rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?;
+            }
+        }
+        VcpuExit::Wfi => rv.wfi = wfi_wait(vm, shared, &mut rv.vcpu, generation)?,
+        VcpuExit::Wfe | VcpuExit::Kicked => {}
+        VcpuExit::Unhandled { esr, far, ipa, pc } => {
+            bail!(
+                "vCPU {id}: unhandled exception: ESR {esr:#x} (EC {:#x}), FAR {far:#x}, IPA {ipa:#x}, PC {pc:#x}",
+                esr >> 26
+            );
+        }
+    }
+    Ok(Turn::Ran)
 }
 
 /// A vCPU thread's start-up: creates vCPUs `ids`, keeps each one's reset
@@ -499,7 +550,9 @@ struct Ticker {
 }
 
 impl Ticker {
-    fn start(running: Arc<AtomicUsize>, kicks: Vec<Arc<dyn Kick>>) -> Self {
+    /// Kicks whichever of `kicks`' vCPUs `turns` says is running, every
+    /// [`ROUND_ROBIN_SLICE`].
+    fn start(turns: Arc<Turns>, kicks: Vec<(VcpuId, Arc<dyn Kick>)>) -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let _ = std::thread::Builder::new()
@@ -507,7 +560,8 @@ impl Ticker {
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(ROUND_ROBIN_SLICE);
-                    if let Some(k) = kicks.get(running.load(Ordering::Relaxed)) {
+                    let running = turns.running();
+                    if let Some((_, k)) = kicks.iter().find(|(id, _)| Some(*id) == running) {
                         k.kick();
                     }
                 }
@@ -722,7 +776,7 @@ mod tests {
         let control = Arc::new(Control::new(
             Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
             vec![VcpuPower::Off; cpus],
-            groups.len(),
+            &groups,
         ));
         let spawn = |ids: Vec<VcpuId>| {
             let (vm, control, start) = (vm.clone(), control.clone(), start.clone());

@@ -8,8 +8,9 @@
 //! run.
 
 use crate::arch::timer::ticks_to_ns;
+use crate::hv::RunRequest;
 use crate::sync::{Locked, Waited};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,15 +39,20 @@ struct TimerState {
 }
 
 /// Wakes vCPUs at their timer deadlines by setting their attention flag
-/// (the block hook then stops the engine, quirk 9).
+/// (the block hook then stops the engine, quirk 9) and asking for the vCPU
+/// to be scheduled ([`crate::hv::Vm::set_run_request`]).
 pub(crate) struct TimerThread {
     state: Arc<(Mutex<TimerState>, Condvar)>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl TimerThread {
-    /// Starts the thread for `vcpus`.
-    pub(crate) fn start(vcpus: Vec<Arc<VcpuShared>>) -> std::io::Result<Self> {
+    /// Starts the thread for `vcpus`; `request` is the run request, once
+    /// the VMM has registered one.
+    pub(crate) fn start(
+        vcpus: Vec<Arc<VcpuShared>>,
+        request: Arc<OnceLock<RunRequest>>,
+    ) -> std::io::Result<Self> {
         let state = Arc::new((
             Mutex::new(TimerState {
                 deadlines: vec![None; vcpus.len()],
@@ -57,7 +63,7 @@ impl TimerThread {
         let s = state.clone();
         let handle = std::thread::Builder::new()
             .name("emu-vtimer".into())
-            .spawn(move || run(&s, &vcpus))?;
+            .spawn(move || run(&s, &vcpus, &request))?;
         Ok(TimerThread {
             state,
             handle: Some(handle),
@@ -88,7 +94,12 @@ impl Drop for TimerThread {
     }
 }
 
-fn run(state: &(Mutex<TimerState>, Condvar), vcpus: &[Arc<VcpuShared>]) {
+fn run(
+    state: &(Mutex<TimerState>, Condvar),
+    vcpus: &[Arc<VcpuShared>],
+    request: &OnceLock<RunRequest>,
+) {
+    crate::sync::punctual_wakeups();
     let (lock, cv) = state;
     let mut g = lock.locked();
     loop {
@@ -102,6 +113,9 @@ fn run(state: &(Mutex<TimerState>, Condvar), vcpus: &[Arc<VcpuShared>]) {
                 if t <= now {
                     *d = None;
                     vcpus[i].request(ATTN_TIMER);
+                    if let Some(r) = request.get() {
+                        r(i);
+                    }
                 } else {
                     next = Some(next.map_or(t, |n| n.min(t)));
                 }

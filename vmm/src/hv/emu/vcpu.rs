@@ -35,6 +35,11 @@ impl Kick for EmuKicker {
     fn kick(&self) {
         self.0.request(ATTN_KICK);
     }
+
+    /// `run` re-evaluates the line at its next block boundary and goes on.
+    fn irq_line_changed(&self) {
+        self.0.request(ATTN_IRQ);
+    }
 }
 
 /// A vCPU of the `emu` backend: one unicorn engine, owned by the thread that

@@ -6,11 +6,11 @@
 use super::vcpu::EmuVcpu;
 use super::{mmu, timer};
 use crate::arch::layout::{self, MmioAccess, MmioRegion, MMIO_REGIONS, PAGE_SIZE, RAM_BASE};
-use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
+use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, RunRequest, VcpuId, Vm};
 use crate::memory::{marked_pages, GuestRam};
 use crate::sync::Locked;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use unicorn_engine::uc_error;
 use vm_memory::bitmap::AtomicBitmap;
@@ -29,7 +29,8 @@ pub(super) const ATTN_TLB: u32 = 1 << 2;
 pub(super) const ATTN_TB: u32 = 1 << 3;
 /// Drop the translated blocks of the queued code pages (IC IVAU).
 pub(super) const ATTN_IC: u32 = 1 << 4;
-/// The IRQ line rose inside a hook; return to unicorn's main loop to take it.
+/// Re-evaluate the IRQ line (it may have risen, in a hook of this vCPU or
+/// on another thread) and return to unicorn's main loop to take it.
 pub(super) const ATTN_IRQ: u32 = 1 << 5;
 
 /// Most code pages queued for one vCPU before a full TB flush is used instead.
@@ -121,6 +122,8 @@ pub(crate) struct VmShared {
     pub(crate) counter_offset: AtomicU64,
     pub(crate) vcpus: Vec<Arc<VcpuShared>>,
     pub(crate) timer: timer::TimerThread,
+    /// The VMM's run request ([`Vm::set_run_request`]).
+    run_request: Arc<OnceLock<RunRequest>>,
 }
 
 // SAFETY: `host` is the address of the mapping owned by `ram` (kept alive by
@@ -246,10 +249,14 @@ impl EmuVm {
             });
         }
         let shared_vcpus: Vec<_> = (0..vcpus).map(|_| Arc::new(VcpuShared::new())).collect();
-        let timer = timer::TimerThread::start(shared_vcpus.clone()).map_err(|e| HvError::Call {
-            call: "spawn vtimer thread",
-            detail: e.to_string(),
-        })?;
+        let run_request = Arc::new(OnceLock::new());
+        let timer =
+            timer::TimerThread::start(shared_vcpus.clone(), run_request.clone()).map_err(|e| {
+                HvError::Call {
+                    call: "spawn vtimer thread",
+                    detail: e.to_string(),
+                }
+            })?;
         Ok(EmuVm {
             shared: Arc::new(VmShared {
                 host: ram.host_ptr() as usize,
@@ -261,6 +268,7 @@ impl EmuVm {
                 counter_offset: AtomicU64::new(0),
                 vcpus: shared_vcpus,
                 timer,
+                run_request,
             }),
         })
     }
@@ -345,5 +353,11 @@ impl Vm for EmuVm {
     /// None: the `emu` backend has only the userspace GIC.
     fn kernel_gic(&self) -> Option<Arc<dyn KernelGic>> {
         None
+    }
+
+    /// The vtimer thread calls it when a vCPU's deadline passes. Only the
+    /// first registration counts.
+    fn set_run_request(&self, request: RunRequest) {
+        let _ = self.shared.run_request.set(request);
     }
 }

@@ -27,12 +27,16 @@ pub struct HvfKicker {
     /// before `hv_vcpu_destroy`, so `hv_vcpus_exit` never sees a destroyed
     /// id, nor one the framework has given to a newer vCPU.
     vcpu: Mutex<Option<HvVcpuId>>,
+    /// `run` returns [`crate::hv::VcpuExit::Kicked`] for it.
     pending: AtomicBool,
+    /// The thread that created (and runs) the vCPU.
+    thread: std::thread::ThreadId,
 }
 
-impl Kick for HvfKicker {
-    fn kick(&self) {
-        self.pending.store(true, Ordering::Release);
+impl HvfKicker {
+    /// `hv_vcpus_exit`: ends a running `hv_vcpu_run`, or the next one at
+    /// once.
+    fn exit(&self) {
         let vcpu = self.vcpu.locked();
         let Some(id) = *vcpu else {
             return;
@@ -41,6 +45,24 @@ impl Kick for HvfKicker {
         // Drop clears the id under this lock first).
         if let Err(e) = unsafe { vcpus_exit(id) } {
             tracing::debug!("hv_vcpus_exit failed: {e}");
+        }
+    }
+}
+
+impl Kick for HvfKicker {
+    fn kick(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.exit();
+    }
+
+    /// `run` sets the line from [`VcpuIo::irq_line`] before every
+    /// `hv_vcpu_run`: on the vCPU's own thread (an exit being handled, such
+    /// as a trapped ICC_SGI1R_EL1 write to itself) that is enough; from
+    /// another thread, the vCPU leaves the guest once (without returning
+    /// from `run`) to set it.
+    fn irq_line_changed(&self) {
+        if std::thread::current().id() != self.thread {
+            self.exit();
         }
     }
 }
@@ -115,6 +137,7 @@ impl HvfVcpu {
         let kicker = Arc::new(HvfKicker {
             vcpu: Mutex::new(Some(vcpu.id())),
             pending: AtomicBool::new(false),
+            thread: std::thread::current().id(),
         });
         Ok(HvfVcpu {
             vcpu,
