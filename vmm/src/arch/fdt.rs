@@ -5,11 +5,13 @@
 //! kernel that boots there finds the same description here. Bindings: Linux
 //! `Documentation/devicetree/bindings/` (`arm/cpus.yaml`, `arm/psci.yaml`,
 //! `timer/arm,arch_timer.yaml`, `interrupt-controller/arm,gic-v3.yaml`,
-//! `serial/arm,pl011.yaml`, `virtio/mmio.yaml`, `chosen.yaml`).
+//! `serial/arm,pl011.yaml`, `virtio/mmio.yaml`, `rng/microsoft,vmgenid.yaml`,
+//! `reserved-memory/reserved-memory.yaml`, `chosen.yaml`).
 
 use crate::arch::layout::{
-    self, APB_PCLK_HZ, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE, MAX_VCPUS, PL011, RAM_BASE,
-    RAM_MAX, SPI_BASE_INTID, TIMER_PPIS, VIRTIO_MMIO_SLOTS,
+    self, RamRange, APB_PCLK_HZ, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE, MAX_VCPUS,
+    PAGE_SIZE, PL011, RAM_BASE, RAM_MAX, SPI_BASE_INTID, TIMER_PPIS, VIRTIO_MMIO_SLOTS,
+    VMGENID_INTID, VMGENID_SIZE,
 };
 use crate::arch::psci::mpidr_affinity;
 use vm_fdt::FdtWriter;
@@ -31,6 +33,8 @@ const GIC_SPI: u32 = 0;
 const GIC_PPI: u32 = 1;
 /// Interrupt flags cell: level-triggered, active high.
 const IRQ_TYPE_LEVEL_HIGH: u32 = 4;
+/// Interrupt flags cell: rising edge.
+const IRQ_TYPE_EDGE_RISING: u32 = 1;
 
 /// What the device tree describes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,7 +62,7 @@ pub enum FdtError {
     #[error("{0} vCPUs requested; the machine supports 1 to {MAX_VCPUS}")]
     VcpuCount(usize),
     /// RAM size out of range.
-    #[error("RAM size {0} bytes must be non-zero and at most {RAM_MAX} bytes")]
+    #[error("RAM size {0} bytes must be a multiple of {PAGE_SIZE} bytes, at least two such pages and at most {RAM_MAX} bytes")]
     RamSize(u64),
     /// A virtio slot that does not exist.
     #[error("virtio-mmio slot {0} does not exist (slots are 0 to {last})", last = VIRTIO_MMIO_SLOTS - 1)]
@@ -93,7 +97,7 @@ fn validate(cfg: &FdtConfig) -> Result<(), FdtError> {
     if cfg.vcpus == 0 || cfg.vcpus > MAX_VCPUS {
         return Err(FdtError::VcpuCount(cfg.vcpus));
     }
-    if cfg.ram_size == 0 || cfg.ram_size > RAM_MAX {
+    if cfg.ram_size < 2 * PAGE_SIZE || cfg.ram_size % PAGE_SIZE != 0 || cfg.ram_size > RAM_MAX {
         return Err(FdtError::RamSize(cfg.ram_size));
     }
     if cfg.cmdline.len() > CMDLINE_MAX {
@@ -125,8 +129,10 @@ fn pl011_node() -> String {
 /// method), `/psci` (1.0, method `hvc`), `/timer` (the four
 /// [`TIMER_PPIS`], no `clock-frequency`: the kernel reads CNTFRQ_EL0),
 /// `/intc@8000000` (GICv3; GICR sized for `vcpus`), `/apb-pclk`,
-/// `/pl011@9000000`, `/virtio_mmio@...` per slot (`dma-coherent`) and
-/// `/chosen` (bootargs, stdout-path, rng-seed).
+/// `/pl011@9000000`, `/vmgenid@...` (the VM generation ID, in the last RAM
+/// page, which `/reserved-memory` keeps from the kernel), `/virtio_mmio@...`
+/// per slot (`dma-coherent`) and `/chosen` (bootargs, stdout-path,
+/// rng-seed).
 pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     validate(cfg)?;
     let mut fdt = FdtWriter::new()?;
@@ -142,6 +148,23 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_string("device_type", "memory")?;
     fdt.property_array_u64("reg", &[RAM_BASE, cfg.ram_size])?;
     fdt.end_node(memory)?;
+
+    // The VM generation ID's page: out of the kernel's memory, mapped by its
+    // driver (Linux `drivers/virt/vmgenid.c`, binding
+    // `devicetree/bindings/rng/microsoft,vmgenid.yaml`).
+    let vmgenid = layout::vmgenid_gpa(RamRange {
+        base: RAM_BASE,
+        size: cfg.ram_size,
+    });
+    let reserved = fdt.begin_node("reserved-memory")?;
+    fdt.property_u32("#address-cells", 2)?;
+    fdt.property_u32("#size-cells", 2)?;
+    fdt.property_null("ranges")?;
+    let page = fdt.begin_node(&format!("vmgenid@{vmgenid:x}"))?;
+    fdt.property_array_u64("reg", &[vmgenid, PAGE_SIZE])?;
+    fdt.property_null("no-map")?;
+    fdt.end_node(page)?;
+    fdt.end_node(reserved)?;
 
     let cpus = fdt.begin_node("cpus")?;
     // Aff3 is always 0 for our vCPU counts, so one address cell holds
@@ -200,6 +223,19 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_array_u32("clocks", &[APB_PCLK_PHANDLE, APB_PCLK_PHANDLE])?;
     fdt.property_string_list("clock-names", strings(&["uartclk", "apb_pclk"]))?;
     fdt.end_node(uart)?;
+
+    let genid = fdt.begin_node(&format!("vmgenid@{vmgenid:x}"))?;
+    fdt.property_string("compatible", "microsoft,vmgenid")?;
+    fdt.property_array_u64("reg", &[vmgenid, VMGENID_SIZE])?;
+    fdt.property_array_u32(
+        "interrupts",
+        &[
+            GIC_SPI,
+            VMGENID_INTID - SPI_BASE_INTID,
+            IRQ_TYPE_EDGE_RISING,
+        ],
+    )?;
+    fdt.end_node(genid)?;
 
     for &slot in &cfg.virtio_slots {
         let region = layout::virtio_mmio(slot);
@@ -374,6 +410,24 @@ mod tests {
             ));
         }
         assert!(!dts.contains(&format!("virtio_mmio@{:x}", virtio_mmio(1).base)));
+
+        // The VM generation ID: 16 bytes at the last RAM page, which
+        // /reserved-memory keeps out of the kernel's map; SPI 2, rising edge.
+        let genid = RAM_BASE + cfg.ram_size - PAGE_SIZE;
+        // (`node` ends at the first `};`, the reserved page's.)
+        let reserved = node(&dts, "reserved-memory");
+        assert!(reserved.contains("ranges;"), "{reserved}");
+        let page = &reserved[reserved.find(&format!("vmgenid@{genid:x} {{")).unwrap()..];
+        assert!(page.contains(&format!("reg = <{}>;", reg64(genid, PAGE_SIZE))));
+        assert!(page.contains("no-map;"));
+        let dev = &dts[dts.rfind(&format!("\tvmgenid@{genid:x} {{")).unwrap()..];
+        let dev = &dev[..dev.find("};").unwrap()];
+        assert!(dev.contains("compatible = \"microsoft,vmgenid\";"), "{dev}");
+        assert!(
+            dev.contains(&format!("reg = <{}>;", reg64(genid, 16))),
+            "{dev}"
+        );
+        assert!(dev.contains("interrupts = <0x00 0x02 0x01>;"), "{dev}");
 
         has(&format!("bootargs = \"{}\";", cfg.cmdline));
         has(&format!("stdout-path = \"/pl011@{:x}\";", PL011.base));

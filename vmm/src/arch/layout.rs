@@ -9,7 +9,8 @@
 //! 0x0900_0000  PL011 UART                          4 KiB, SPI 1 (INTID 33), level
 //! 0x0910_0000  boot-timer                          4 KiB
 //! 0x0A00_0000  virtio-mmio slot n                  0x200 each, SPI 16+n (INTID 48+n), level
-//! 0x4000_0000  RAM                                 --mem MiB
+//! 0x4000_0000  RAM                                 --mem MiB; its last 16 KiB page holds the
+//!                                                  VM generation ID, SPI 2 (INTID 34), edge
 //! ```
 
 /// First INTID of the shared peripheral interrupts (GICv3 spec, 2.2.1).
@@ -212,12 +213,40 @@ pub const MMIO_REGIONS: [MmioRegion; 5] = [GICD, GICR, PL011, BOOT_TIMER, VIRTIO
 /// Slot of the root block device (`/dev/vda`).
 pub const VIRTIO_BLK_SLOT: u32 = 0;
 
-/// The devices the VMM wires to an interrupt (each a level-triggered SPI).
+/// The MMIO devices the VMM wires to an interrupt (each a level-triggered
+/// SPI).
 pub const IRQ_DEVICES: [MmioRegion; 2] = [PL011, virtio_mmio(VIRTIO_BLK_SLOT)];
 
-/// The INTIDs of [`IRQ_DEVICES`].
+/// The VM generation ID's notification: an edge-triggered SPI (the guest has
+/// no register to acknowledge it with).
+pub const VMGENID_INTID: u32 = SPI_BASE_INTID + 2;
+
+/// Bytes of the VM generation ID (a 128-bit identifier).
+pub const VMGENID_SIZE: u64 = 16;
+
+/// Guest-physical address of the VM generation ID: the start of the last
+/// 16 KiB page of `ram`, which the device tree reserves (`no-map`), so the
+/// guest reads it as a device and never allocates it.
+pub const fn vmgenid_gpa(ram: RamRange) -> u64 {
+    ram.base + ram.size - PAGE_SIZE
+}
+
+/// The part of `ram` the kernel Image and the DTB may be loaded into: all
+/// of it but the VM generation ID's page.
+pub const fn loadable_ram(ram: RamRange) -> RamRange {
+    RamRange {
+        base: ram.base,
+        size: ram.size - PAGE_SIZE,
+    }
+}
+
+/// The INTIDs of every device's SPI: [`IRQ_DEVICES`]' and
+/// [`VMGENID_INTID`].
 pub fn device_intids() -> impl Iterator<Item = u32> {
-    IRQ_DEVICES.into_iter().filter_map(|r| r.intid)
+    IRQ_DEVICES
+        .into_iter()
+        .filter_map(|r| r.intid)
+        .chain([VMGENID_INTID])
 }
 
 /// Frequency of the fixed `apb-pclk` clock the PL011 binding requires, in Hz.
@@ -261,7 +290,21 @@ mod tests {
         for (base, _) in regions {
             assert!(base == GICD_BASE || base == GICR_BASE || base >= GIC_WINDOW_END);
         }
-        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48]);
+        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 34]);
+    }
+
+    #[test]
+    fn the_vm_generation_id_takes_the_last_ram_page_and_nothing_loads_there() {
+        let ram = RamRange {
+            base: RAM_BASE,
+            size: 64 << 20,
+        };
+        let gpa = vmgenid_gpa(ram);
+        assert_eq!(gpa, RAM_BASE + (64 << 20) - 16 * 1024);
+        assert!(ram.contains_range(gpa, PAGE_SIZE));
+        let load = loadable_ram(ram);
+        assert_eq!(load.base + load.size, gpa);
+        assert!(!load.contains(gpa));
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod hostile_guest;
 mod persist;
 pub mod pl011;
 pub mod virtio;
+pub mod vmgenid;
 
 pub use bus::MmioBus;
 pub use persist::Persist;

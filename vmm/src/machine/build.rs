@@ -3,7 +3,7 @@
 //! share.
 
 use super::clock::Clock;
-use super::config::{Plan, PlanDisk, Start};
+use super::config::{host_random, Plan, PlanDisk, Start};
 use super::control::Control;
 use super::devices::{DeviceArgs, Devices, SpiLine};
 use super::irqchip::{Irqchip, PendingKernelGicState};
@@ -80,9 +80,10 @@ where
         start: Instant::now(),
         disk,
         disk_len,
+        generation_id: host_random()?,
     };
     let devices = match saved {
-        None => Devices::new(args),
+        None => Devices::new(args)?,
         Some(st) => Devices::restore(args, &st.devices)?,
     };
     // The guest's clock last, just before the vCPUs: a restore's count

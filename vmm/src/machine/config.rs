@@ -8,7 +8,6 @@ use crate::arch::{fdt, image, layout};
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -158,16 +157,18 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         .open(&f.disk)
         .with_context(|| format!("cannot open disk image {} read-write", f.disk.display()))?;
     let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
-    let loaded = image::load_image(ram.memory(), ram.range(), &kernel)
+    // Not into the VM generation ID's page.
+    let load = layout::loadable_ram(ram.range());
+    let loaded = image::load_image(ram.memory(), load, &kernel)
         .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
     let dtb = fdt::build_fdt(&fdt::FdtConfig {
         vcpus: f.cpus,
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
-        rng_seed: Some(rng_seed()),
+        rng_seed: Some(host_random()?),
         virtio_slots: Devices::VIRTIO_SLOTS.to_vec(),
     })?;
-    let dtb_gpa = image::dtb_address(ram.range(), loaded.image_end, dtb.len() as u64)?;
+    let dtb_gpa = image::dtb_address(load, loaded.image_end, dtb.len() as u64)?;
     ram.memory()
         .write_slice(&dtb, GuestAddress(dtb_gpa))
         .context("cannot write the device tree into guest RAM")?;
@@ -200,12 +201,10 @@ pub(super) struct BootRegs {
     pub(super) dtb: u64,
 }
 
-/// 32 bytes of host randomness for `/chosen/rng-seed` (zeros if
-/// `/dev/urandom` cannot be read).
-fn rng_seed() -> [u8; 32] {
-    let mut seed = [0u8; 32];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut seed);
-    }
-    seed
+/// `N` bytes of host randomness (the OS's CSPRNG): the device tree's
+/// `/chosen/rng-seed`, the VM generation ID.
+pub(super) fn host_random<const N: usize>() -> anyhow::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("cannot read host randomness: {e}"))?;
+    Ok(bytes)
 }

@@ -19,6 +19,7 @@ use crate::devices::boot_timer::{BootTimer, BootTimerState};
 use crate::devices::pl011::{Pl011, Pl011State};
 use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
+use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
 use crate::sync::Locked;
@@ -52,6 +53,9 @@ pub(super) struct DeviceArgs {
     pub(super) disk: BackingFile,
     /// The root disk's length in bytes.
     pub(super) disk_len: u64,
+    /// The VM generation ID to publish: fresh host randomness, on every
+    /// boot and every restore.
+    pub(super) generation_id: [u8; 16],
 }
 
 /// The devices of a VM (the interrupt controller aside: see
@@ -62,6 +66,10 @@ pub(super) struct Devices {
     boot_timer: Arc<Mutex<BootTimer>>,
     /// The root block device, whose disk snapshots capture.
     blk: Arc<Mutex<VirtioMmio<Block>>>,
+    /// The VM generation ID; absent in a VM restored from a snapshot taken
+    /// before Ignition had one (that guest's device tree lacks it, and its
+    /// last RAM page is ordinary memory).
+    vmgenid: Option<VmGenId>,
 }
 
 /// The devices' saved states. [`super::state::MachineState`] flattens it:
@@ -74,6 +82,9 @@ pub struct DevicesState {
     pub boot_timer: BootTimerState,
     /// The root block device and its transport.
     pub virtio_blk: VirtioMmioState<BlockState>,
+    /// The VM generation ID (absent in snapshots from before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmgenid: Option<VmGenIdState>,
 }
 
 impl Devices {
@@ -82,19 +93,20 @@ impl Devices {
     pub(super) const VIRTIO_SLOTS: [u32; 1] = [layout::VIRTIO_BLK_SLOT];
 
     /// The devices of a fresh boot, in their reset states.
-    pub(super) fn new(args: DeviceArgs) -> Self {
+    pub(super) fn new(args: DeviceArgs) -> anyhow::Result<Self> {
         let p = args.split();
         let (out, irq) = p.uart;
         let (start, report) = p.boot_timer;
         let (disk, ram, irq_blk) = p.blk;
         let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
-        Devices {
+        Ok(Devices {
             uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
             boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
             blk: Arc::new(Mutex::new(
                 VirtioMmio::new(disk, ram, irq_blk).expect("a fresh virtio-blk transport is valid"),
             )),
-        }
+            vmgenid: Some(VmGenId::new(p.vmgenid)?),
+        })
     }
 
     /// The devices' MMIO regions, at their places in the layout.
@@ -139,6 +151,7 @@ impl Persist for Devices {
             pl011: self.uart.locked().save(),
             boot_timer: self.boot_timer.locked().save(),
             virtio_blk: self.blk.locked().save(),
+            vmgenid: self.vmgenid.as_ref().map(VmGenId::save),
         }
     }
 
@@ -150,10 +163,17 @@ impl Persist for Devices {
         let boot_timer = BootTimer::restore(p.boot_timer, &state.boot_timer)?;
         let blk =
             VirtioMmio::restore(p.blk, &state.virtio_blk).context("cannot restore virtio-blk")?;
+        // Last: it raises its interrupt.
+        let vmgenid = state
+            .vmgenid
+            .as_ref()
+            .map(|s| VmGenId::restore(p.vmgenid, s))
+            .transpose()?;
         Ok(Devices {
             uart: Arc::new(Mutex::new(uart)),
             boot_timer: Arc::new(Mutex::new(boot_timer)),
             blk: Arc::new(Mutex::new(blk)),
+            vmgenid,
         })
     }
 }
@@ -163,6 +183,7 @@ struct Parts {
     uart: <Pl011 as Persist>::Args,
     boot_timer: <BootTimer as Persist>::Args,
     blk: <VirtioMmio<Block> as Persist>::Args,
+    vmgenid: VmGenIdArgs,
 }
 
 impl DeviceArgs {
@@ -179,6 +200,11 @@ impl DeviceArgs {
         Parts {
             uart: (self.console, spi(layout::PL011, "PL011 has an interrupt")),
             boot_timer: (self.start, Box::new(report_boot_time)),
+            vmgenid: VmGenIdArgs {
+                ram: self.ram.clone(),
+                irq: (self.irq)(layout::VMGENID_INTID),
+                id: self.generation_id,
+            },
             blk: (disk, self.ram, spi(BLK, "virtio slots have interrupts")),
         }
     }
@@ -237,12 +263,13 @@ mod tests {
             start: Instant::now(),
             disk: BackingFile::ready(disk),
             disk_len,
+            generation_id: [disk_len as u8; 16],
         }
     }
 
     #[test]
     fn regions_are_the_layouts() {
-        let d = Devices::new(args(1 << 20));
+        let d = Devices::new(args(1 << 20)).unwrap();
         let regions: Vec<_> = d.regions().iter().map(|r| (r.0, r.1, r.2)).collect();
         let blk = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
         assert_eq!(
@@ -269,11 +296,26 @@ mod tests {
 
     #[test]
     fn save_restore_round_trip() {
-        let d = Devices::new(args(1 << 20));
+        let d = Devices::new(args(1 << 20)).unwrap();
         assert_eq!(d.console_input(b"x"), 0, "the receiver starts disabled");
         let state = d.save();
-        let back = Devices::restore(args(1 << 20), &state).unwrap();
-        assert_eq!(back.save(), state);
+        let mut fresh = args(1 << 20);
+        fresh.generation_id = [0xee; 16];
+        let back = Devices::restore(fresh, &state).unwrap();
+        // All the same but the VM generation ID, which a restore renews.
+        let mut expect = state.clone();
+        expect.vmgenid.as_mut().unwrap().id = [0xee; 16];
+        assert_eq!(back.save(), expect);
+        // A snapshot from before the VM generation ID restores without one.
+        let old = DevicesState {
+            vmgenid: None,
+            ..state.clone()
+        };
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("vmgenid"), "{json}");
+        let back: DevicesState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, old);
+        assert_eq!(Devices::restore(args(1 << 20), &old).unwrap().save(), old);
         // The disk must keep its shape.
         let e = Devices::restore(args(1 << 19), &state).err().unwrap();
         assert!(

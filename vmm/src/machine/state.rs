@@ -378,6 +378,7 @@ mod tests {
     use crate::devices::pl011::Pl011;
     use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
+    use crate::devices::vmgenid::VmGenIdState;
     use crate::devices::{IrqLine, Persist};
     use crate::hv::gic::ICC_STATE_REGS;
     use crate::machine::devices::{DeviceArgs, Devices};
@@ -444,6 +445,10 @@ mod tests {
                 pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
                 boot_timer: BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).save(),
                 virtio_blk: blk.save(),
+                vmgenid: Some(VmGenIdState {
+                    gpa: 0x4fff_c000,
+                    id: [0x5a; 16],
+                }),
             },
         }
     }
@@ -495,6 +500,7 @@ mod tests {
             "pl011",
             "boot_timer",
             "virtio_blk",
+            "vmgenid",
         ];
         let mut sorted = keys.clone();
         sorted.sort_unstable();
@@ -503,7 +509,7 @@ mod tests {
         // Serialised in declaration order, devices last.
         let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
         assert!(at("gic") < at("pl011") && at("pl011") < at("boot_timer"));
-        assert!(at("boot_timer") < at("virtio_blk"));
+        assert!(at("boot_timer") < at("virtio_blk") && at("virtio_blk") < at("vmgenid"));
         let extra = json.replacen('{', "{\"extra\":1,", 1);
         assert!(matches!(
             MachineState::decode(extra.as_bytes()),
@@ -766,6 +772,7 @@ mod tests {
                 start: Instant::now(),
                 disk: BackingFile::ready(disk),
                 disk_len: 1 << 20,
+                generation_id: [9; 16],
             };
             let _ = Devices::restore(args, devices);
         }
