@@ -2,9 +2,11 @@
 //! durable commit. The disk's part is `writer/disk.rs`.
 
 mod disk;
+mod memory;
 
 pub use disk::DiskClone;
 use disk::DiskJob;
+pub use memory::MemoryFile;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Write};

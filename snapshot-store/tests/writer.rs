@@ -374,3 +374,58 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     drop(w);
     assert!(work_dirs(&s).is_empty());
 }
+
+/// A memory file filled out of order (background snapshots) makes the same
+/// layer, byte for byte, as the in-order writers.
+#[test]
+fn memory_files_filled_out_of_order_equal_the_in_order_layers() {
+    use std::os::unix::fs::FileExt;
+    let (_d, s) = store();
+    let ps = PS as usize;
+    let mut ram = vec![0u8; 16 * ps];
+    Rng(7).fill(&mut ram);
+
+    let golden = full(&s, "golden", &ram, b"state", None);
+    let mut w = s.begin("golden-ooo", meta(ram.len() as u64)).unwrap();
+    let m = w.memory_file(None).unwrap();
+    for p in (0..16).rev().filter(|p| p % 3 != 0) {
+        m.file
+            .write_all_at(&ram[p * ps..(p + 1) * ps], (p * ps) as u64)
+            .unwrap();
+    }
+    // Pages left out are holes, which read as zero.
+    let mut zeroed = ram.clone();
+    for p in (0..16).filter(|p| p % 3 == 0) {
+        zeroed[p * ps..(p + 1) * ps].fill(0);
+    }
+    w.finish_memory_file(m).unwrap();
+    w.write_state(b"state").unwrap();
+    let ooo = w.commit().unwrap();
+    let expect = full(&s, "golden-zeroed", &zeroed, b"state", None);
+    assert_eq!(ooo.manifest.memory, expect.manifest.memory);
+    assert_eq!(
+        std::fs::read(ooo.dir.join(MEMORY_FILE)).unwrap(),
+        std::fs::read(expect.dir.join(MEMORY_FILE)).unwrap()
+    );
+
+    let dirty = [1u64, 4, 5, 11];
+    let in_order = diff(&s, "d1", &golden, &ram, &dirty, b"s1", None);
+    let mut w = s
+        .begin("d1-ooo", golden.child_meta("ignition-vmm 0.1.0"))
+        .unwrap();
+    assert!(w.memory_file(None).is_err(), "a diff needs its index");
+    let m = w.memory_file(Some(&dirty)).unwrap();
+    let base = m.data_offset.unwrap();
+    for (i, &p) in dirty.iter().enumerate().rev() {
+        let p = p as usize;
+        m.file
+            .write_all_at(&ram[p * ps..(p + 1) * ps], base + (i * ps) as u64)
+            .unwrap();
+    }
+    w.finish_memory_file(m).unwrap();
+    w.write_state(b"s1").unwrap();
+    let ooo = w.commit().unwrap();
+    assert_eq!(ooo.manifest.memory, in_order.manifest.memory);
+    assert_eq!(ooo.manifest.diff_pages, in_order.manifest.diff_pages);
+    verify_chain(&s.resolve("d1-ooo").unwrap()).unwrap();
+}

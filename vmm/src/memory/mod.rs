@@ -6,6 +6,10 @@
 //! and write protection in the backends) is vm-memory's [`AtomicBitmap`] with
 //! one bit per 16 KiB page ([`PAGE_SIZE`]), made by [`page_bitmap`].
 
+mod save;
+
+pub use save::{PageSave, SaveCounts, SaveError, Slots};
+
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -63,6 +67,15 @@ pub struct GuestRam {
     map: memmap2::MmapMut,
     region: Arc<MmapRegion<AtomicBitmap>>,
     mem: GuestMemory,
+    /// 1 + this mapping's slot in [`save`]'s fault-handler table, 0 if it
+    /// has had no background save.
+    slot: std::sync::atomic::AtomicUsize,
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        self.release_save_slot();
+    }
 }
 
 impl GuestRam {
@@ -101,7 +114,12 @@ impl GuestRam {
             .ok_or_else(|| MemoryError::Region("region wraps the address space".into()))?;
         let mem = GuestMemory::from_regions(vec![guest_region])
             .map_err(|e| MemoryError::Region(e.to_string()))?;
-        Ok(GuestRam { map, region, mem })
+        Ok(GuestRam {
+            map,
+            region,
+            mem,
+            slot: Default::default(),
+        })
     }
 
     /// Guest-physical base address ([`RAM_BASE`]).

@@ -237,7 +237,9 @@ impl HookState {
                 if perms.write && self.vm.wp.is_bit_set(page) {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
-                        // marks it and unprotects it; the store then completes.
+                        // marks it and unprotects it; the store then completes
+                        // (after a background snapshot has saved the page).
+                        self.vm.ram.before_guest_write(page as u64);
                         self.vm.dirty.set_bit(page);
                         self.vm.wp.reset_bit(page);
                     } else {

@@ -108,8 +108,8 @@ pub(super) fn fast_mmio() -> impl Iterator<Item = &'static MmioRegion> {
 
 /// State of a VM shared by its vCPUs.
 pub(crate) struct VmShared {
-    /// Keeps the RAM mapping behind `host` alive.
-    _ram: Arc<GuestRam>,
+    /// The RAM mapping behind `host`.
+    pub(super) ram: Arc<GuestRam>,
     pub(super) host: usize,
     pub(super) ram_size: u64,
     /// Write-protected pages (dirty tracking armed).
@@ -263,7 +263,7 @@ impl EmuVm {
                 ram_size: ram.size(),
                 wp: ram.page_bitmap(),
                 dirty: ram.page_bitmap(),
-                _ram: ram,
+                ram,
                 epoch: Instant::now(),
                 counter_offset: AtomicU64::new(0),
                 vcpus: shared_vcpus,

@@ -268,6 +268,8 @@ impl VmShared {
     pub(super) fn write_fault(&self, page: u64) -> Result<()> {
         // `page` is in RAM (decided so); `set_bit` ignores anything else.
         let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
+        // A background snapshot saves the page before the guest changes it.
+        self.ram.before_guest_write(index);
         self.dirty
             .set_bit(usize::try_from(index).unwrap_or(usize::MAX));
         self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))

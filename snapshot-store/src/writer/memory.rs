@@ -1,0 +1,120 @@
+//! A layer's memory file filled out of order: a background snapshot saves
+//! each page at its final offset, in whatever order the guest's writes
+//! force, and the file is hashed once it is complete.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::SnapshotWriter;
+use crate::diff::encode_diff_prefix;
+use crate::error::{Error, IoContext, Result};
+use crate::format::MEMORY_FILE;
+use crate::hash::hex;
+use crate::manifest::FileEntry;
+
+/// The memory file of a layer being written out of order
+/// ([`SnapshotWriter::memory_file`]). Page `p` of a full layer goes at byte
+/// `p * page_size`; the `i`th page of a diff's index at
+/// `data_offset + i * page_size`.
+#[derive(Debug)]
+pub struct MemoryFile {
+    /// The file, open for writing (and reading, for the digest).
+    pub file: File,
+    /// For a diff: file offset of the first page, in bytes; `None` for a
+    /// full layer.
+    pub data_offset: Option<u64>,
+    path: PathBuf,
+    size: u64,
+    /// The diff's page count.
+    pages: Option<u64>,
+}
+
+impl SnapshotWriter {
+    /// Creates the layer's memory file at its final size, to be filled out
+    /// of order, then handed to [`SnapshotWriter::finish_memory_file`]. A
+    /// full layer (no parent) passes `None`: the file is the RAM image
+    /// (`ram_size` bytes; pages never written read as zero). A diff passes
+    /// its page index (strictly increasing): the prefix is written, the
+    /// pages follow in index order.
+    pub fn memory_file(&mut self, diff_pages: Option<&[u64]>) -> Result<MemoryFile> {
+        self.check_no_memory()?;
+        let diff = self.meta.parent.is_some();
+        if diff != diff_pages.is_some() {
+            return Err(Error::Usage(format!(
+                "snapshot '{}' is a {} layer: {}",
+                self.name,
+                if diff { "diff" } else { "full" },
+                if diff {
+                    "give its page index"
+                } else {
+                    "it has no page index"
+                }
+            )));
+        }
+        let path = self.tmp.join(MEMORY_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .ctx(&path, "create")?;
+        let ps = self.meta.page_size;
+        let (size, data_offset, pages) = match diff_pages {
+            None => (self.meta.ram_size, None, None),
+            Some(index) => {
+                let prefix = encode_diff_prefix(ps, self.meta.ram_size, index)
+                    .map_err(|e| Error::Usage(format!("diff of snapshot '{}': {e}", self.name)))?;
+                file.write_all(&prefix).ctx(&path, "write")?;
+                let n = index.len() as u64;
+                (
+                    prefix.len() as u64 + n * ps,
+                    Some(prefix.len() as u64),
+                    Some(n),
+                )
+            }
+        };
+        file.set_len(size).ctx(&path, "set length")?;
+        Ok(MemoryFile {
+            file,
+            data_offset,
+            path,
+            size,
+            pages,
+        })
+    }
+
+    /// Records a memory file from [`SnapshotWriter::memory_file`] once every
+    /// page is in it: hashes it (reading it back) and checks its size.
+    pub fn finish_memory_file(&mut self, mut m: MemoryFile) -> Result<()> {
+        self.check_no_memory()?;
+        let len = m.file.metadata().ctx(&m.path, "stat")?.len();
+        if len != m.size {
+            return Err(Error::Usage(format!(
+                "memory file of snapshot '{}' is {len} bytes, {} expected",
+                self.name, m.size
+            )));
+        }
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut r = std::io::BufReader::new(&mut m.file);
+        std::io::Seek::rewind(&mut r).ctx(&m.path, "seek")?;
+        loop {
+            let n = r.read(&mut buf).ctx(&m.path, "read")?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        self.memory = Some((
+            FileEntry {
+                size: m.size,
+                sha256: hex(&h.finalize()),
+            },
+            m.pages,
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,659 @@
+//! Saving pages of guest RAM as they were at a pause while the guest and the
+//! devices go on writing: the memory half of a background snapshot.
+//!
+//! A [`PageSave`] holds the pages a snapshot layer must contain, each with a
+//! slot in the layer's memory file. Until a page is saved nobody may change
+//! it:
+//! - its host mapping is read-only, so a VMM thread's write (a device filling
+//!   a buffer, a virtqueue's used ring) faults, and the fault handler saves
+//!   the page before the write goes on;
+//! - the hypervisor backend, whose dirty tracking write-protects all of RAM
+//!   for the guest at the pause, calls [`GuestRam::before_guest_write`]
+//!   before it lets a vCPU write a page (HVF's stage-2 write fault, `emu`'s
+//!   TLB fill for a store).
+//!
+//! The first of the layer's writer thread ([`PageSave::run`]), a faulting
+//! VMM thread or a vCPU to reach a page copies it into its slot (`pwrite`),
+//! makes it writable again and marks it saved; any other waits for that.
+//! So the file holds every page exactly as it was at the pause, and each
+//! write is delayed at most by one page copy.
+//!
+//! The fault handler (SIGSEGV and SIGBUS, installed on first use, chaining
+//! to the previous handler for any fault that is not a pending page of a
+//! save) finds saves through a fixed table of RAM ranges, so it allocates
+//! nothing and takes no lock: atomics, a binary search, `pwrite` and
+//! `mprotect`.
+
+use super::GuestRam;
+use crate::arch::layout::PAGE_SIZE;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const PENDING: u8 = 0;
+const SAVING: u8 = 1;
+const SAVED: u8 = 2;
+
+/// Where each page goes in the layer's memory file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slots {
+    /// A RAM image: page `p` at byte `p * PAGE_SIZE`.
+    Image,
+    /// Packed: the `i`th page of the set at `data_offset + i * PAGE_SIZE`.
+    Packed {
+        /// File offset of the first page, in bytes.
+        data_offset: u64,
+    },
+}
+
+/// Errors of a [`PageSave`].
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// The page list is not strictly increasing or leaves RAM.
+    #[error("page {page} is out of order or beyond the {pages} pages of RAM")]
+    BadPage {
+        /// The offending page index.
+        page: u64,
+        /// RAM's page count.
+        pages: u64,
+    },
+    /// Every slot of the fault handler's table is taken (one per RAM
+    /// mapping that has had a save).
+    #[error("too many guest RAM mappings with a background save ({SLOTS} at most)")]
+    NoSlot,
+    /// Changing the host mapping's protection failed.
+    #[error("cannot change the protection of guest RAM: {0}")]
+    Protect(#[source] std::io::Error),
+    /// Installing the fault handler failed.
+    #[error("cannot install the fault handler: {0}")]
+    Handler(#[source] std::io::Error),
+    /// Writing a page into the memory file failed (the first such error).
+    #[error("cannot write a page into the memory file: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+/// Who saved a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Saver {
+    Writer,
+    Guest,
+    Vmm,
+}
+
+/// How many pages each party saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SaveCounts {
+    /// By the writer thread, in order.
+    pub writer: u64,
+    /// Before a vCPU's first write to them ([`GuestRam::before_guest_write`]).
+    pub guest: u64,
+    /// By the fault handler, before a VMM thread's write.
+    pub vmm: u64,
+}
+
+/// The pages of one snapshot layer being saved (see the module docs).
+pub struct PageSave {
+    /// Host address of RAM's first byte.
+    host: usize,
+    /// Page indices, strictly increasing.
+    pages: Box<[u64]>,
+    /// Per page: [`PENDING`], [`SAVING`] or [`SAVED`].
+    state: Box<[AtomicU8]>,
+    file: File,
+    slots: Slots,
+    saved: [AtomicU64; 3],
+    /// The first `pwrite`/`mprotect` error (an errno), or 0.
+    error: AtomicI32,
+}
+
+impl PageSave {
+    /// Starts saving `pages` (indices of 16 KiB pages from the start of RAM,
+    /// strictly increasing) of `ram` into `file` at `slots`: makes their host
+    /// mapping read-only and registers the save for the fault handler and
+    /// [`GuestRam::before_guest_write`]. Call while nothing writes guest RAM
+    /// (every vCPU parked, devices quiesced), and make the backend
+    /// write-protect RAM for the guest before it runs again. Then call
+    /// [`PageSave::run`], holding `ram` until it returns (the save uses its
+    /// mapping; dropping the `GuestRam` retires its latest save).
+    pub fn start(
+        ram: &Arc<GuestRam>,
+        pages: Vec<u64>,
+        file: File,
+        slots: Slots,
+    ) -> Result<Arc<PageSave>, SaveError> {
+        let total = ram.size() / PAGE_SIZE;
+        let mut last = None;
+        for &p in &pages {
+            if p >= total || last.is_some_and(|l| p <= l) {
+                return Err(SaveError::BadPage {
+                    page: p,
+                    pages: total,
+                });
+            }
+            last = Some(p);
+        }
+        install_handler()?;
+        let slot = ram.save_slot()?;
+        let state = pages.iter().map(|_| AtomicU8::new(PENDING)).collect();
+        let save = Arc::new(PageSave {
+            host: ram.host_ptr() as usize,
+            pages: pages.into_boxed_slice(),
+            state,
+            file,
+            slots,
+            saved: Default::default(),
+            error: AtomicI32::new(0),
+        });
+        // Registered before anything is protected, so that no fault finds a
+        // protected page without its save.
+        SLOT_TABLE[slot].replace(Some(save.clone()));
+        for (first, count) in runs(&save.pages) {
+            if let Err(e) = protect(save.page_addr(first), count * PAGE_SIZE as usize, false) {
+                // Nothing may stay read-only: let the writer path undo it.
+                save.run_unchecked();
+                return Err(SaveError::Protect(e));
+            }
+        }
+        Ok(save)
+    }
+
+    /// Saves every page not saved yet, in order, and returns who saved how
+    /// many; the first write error, if any (every page is writable again
+    /// either way). The file is complete when this returns `Ok`.
+    pub fn run(&self) -> Result<SaveCounts, SaveError> {
+        self.run_unchecked();
+        match self.error.load(Ordering::Acquire) {
+            0 => Ok(self.counts()),
+            errno => Err(SaveError::Write(std::io::Error::from_raw_os_error(errno))),
+        }
+    }
+
+    fn run_unchecked(&self) {
+        for i in 0..self.pages.len() {
+            self.save(i, Saver::Writer);
+        }
+    }
+
+    /// Who saved how many pages so far.
+    pub fn counts(&self) -> SaveCounts {
+        let n = |s: Saver| self.saved[s as usize].load(Ordering::Relaxed);
+        SaveCounts {
+            writer: n(Saver::Writer),
+            guest: n(Saver::Guest),
+            vmm: n(Saver::Vmm),
+        }
+    }
+
+    /// The pages being saved.
+    pub fn pages(&self) -> &[u64] {
+        &self.pages
+    }
+
+    fn page_addr(&self, page: u64) -> usize {
+        self.host + (page * PAGE_SIZE) as usize
+    }
+
+    /// The index of `page` in the set.
+    fn find(&self, page: u64) -> Option<usize> {
+        self.pages.binary_search(&page).ok()
+    }
+
+    /// Saves page `i` unless it is saved; waits if another thread is saving
+    /// it. Async-signal-safe.
+    fn save(&self, i: usize, who: Saver) {
+        let state = &self.state[i];
+        if state
+            .compare_exchange(PENDING, SAVING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            while state.load(Ordering::Acquire) != SAVED {
+                std::hint::spin_loop();
+            }
+            return;
+        }
+        let page = self.pages[i];
+        let addr = self.page_addr(page);
+        let offset = match self.slots {
+            Slots::Image => page * PAGE_SIZE,
+            Slots::Packed { data_offset } => data_offset + i as u64 * PAGE_SIZE,
+        };
+        if let Err(e) = pwrite_all(self.file.as_raw_fd(), addr, offset) {
+            self.note_error(e);
+        }
+        if let Err(e) = protect(addr, PAGE_SIZE as usize, true) {
+            self.note_error(e);
+        }
+        self.saved[who as usize].fetch_add(1, Ordering::Relaxed);
+        state.store(SAVED, Ordering::Release);
+    }
+
+    fn note_error(&self, e: std::io::Error) {
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        let _ = self
+            .error
+            .compare_exchange(0, errno, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A write to `page` is about to happen: saves it first if it is
+    /// pending. Whether it is in the set.
+    fn before_write(&self, page: u64, who: Saver) -> bool {
+        match self.find(page) {
+            Some(i) => {
+                self.save(i, who);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Runs of consecutive pages: (first page, count).
+fn runs(pages: &[u64]) -> Vec<(u64, usize)> {
+    let mut out: Vec<(u64, usize)> = Vec::new();
+    for &p in pages {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n as u64 == p => *n += 1,
+            _ => out.push((p, 1)),
+        }
+    }
+    out
+}
+
+/// `mprotect` of `[addr, addr+len)`: read-write or read-only.
+/// Async-signal-safe.
+fn protect(addr: usize, len: usize, writable: bool) -> std::io::Result<()> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: `[addr, addr+len)` is page-aligned guest RAM of a live
+    // mapping (a save is retired before its `GuestRam` unmaps); only its
+    // protection changes.
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Writes the page at host address `addr` to `fd` at `offset`.
+/// Async-signal-safe.
+fn pwrite_all(fd: libc::c_int, addr: usize, offset: u64) -> std::io::Result<()> {
+    let mut done = 0usize;
+    let len = PAGE_SIZE as usize;
+    while done < len {
+        let off = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+        // SAFETY: `addr + done .. addr + len` is readable guest RAM (read-only
+        // or read-write, never unmapped while the save lives).
+        let n = unsafe { libc::pwrite(fd, (addr + done) as *const libc::c_void, len - done, off) };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Slots of the fault handler's table.
+const SLOTS: usize = 64;
+/// A slot's `start` while it is being claimed.
+const CLAIMED: usize = usize::MAX;
+
+/// One RAM mapping's entry in the fault handler's table: its host range
+/// (claimed on its first save, released when the `GuestRam` drops) and its
+/// latest save (kept until the next one replaces it, so that a fault that
+/// raced with the end of a save still finds its page saved).
+struct Slot {
+    start: AtomicUsize,
+    len: AtomicUsize,
+    save: AtomicPtr<PageSave>,
+    /// Fault handlers inside this slot's save.
+    inflight: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_SLOT: Slot = Slot {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    save: AtomicPtr::new(std::ptr::null_mut()),
+    inflight: AtomicUsize::new(0),
+};
+
+static SLOT_TABLE: [Slot; SLOTS] = [EMPTY_SLOT; SLOTS];
+
+impl Slot {
+    /// Replaces the slot's save; the old one is dropped once no fault
+    /// handler uses it.
+    fn replace(&self, save: Option<Arc<PageSave>>) {
+        let new = save.map_or(std::ptr::null_mut(), |s| Arc::into_raw(s).cast_mut());
+        let old = self.save.swap(new, Ordering::SeqCst);
+        while self.inflight.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        if !old.is_null() {
+            // SAFETY: `old` came from `Arc::into_raw` in an earlier
+            // `replace`, and no handler holds it any more.
+            drop(unsafe { Arc::from_raw(old) });
+        }
+    }
+
+    /// Runs `f` on the slot's save, if it covers host address `addr`.
+    /// Async-signal-safe.
+    fn with_save<R>(&self, addr: usize, f: impl FnOnce(&PageSave, u64) -> R) -> Option<R> {
+        let start = self.start.load(Ordering::SeqCst);
+        if start == 0
+            || start == CLAIMED
+            || addr < start
+            || addr - start >= self.len.load(Ordering::SeqCst)
+        {
+            return None;
+        }
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let p = self.save.load(Ordering::SeqCst);
+        // SAFETY: a non-null pointer stays valid while `inflight` counts us
+        // (`replace` waits for it to drop to zero before freeing).
+        let r = (!p.is_null()).then(|| f(unsafe { &*p }, ((addr - start) as u64) / PAGE_SIZE));
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+impl GuestRam {
+    /// This mapping's slot in the fault handler's table, claimed on first use.
+    fn save_slot(&self) -> Result<usize, SaveError> {
+        let start = self.host_ptr() as usize;
+        if let Some(i) = SLOT_TABLE
+            .iter()
+            .position(|s| s.start.load(Ordering::SeqCst) == start)
+        {
+            return Ok(i);
+        }
+        for (i, s) in SLOT_TABLE.iter().enumerate() {
+            // Claimed with a marker the handler skips, then published.
+            if s.start
+                .compare_exchange(0, CLAIMED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                s.len.store(self.size() as usize, Ordering::SeqCst);
+                s.start.store(start, Ordering::SeqCst);
+                self.slot.store(i + 1, Ordering::Release);
+                return Ok(i);
+            }
+        }
+        Err(SaveError::NoSlot)
+    }
+
+    /// Releases this mapping's slot (its latest save first).
+    pub(super) fn release_save_slot(&self) {
+        if let Some(i) = self.slot.load(Ordering::Acquire).checked_sub(1) {
+            SLOT_TABLE[i].replace(None);
+            SLOT_TABLE[i].start.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// A vCPU is about to write the 16 KiB page `page` (index from the start
+    /// of RAM) for the first time since dirty tracking was re-armed: if a
+    /// background snapshot has not saved the page yet, it is saved now. The
+    /// backends call this before they let the write happen (HVF's stage-2
+    /// write fault, `emu`'s TLB fill for a store).
+    pub fn before_guest_write(&self, page: u64) {
+        if let Some(i) = self.slot.load(Ordering::Acquire).checked_sub(1) {
+            let start = self.host_ptr() as usize;
+            let addr = start + (page * PAGE_SIZE) as usize;
+            SLOT_TABLE[i].with_save(addr, |s, p| s.before_write(p, Saver::Guest));
+        }
+    }
+}
+
+/// The handlers the fault handler replaced, to chain to.
+static PREVIOUS: [std::sync::OnceLock<libc::sigaction>; 2] =
+    [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+/// The signals a write to read-only memory raises (SIGBUS on macOS).
+const FAULT_SIGNALS: [libc::c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
+
+fn install_handler() -> Result<(), SaveError> {
+    static INSTALLED: std::sync::OnceLock<Result<(), i32>> = std::sync::OnceLock::new();
+    let r = INSTALLED.get_or_init(|| {
+        for (k, &sig) in FAULT_SIGNALS.iter().enumerate() {
+            // SAFETY: a zeroed sigaction is a valid initial value; the
+            // handler is async-signal-safe (see `on_fault`).
+            unsafe {
+                let mut new: libc::sigaction = std::mem::zeroed();
+                new.sa_sigaction = on_fault
+                    as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                    as usize;
+                new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+                libc::sigemptyset(&mut new.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &new, &mut old) != 0 {
+                    return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+                }
+                let _ = PREVIOUS[k].set(old);
+            }
+        }
+        Ok(())
+    });
+    r.map_err(|errno| SaveError::Handler(std::io::Error::from_raw_os_error(errno)))
+}
+
+/// The fault address of a SIGSEGV/SIGBUS.
+///
+/// # Safety
+/// `info` is the `siginfo_t` the kernel passed to a fault handler.
+unsafe fn fault_address(info: *const libc::siginfo_t) -> usize {
+    #[cfg(target_os = "linux")]
+    // SAFETY: per the function contract.
+    let a = unsafe { (*info).si_addr() } as usize;
+    #[cfg(not(target_os = "linux"))]
+    // SAFETY: per the function contract.
+    let a = unsafe { (*info).si_addr } as usize;
+    a
+}
+
+/// SIGSEGV/SIGBUS: a write to a page a save has not saved yet saves it and
+/// returns, so that the write is retried; anything else goes to the
+/// previous handler (or, if there was none, kills the process as before).
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let addr = unsafe { fault_address(info) };
+    let ours = SLOT_TABLE
+        .iter()
+        .find_map(|s| s.with_save(addr, |save, page| save.before_write(page, Saver::Vmm)))
+        .unwrap_or(false);
+    if ours {
+        return;
+    }
+    let k = FAULT_SIGNALS.iter().position(|&s| s == sig).unwrap_or(0);
+    match PREVIOUS[k].get() {
+        Some(prev) if prev.sa_sigaction != libc::SIG_DFL && prev.sa_sigaction != libc::SIG_IGN => {
+            if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: the previous handler was installed with SA_SIGINFO,
+                // so it has this signature.
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                    unsafe { std::mem::transmute(prev.sa_sigaction) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: a plain handler takes the signal number.
+                let f: extern "C" fn(libc::c_int) =
+                    unsafe { std::mem::transmute(prev.sa_sigaction) };
+                f(sig);
+            }
+        }
+        _ => {
+            // The default action: on return the access faults again and
+            // kills the process.
+            // SAFETY: resetting a signal's disposition is async-signal-safe.
+            unsafe {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const PS: usize = PAGE_SIZE as usize;
+
+    /// RAM of `pages` pages, page `p` filled with byte `p + 1`.
+    fn ram(pages: u64) -> Arc<GuestRam> {
+        let ram = Arc::new(GuestRam::new_anonymous(pages * PAGE_SIZE).unwrap());
+        for p in 0..pages {
+            ram.memory()
+                .write_slice(
+                    &vec![p as u8 + 1; PS],
+                    GuestAddress(ram.base() + p * PAGE_SIZE),
+                )
+                .unwrap();
+        }
+        ram
+    }
+
+    fn page_of(file: &File, offset: u64) -> Vec<u8> {
+        let mut v = vec![0; PS];
+        file.read_exact_at(&mut v, offset).unwrap();
+        v
+    }
+
+    /// A byte of host RAM, written as a VMM thread would (no vm-memory
+    /// bitmap, a plain store through the mapping).
+    fn poke(ram: &GuestRam, page: u64, value: u8) {
+        // SAFETY: in bounds of the live mapping; the test owns the RAM.
+        unsafe {
+            ram.host_ptr()
+                .add((page * PAGE_SIZE) as usize + 100)
+                .write_volatile(value)
+        };
+    }
+
+    #[test]
+    fn the_file_holds_the_pages_as_they_were_at_the_start() {
+        let ram = ram(16);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(16 * PAGE_SIZE).unwrap();
+        let save = PageSave::start(
+            &ram,
+            vec![1, 2, 3, 9],
+            file.try_clone().unwrap(),
+            Slots::Image,
+        )
+        .unwrap();
+        // A VMM thread writes pending pages (faults, saved first), a page
+        // outside the set (no fault), and a vCPU's write is announced.
+        poke(&ram, 2, 0xee);
+        poke(&ram, 5, 0xee);
+        ram.before_guest_write(9);
+        poke(&ram, 9, 0xdd);
+        let counts = save.run().unwrap();
+        assert_eq!(
+            counts,
+            SaveCounts {
+                writer: 2,
+                guest: 1,
+                vmm: 1
+            }
+        );
+        for p in [1u64, 2, 3, 9] {
+            assert_eq!(
+                page_of(&file, p * PAGE_SIZE),
+                vec![p as u8 + 1; PS],
+                "page {p}"
+            );
+        }
+        // Nothing else was written, and every page is writable again.
+        assert_eq!(page_of(&file, 5 * PAGE_SIZE), vec![0; PS]);
+        for p in 0..16 {
+            poke(&ram, p, 0x11);
+        }
+    }
+
+    #[test]
+    fn packed_slots_follow_the_set_order() {
+        let ram = ram(8);
+        let file = tempfile::tempfile().unwrap();
+        let save = PageSave::start(
+            &ram,
+            vec![2, 6],
+            file.try_clone().unwrap(),
+            Slots::Packed { data_offset: 512 },
+        )
+        .unwrap();
+        poke(&ram, 6, 0);
+        save.run().unwrap();
+        assert_eq!(page_of(&file, 512), vec![3; PS]);
+        assert_eq!(page_of(&file, 512 + PAGE_SIZE), vec![7; PS]);
+    }
+
+    #[test]
+    fn writers_on_other_threads_race_the_save_and_never_tear_a_page() {
+        let ram = ram(64);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * PAGE_SIZE).unwrap();
+        let pages: Vec<u64> = (0..64).collect();
+        let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..2u8 {
+                let ram = ram.clone();
+                s.spawn(move || {
+                    for p in (0..64).rev() {
+                        poke(&ram, p, 0x80 | t);
+                    }
+                });
+            }
+            save.run().unwrap();
+        });
+        for p in 0..64u64 {
+            assert_eq!(
+                page_of(&file, p * PAGE_SIZE),
+                vec![p as u8 + 1; PS],
+                "page {p}"
+            );
+        }
+        let c = save.counts();
+        assert_eq!(c.writer + c.guest + c.vmm, 64);
+    }
+
+    #[test]
+    fn a_failing_file_reports_the_error_and_unprotects_everything() {
+        let ram = ram(4);
+        // A read-only file: every pwrite fails.
+        let path = tempfile::NamedTempFile::new().unwrap();
+        let file = File::open(path.path()).unwrap();
+        let save = PageSave::start(&ram, vec![0, 1, 2, 3], file, Slots::Image).unwrap();
+        assert!(matches!(save.run(), Err(SaveError::Write(_))));
+        for p in 0..4 {
+            poke(&ram, p, 1);
+        }
+    }
+
+    #[test]
+    fn bad_page_lists_are_refused_before_anything_is_protected() {
+        let ram = ram(4);
+        let file = tempfile::tempfile().unwrap();
+        for pages in [vec![1, 1], vec![2, 1], vec![4]] {
+            let e = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image);
+            assert!(matches!(e, Err(SaveError::BadPage { .. })));
+        }
+        poke(&ram, 1, 0);
+    }
+
+    #[test]
+    fn runs_group_consecutive_pages() {
+        assert_eq!(runs(&[1, 2, 3, 7, 9, 10]), [(1, 3), (7, 1), (9, 2)]);
+        assert!(runs(&[]).is_empty());
+    }
+}
