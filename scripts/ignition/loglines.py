@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 GUEST_BOOT_TIME = r"Guest-boot-time = (\d+) ms"
 """group 1: VM start -> the guest init's boot-timer write, whole ms."""
+SNAPSHOT_PAUSE_TIME = r"Snapshot-pause-time = (\d+) us"
+"""group 1: vCPUs stopped -> vCPUs running again, whole us."""
+SNAPSHOT_SAVED_BEFORE_WRITE = (r"Snapshot-saved-before-write = (\d+) pages \((\d+) before a guest write, "
+                               r"(\d+) before a device write, of (\d+)\)")
+"""Background mode only; groups: saved early, by the guest, by devices, the layer's pages."""
 SNAPSHOT_WRITE_TIME = r"Snapshot-write-time = (\d+) ms"
 SNAPSHOT_DISK_CLONE = r"Snapshot-disk-clone = ([^\r\n]+)\r*\n"
 """group 1: the value, for parse_disk_clone."""

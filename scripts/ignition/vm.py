@@ -62,8 +62,13 @@ class Snapshot:
     name: str
     kind: str
     """`full` or `diff`."""
+    pause_us: int
+    """Snapshot-pause-time: vCPUs stopped -> running again."""
     write_ms: int
-    """Snapshot-write-time: quiesce, write, clone the disk, commit (whole ms)."""
+    """Snapshot-write-time: writing and committing the layer (whole ms); in the background
+    mode, from the resume, while the guest runs."""
+    saved_early: tuple[int, int] | None
+    """Background mode: pages saved before a guest write and before a device write."""
     pages: int
     mib: float
     disk: loglines.DiskClone
@@ -197,9 +202,16 @@ class Vm:
         lines. Raises ConsoleError if the VMM reports a failure or writes another kind."""
         t0 = time.perf_counter()
         self.send(CTRL_A + "s")
-        if self.expect([loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED],
-                       f"Snapshot-write-time of '{name}'") == 1:
+        if self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED],
+                       f"Snapshot-pause-time of '{name}'") == 1:
             raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
+        pause_us = int(self.match.group(1))
+        saved_early = None
+        pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE]
+        while (i := self.expect(pats, f"Snapshot-write-time of '{name}'")) != 0:
+            if i == 1:
+                raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
+            saved_early = (int(self.match.group(2)), int(self.match.group(3)))
         write_ms = int(self.match.group(1))
         self.expect(loglines.SNAPSHOT_DISK_CLONE, "Snapshot-disk-clone")
         try:
@@ -211,7 +223,8 @@ class Vm:
         got = self.match.group(1)
         if got != kind:
             raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return Snapshot(name, kind, write_ms, int(self.match.group(2)), float(self.match.group(3)), disk, wall)
+        return Snapshot(name, kind, pause_us, write_ms, saved_early, int(self.match.group(2)),
+                        float(self.match.group(3)), disk, wall)
 
     def wait_restored(self) -> Restored:
         """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy

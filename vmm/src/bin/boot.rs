@@ -4,7 +4,9 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ignition_vmm::arch::layout;
 use ignition_vmm::hv::GicMode;
-use ignition_vmm::machine::{BootSource, FreshBoot, MachineConfig, SnapshotOptions, VmExit};
+use ignition_vmm::machine::{
+    BootSource, FreshBoot, MachineConfig, SnapshotMode, SnapshotOptions, VmExit,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -15,6 +17,15 @@ enum Backend {
     Hvf,
     /// Portable software vCPU (unicorn-engine), any host.
     Emu,
+}
+
+/// Snapshot modes (`--snapshot-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Pause only to capture the state and protect the pages; write them while the guest runs (needs --track-dirty).
+    Background,
+    /// Keep the guest stopped until the layer is on disk.
+    Stop,
 }
 
 /// Interrupt controllers (`--gic`); names are [`GicMode::name`].
@@ -104,6 +115,9 @@ struct Args {
     /// Track dirty guest pages so snapshots can be diffs.
     #[arg(long)]
     track_dirty: bool,
+    /// How Ctrl-A s writes a snapshot [default: background with --track-dirty, else stop]
+    #[arg(long, value_enum, value_name = "MODE")]
+    snapshot_mode: Option<Mode>,
     /// Snapshot store directory.
     #[arg(long, default_value = "vmstore")]
     store: PathBuf,
@@ -173,6 +187,12 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             store: args.store,
             name: args.name,
             track_dirty: args.track_dirty,
+            mode: match args.snapshot_mode {
+                Some(Mode::Background) => SnapshotMode::Background,
+                Some(Mode::Stop) => SnapshotMode::Stop,
+                None if args.track_dirty => SnapshotMode::Background,
+                None => SnapshotMode::Stop,
+            },
         },
     };
     match backend {

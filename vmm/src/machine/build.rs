@@ -115,6 +115,7 @@ where
         control,
         clock,
         cache_writers: Mutex::new(Vec::new()),
+        snapshot_writer: Mutex::new(None),
     });
     stages.devices = t.elapsed();
     Ok(Machine {

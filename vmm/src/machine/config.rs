@@ -52,6 +52,20 @@ pub struct SnapshotOptions {
     /// Track dirty pages (write-protect RAM), so snapshots after the first
     /// (or after a restore) are diffs.
     pub track_dirty: bool,
+    /// How Ctrl-A s writes a layer.
+    pub mode: SnapshotMode,
+}
+
+/// How a snapshot is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotMode {
+    /// The vCPUs stop only while the machine's state is captured and the
+    /// layer's pages are write-protected; the pages are written while the
+    /// guest runs, each saved before anything changes it. Needs
+    /// [`SnapshotOptions::track_dirty`] (the backends' write protection).
+    Background,
+    /// The vCPUs stay stopped until the layer is on disk.
+    Stop,
 }
 
 /// What to run.
@@ -107,6 +121,9 @@ pub(super) enum PlanDisk {
 /// Refuses a snapshot name (`--name`) that is invalid or already taken in
 /// the store, before anything runs.
 pub(super) fn check_snapshot_name(opts: &SnapshotOptions) -> anyhow::Result<()> {
+    if opts.mode == SnapshotMode::Background && !opts.track_dirty {
+        bail!("background snapshots need --track-dirty (its write protection saves each page before the guest changes it); use --snapshot-mode stop without it");
+    }
     if let Some(name) = &opts.name {
         snapshot_store::validate_name(name)?;
         let store = &opts.store;

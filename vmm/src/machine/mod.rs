@@ -42,7 +42,7 @@ pub mod state;
 mod take;
 mod vcpu;
 
-pub use config::{BootSource, FreshBoot, MachineConfig, SnapshotOptions};
+pub use config::{BootSource, FreshBoot, MachineConfig, SnapshotMode, SnapshotOptions};
 
 /// How a VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +68,9 @@ struct Shared {
     clock: clock::Clock,
     /// Threads recording snapshot layers' verified-file caches; joined at exit.
     cache_writers: Mutex<Vec<JoinHandle<()>>>,
+    /// The thread writing a background snapshot layer; joined before the
+    /// next snapshot and at exit.
+    snapshot_writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
@@ -120,12 +123,14 @@ where
     Ok(why)
 }
 
-/// After the VM has ended: joins the vCPU threads and the snapshot cache
-/// writers, and flushes the console output.
+/// After the VM has ended: joins the vCPU threads, a background snapshot's
+/// writer (its layer is completed) and the snapshot cache writers, and
+/// flushes the console output.
 fn wind_down(shared: &Shared, threads: Vec<JoinHandle<()>>) {
     for t in threads {
         let _ = t.join();
     }
+    take::finish_background(shared, false);
     let writers = std::mem::take(&mut *shared.cache_writers.locked());
     for w in writers {
         let _ = w.join();

@@ -1,34 +1,66 @@
 //! Ctrl-A s: stopping every vCPU at an instruction boundary, capturing the
 //! machine, and writing a layer to the snapshot store.
 //!
-//! Order (issue-level guarantees): vCPUs park and capture their own state,
-//! and the guest's clock stops (one count for the VM, saved once); devices
-//! are idle (virtio requests complete inside the MMIO write that queued
-//! them, so none is in flight once every vCPU is parked); the layer is
-//! written into a temporary directory, fsynced and renamed by the store; only
-//! then are the dirty bitmaps cleared and write protection re-armed; then
-//! the clock goes on from where it stopped and the vCPUs resume, so the
-//! guest sees no time pass however long the snapshot took.
+//! Both modes start alike: vCPUs park and capture their own state, and the
+//! guest's clock stops (one count for the VM, saved once); devices are idle
+//! (virtio requests complete inside the MMIO write that queued them, so none
+//! is in flight once every vCPU is parked); the machine state is encoded
+//! and the disk cloned.
+//!
+//! - `stop`: the memory is written, and the layer committed (temporary
+//!   directory, fsync, rename), while the vCPUs stay parked; only then are
+//!   the dirty bitmaps cleared and write protection re-armed.
+//! - `background`: the layer's pages (a diff's dirty pages, or all of RAM)
+//!   are write-protected for a [`PageSave`], dirty tracking is re-armed for
+//!   the next layer, and the vCPUs resume; a writer thread then saves the
+//!   pages (any page the guest or a device is about to change is saved
+//!   first), hashes and commits the layer. If that fails, nothing is
+//!   committed and the layer's pages and disk chunks are carried into the
+//!   next snapshot, so no dirty page is lost.
+//!
+//! Either way the clock goes on from where it stopped when the vCPUs
+//! resume, so the guest sees no time pass during the pause.
 
+use super::config::SnapshotMode;
 use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
 use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::devices::Persist;
 use crate::hv::Vm;
+use crate::memory::{PageSave, Slots};
 use crate::sync::Locked;
 use anyhow::Context;
-use snapshot_store::{Layer, LayerMeta, Store};
+use snapshot_store::{DiskClone, Layer, LayerMeta, SnapshotWriter, Store};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Test hook: with `IGNITION_TEST_SNAPSHOT_DELAY_MS=N` in its environment,
-/// `boot` keeps the VM paused N ms longer at every snapshot (after the layer
-/// is written), so that end-to-end tests can check that guest time stands
-/// still across a pause without depending on how fast this machine writes a
-/// layer (`scripts/tests/test_clock_e2e.py`).
+/// `boot` keeps the VM paused N ms longer at every snapshot taken with
+/// `--snapshot-mode stop` (after the layer is written), so that end-to-end
+/// tests can check that guest time stands still across a pause without
+/// depending on how fast this machine writes a layer
+/// (`scripts/tests/test_clock_e2e.py`); in background mode, the layer's
+/// writer waits N ms after the guest resumes before it writes any page, so
+/// that tests see the guest and the devices write pages that are still
+/// being saved.
 pub(super) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
+
+/// What the next layer builds on; updated by a background layer's writer
+/// when it finishes.
+struct Lineage {
+    /// Snapshots written in this run.
+    taken: u32,
+    /// Dirty tracking is armed (it stops if re-arming fails).
+    track_dirty: bool,
+    /// The layer the next snapshot is a diff against, when tracking.
+    parent: Option<Layer>,
+    /// Pages and disk chunks of a background layer that failed: dirtied
+    /// since `parent`, so the next layer holds them.
+    carry_pages: Vec<u64>,
+    carry_chunks: Vec<u64>,
+}
 
 /// Takes snapshots for one running VM.
 pub(super) struct Snapshotter<V: Vm> {
@@ -36,16 +68,27 @@ pub(super) struct Snapshotter<V: Vm> {
     shared: Arc<Shared>,
     store: PathBuf,
     name: Option<String>,
-    /// Snapshots written in this run.
-    taken: u32,
-    track_dirty: bool,
-    /// The layer the next snapshot is a diff against, when tracking.
-    parent: Option<Layer>,
+    mode: SnapshotMode,
+    lineage: Arc<Mutex<Lineage>>,
     disk: PathBuf,
     cmdline: String,
     backend: &'static str,
-    /// The test hook's extra pause ([`TEST_DELAY_ENV`]).
+    /// The test hook's delay ([`TEST_DELAY_ENV`]).
     test_delay: Option<Duration>,
+}
+
+/// A layer begun while the VM is paused: its writer with the disk done,
+/// and what the memory must hold.
+struct Begun {
+    name: String,
+    w: SnapshotWriter,
+    state: Vec<u8>,
+    diff: bool,
+    /// The disk's clone, or `None` while the parent's image is still to be
+    /// reused ([`Begun::finish_disk`]).
+    clone: Option<DiskClone>,
+    /// The disk chunks written since the parent (for a diff).
+    chunks: Vec<u64>,
 }
 
 impl<V: Vm> Snapshotter<V> {
@@ -63,9 +106,14 @@ impl<V: Vm> Snapshotter<V> {
             shared,
             store: opts.store.clone(),
             name: opts.name.clone(),
-            taken: 0,
-            track_dirty: opts.track_dirty,
-            parent: if opts.track_dirty { parent } else { None },
+            mode: opts.mode,
+            lineage: Arc::new(Mutex::new(Lineage {
+                taken: 0,
+                track_dirty: opts.track_dirty,
+                parent: if opts.track_dirty { parent } else { None },
+                carry_pages: Vec::new(),
+                carry_chunks: Vec::new(),
+            })),
             disk,
             cmdline,
             backend,
@@ -79,20 +127,24 @@ impl<V: Vm> Snapshotter<V> {
     /// The name of the next snapshot: `NAME`, then `NAME.2`, `NAME.3`, ...
     fn next_name(&self) -> Option<String> {
         let base = self.name.as_ref()?;
-        Some(match self.taken {
+        Some(match self.lineage.locked().taken {
             0 => base.clone(),
             n => format!("{base}.{}", n + 1),
         })
     }
 
     /// Handles Ctrl-A s: writes a snapshot, or says on the console why not.
+    /// A background layer still being written is finished first.
     pub(super) fn take(&mut self) {
-        let Some(name) = self.next_name() else {
+        if self.name.is_none() {
             console::message("[snapshot] refused: no snapshot name (start boot with --name NAME)");
             return;
-        };
+        }
+        finish_background(&self.shared, true);
+        let name = self.next_name().expect("checked above");
         let shared = self.shared.clone();
         let (control, clock) = (&shared.control, &shared.clock);
+        let t = Instant::now();
         let states = match control.pause(clock) {
             Ok(s) => s,
             Err(e) => {
@@ -101,25 +153,33 @@ impl<V: Vm> Snapshotter<V> {
                 return;
             }
         };
-        let result = self.write(&name, states);
-        if let Some(d) = self.test_delay {
-            std::thread::sleep(d);
-        }
-        control.resume(clock);
-        match result {
-            Ok(msg) => {
-                self.taken += 1;
-                console::message(&msg);
+        let result = match self.mode {
+            SnapshotMode::Stop => {
+                let r = self.write(&name, states);
+                if let Some(d) = self.test_delay {
+                    std::thread::sleep(d);
+                }
+                r.map(Some)
             }
+            SnapshotMode::Background => self.start_background(&name, states).map(|()| None),
+        };
+        control.resume(clock);
+        console::message(&format!(
+            "Snapshot-pause-time = {} us",
+            t.elapsed().as_micros()
+        ));
+        match result {
+            Ok(Some(lines)) => lines.iter().for_each(|l| console::message(l)),
+            Ok(None) => {}
             Err(e) => console::message(&format!(
                 "[snapshot] '{name}' failed, nothing was written: {e:#}"
             )),
         }
     }
 
-    /// Writes the layer while every vCPU is parked; returns the console line.
-    fn write(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<String> {
-        let t = Instant::now();
+    /// Begins layer `name` while every vCPU is parked: captures the machine
+    /// state and the disk, and opens the writer.
+    fn begin(&self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<Begun> {
         let shared = &self.shared;
         let ram = &shared.ram;
         shared.devices.quiesce()?;
@@ -140,8 +200,9 @@ impl<V: Vm> Snapshotter<V> {
         };
         let store = Store::create(&self.store)
             .with_context(|| format!("cannot open the snapshot store {}", self.store.display()))?;
+        let lineage = self.lineage.locked();
         let meta = LayerMeta {
-            parent: self.parent.as_ref().map(Layer::parent_ref),
+            parent: lineage.parent.as_ref().map(Layer::parent_ref),
             page_size: PAGE_SIZE,
             ram_base_gpa: RAM_BASE,
             ram_size: ram.size(),
@@ -154,9 +215,14 @@ impl<V: Vm> Snapshotter<V> {
         let mut w = store.begin(name, meta)?;
         // The disk first, so that its changed chunks are hashed while memory
         // is written. An image unchanged since the parent is the parent's.
-        let written = shared.devices.root_disk().device().written_chunks();
-        let (clone, disk_reused) = if diff && written.is_empty() {
-            (w.reuse_parent_disk()?, true)
+        let mut chunks = shared.devices.root_disk().device().written_chunks();
+        chunks.extend(&lineage.carry_chunks);
+        chunks.sort_unstable();
+        chunks.dedup();
+        drop(lineage);
+        let clone = if diff && chunks.is_empty() {
+            // The parent's image is immutable: cloning it can wait.
+            None
         } else {
             // A restored VM's working disk may still be being copied.
             shared
@@ -165,69 +231,243 @@ impl<V: Vm> Snapshotter<V> {
                 .device_mut()
                 .wait_ready()
                 .context("the VM's disk image is not usable")?;
-            (
-                w.clone_disk(&self.disk, diff.then_some(&written[..]))?,
-                false,
-            )
+            Some(w.clone_disk(&self.disk, diff.then_some(&chunks[..]))?)
         };
+        Ok(Begun {
+            name: name.to_string(),
+            w,
+            state: state.encode(),
+            diff,
+            clone,
+            chunks,
+        })
+    }
+
+    /// The pages a diff holds: dirtied by the guest or the VMM since the
+    /// parent, and those of a failed background layer.
+    fn dirty_pages(&self) -> anyhow::Result<Vec<u64>> {
+        let mut pages = self.vm.dirty_pages()?;
+        pages.extend(self.shared.ram.vmm_dirty_pages());
+        pages.extend(&self.lineage.locked().carry_pages);
+        pages.sort_unstable();
+        pages.dedup();
+        Ok(pages)
+    }
+
+    /// Writes the layer while every vCPU is parked; returns the console
+    /// lines.
+    fn write(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<Vec<String>> {
+        let t = Instant::now();
+        let mut b = self.begin(name, vcpus)?;
+        let ram = &self.shared.ram;
         // SAFETY: every vCPU is parked (`pause` returned) and the block device
         // is quiesced, so nothing writes guest RAM while `bytes` is alive.
         let bytes = unsafe { ram.bytes() };
-        let pages = if diff {
-            let mut pages = self.vm.dirty_pages()?;
-            pages.extend(ram.vmm_dirty_pages());
-            pages.sort_unstable();
-            pages.dedup();
-            w.write_diff_from_ram(bytes, pages.iter().copied())?
+        let pages = if b.diff {
+            let pages = self.dirty_pages()?;
+            b.w.write_diff_from_ram(bytes, pages.iter().copied())?
         } else {
-            w.write_full_memory(bytes)?;
+            b.w.write_full_memory(bytes)?;
             ram.size() / PAGE_SIZE
         };
-        w.write_state(&state.encode())?;
-        let (layer, cache) = w.commit_cache_later()?;
-        shared.cache_writers.locked().push(cache);
-        let write_ms = t.elapsed().as_millis();
+        b.w.write_state(&b.state)?;
+        let clone = finish_disk(&mut b.w, b.clone.take())?;
+        let (layer, cache) = b.w.commit_cache_later()?;
+        self.shared.cache_writers.locked().push(cache);
         // The layer is durable: only now forget what was dirty.
+        self.restart_tracking(Some(layer));
+        Ok(report(&b.name, b.diff, pages, t.elapsed(), &clone))
+    }
+
+    /// Clears what was dirty (the disk's written chunks, a failed layer's
+    /// carry) and re-arms dirty tracking for the next layer; `written` is
+    /// the layer just committed (`None` while a background layer is still
+    /// being written). If re-arming fails, what is dirty is no longer known:
+    /// later snapshots of this run are full layers.
+    fn restart_tracking(&self, written: Option<Layer>) {
+        let shared = &self.shared;
         shared
             .devices
             .root_disk()
             .device_mut()
             .clear_written_chunks();
-        if self.track_dirty {
-            match self.vm.rearm_dirty_tracking() {
-                Ok(()) => {
-                    ram.vmm_dirty().reset();
-                    self.parent = Some(layer);
-                }
-                Err(e) => {
-                    // The layer is fine, but what is dirty is no longer known:
-                    // later snapshots of this run are full layers.
-                    self.track_dirty = false;
-                    self.parent = None;
-                    console::message(&format!(
-                        "[snapshot] dirty tracking could not be re-armed ({e}); later snapshots are full"
-                    ));
+        let mut l = self.lineage.locked();
+        l.carry_pages.clear();
+        l.carry_chunks.clear();
+        if written.is_some() {
+            l.taken += 1;
+        }
+        if !l.track_dirty {
+            return;
+        }
+        match self.vm.rearm_dirty_tracking() {
+            Ok(()) => {
+                shared.ram.vmm_dirty().reset();
+                if written.is_some() {
+                    l.parent = written;
                 }
             }
+            Err(e) => {
+                l.track_dirty = false;
+                l.parent = None;
+                console::message(&format!(
+                    "[snapshot] dirty tracking could not be re-armed ({e}); later snapshots are full"
+                ));
+            }
         }
-        console::message(&format!("Snapshot-write-time = {write_ms} ms"));
-        console::message(&format!(
+    }
+
+    /// Begins a background layer while every vCPU is parked: captures the
+    /// state and the disk, write-protects the layer's pages, re-arms dirty
+    /// tracking for the next layer, and starts the thread that writes the
+    /// pages once the guest runs again.
+    fn start_background(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<()> {
+        let mut b = self.begin(name, vcpus)?;
+        let ram = self.shared.ram.clone();
+        let pages: Vec<u64> = if b.diff {
+            self.dirty_pages()?
+        } else {
+            (0..ram.size() / PAGE_SIZE).collect()
+        };
+        let memory = b.w.memory_file(b.diff.then_some(&pages[..]))?;
+        let slots = match memory.data_offset {
+            Some(data_offset) => Slots::Packed { data_offset },
+            None => Slots::Image,
+        };
+        let file = memory
+            .file
+            .try_clone()
+            .context("cannot share the memory file with the page saver")?;
+        let save = PageSave::start(&ram, pages, file, slots)
+            .context("cannot write-protect the layer's pages")?;
+        // The layer's pages are captured: what the guest writes from now on
+        // belongs to the next layer. Without re-armed protection, guest
+        // writes would not wait for their page to be saved, so the pages
+        // are written now, before the guest runs.
+        let tracking = self.lineage.locked().track_dirty;
+        self.restart_tracking(None);
+        let mut carry = (b.diff.then(|| save.pages().to_vec()), b.chunks.clone());
+        if !tracking || !self.lineage.locked().track_dirty {
+            save.run().context("cannot write the layer's pages")?;
+        }
+        let lineage = self.lineage.clone();
+        let shared = self.shared.clone();
+        let delay = self.test_delay;
+        let thread = std::thread::Builder::new()
+            .name("snapshot-writer".into())
+            .spawn(move || {
+                let t = Instant::now();
+                if let Some(d) = delay {
+                    std::thread::sleep(d);
+                }
+                let Begun {
+                    name,
+                    mut w,
+                    state,
+                    diff,
+                    clone,
+                    ..
+                } = b;
+                let written = save
+                    .run()
+                    .context("cannot write the layer's pages")
+                    .and_then(|counts| {
+                        w.finish_memory_file(memory)?;
+                        w.write_state(&state)?;
+                        let clone = finish_disk(&mut w, clone)?;
+                        Ok((w.commit_cache_later()?, counts, clone))
+                    });
+                let mut l = lineage.locked();
+                match written {
+                    Ok(((layer, cache), counts, clone)) => {
+                        shared.cache_writers.locked().push(cache);
+                        let pages = save.pages().len() as u64;
+                        if l.track_dirty {
+                            l.parent = Some(layer);
+                        }
+                        l.taken += 1;
+                        drop(l);
+                        console::message(&format!(
+                            "Snapshot-saved-before-write = {} pages ({} before a guest write, {} before a device write, of {pages})",
+                            counts.guest + counts.vmm,
+                            counts.guest,
+                            counts.vmm
+                        ));
+                        let lines = report(&name, diff, pages, t.elapsed(), &clone);
+                        lines.iter().for_each(|l| console::message(l));
+                    }
+                    Err(e) => {
+                        // Nothing was committed: the next layer holds what
+                        // this one would have.
+                        if let Some(p) = carry.0.take() {
+                            l.carry_pages.extend(p);
+                        }
+                        l.carry_chunks.append(&mut carry.1);
+                        drop(l);
+                        console::message(&format!(
+                            "[snapshot] '{name}' failed, nothing was written: {e:#}"
+                        ));
+                    }
+                }
+            })
+            .context("cannot start the snapshot writer thread")?;
+        *self.shared.snapshot_writer.locked() = Some(thread);
+        Ok(())
+    }
+}
+
+/// Waits for the background layer being written, if any (`say`: tells the
+/// console when that takes a while).
+pub(super) fn finish_background(shared: &Shared, say: bool) {
+    let Some(thread) = shared.snapshot_writer.locked().take() else {
+        return;
+    };
+    if say && !thread.is_finished() {
+        console::message("[snapshot] waiting for the previous snapshot to be written");
+    }
+    let _ = thread.join();
+}
+
+/// The disk's clone (`clone`), made now by `w` if it is the parent's image;
+/// with whether it is.
+fn finish_disk(
+    w: &mut SnapshotWriter,
+    clone: Option<DiskClone>,
+) -> anyhow::Result<(DiskClone, bool)> {
+    Ok(match clone {
+        Some(c) => (c, false),
+        None => (w.reuse_parent_disk()?, true),
+    })
+}
+
+/// The console lines of a written layer: the write time, the disk clone
+/// (and whether it is the parent's image), and the summary.
+fn report(
+    name: &str,
+    diff: bool,
+    pages: u64,
+    took: Duration,
+    (clone, disk_reused): &(DiskClone, bool),
+) -> Vec<String> {
+    vec![
+        format!("Snapshot-write-time = {} ms", took.as_millis()),
+        format!(
             "Snapshot-disk-clone = {} ({} of {} chunks hashed{})",
             clone.method,
             clone.hashed,
             clone.chunks,
-            if disk_reused {
+            if *disk_reused {
                 ": unchanged since the parent, its image and digests reused"
             } else {
                 ""
             }
-        ));
-        Ok(format!(
+        ),
+        format!(
             "[snapshot] {} '{name}' ({pages} pages, {:.1} MiB) written",
             if diff { "diff" } else { "full" },
             (pages * PAGE_SIZE) as f64 / (1024.0 * 1024.0)
-        ))
-    }
+        ),
+    ]
 }
 
 /// `ignition-vmm <version>`, recorded in manifests.
