@@ -77,6 +77,15 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class PendingSnapshot:
+    """A Ctrl-A s whose pause is over (Vm.snapshot_start)."""
+
+    name: str
+    t0: float
+    pause_us: int
+
+
+@dataclass(frozen=True)
 class Restored:
     """The restore's log lines, and the host's wall times (seconds from spawn)."""
 
@@ -198,14 +207,24 @@ class Vm:
     # Snapshots and restore
 
     def snapshot(self, name: str, kind: str) -> Snapshot:
-        """Ctrl-A s: waits for the write time, the disk clone and the `[snapshot] KIND 'name'`
-        lines. Raises ConsoleError if the VMM reports a failure or writes another kind."""
+        """Ctrl-A s: waits for the pause time, the write time, the disk clone and the
+        `[snapshot] KIND 'name'` lines. Raises ConsoleError if the VMM reports a failure or
+        writes another kind."""
+        return self.snapshot_finish(self.snapshot_start(name), kind)
+
+    def snapshot_start(self, name: str) -> PendingSnapshot:
+        """Ctrl-A s, until the guest runs again (`Snapshot-pause-time`); in the background
+        mode the layer is still being written: see snapshot_finish."""
         t0 = time.perf_counter()
         self.send(CTRL_A + "s")
         if self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED],
                        f"Snapshot-pause-time of '{name}'") == 1:
             raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
-        pause_us = int(self.match.group(1))
+        return PendingSnapshot(name, t0, int(self.match.group(1)))
+
+    def snapshot_finish(self, pending: PendingSnapshot, kind: str) -> Snapshot:
+        """The rest of snapshot(): waits until the layer is written."""
+        name = pending.name
         saved_early = None
         pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE]
         while (i := self.expect(pats, f"Snapshot-write-time of '{name}'")) != 0:
@@ -219,11 +238,11 @@ class Vm:
         except ValueError as e:
             raise ConsoleError(str(e)) from None
         self.expect(loglines.snapshot_written(name), f"the [snapshot] line of '{name}'")
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - pending.t0
         got = self.match.group(1)
         if got != kind:
             raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return Snapshot(name, kind, pause_us, write_ms, saved_early, int(self.match.group(2)),
+        return Snapshot(name, kind, pending.pause_us, write_ms, saved_early, int(self.match.group(2)),
                         float(self.match.group(3)), disk, wall)
 
     def wait_restored(self) -> Restored:

@@ -41,11 +41,16 @@ use std::time::{Duration, Instant};
 /// `--snapshot-mode stop` (after the layer is written), so that end-to-end
 /// tests can check that guest time stands still across a pause without
 /// depending on how fast this machine writes a layer
-/// (`scripts/tests/test_clock_e2e.py`); in background mode, the layer's
-/// writer waits N ms after the guest resumes before it writes any page, so
-/// that tests see the guest and the devices write pages that are still
-/// being saved.
+/// (`scripts/tests/test_clock_e2e.py`).
 pub(super) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
+
+/// Test hook: with `IGNITION_TEST_SNAPSHOT_GATE=PATH` in its environment,
+/// a background layer's writer waits, with the guest running, until `PATH`
+/// exists (and removes it) before it saves any page, so that tests can
+/// make the guest and the devices write pages that are still to be saved,
+/// or make the write fail, whatever this machine's speed
+/// (`scripts/tests/test_background_snapshot_e2e.py`).
+pub(super) const TEST_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_GATE";
 
 /// What the next layer builds on; updated by a background layer's writer
 /// when it finishes.
@@ -75,6 +80,8 @@ pub(super) struct Snapshotter<V: Vm> {
     backend: &'static str,
     /// The test hook's delay ([`TEST_DELAY_ENV`]).
     test_delay: Option<Duration>,
+    /// The test hook's gate ([`TEST_GATE_ENV`]).
+    test_gate: Option<PathBuf>,
 }
 
 /// A layer begun while the VM is paused: its writer with the disk done,
@@ -121,6 +128,7 @@ impl<V: Vm> Snapshotter<V> {
                 .ok()
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
+            test_gate: std::env::var_os(TEST_GATE_ENV).map(PathBuf::from),
         }
     }
 
@@ -352,13 +360,15 @@ impl<V: Vm> Snapshotter<V> {
         }
         let lineage = self.lineage.clone();
         let shared = self.shared.clone();
-        let delay = self.test_delay;
+        let gate = self.test_gate.clone();
         let thread = std::thread::Builder::new()
             .name("snapshot-writer".into())
             .spawn(move || {
                 let t = Instant::now();
-                if let Some(d) = delay {
-                    std::thread::sleep(d);
+                if let Some(gate) = gate {
+                    while std::fs::remove_file(&gate).is_err() {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 }
                 let Begun {
                     name,
