@@ -38,7 +38,8 @@ const SAVED: u8 = 2;
 /// Where each page goes in the layer's memory file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slots {
-    /// A RAM image: page `p` at byte `p * PAGE_SIZE`.
+    /// A RAM image: page `p` at byte `p * PAGE_SIZE`. The file must already
+    /// have RAM's size: zero pages are left unwritten (holes, read as zero).
     Image,
     /// Packed: the `i`th page of the set at `data_offset + i * PAGE_SIZE`.
     Packed {
@@ -218,8 +219,13 @@ impl PageSave {
             Slots::Image => page * PAGE_SIZE,
             Slots::Packed { data_offset } => data_offset + i as u64 * PAGE_SIZE,
         };
-        if let Err(e) = pwrite_all(self.file.as_raw_fd(), addr, offset) {
-            self.note_error(e);
+        // A RAM image is created at its full size, so a zero page is a hole
+        // that needs no write (a packed slot must be written).
+        let hole = self.slots == Slots::Image && is_zero(addr);
+        if !hole {
+            if let Err(e) = pwrite_all(self.file.as_raw_fd(), addr, offset) {
+                self.note_error(e);
+            }
         }
         if let Err(e) = protect(addr, PAGE_SIZE as usize, true) {
             self.note_error(e);
@@ -246,6 +252,14 @@ impl PageSave {
             None => false,
         }
     }
+}
+
+/// Whether the page at host address `addr` is all zero. Async-signal-safe.
+fn is_zero(addr: usize) -> bool {
+    // SAFETY: the page is readable guest RAM of a live mapping, and it
+    // cannot change while it is being saved (it is read-only to everyone).
+    let words = unsafe { std::slice::from_raw_parts(addr as *const u64, PAGE_SIZE as usize / 8) };
+    words.iter().all(|&w| w == 0)
 }
 
 /// Runs of consecutive pages: (first page, count).
@@ -579,6 +593,25 @@ mod tests {
         for p in 0..16 {
             poke(&ram, p, 0x11);
         }
+    }
+
+    #[test]
+    fn zero_pages_of_an_image_stay_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let ram = Arc::new(GuestRam::new_anonymous(64 * PAGE_SIZE).unwrap());
+        poke(&ram, 3, 9);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(64 * PAGE_SIZE).unwrap();
+        let pages: Vec<u64> = (0..64).collect();
+        let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image).unwrap();
+        save.run().unwrap();
+        let mut expect = vec![0; PS];
+        expect[100] = 9;
+        assert_eq!(page_of(&file, 3 * PAGE_SIZE), expect);
+        assert_eq!(page_of(&file, 4 * PAGE_SIZE), vec![0; PS]);
+        // One page's data (file systems without holes would hold all 64).
+        let bytes = file.metadata().unwrap().blocks() * 512;
+        assert!(bytes <= 4 * PAGE_SIZE, "{bytes} bytes allocated");
     }
 
     #[test]
