@@ -160,6 +160,30 @@ fn write_all_vectored(f: &mut File, path: &Path, bufs: &[&[u8]]) -> Result<()> {
     Ok(())
 }
 
+/// Writes `data` to the empty file `f`, leaving its all-zero `page`-byte
+/// pages as holes (they read as zero; the file ends up `data.len()` long).
+fn write_sparse(f: &mut File, data: &[u8], page: usize) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut at = 0;
+    for run in data
+        .chunks(page)
+        .collect::<Vec<_>>()
+        .chunk_by(|a, b| is_zero(a) == is_zero(b))
+    {
+        let len: usize = run.iter().map(|p| p.len()).sum();
+        if !is_zero(run[0]) {
+            f.seek(SeekFrom::Start(at as u64))?;
+            f.write_all(&data[at..at + len])?;
+        }
+        at += len;
+    }
+    f.set_len(data.len() as u64)
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
 impl SnapshotWriter {
     /// The snapshot name being written.
     pub fn name(&self) -> &str {
@@ -192,8 +216,9 @@ impl SnapshotWriter {
     }
 
     /// Write the full RAM image: `ram` is all of guest RAM (`ram_size`
-    /// bytes). Only for layers without a parent. The sha256 is computed on
-    /// a second thread while the file is written.
+    /// bytes). Only for layers without a parent. Zero pages are left as
+    /// holes. The sha256 is computed on a second thread while the file is
+    /// written.
     pub fn write_full_memory(&mut self, ram: &[u8]) -> Result<()> {
         self.check_no_memory()?;
         if self.meta.parent.is_some() {
@@ -210,9 +235,11 @@ impl SnapshotWriter {
             )));
         }
         let (mut f, path) = self.create(MEMORY_FILE)?;
+        let page = usize::try_from(self.meta.page_size)
+            .map_err(|_| Error::Usage("page size does not fit in memory".into()))?;
         let digest = std::thread::scope(|s| {
             let hasher = s.spawn(|| sha256(ram));
-            let written = f.write_all(ram).ctx(&path, "write");
+            let written = write_sparse(&mut f, ram, page).ctx(&path, "write");
             let digest = hasher.join();
             written?;
             digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))

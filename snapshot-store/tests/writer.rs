@@ -429,3 +429,23 @@ fn memory_files_filled_out_of_order_equal_the_in_order_layers() {
     assert_eq!(ooo.manifest.diff_pages, in_order.manifest.diff_pages);
     verify_chain(&s.resolve("d1-ooo").unwrap()).unwrap();
 }
+
+/// A full layer's zero pages are holes: the file holds only data.
+#[test]
+fn full_layers_leave_zero_pages_as_holes() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, s) = store();
+    let ps = PS as usize;
+    let mut ram = vec![0u8; 64 * ps];
+    ram[3 * ps + 7] = 1;
+    ram[40 * ps..42 * ps].fill(9);
+    let layer = full(&s, "sparse", &ram, b"state", None);
+    let path = layer.dir.join(MEMORY_FILE);
+    assert_eq!(std::fs::read(&path).unwrap(), ram);
+    let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(
+        allocated <= 4 * PS,
+        "{allocated} bytes allocated for 3 pages of data"
+    );
+    verify_chain(&s.resolve("sparse").unwrap()).unwrap();
+}
