@@ -24,6 +24,7 @@ from typing import Sequence
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
+from .control import Control
 
 CTRL_A = "\x01"
 
@@ -125,7 +126,8 @@ class Vm:
     def boot(cls, cfg: VmConfig, *, disk: os.PathLike | str, log_path: os.PathLike | str | None = None,
              mem: int | None = None, cpus: int | None = None, store: os.PathLike | str | None = None,
              name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = ()) -> Vm:
-        """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login())."""
+        """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login()).
+        Pass `extra=["--control", PATH]` and use Vm.control() to drive it over its socket."""
         args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
         if mem is not None:
             args += ["--mem", str(mem)]
@@ -154,6 +156,10 @@ class Vm:
 
     def __exit__(self, *exc) -> None:
         self.terminate()
+
+    def control(self, path: os.PathLike | str) -> Control:
+        """A connection to this VM's control socket (`--control PATH`)."""
+        return Control(path, self.timeouts.boot)
 
     @property
     def pid(self) -> int:

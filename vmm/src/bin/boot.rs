@@ -121,6 +121,9 @@ struct Args {
     /// Snapshot store directory.
     #[arg(long, default_value = "vmstore")]
     store: PathBuf,
+    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit) on this Unix socket, mode 0600
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
     #[arg(long, value_enum)]
     backend: Option<Backend>,
@@ -194,6 +197,7 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
                 None => SnapshotMode::Stop,
             },
         },
+        control: args.control,
     };
     match backend {
         Backend::Emu => run_emu(&cfg),

@@ -79,6 +79,9 @@ pub struct MachineConfig {
     pub gic: Option<GicMode>,
     /// Snapshot settings.
     pub snapshots: SnapshotOptions,
+    /// Where to listen for control requests (`boot --control`; see
+    /// `machine::api`).
+    pub control: Option<PathBuf>,
 }
 
 /// How the vCPUs start.

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+pub mod api;
 mod build;
 mod clock;
 mod config;
@@ -70,7 +71,7 @@ struct Shared {
     cache_writers: Mutex<Vec<JoinHandle<()>>>,
     /// The thread writing a background snapshot layer; joined before the
     /// next snapshot and at exit.
-    snapshot_writer: Mutex<Option<JoinHandle<()>>>,
+    snapshot_writer: Mutex<Option<take::BackgroundWriter>>,
 }
 
 /// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
@@ -87,7 +88,7 @@ where
         build::start_dirty_tracking(&*m.vm, &m.shared.ram)?;
     }
     let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
-    let mut snapshotter = take::Snapshotter::new(
+    let snapshotter = Arc::new(Mutex::new(take::Snapshotter::new(
         m.vm.clone(),
         m.shared.clone(),
         &cfg.snapshots,
@@ -95,8 +96,28 @@ where
         m.disk_path,
         m.cmdline,
         H::NAME,
+    )));
+    let _socket = match &cfg.control {
+        Some(path) => Some(api::listen(
+            path,
+            api::Api {
+                shared: m.shared.clone(),
+                ops: snapshotter.clone(),
+                vcpus: m.groups.iter().map(Vec::len).sum(),
+                backend: H::NAME,
+                started: t0,
+                restored_from: match &cfg.source {
+                    BootSource::Restore { spec } => Some(spec.clone()),
+                    BootSource::Fresh(_) => None,
+                },
+            },
+        )?),
+        None => None,
+    };
+    input::spawn(
+        m.shared.clone(),
+        Box::new(move || snapshotter.locked().take()),
     );
-    input::spawn(m.shared.clone(), Box::new(move || snapshotter.take()));
 
     let t = Instant::now();
     let threads = vcpu::spawn_threads(&m.vm, &m.shared, m.groups, &m.start)?;
@@ -130,7 +151,7 @@ fn wind_down(shared: &Shared, threads: Vec<JoinHandle<()>>) {
     for t in threads {
         let _ = t.join();
     }
-    take::finish_background(shared, false);
+    let _ = take::finish_background(shared, false);
     let writers = std::mem::take(&mut *shared.cache_writers.locked());
     for w in writers {
         let _ = w.join();

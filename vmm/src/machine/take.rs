@@ -82,6 +82,25 @@ pub(super) struct Snapshotter<V: Vm> {
     test_delay: Option<Duration>,
     /// The test hook's gate ([`TEST_GATE_ENV`]).
     test_gate: Option<PathBuf>,
+    /// The vCPUs' parked states while the VM is paused by
+    /// [`Snapshotter::pause`].
+    held: Option<Vec<VcpuState>>,
+}
+
+/// A layer written, as the control socket reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(super) struct Written {
+    /// The layer's name.
+    pub(super) name: String,
+    /// `full` or `diff`.
+    pub(super) kind: &'static str,
+    /// 16 KiB pages of memory it holds.
+    pub(super) pages: u64,
+    /// vCPUs stopped to running again, in us (0 if the VM was paused
+    /// already).
+    pub(super) pause_us: u64,
+    /// `Snapshot-write-time`, in ms.
+    pub(super) write_ms: u64,
 }
 
 /// A layer begun while the VM is paused: its writer with the disk done,
@@ -129,6 +148,7 @@ impl<V: Vm> Snapshotter<V> {
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
             test_gate: std::env::var_os(TEST_GATE_ENV).map(PathBuf::from),
+            held: None,
         }
     }
 
@@ -144,22 +164,38 @@ impl<V: Vm> Snapshotter<V> {
     /// Handles Ctrl-A s: writes a snapshot, or says on the console why not.
     /// A background layer still being written is finished first.
     pub(super) fn take(&mut self) {
-        if self.name.is_none() {
-            console::message("[snapshot] refused: no snapshot name (start boot with --name NAME)");
-            return;
-        }
-        finish_background(&self.shared, true);
-        let name = self.next_name().expect("checked above");
+        // The console has the outcome (and the control socket is not asking).
+        let _ = self.snapshot(None);
+    }
+
+    /// Writes snapshot `name` (default: the next of `--name`'s NAME,
+    /// NAME.2, ...), saying on the console how it goes. Returns the layer if
+    /// it is written when this returns (`--snapshot-mode stop`), `None` if
+    /// its background writer is still at work ([`finish_background`]
+    /// returns the outcome). If the VM is paused ([`Snapshotter::pause`]),
+    /// it stays paused and its parked state is used.
+    pub(super) fn snapshot(&mut self, name: Option<String>) -> Result<Option<Written>, String> {
+        // The previous layer's outcome was on the console already.
+        let _ = finish_background(&self.shared, true);
+        let Some(name) = name.or_else(|| self.next_name()) else {
+            let msg = "no snapshot name (start boot with --name NAME)";
+            console::message(&format!("[snapshot] refused: {msg}"));
+            return Err(msg.into());
+        };
         let shared = self.shared.clone();
         let (control, clock) = (&shared.control, &shared.clock);
         let t = Instant::now();
-        let states = match control.pause(clock) {
-            Ok(s) => s,
-            Err(e) => {
-                control.resume(clock);
-                console::message(&format!("[snapshot] '{name}' failed: {e:#}"));
-                return;
-            }
+        let states = match &self.held {
+            Some(states) => states.clone(),
+            None => match control.pause(clock) {
+                Ok(s) => s,
+                Err(e) => {
+                    control.resume(clock);
+                    let msg = format!("'{name}' failed: {e:#}");
+                    console::message(&format!("[snapshot] {msg}"));
+                    return Err(msg);
+                }
+            },
         };
         let result = match self.mode {
             SnapshotMode::Stop => {
@@ -171,18 +207,82 @@ impl<V: Vm> Snapshotter<V> {
             }
             SnapshotMode::Background => self.start_background(&name, states).map(|()| None),
         };
-        control.resume(clock);
-        console::message(&format!(
-            "Snapshot-pause-time = {} us",
-            t.elapsed().as_micros()
-        ));
+        let pause_us = if self.held.is_some() {
+            0
+        } else {
+            control.resume(clock);
+            let us = t.elapsed().as_micros() as u64;
+            console::message(&format!("Snapshot-pause-time = {us} us"));
+            us
+        };
         match result {
-            Ok(Some(lines)) => lines.iter().for_each(|l| console::message(l)),
-            Ok(None) => {}
-            Err(e) => console::message(&format!(
-                "[snapshot] '{name}' failed, nothing was written: {e:#}"
-            )),
+            Ok(Some((lines, mut written))) => {
+                lines.iter().for_each(|l| console::message(l));
+                written.pause_us = pause_us;
+                Ok(Some(written))
+            }
+            Ok(None) => {
+                if let Some(w) = self.shared.snapshot_writer.locked().as_mut() {
+                    w.pause_us = pause_us;
+                }
+                Ok(None)
+            }
+            Err(e) => {
+                let msg = format!("'{name}' failed, nothing was written: {e:#}");
+                console::message(&format!("[snapshot] {msg}"));
+                Err(msg)
+            }
         }
+    }
+
+    /// Pauses the VM (every vCPU parked, the guest's clock stopped) until
+    /// [`Snapshotter::resume`]. Refused if it is paused already.
+    pub(super) fn pause(&mut self) -> Result<(), String> {
+        if self.held.is_some() {
+            return Err("the VM is paused already".into());
+        }
+        let (control, clock) = (&self.shared.control, &self.shared.clock);
+        match control.pause(clock) {
+            Ok(states) => {
+                self.held = Some(states);
+                Ok(())
+            }
+            Err(e) => {
+                control.resume(clock);
+                Err(format!("{e:#}"))
+            }
+        }
+    }
+
+    /// Resumes a VM paused by [`Snapshotter::pause`].
+    pub(super) fn resume(&mut self) -> Result<(), String> {
+        if self.held.take().is_none() {
+            return Err("the VM is not paused".into());
+        }
+        self.shared.control.resume(&self.shared.clock);
+        Ok(())
+    }
+
+    /// Whether the VM is paused by [`Snapshotter::pause`].
+    pub(super) fn paused(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The layer the next snapshot is a diff against, if any.
+    pub(super) fn parent_name(&self) -> Option<String> {
+        self.lineage
+            .locked()
+            .parent
+            .as_ref()
+            .map(|l| l.name.clone())
+    }
+
+    /// Pages a diff written now would hold (0 without dirty tracking).
+    pub(super) fn dirty_pages_pending(&self) -> usize {
+        if !self.lineage.locked().track_dirty {
+            return 0;
+        }
+        self.dirty_pages().map_or(0, |p| p.len())
     }
 
     /// Begins layer `name` while every vCPU is parked: captures the machine
@@ -263,8 +363,12 @@ impl<V: Vm> Snapshotter<V> {
     }
 
     /// Writes the layer while every vCPU is parked; returns the console
-    /// lines.
-    fn write(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<Vec<String>> {
+    /// lines and the layer.
+    fn write(
+        &mut self,
+        name: &str,
+        vcpus: Vec<VcpuState>,
+    ) -> anyhow::Result<(Vec<String>, Written)> {
         let t = Instant::now();
         let mut b = self.begin(name, vcpus)?;
         let ram = &self.shared.ram;
@@ -284,7 +388,11 @@ impl<V: Vm> Snapshotter<V> {
         self.shared.cache_writers.locked().push(cache);
         // The layer is durable: only now forget what was dirty.
         self.restart_tracking(Some(layer));
-        Ok(report(&b.name, b.diff, pages, t.elapsed(), &clone))
+        let took = t.elapsed();
+        Ok((
+            report(&b.name, b.diff, pages, took, &clone),
+            written_layer(&b.name, b.diff, pages, took),
+        ))
     }
 
     /// Clears what was dirty (the disk's written chunks, a failed layer's
@@ -390,6 +498,7 @@ impl<V: Vm> Snapshotter<V> {
                 let mut l = lineage.locked();
                 match written {
                     Ok(((layer, cache), counts, clone)) => {
+                        let took = t.elapsed();
                         shared.cache_writers.locked().push(cache);
                         let pages = save.pages().len() as u64;
                         if l.track_dirty {
@@ -403,8 +512,9 @@ impl<V: Vm> Snapshotter<V> {
                             counts.guest,
                             counts.vmm
                         ));
-                        let lines = report(&name, diff, pages, t.elapsed(), &clone);
+                        let lines = report(&name, diff, pages, took, &clone);
                         lines.iter().for_each(|l| console::message(l));
+                        Ok(written_layer(&name, diff, pages, took))
                     }
                     Err(e) => {
                         // Nothing was committed: the next layer holds what
@@ -414,28 +524,63 @@ impl<V: Vm> Snapshotter<V> {
                         }
                         l.carry_chunks.append(&mut carry.1);
                         drop(l);
-                        console::message(&format!(
-                            "[snapshot] '{name}' failed, nothing was written: {e:#}"
-                        ));
+                        let msg = format!("'{name}' failed, nothing was written: {e:#}");
+                        console::message(&format!("[snapshot] {msg}"));
+                        Err(msg)
                     }
                 }
             })
             .context("cannot start the snapshot writer thread")?;
-        *self.shared.snapshot_writer.locked() = Some(thread);
+        *self.shared.snapshot_writer.locked() = Some(BackgroundWriter {
+            thread,
+            pause_us: 0,
+        });
         Ok(())
     }
 }
 
+/// A background layer's writer thread.
+pub(super) struct BackgroundWriter {
+    thread: std::thread::JoinHandle<Result<Written, String>>,
+    /// The snapshot's pause, once it is over.
+    pause_us: u64,
+}
+
 /// Waits for the background layer being written, if any (`say`: tells the
-/// console when that takes a while).
-pub(super) fn finish_background(shared: &Shared, say: bool) {
-    let Some(thread) = shared.snapshot_writer.locked().take() else {
-        return;
-    };
-    if say && !thread.is_finished() {
+/// console when that takes a while), and returns how it went.
+pub(super) fn finish_background(shared: &Shared, say: bool) -> Option<Result<Written, String>> {
+    let w = shared.snapshot_writer.locked().take()?;
+    if say && !w.thread.is_finished() {
         console::message("[snapshot] waiting for the previous snapshot to be written");
     }
-    let _ = thread.join();
+    let r = w
+        .thread
+        .join()
+        .unwrap_or_else(|_| Err("the snapshot writer thread panicked".into()));
+    Some(r.map(|written| Written {
+        pause_us: w.pause_us,
+        ..written
+    }))
+}
+
+/// Whether a background layer is being written.
+pub(super) fn background_busy(shared: &Shared) -> bool {
+    shared
+        .snapshot_writer
+        .locked()
+        .as_ref()
+        .is_some_and(|w| !w.thread.is_finished())
+}
+
+/// A layer's [`Written`] record (`pause_us` filled in by the caller).
+fn written_layer(name: &str, diff: bool, pages: u64, took: Duration) -> Written {
+    Written {
+        name: name.to_string(),
+        kind: if diff { "diff" } else { "full" },
+        pages,
+        pause_us: 0,
+        write_ms: took.as_millis() as u64,
+    }
 }
 
 /// The disk's clone (`clone`), made now by `w` if it is the parent's image;
@@ -483,4 +628,38 @@ fn report(
 /// `ignition-vmm <version>`, recorded in manifests.
 fn creator() -> String {
     format!("ignition-vmm {}", env!("CARGO_PKG_VERSION"))
+}
+
+impl<V: Vm> super::api::Operations for Snapshotter<V> {
+    fn snapshot(&mut self, name: Option<String>) -> Result<Written, String> {
+        match Snapshotter::snapshot(self, name)? {
+            Some(w) => Ok(w),
+            None => finish_background(&self.shared, false)
+                .unwrap_or_else(|| Err("the snapshot writer is gone".into())),
+        }
+    }
+
+    fn pause(&mut self) -> Result<(), String> {
+        Snapshotter::pause(self)
+    }
+
+    fn resume(&mut self) -> Result<(), String> {
+        Snapshotter::resume(self)
+    }
+
+    fn paused(&self) -> bool {
+        Snapshotter::paused(self)
+    }
+
+    fn parent(&self) -> Option<String> {
+        self.parent_name()
+    }
+
+    fn dirty_pages(&self) -> usize {
+        self.dirty_pages_pending()
+    }
+
+    fn writing(&self) -> bool {
+        background_busy(&self.shared)
+    }
 }

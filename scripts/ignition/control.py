@@ -1,0 +1,82 @@
+"""A client of `boot --control PATH`: newline-delimited JSON, one request, one response
+(the protocol is in the book's control-socket chapter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+
+class ControlError(Exception):
+    """An error response: .code (e.g. `bad_request`, `refused`) and .message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Control:
+    """One connection to a VM's control socket."""
+
+    def __init__(self, path: os.PathLike | str, timeout: float = 60.0):
+        """Connects, waiting up to `timeout` s for the socket to appear."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX)
+            try:
+                self.sock.connect(os.fspath(path))
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        self.sock.settimeout(timeout)
+        self.file = self.sock.makefile("rwb")
+
+    def raw(self, line: bytes) -> dict:
+        """Sends one raw request line (newline added if missing); returns the decoded response."""
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        self.file.write(line)
+        self.file.flush()
+        reply = self.file.readline()
+        if not reply:
+            raise ConnectionError("the VM closed the control connection")
+        return json.loads(reply)
+
+    def request(self, command: str, **args) -> dict:
+        """Sends a request; returns its result, or raises ControlError."""
+        reply = self.raw(json.dumps({"command": command, **args}).encode())
+        if not reply["ok"]:
+            raise ControlError(reply["error"]["code"], reply["error"]["message"])
+        return reply["result"]
+
+    def snapshot(self, name: str | None = None) -> dict:
+        """Writes a snapshot; returns {name, kind, pages, pause_us, write_ms} once it is stored."""
+        return self.request("snapshot", **({"name": name} if name else {}))
+
+    def pause(self) -> None:
+        self.request("pause")
+
+    def resume(self) -> None:
+        self.request("resume")
+
+    def status(self) -> dict:
+        return self.request("status")
+
+    def quit(self) -> None:
+        self.request("quit")
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def __enter__(self) -> Control:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,121 @@
+"""`boot --control PATH`: every command of the control socket, through a real VM, and the
+inputs it must refuse without disturbing the VM."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import stat
+import subprocess
+
+import pytest
+
+from ignition.control import Control, ControlError
+from ignition.vm import Vm
+
+MEM = 256
+
+
+@pytest.fixture
+def vm_and_socket(tmp_path, guest_out, cfg):
+    disk = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    path = tmp_path / "ctl.sock"
+    vm = Vm.boot(cfg, disk=disk, mem=MEM, store=tmp_path / "store", track_dirty=True, name="c",
+                 log_path=tmp_path / "c.log", extra=["--control", str(path)])
+    try:
+        vm.login()
+        yield vm, path
+    finally:
+        vm.terminate()
+
+
+def test_commands(vm_and_socket, tmp_path, cfg):
+    vm, path = vm_and_socket
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with vm.control(path) as c:
+        st = c.status()
+        assert st["state"] == "running" and st["vcpus"] == 1 and st["parent"] is None
+        assert st["restored_from"] is None and st["snapshot_in_progress"] is False
+
+        first = c.snapshot()
+        assert (first["name"], first["kind"]) == ("c", "full")
+        assert first["pages"] == MEM * 1024 // 16
+        assert c.status()["parent"] == "c"
+
+        vm.sh("echo 12345 > /dev/shm/marker")
+        assert c.status()["dirty_pages"] > 0
+        second = c.snapshot("c-two")
+        assert (second["name"], second["kind"]) == ("c-two", "diff")
+        assert 0 < second["pages"] < first["pages"]
+
+        c.pause()
+        assert c.status()["state"] == "paused"
+        with pytest.raises(ControlError) as e:
+            c.pause()
+        assert e.value.code == "refused"
+        # A snapshot of a paused VM leaves it paused.
+        third = c.snapshot("c-paused")
+        assert third["kind"] == "diff" and third["pause_us"] == 0
+        assert c.status()["state"] == "paused"
+        c.resume()
+        with pytest.raises(ControlError) as e:
+            c.resume()
+        assert e.value.code == "refused"
+        assert vm.sh("cat /dev/shm/marker") == "12345"
+
+        with pytest.raises(ControlError) as e:
+            c.snapshot("c")
+        assert e.value.code == "snapshot_failed" and "exists" in e.value.message
+        c.quit()
+    assert vm.wait_exit() == 0
+
+    with Vm.restore(cfg, "c-two", store=tmp_path / "store", log_path=tmp_path / "r.log",
+                    extra=["--control", str(path)]) as r:
+        with r.control(path) as c:
+            assert c.status()["restored_from"] == "c-two"
+        assert r.sh("cat /dev/shm/marker") == "12345"
+        assert r.quit() == 0
+
+
+def test_bad_requests_change_nothing(vm_and_socket):
+    vm, path = vm_and_socket
+    with vm.control(path) as c, vm.control(path) as other:
+        cases = [
+            (b"{", "bad_request"),
+            (b"[1, 2]", "bad_request"),
+            (b'{"command": 5}', "bad_request"),
+            (b'{"command": "pause", "force": true}', "bad_request"),
+            (b'{"command": "snapshot", "name": 7}', "bad_request"),
+            (b'{"command": "reboot"}', "unknown_command"),
+            (b'{"command": "snapshot", "name": "' + b"x" * 70000 + b'"}', "too_large"),
+        ]
+        for line, code in cases:
+            reply = c.raw(line)
+            assert not reply["ok"] and reply["error"]["code"] == code, (line[:40], reply)
+            # Another client is served meanwhile, and the VM runs.
+            assert other.status()["state"] == "running"
+        # A client that goes away mid-request.
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(path))
+        s.sendall(b'{"command": "pau')
+        s.close()
+        assert c.status()["state"] == "running"
+        assert c.status()["parent"] is None, "nothing was snapshotted"
+    assert vm.sh("echo alive") == "alive"
+
+
+def test_the_socket_path_is_checked(vm_and_socket, tmp_path, cfg, guest_out):
+    vm, path = vm_and_socket
+    disk = tmp_path / "other.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    # A live socket is not taken over; a file that is not a socket is not removed.
+    plain = tmp_path / "plain"
+    plain.write_text("keep")
+    for target, why in ((path, "in use"), (plain, "not a socket")):
+        r = subprocess.run(cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk), "--control", str(target)),
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode != 0 and why in r.stderr, r.stderr
+    assert plain.read_text() == "keep"
+    with vm.control(path) as c:
+        assert c.status()["state"] == "running"
