@@ -20,11 +20,9 @@ from ignition import conformance, paths, qemu, timeouts
 from ignition.conformance import GROUPS, Result
 
 EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {
-    "debug": ({"debug-breakpoint-el1", "debug-breakpoint-el0", "debug-watchpoint-el1", "debug-watchpoint-el0",
-               "debug-step-el1", "debug-step-el0"},
-              "issue 15: no hardware debug exceptions on emu: a DBGBCR breakpoint arrives as an instruction abort "
-              "(EC 0x21/0x20, synchronous external abort) instead of EC 0x31/0x30, a DBGWCR watchpoint never fires, "
-              "a software step arrives as EC 0 instead of EC 0x33/0x32"),
+    "debug": ({"debug-watchpoint-el1", "debug-watchpoint-el0"},
+              "issue 15: no watchpoints on emu: unicorn builds QEMU's watchpoint support out, so a DBGWCR "
+              "watchpoint never fires (breakpoints, software step and BRK work)"),
 }
 """group -> (the checks that fail on emu today, the xfail reason naming what is missing)."""
 

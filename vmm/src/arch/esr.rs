@@ -58,6 +58,18 @@ pub enum ExceptionClass {
     SpAlign,
     /// 0x2F: SError exception.
     SError,
+    /// 0x30: breakpoint exception from a lower exception level.
+    BreakpointLower,
+    /// 0x31: breakpoint exception without a change of exception level.
+    BreakpointSame,
+    /// 0x32: software step exception from a lower exception level.
+    SoftwareStepLower,
+    /// 0x33: software step exception without a change of exception level.
+    SoftwareStepSame,
+    /// 0x34: watchpoint exception from a lower exception level.
+    WatchpointLower,
+    /// 0x35: watchpoint exception without a change of exception level.
+    WatchpointSame,
     /// 0x3C: BRK instruction in AArch64 state.
     Brk,
     /// Any other 6-bit class.
@@ -83,6 +95,12 @@ impl ExceptionClass {
             0x25 => Self::DataAbortSame,
             0x26 => Self::SpAlign,
             0x2F => Self::SError,
+            0x30 => Self::BreakpointLower,
+            0x31 => Self::BreakpointSame,
+            0x32 => Self::SoftwareStepLower,
+            0x33 => Self::SoftwareStepSame,
+            0x34 => Self::WatchpointLower,
+            0x35 => Self::WatchpointSame,
             0x3C => Self::Brk,
             other => Self::Other(other),
         }
@@ -106,6 +124,12 @@ impl ExceptionClass {
             Self::DataAbortSame => 0x25,
             Self::SpAlign => 0x26,
             Self::SError => 0x2F,
+            Self::BreakpointLower => 0x30,
+            Self::BreakpointSame => 0x31,
+            Self::SoftwareStepLower => 0x32,
+            Self::SoftwareStepSame => 0x33,
+            Self::WatchpointLower => 0x34,
+            Self::WatchpointSame => 0x35,
             Self::Brk => 0x3C,
             Self::Other(ec) => ec & 0x3f,
         }
@@ -539,6 +563,32 @@ pub const fn hvc_esr(imm: u16) -> u64 {
 /// ESR of a trapped `SMC #imm` from AArch64 state.
 pub const fn smc_esr(imm: u16) -> u64 {
     encode(ExceptionClass::Smc64, true, imm as u32)
+}
+
+/// IFSC/DFSC of a debug exception.
+pub const FSC_DEBUG: u8 = 0b10_0010;
+
+/// ESR of a breakpoint exception (Arm ARM D2.9): IL 1, IFSC = debug;
+/// `same_el` selects EC 0x31 over 0x30.
+pub const fn breakpoint_esr(same_el: bool) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::BreakpointSame
+    } else {
+        ExceptionClass::BreakpointLower
+    };
+    encode(ec, true, FSC_DEBUG as u32)
+}
+
+/// ESR of a software step exception taken after stepping an instruction
+/// (Arm ARM D2.12): IL 1, ISV 1, EX as given (the stepped instruction was a
+/// load-exclusive), IFSC = debug; `same_el` selects EC 0x33 over 0x32.
+pub const fn software_step_esr(same_el: bool, ex: bool) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::SoftwareStepSame
+    } else {
+        ExceptionClass::SoftwareStepLower
+    };
+    encode(ec, true, 1 << 24 | (ex as u32) << 6 | FSC_DEBUG as u32)
 }
 
 /// ESR of `BRK #imm`.

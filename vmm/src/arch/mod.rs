@@ -3,6 +3,7 @@
 //! both backends advertise, the virtual timer, PSCI,
 //! the Linux arm64 Image format and the FDT.
 
+pub mod debug;
 pub mod esr;
 #[cfg(test)]
 pub(crate) mod esr_vectors;

@@ -15,8 +15,8 @@
 
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H, SCTLR_C, SCTLR_I, SCTLR_M};
 use crate::arch::sysreg::{
-    SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, ELR_EL1, ESR_EL1, FAR_EL1, OSLSR_EL1, SCTLR_EL1, SPSR_EL1,
-    SP_EL0, SP_EL1,
+    SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, ELR_EL1, ESR_EL1, FAR_EL1, SCTLR_EL1, SPSR_EL1, SP_EL0,
+    SP_EL1,
 };
 
 /// `PSCI_VERSION` (SMC32): returns the PSCI version.
@@ -213,10 +213,9 @@ pub const SCTLR_CLEAR_AT_START: u64 = SCTLR_M | SCTLR_C | SCTLR_I;
 pub const START_ZEROED_X: std::ops::RangeInclusive<u8> = 1..=3;
 
 /// The system registers a core's reset sets besides the EL1 registers a
-/// snapshot holds for the backend: the virtual timer (compare value before
-/// control, as a restore writes them) and the OS lock (OSLSR_EL1.OSLK, set
-/// on a cold reset).
-pub const RESET_TIMER_AND_OS_LOCK: [SysReg; 3] = [CNTV_CVAL_EL0, CNTV_CTL_EL0, OSLSR_EL1];
+/// snapshot holds for the backend (which include the OS lock): the virtual
+/// timer, compare value before control, as a restore writes them.
+pub const RESET_TIMER: [SysReg; 2] = [CNTV_CVAL_EL0, CNTV_CTL_EL0];
 
 /// How a core's reset sets a register.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,7 +244,7 @@ impl ResetValue {
 }
 
 /// How a core's reset sets system register `reg` (any register of a
-/// snapshot's vCPU state, or of [`RESET_TIMER_AND_OS_LOCK`]; MPIDR_EL1 is the
+/// snapshot's vCPU state, or of [`RESET_TIMER`]; MPIDR_EL1 is the
 /// core's identity, which no reset changes, and is not reset):
 /// - SCTLR_EL1: as created, with [`SCTLR_CLEAR_AT_START`] clear (its RES1
 ///   bits and IMPLEMENTATION DEFINED fields as the backend has them).
@@ -577,7 +576,9 @@ mod tests {
     }
     #[test]
     fn reset_state_description() {
-        use crate::arch::sysreg::{EL1_STATE_SYSREGS, MPIDR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1};
+        use crate::arch::sysreg::{
+            EL1_STATE_SYSREGS, MPIDR_EL1, OSLSR_EL1, TCR_EL1, TTBR1_EL1, VBAR_EL1,
+        };
         // SCTLR_EL1: the backend's bits, MMU and caches off.
         let sctlr = sysreg_reset(SCTLR_EL1);
         assert_eq!(sctlr.resolve(0x30d0_1805), 0x30d0_0800);
@@ -593,9 +594,9 @@ mod tests {
         }
         // Every register a reset may set is named once; MPIDR is not among
         // the extras (callers leave the snapshot set's MPIDR out).
-        for (i, r) in RESET_TIMER_AND_OS_LOCK.iter().enumerate() {
+        for (i, r) in RESET_TIMER.iter().enumerate() {
             assert!(!EL1_STATE_SYSREGS.contains(r), "{r:?}");
-            assert!(!RESET_TIMER_AND_OS_LOCK[i + 1..].contains(r), "{r:?}");
+            assert!(!RESET_TIMER[i + 1..].contains(r), "{r:?}");
             assert_ne!(*r, MPIDR_EL1);
         }
         assert_eq!(PSTATE_AT_START, 0x3c5);

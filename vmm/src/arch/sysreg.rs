@@ -159,6 +159,46 @@ sysregs! {
     APGAKEYHI_EL1 = (3, 0, 2, 3, 1);
     /// Monitor debug system control.
     MDSCR_EL1 = (2, 0, 0, 2, 2);
+    /// Breakpoint 0 value.
+    DBGBVR0_EL1 = (2, 0, 0, 0, 4);
+    /// Breakpoint 0 control.
+    DBGBCR0_EL1 = (2, 0, 0, 0, 5);
+    /// Breakpoint 1 value.
+    DBGBVR1_EL1 = (2, 0, 0, 1, 4);
+    /// Breakpoint 1 control.
+    DBGBCR1_EL1 = (2, 0, 0, 1, 5);
+    /// Breakpoint 2 value.
+    DBGBVR2_EL1 = (2, 0, 0, 2, 4);
+    /// Breakpoint 2 control.
+    DBGBCR2_EL1 = (2, 0, 0, 2, 5);
+    /// Breakpoint 3 value.
+    DBGBVR3_EL1 = (2, 0, 0, 3, 4);
+    /// Breakpoint 3 control.
+    DBGBCR3_EL1 = (2, 0, 0, 3, 5);
+    /// Breakpoint 4 value.
+    DBGBVR4_EL1 = (2, 0, 0, 4, 4);
+    /// Breakpoint 4 control.
+    DBGBCR4_EL1 = (2, 0, 0, 4, 5);
+    /// Breakpoint 5 value.
+    DBGBVR5_EL1 = (2, 0, 0, 5, 4);
+    /// Breakpoint 5 control.
+    DBGBCR5_EL1 = (2, 0, 0, 5, 5);
+    /// Watchpoint 0 value.
+    DBGWVR0_EL1 = (2, 0, 0, 0, 6);
+    /// Watchpoint 0 control.
+    DBGWCR0_EL1 = (2, 0, 0, 0, 7);
+    /// Watchpoint 1 value.
+    DBGWVR1_EL1 = (2, 0, 0, 1, 6);
+    /// Watchpoint 1 control.
+    DBGWCR1_EL1 = (2, 0, 0, 1, 7);
+    /// Watchpoint 2 value.
+    DBGWVR2_EL1 = (2, 0, 0, 2, 6);
+    /// Watchpoint 2 control.
+    DBGWCR2_EL1 = (2, 0, 0, 2, 7);
+    /// Watchpoint 3 value.
+    DBGWVR3_EL1 = (2, 0, 0, 3, 6);
+    /// Watchpoint 3 control.
+    DBGWCR3_EL1 = (2, 0, 0, 3, 7);
     /// OS lock access (write-only): OSLK = bit 0.
     OSLAR_EL1 = (2, 0, 1, 0, 4);
     /// OS lock status (read-only).
@@ -255,11 +295,45 @@ sysregs! {
     ICC_PMR_EL1 = (3, 0, 4, 6, 0);
 }
 
+/// The self-hosted debug registers a snapshot saves besides MDSCR_EL1: the
+/// OS lock (OSLSR_EL1, whose OSLK a VMM may write) and the breakpoint and
+/// watchpoint registers both backends implement, as many as
+/// [`crate::arch::idregs`] advertises (6 breakpoints, 4 watchpoints),
+/// values before controls.
+pub const DEBUG_SYSREGS: [SysReg; 21] = [
+    OSLSR_EL1,
+    DBGBVR0_EL1,
+    DBGBVR1_EL1,
+    DBGBVR2_EL1,
+    DBGBVR3_EL1,
+    DBGBVR4_EL1,
+    DBGBVR5_EL1,
+    DBGWVR0_EL1,
+    DBGWVR1_EL1,
+    DBGWVR2_EL1,
+    DBGWVR3_EL1,
+    DBGBCR0_EL1,
+    DBGBCR1_EL1,
+    DBGBCR2_EL1,
+    DBGBCR3_EL1,
+    DBGBCR4_EL1,
+    DBGBCR5_EL1,
+    DBGWCR0_EL1,
+    DBGWCR1_EL1,
+    DBGWCR2_EL1,
+    DBGWCR3_EL1,
+];
+
 /// The EL1 system registers a snapshot saves on every backend: the state a
 /// Linux guest relies on (translation, exception, thread-ID, FP and timer
-/// control registers). The virtual timer's CNTV_CTL/CVAL are saved apart,
-/// after the vtimer offset.
-pub const EL1_STATE_SYSREGS: [SysReg; 27] = [
+/// control registers) and the self-hosted debug state (MDSCR_EL1 and
+/// [`DEBUG_SYSREGS`], last). The virtual timer's CNTV_CTL/CVAL are saved
+/// apart, after the vtimer offset.
+pub const EL1_STATE_SYSREGS: [SysReg; 48] = concat::<48>(&EL1_BASE_SYSREGS, &DEBUG_SYSREGS);
+
+/// [`EL1_STATE_SYSREGS`] without [`DEBUG_SYSREGS`] (what machine states
+/// before version 4 hold).
+pub const EL1_BASE_SYSREGS: [SysReg; 27] = [
     MPIDR_EL1,
     SCTLR_EL1,
     CPACR_EL1,

@@ -7,7 +7,7 @@
 //! device's restore ([`crate::devices::Persist`]) validates its own fields.
 
 use crate::arch::exception::{current_el, PSTATE_NRW};
-use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
+use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, DEBUG_SYSREGS, OSLSR_EL1};
 use crate::devices::gicv3::GicState;
 use crate::hv::gic::check_icc_state;
 use crate::hv::{self, GicMode, Reg, Vcpu};
@@ -23,7 +23,7 @@ pub use super::devices::DevicesState;
 /// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Versions
 /// 1 (userspace GIC only) and 2 are still read: [`MachineState::decode`]
 /// upgrades them.
-pub const MACHINE_STATE_VERSION: u32 = 3;
+pub const MACHINE_STATE_VERSION: u32 = 4;
 
 /// One vCPU's architectural state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,17 +259,22 @@ impl MachineState {
         self.gic.mode()
     }
 
-    /// Parses and checks the shape of an untrusted state. Versions 1 and 2
+    /// Parses and checks the shape of an untrusted state. Versions 1 to 3
     /// are upgraded to the current encoding (a version 2 state's clock is
-    /// its vCPUs' largest count).
+    /// its vCPUs' largest count; a version 3 state's debug registers are 0).
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
         let mut v: serde_json::Value = serde_json::from_slice(bytes)?;
         match v.get("version").and_then(serde_json::Value::as_u64) {
             Some(1) => {
                 upgrade_v1(&mut v);
                 upgrade_v2(&mut v)?;
+                upgrade_v3(&mut v);
             }
-            Some(2) => upgrade_v2(&mut v)?,
+            Some(2) => {
+                upgrade_v2(&mut v)?;
+                upgrade_v3(&mut v);
+            }
+            Some(3) => upgrade_v3(&mut v),
             Some(found) if found != u64::from(MACHINE_STATE_VERSION) => {
                 return Err(StateError::Version {
                     found: u32::try_from(found).unwrap_or(u32::MAX),
@@ -364,9 +369,35 @@ fn upgrade_v2(v: &mut serde_json::Value) -> Result<(), StateError> {
     };
     if let Some(obj) = v.as_object_mut() {
         obj.insert("clock".into(), serde_json::to_value(clock)?);
-        obj.insert("version".into(), MACHINE_STATE_VERSION.into());
+        obj.insert("version".into(), 3.into());
     }
     Ok(())
+}
+
+/// OSLSR_EL1 with the OS lock implemented (OSLM = 0b10) and clear.
+const OSLSR_UNLOCKED: u64 = 0b1000;
+
+/// Version 3 to 4: every vCPU gains [`DEBUG_SYSREGS`]: the OS lock clear
+/// (as Linux leaves it once booted) and the breakpoint and watchpoint
+/// registers 0. Before version 4 they were not saved (breakpoints did not
+/// work on `emu`), so no restored guest relied on them.
+fn upgrade_v3(v: &mut serde_json::Value) {
+    if let Some(vcpus) = v.get_mut("vcpus").and_then(serde_json::Value::as_array_mut) {
+        for vcpu in vcpus {
+            if let Some(regs) = vcpu
+                .get_mut("sysregs")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                regs.extend(DEBUG_SYSREGS.iter().map(|&r| {
+                    let value = if r == OSLSR_EL1 { OSLSR_UNLOCKED } else { 0 };
+                    serde_json::json!([r.0, value])
+                }));
+            }
+        }
+    }
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("version".into(), MACHINE_STATE_VERSION.into());
+    }
 }
 
 #[cfg(test)]
@@ -397,7 +428,13 @@ mod tests {
             pc: 0xffff_8000_1000_0000,
             pstate: 0x3c5,
             v: (0..32).map(|n| (n, !n)).collect(),
-            sysregs: vec![(SCTLR_EL1, 0x30d0_1805)],
+            sysregs: std::iter::once((SCTLR_EL1, 0x30d0_1805))
+                .chain(
+                    DEBUG_SYSREGS
+                        .iter()
+                        .map(|&r| (r, if r == OSLSR_EL1 { OSLSR_UNLOCKED } else { 0 })),
+                )
+                .collect(),
             cntv_ctl: 1,
             cntv_cval: 123_456,
             gic_cpu,
@@ -518,8 +555,30 @@ mod tests {
     }
 
     /// `s` as version 2 wrote it: a count per vCPU (`counts`), no clock.
-    fn as_version_2(s: &MachineState, counts: &[u64]) -> serde_json::Value {
+    /// `s` as version 3 wrote it: no breakpoint and watchpoint registers
+    /// (the fixture's are 0, as the upgrade makes them).
+    fn as_version_3(s: &MachineState) -> serde_json::Value {
         let mut v = serde_json::to_value(s).unwrap();
+        v["version"] = 3.into();
+        for vcpu in v["vcpus"].as_array_mut().unwrap() {
+            let regs = vcpu["sysregs"].as_array_mut().unwrap();
+            regs.retain(|r| !DEBUG_SYSREGS.iter().any(|d| r[0] == d.0));
+            assert_eq!(regs.len(), 1);
+        }
+        v
+    }
+
+    #[test]
+    fn version_3_states_get_the_debug_registers_at_0() {
+        for s in [userspace(), hvf()] {
+            let back =
+                MachineState::decode(&serde_json::to_vec(&as_version_3(&s)).unwrap()).unwrap();
+            assert_eq!(back, s);
+        }
+    }
+
+    fn as_version_2(s: &MachineState, counts: &[u64]) -> serde_json::Value {
+        let mut v = as_version_3(s);
         let obj = v.as_object_mut().unwrap();
         obj.remove("clock");
         obj.insert("version".into(), 2.into());
@@ -560,9 +619,9 @@ mod tests {
             .remove("virtual_count");
         let e = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(e.to_string().contains("virtual_count"), "{e}");
-        // A version 3 state with a per-vCPU count is malformed.
+        // A version 4 state with a per-vCPU count is malformed.
         let mut v = as_version_2(&userspace(), &[1, 2]);
-        v["version"] = 3.into();
+        v["version"] = 4.into();
         v["clock"] = serde_json::to_value(&userspace().clock).unwrap();
         assert!(matches!(
             MachineState::decode(&serde_json::to_vec(&v).unwrap()),
@@ -586,7 +645,7 @@ mod tests {
         let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
         assert_eq!(back, upgraded(s, 5_000));
         // Other versions are refused.
-        for found in [0, 4, u64::from(u32::MAX) + 1] {
+        for found in [0, 5, u64::from(u32::MAX) + 1] {
             v["version"] = found.into();
             let r = MachineState::decode(&serde_json::to_vec(&v).unwrap());
             assert!(

@@ -8,8 +8,7 @@ use super::state::{self, VcpuPower};
 use super::{Shared, VmExit};
 use crate::arch::layout;
 use crate::arch::psci::{
-    self, PowerState, PsciAction, PsciCall, PsciCpus, PSTATE_AT_START, RESET_TIMER_AND_OS_LOCK,
-    START_ZEROED_X,
+    self, PowerState, PsciAction, PsciCall, PsciCpus, PSTATE_AT_START, RESET_TIMER, START_ZEROED_X,
 };
 use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, MPIDR_EL1};
 use crate::arch::timer::deadline_ns;
@@ -125,7 +124,7 @@ struct ResetState {
     /// V0..V31.
     v: [u128; 32],
     /// The backend's snapshot registers without MPIDR_EL1, then
-    /// [`RESET_TIMER_AND_OS_LOCK`], in the order they are written.
+    /// [`RESET_TIMER`], in the order they are written.
     sysregs: Vec<(SysReg, u64)>,
 }
 
@@ -136,7 +135,7 @@ impl ResetState {
             .iter()
             .copied()
             .filter(|&r| r != MPIDR_EL1)
-            .chain(RESET_TIMER_AND_OS_LOCK)
+            .chain(RESET_TIMER)
     }
 
     /// Reads the reset state of a vCPU the backend has just created (on its
@@ -693,7 +692,7 @@ mod tests {
         assert!(!reset.sysregs.iter().any(|&(r, _)| r == sr::MPIDR_EL1));
         assert_eq!(
             reset.sysregs.len(),
-            EL1_STATE_SYSREGS.len() - 1 + RESET_TIMER_AND_OS_LOCK.len()
+            EL1_STATE_SYSREGS.len() - 1 + RESET_TIMER.len()
         );
         // A failed write is an error, not a half-started vCPU that runs.
         vcpu.fail_writes = true;

@@ -9,10 +9,12 @@ use super::mmu::{self, Access, Fault, Perms};
 use super::uc::Uc;
 use super::vcpu::{EmuVcpu, HookState};
 use super::vm::{uc_err, PaKind};
+use crate::arch::debug;
 use crate::arch::esr;
 use crate::arch::exception::{exception_entry, GuestException, PSTATE_NRW};
+use crate::arch::idregs::BREAKPOINTS;
 use crate::arch::layout::PAGE_SIZE;
-use crate::arch::sysreg as sr;
+use crate::arch::sysreg::{self as sr, DEBUG_SYSREGS};
 use crate::hv::{Result, VcpuExit, VcpuIo};
 use unicorn_engine::{Prot, RegisterARM64 as R, TlbEntry};
 
@@ -25,6 +27,14 @@ mod excp {
     pub const BKPT: u32 = 7;
     pub const HVC: u32 = 11;
     pub const SMC: u32 = 13;
+}
+
+/// The self-hosted debug state an exception is classified with.
+struct DebugState {
+    el: u8,
+    mdscr: u64,
+    step_pending: bool,
+    enabled: bool,
 }
 
 /// Unicorn's `uc_mem_type` values passed to the TLB hook.
@@ -141,6 +151,13 @@ impl HookState {
         let pc = self.uc.read(R::PC).unwrap_or(0);
         let same_el = self.el() == 1;
         match intno {
+            // QEMU raises a software step exception as an UNDEF (with a
+            // syndrome unicorn does not show): tell them apart by the step
+            // state, which leaves PSTATE.SS clear only after a stepped
+            // instruction (a real UNDEF of the stepped one keeps it set).
+            excp::UDEF if self.debug_state().is_some_and(|d| d.step_pending) => {
+                self.deliver_or_stop(esr::software_step_esr(same_el, false), None, pc)
+            }
             excp::UDEF => self.deliver_or_stop(esr::unknown_esr(), None, pc),
             excp::SWI => {
                 // PC is past the SVC.
@@ -189,12 +206,19 @@ impl HookState {
                 );
             }
             excp::PREFETCH_ABORT => {
-                let esr = if pc & 3 != 0 {
-                    esr::pc_align_esr()
+                // QEMU's hardware breakpoints (from the guest's DBGBVR/
+                // DBGBCR) arrive as prefetch aborts; FAR is UNKNOWN for them.
+                let (esr, far) = if pc & 3 != 0 {
+                    (esr::pc_align_esr(), Some(pc))
+                } else if self.breakpoint_at(pc) {
+                    (esr::breakpoint_esr(same_el), None)
                 } else {
-                    esr::instr_abort_esr(same_el, esr::FSC_SYNC_EXTERNAL)
+                    (
+                        esr::instr_abort_esr(same_el, esr::FSC_SYNC_EXTERNAL),
+                        Some(pc),
+                    )
                 };
-                self.deliver_or_stop(esr, Some(pc), pc);
+                self.deliver_or_stop(esr, far, pc);
             }
             _ => self.exit_with(VcpuExit::Unhandled {
                 esr: 0,
@@ -203,6 +227,39 @@ impl HookState {
                 pc,
             }),
         }
+    }
+
+    /// The self-hosted debug state of the current EL, `None` if unicorn
+    /// cannot read it.
+    fn debug_state(&self) -> Option<DebugState> {
+        let mdscr = self.uc.cp_read(sr::MDSCR_EL1).ok()?;
+        let oslsr = self.uc.cp_read(sr::OSLSR_EL1).ok()?;
+        let pstate = self.uc.read(R::PSTATE).ok()?;
+        let el = self.el();
+        // OSLSR_EL1.OSLK is bit 1.
+        let os_lock = oslsr & 0b10 != 0;
+        Some(DebugState {
+            el,
+            mdscr,
+            step_pending: debug::step_pending(el, mdscr, pstate, os_lock),
+            enabled: debug::enabled(el, mdscr, pstate, os_lock),
+        })
+    }
+
+    /// Whether an enabled hardware breakpoint matches the instruction at
+    /// `pc` at the current EL.
+    fn breakpoint_at(&self, pc: u64) -> bool {
+        let Some(d) = self.debug_state() else {
+            return false;
+        };
+        if !d.enabled || d.mdscr & debug::MDSCR_MDE == 0 {
+            return false;
+        }
+        (0..BREAKPOINTS).any(|n| {
+            let (v, c) = debug::breakpoint_regs(n);
+            let read = |i: usize| self.uc.cp_read(DEBUG_SYSREGS[i]).unwrap_or(0);
+            debug::breakpoint_matches(read(c), read(v), pc, d.el)
+        })
     }
 
     // ----- TLB fill hook ------------------------------------------------

@@ -7,7 +7,7 @@
 
 use super::mmu::{self, Access};
 use super::timer;
-use super::vcpu::{EmuVcpu, HookState};
+use super::vcpu::{EmuVcpu, HookState, MSR_SLOTS};
 use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB};
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::idregs;
@@ -444,6 +444,8 @@ impl EmuVcpu {
                 // Raw writes skip unicorn's own TLB flush.
                 uc.flush_tlb().map_err(uc_err("flush TLB"))?;
             }
+            // QEMU's breakpoint list follows these only on an MSR (quirk 16).
+            r if MSR_SLOTS.contains(&r) => self.write_by_msr(r, value)?,
             r if is_icc(r) => {
                 return Err(HvError::Call {
                     call: "set_sysreg",

@@ -1146,3 +1146,45 @@ fn random_register_state_and_code_never_crash_the_host() {
         cpu.reg(Reg::Pstate).unwrap();
     }
 }
+
+/// `breakpoint`
+const BREAKPOINT: &[u32] = &[
+    0xd503_201f, // 0x00: nop
+    0xd503_201f, // 0x04: nop (the breakpoint)
+    0xd400_0002, // 0x08: hvc #0
+];
+
+/// The VMM writes the breakpoint registers (as a restore does): they must
+/// reach unicorn's breakpoint list (quirk 16), and a hit must arrive as a
+/// Breakpoint exception, not an instruction abort.
+#[test]
+fn breakpoints_the_vmm_writes_fire_as_breakpoint_exceptions() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_MDE};
+    let mut g = Guest::new(BREAKPOINT);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_MDE | MDSCR_KDE)
+        .unwrap();
+    g.cpu.set_sysreg(sr::DBGBVR0_EL1, CODE + 4).unwrap();
+    g.cpu
+        .set_sysreg(sr::DBGBCR0_EL1, 1 | 0b11 << 1 | 0xf << 5)
+        .unwrap();
+    assert_eq!(g.sys(sr::DBGBVR0_EL1), CODE + 4);
+    assert_eq!(g.pc(), CODE, "the write put PC back");
+    // EL1h, PSTATE.D clear (A, I, F masked).
+    g.cpu.set_reg(Reg::Pstate, 0x1c5).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL1H });
+    assert_eq!(
+        g.sys(sr::ESR_EL1) >> 26,
+        0x31,
+        "ESR {:#x}",
+        g.sys(sr::ESR_EL1)
+    );
+    assert_eq!(g.sys(sr::ELR_EL1), CODE + 4);
+    // Disabled again: the program runs to its end.
+    g.cpu.set_sysreg(sr::DBGBCR0_EL1, 0).unwrap();
+    g.cpu.set_reg(Reg::Pc, CODE).unwrap();
+    g.cpu.set_reg(Reg::Pstate, 0x1c5).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    assert_eq!(g.pc(), CODE + 12);
+}

@@ -13,7 +13,8 @@ use super::vm::{
     uc_err, VcpuShared, VmShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_TB, ATTN_TIMER, ATTN_TLB,
 };
 use super::{insn, spin};
-use crate::arch::exception::CpuFeatures;
+use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
+use crate::arch::idregs::BREAKPOINTS;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::arch::timer::GenericTimer;
@@ -27,6 +28,56 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use unicorn_engine::{uc_error, Arch, Arm64CpuModel, Mode, RegisterARM64 as R, TlbType, Unicorn};
+
+/// Physical address of the page where [`EmuVcpu::write_by_msr`] runs its
+/// instructions: below every device region and RAM (the memory map has
+/// nothing under the GIC's distributor), so guest translations, which the
+/// TLB hook checks against the memory map, never reach it.
+pub(super) const SCRATCH_PA: u64 = 0;
+
+/// The registers [`EmuVcpu::write_by_msr`] writes: the breakpoints'.
+/// Slot `n` of the scratch page, at `SCRATCH_PA + 8 * n`, holds
+/// `MSR reg, X0; HVC #0`; the code never changes, so no translated block of
+/// it goes stale.
+pub(super) const MSR_SLOTS: [SysReg; 2 * BREAKPOINTS] = {
+    let mut out = [SysReg(0); 2 * BREAKPOINTS];
+    let mut n = 0;
+    while n < BREAKPOINTS {
+        out[2 * n] = SysReg::new(2, 0, 0, n as u8, 4);
+        out[2 * n + 1] = SysReg::new(2, 0, 0, n as u8, 5);
+        n += 1;
+    }
+    out
+};
+
+// The slots are the breakpoint registers a snapshot saves.
+const _: () = {
+    let mut n = 0;
+    while n < BREAKPOINTS {
+        assert!(MSR_SLOTS[2 * n].0 == sr::DEBUG_SYSREGS[1 + n].0);
+        assert!(MSR_SLOTS[2 * n + 1].0 == sr::DEBUG_SYSREGS[11 + n].0);
+        n += 1;
+    }
+};
+
+/// The scratch page's code: per slot of [`MSR_SLOTS`], `MSR reg, X0` and
+/// `HVC #0`.
+fn scratch_code() -> Vec<u8> {
+    MSR_SLOTS
+        .iter()
+        .flat_map(|r| {
+            let (op0, op1, crn, crm, op2) = r.fields();
+            let msr = 0xd510_0000
+                | u32::from(op0 - 2) << 19
+                | u32::from(op1) << 16
+                | u32::from(crn) << 12
+                | u32::from(crm) << 8
+                | u32::from(op2) << 5;
+            [msr, 0xd400_0002]
+        })
+        .flat_map(u32::to_le_bytes)
+        .collect()
+}
 
 /// Makes a vCPU's `run` return [`VcpuExit::Kicked`].
 struct EmuKicker(Arc<VcpuShared>);
@@ -138,6 +189,19 @@ impl EmuVcpu {
         unsafe {
             uc_mem_map_ptr_checked(handle, RAM_BASE, vm.ram_size, vm.host as *mut c_void)?;
         }
+        // SAFETY: `handle` is this vCPU's live engine; the page is the
+        // engine's own (unicorn allocates it).
+        let mapped = unsafe {
+            unicorn_engine::uc_mem_map(handle, SCRATCH_PA, 4096, unicorn_engine::Prot::ALL.0)
+        };
+        std::result::Result::<(), uc_error>::from(mapped).map_err(uc_err("map scratch page"))?;
+        let code = scratch_code();
+        // SAFETY: as above; `code` is a live buffer of `code.len()` bytes,
+        // which fit in the page.
+        let written = unsafe {
+            unicorn_engine::uc_mem_write(handle, SCRATCH_PA, code.as_ptr().cast(), code.len() as _)
+        };
+        std::result::Result::<(), uc_error>::from(written).map_err(uc_err("write scratch page"))?;
         // SAFETY: the state was allocated in `new` for this engine and is
         // freed only after the engine is closed; no hook can run yet.
         unsafe { hooks::register(handle, self.state.as_ptr(), vm.ram_size)? };
@@ -173,6 +237,76 @@ impl EmuVcpu {
         if att & ATTN_TIMER != 0 {
             // The timer thread disarmed this deadline when it fired.
             self.state().armed = None;
+        }
+        Ok(())
+    }
+
+    /// Writes `reg`, one of [`MSR_SLOTS`], by executing `MSR reg, X0` at
+    /// EL1h with interrupts and debug exceptions masked, then puts back X0,
+    /// PSTATE and PC. For registers whose write matters to unicorn beyond
+    /// the stored value, which a raw register write skips (quirk 16: a
+    /// DBGBVR/DBGBCR write updates QEMU's breakpoint list). The instruction
+    /// runs from its slot of the scratch page ([`SCRATCH_PA`]) through the
+    /// identity TLB, followed by an `HVC` that ends the run.
+    pub(super) fn write_by_msr(&mut self, reg: SysReg, value: u64) -> Result<()> {
+        let Some(slot) = MSR_SLOTS.iter().position(|&r| r == reg) else {
+            return Err(HvError::Call {
+                call: "write_by_msr",
+                detail: format!("{reg:?} has no MSR slot"),
+            });
+        };
+        let at = SCRATCH_PA + 8 * slot as u64;
+        let err = uc_err("write by MSR");
+        let uc = self.uc;
+        let saved = (
+            uc.read(R::X0).map_err(&err)?,
+            uc.read(R::PSTATE).map_err(&err)?,
+            uc.read(R::PC).map_err(&err)?,
+        );
+        // Requests for the guest wait: the block hook would stop the engine
+        // for them before the MSR.
+        let mut att = self.shared.attention.swap(0, Ordering::AcqRel);
+        self.state().identity = true;
+        let mut r = uc
+            .flush_tlb()
+            .and_then(|()| uc.write(R::PSTATE, PSTATE_EL1H | PSTATE_DAIF))
+            .and_then(|()| uc.write(R::X0, value))
+            .map_err(&err)
+            .and_then(|()| self.rebuild_flags());
+        // A request from another thread in the meantime stops the engine
+        // before the MSR: run again until the HVC is reached. (The HVC's
+        // immediate is not decoded: the scratch page is outside the guest's
+        // translations; it leaves PC past itself.)
+        let mut done = false;
+        for _ in 0..16 {
+            if r.is_err() {
+                break;
+            }
+            self.state().exit = None;
+            att |= self.shared.attention.swap(0, Ordering::AcqRel);
+            r = self.engine.emu_start(at, 0, 0, 0).map_err(&err);
+            let exit = self.state().exit.take();
+            if matches!(exit, Some(VcpuExit::Hvc { .. })) && uc.read(R::PC).map_err(&err)? == at + 8
+            {
+                done = true;
+                break;
+            }
+        }
+        self.state().identity = false;
+        self.shared.request(att);
+        let restored = uc
+            .flush_tlb()
+            .and_then(|()| uc.write(R::X0, saved.0))
+            .and_then(|()| uc.write(R::PSTATE, saved.1))
+            .map_err(&err)
+            .and_then(|()| self.rebuild_flags())
+            .and_then(|()| uc.write(R::PC, saved.2).map_err(&err));
+        r.and(restored)?;
+        if !done {
+            return Err(HvError::Call {
+                call: "write_by_msr",
+                detail: format!("MSR {reg:?} did not complete"),
+            });
         }
         Ok(())
     }

@@ -250,7 +250,7 @@ hv_sysregs!(
 /// guest uses (translation, exception, thread-ID, timer and debug-control
 /// registers, FPCR/FPSR, MPIDR) plus the pointer-authentication keys, which
 /// a PAuth-enabled kernel needs back to return through signed addresses.
-pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<37>(
+pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<58>(
     &sysreg::EL1_STATE_SYSREGS,
     &[
         sysreg::APIAKEYLO_EL1,
@@ -266,10 +266,15 @@ pub const SNAPSHOT_SYSREGS: &[SysReg] = &sysreg::concat::<37>(
     ],
 );
 
-// Every register a snapshot saves is one HVF reads and writes.
+// Every register a snapshot saves is one HVF reads and writes, but
+// OSLSR_EL1, which the VMM emulates (`exits::LocalState`).
 const _: () = {
     let mut i = 0;
     while i < SNAPSHOT_SYSREGS.len() {
+        if SNAPSHOT_SYSREGS[i].0 == sysreg::OSLSR_EL1.0 {
+            i += 1;
+            continue;
+        }
         let mut j = 0;
         while HVF_SYSREGS[j].0 != SNAPSHOT_SYSREGS[i].0 {
             j += 1;

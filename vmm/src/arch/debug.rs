@@ -1,0 +1,136 @@
+//! AArch64 self-hosted debug (Arm ARM D2, "AArch64 Self-hosted Debug"): when
+//! debug exceptions are enabled, what a breakpoint matches, and when a
+//! software step exception is due. Pure functions of register values, used
+//! by the `emu` backend to classify the exceptions its CPU raises; the guest
+//! runs at EL0/EL1 with no EL2 or EL3, so EL1 is always the debug target.
+
+use super::idregs::{BREAKPOINTS, WATCHPOINTS};
+use super::sysreg::{DBGBCR0_EL1, DBGBVR0_EL1, DEBUG_SYSREGS};
+
+/// MDSCR_EL1.SS: software step enable.
+pub const MDSCR_SS: u64 = 1 << 0;
+/// MDSCR_EL1.KDE: debug exceptions from EL1 to EL1.
+pub const MDSCR_KDE: u64 = 1 << 13;
+/// MDSCR_EL1.MDE: breakpoint and watchpoint exceptions.
+pub const MDSCR_MDE: u64 = 1 << 15;
+/// PSTATE.D (SPSR bit 9): debug exceptions masked at the current EL.
+pub const PSTATE_D: u64 = 1 << 9;
+/// PSTATE.SS (SPSR bit 21): software step state (1: active-not-pending).
+pub const PSTATE_SS: u64 = 1 << 21;
+
+const _: () = assert!(DEBUG_SYSREGS.len() == 1 + 2 * (BREAKPOINTS + WATCHPOINTS));
+
+/// Whether debug exceptions can be taken from exception level `el` (0 or 1)
+/// to EL1 (Arm ARM D2.1.4): never while the OS Lock is locked; from EL0
+/// always otherwise; from EL1 only with MDSCR_EL1.KDE set and PSTATE.D
+/// clear.
+pub fn enabled(el: u8, mdscr: u64, pstate: u64, os_lock: bool) -> bool {
+    if os_lock {
+        return false;
+    }
+    match el {
+        0 => true,
+        1 => mdscr & MDSCR_KDE != 0 && pstate & PSTATE_D == 0,
+        _ => false,
+    }
+}
+
+/// Whether a software step exception is due before the next instruction
+/// (Arm ARM D2.12, state "active-pending"): step enabled (MDSCR_EL1.SS),
+/// debug exceptions enabled at `el`, and PSTATE.SS clear.
+pub fn step_pending(el: u8, mdscr: u64, pstate: u64, os_lock: bool) -> bool {
+    mdscr & MDSCR_SS != 0 && pstate & PSTATE_SS == 0 && enabled(el, mdscr, pstate, os_lock)
+}
+
+/// Whether the breakpoint with control `bcr` and value `bvr` matches the
+/// A64 instruction at `pc` executed at `el` (Arm ARM D2.9): enabled (E),
+/// an unlinked address match (BT = 0b0000), PMC selecting `el` (bit 1: EL1,
+/// bit 2: EL0), BAS = 0b1111, and BVR bits [48:2] equal to the PC's.
+/// Breakpoint exceptions also need MDSCR_EL1.MDE and [`enabled`].
+pub fn breakpoint_matches(bcr: u64, bvr: u64, pc: u64, el: u8) -> bool {
+    let e = bcr & 1 != 0;
+    let pmc = (bcr >> 1) & 0b11;
+    let bas = (bcr >> 5) & 0xf;
+    let bt = (bcr >> 20) & 0xf;
+    let el_ok = match el {
+        0 => pmc & 0b10 != 0,
+        1 => pmc & 0b01 != 0,
+        _ => false,
+    };
+    let mask = ((1u64 << 49) - 1) & !0b11;
+    e && bt == 0 && bas == 0xf && el_ok && bvr & mask == pc & mask
+}
+
+/// The index in [`DEBUG_SYSREGS`] of breakpoint `n`'s value and control
+/// registers.
+pub fn breakpoint_regs(n: usize) -> (usize, usize) {
+    let at = |r| DEBUG_SYSREGS.iter().position(|&x| x == r).expect("listed");
+    (at(DBGBVR0_EL1) + n, at(DBGBCR0_EL1) + n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::sysreg::{DBGBCR5_EL1, DBGBVR5_EL1};
+
+    /// E, PMC = EL0 and EL1, BAS = 0b1111.
+    const BCR_BOTH: u64 = 1 | 0b11 << 1 | 0xf << 5;
+
+    #[test]
+    fn enabled_follows_the_os_lock_kde_and_pstate_d() {
+        assert!(enabled(0, 0, 0, false));
+        assert!(!enabled(0, MDSCR_KDE, 0, true));
+        assert!(!enabled(1, 0, 0, false), "EL1 needs KDE");
+        assert!(enabled(1, MDSCR_KDE, 0, false));
+        assert!(
+            !enabled(1, MDSCR_KDE, PSTATE_D, false),
+            "masked by PSTATE.D"
+        );
+        assert!(
+            enabled(0, 0, PSTATE_D, false),
+            "PSTATE.D is EL1's, not EL0's"
+        );
+    }
+
+    #[test]
+    fn step_is_pending_only_with_pstate_ss_clear() {
+        let m = MDSCR_SS | MDSCR_KDE;
+        assert!(step_pending(1, m, 0, false));
+        assert!(!step_pending(1, m, PSTATE_SS, false), "active-not-pending");
+        assert!(!step_pending(1, MDSCR_KDE, 0, false), "SS off");
+        assert!(!step_pending(0, MDSCR_SS, 0, true), "OS Lock");
+        assert!(step_pending(0, MDSCR_SS, 0, false));
+    }
+
+    #[test]
+    fn breakpoints_match_address_el_and_fields() {
+        let pc = 0xffff_8000_1234_5678;
+        assert!(breakpoint_matches(BCR_BOTH, pc, pc, 1));
+        assert!(breakpoint_matches(BCR_BOTH, pc, pc, 0));
+        // Bits above 48 (sign extension) and [1:0] are not compared.
+        assert!(breakpoint_matches(BCR_BOTH, pc & ((1 << 49) - 1), pc, 1));
+        assert!(!breakpoint_matches(BCR_BOTH, pc + 4, pc, 1));
+        assert!(!breakpoint_matches(BCR_BOTH & !1, pc, pc, 1), "disabled");
+        let el1_only = 1 | 0b01 << 1 | 0xf << 5;
+        assert!(breakpoint_matches(el1_only, pc, pc, 1));
+        assert!(!breakpoint_matches(el1_only, pc, pc, 0));
+        assert!(
+            !breakpoint_matches(BCR_BOTH | 0b0001 << 20, pc, pc, 1),
+            "linked context type"
+        );
+        assert!(
+            !breakpoint_matches(BCR_BOTH & !(0xf << 5) | 0x3 << 5, pc, pc, 1),
+            "BAS"
+        );
+    }
+
+    #[test]
+    fn breakpoint_register_indices() {
+        assert_eq!(breakpoint_regs(0), (1, 11));
+        let (v, c) = breakpoint_regs(5);
+        assert_eq!(
+            (DEBUG_SYSREGS[v], DEBUG_SYSREGS[c]),
+            (DBGBVR5_EL1, DBGBCR5_EL1)
+        );
+    }
+}
