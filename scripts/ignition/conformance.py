@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from . import paths, qemu, timeouts
+import pexpect
+
+from . import console, paths, qemu, timeouts
 
 BUILD_SCRIPT = paths.REPO_ROOT / "guest" / "conformance" / "build.sh"
 IMAGES_DIR = paths.REPO_ROOT / "target" / "conformance"
@@ -49,6 +51,9 @@ class Group:
     """vCPUs the image needs (secondaries start through PSCI CPU_ON; extra ones idle)."""
     checks: str
     """What it checks, one line (the book has the details)."""
+    paused: bool = False
+    """It prints `# ready` and waits for a byte of console input: the point where a run
+    across a snapshot takes and restores one (run_ignition_across_snapshot)."""
 
 
 GROUPS: dict[str, Group] = {g.name: g for g in (
@@ -58,6 +63,8 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("debug", 2, "BRK, hardware breakpoint, watchpoint and software step at EL1 and EL0"),
     Group("pmu", 1, "an advertised PMUv3 counts: PMCCNTR_EL0 and the events PMCEID0_EL0 lists"),
     Group("idregs", 2, "ID_AA64* values; advertised features work (ISA, debug counts, granules, DC ZVA, AArch32)"),
+    Group("snapshot", 1, "a breakpoint, a watchpoint, a timer and a pending SGI programmed before a pause point "
+                         "each fire once after it (across a snapshot and restore on Ignition)", paused=True),
 )}
 """Every group, in the order the suite runs them."""
 
@@ -210,9 +217,89 @@ def qemu_argv(image: Path, cpus: int, qemu_bin: str = qemu.QEMU) -> list[str]:
             "-nographic", "-no-reboot", "-kernel", str(image)]
 
 
+READY = "# ready"
+"""What a paused group prints where it waits for console input."""
+
+
+def run_paused(group: str, target: str, argv: Sequence[str], timeout: float) -> Result:
+    """Runs a paused group on a pty, sending its byte at `# ready`; a run past `timeout` is
+    killed and fails as a hang."""
+    result = Result(group, target)
+    t0 = time.perf_counter()
+    child = console.spawn(argv, timeout=timeout)
+    out = []
+    try:
+        console.expect(child, READY, timeout, "the pause point")
+        out.append(child.before + child.after)
+        child.send("g")
+        child.expect(pexpect.EOF, timeout=timeout)
+        out.append(child.before)
+        child.close()
+        result.exit_code = child.exitstatus
+    except (console.ConsoleError, pexpect.TIMEOUT) as e:
+        out.append(child.before if isinstance(child.before, str) else "")
+        result.problem = f"did not finish: {e}"
+        console.terminate(child)
+    result.elapsed_s = time.perf_counter() - t0
+    parse(result, "".join(out))
+    return result
+
+
+def run_ignition_across_snapshot(group: str, image_dir: Path, boot: Path, backend: str | None = None,
+                                 gic: str | None = None, timeout: float | None = None) -> Result:
+    """A paused group on `boot --track-dirty`, snapshotted (Ctrl-A s) at its pause point and
+    quit; then `boot --restore`, which gets the byte and runs the checks. The result is the
+    restored run's (target `BACKEND+snapshot`)."""
+    name = backend or timeouts.default_backend()
+    timeout = timeouts.for_backend(name).cmd if timeout is None else timeout
+    target = f"{name}+snapshot"
+    with tempfile.TemporaryDirectory(prefix="ignition-conformance-") as tmp:
+        disk, store = Path(tmp) / "disk.img", Path(tmp) / "store"
+        with open(disk, "wb") as f:
+            f.truncate(1 << 20)
+        argv = boot_argv(boot, images(image_dir)[group], GROUPS[group].cpus, disk, backend, gic)
+        argv += ["--track-dirty", "--name", "paused", "--store", str(store)]
+        child = console.spawn(argv, timeout=timeout)
+        try:
+            console.expect(child, READY, timeout, "the pause point")
+            child.send("\x01s")
+            console.expect(child, r"\[snapshot\] full 'paused'[^\r\n]* written", timeout, "the snapshot")
+            child.send("\x01x")
+            child.expect(pexpect.EOF, timeout=timeout)
+        except (console.ConsoleError, pexpect.TIMEOUT) as e:
+            console.terminate(child)
+            return Result(group, target, problem=f"no snapshot at the pause point: {e}")
+        child.close()
+        argv = [str(boot), "--restore", "paused", "--store", str(store)]
+        if backend:
+            argv += ["--backend", backend]
+        if gic:
+            argv += ["--gic", gic]
+        result = Result(group, target)
+        t0 = time.perf_counter()
+        child = console.spawn(argv, timeout=timeout)
+        out = ""
+        try:
+            console.expect(child, r"Restore-time = \d+ ms", timeout, "the restore")
+            child.send("g")
+            child.expect(pexpect.EOF, timeout=timeout)
+            out = child.before
+            child.close()
+            result.exit_code = child.exitstatus
+        except (console.ConsoleError, pexpect.TIMEOUT) as e:
+            out = child.before if isinstance(child.before, str) else ""
+            result.problem = f"did not finish: {e}"
+            console.terminate(child)
+        result.elapsed_s = time.perf_counter() - t0
+        return parse(result, out)
+
+
 def run_argv(group: str, target: str, argv: Sequence[str], timeout: float) -> Result:
-    """Runs one image (stdin closed, console on stdout); a run past `timeout` is killed and
-    fails as a hang naming the last check it started."""
+    """Runs one image (stdin closed, console on stdout; a paused group on a pty, given its
+    byte at once); a run past `timeout` is killed and fails as a hang naming the last check
+    it started."""
+    if GROUPS[group].paused:
+        return run_paused(group, target, argv, timeout)
     result = Result(group, target)
     t0 = time.perf_counter()
     try:

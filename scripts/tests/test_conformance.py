@@ -23,6 +23,7 @@ EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {
     "debug": ({"debug-watchpoint-el1", "debug-watchpoint-el0"},
               "issue 15: no watchpoints on emu: unicorn builds QEMU's watchpoint support out, so a DBGWCR "
               "watchpoint never fires (breakpoints, software step and BRK work)"),
+    "snapshot": ({"snapshot-watchpoint"}, "issue 15: no watchpoints on emu (see the debug group)"),
 }
 """group -> (the checks that fail on emu today, the xfail reason naming what is missing)."""
 
@@ -65,13 +66,21 @@ def test_qemu_enters_at_el1_with_psci_over_hvc(qemu_results):
         assert "EL1," in r.header and "PSCI conduit hvc (DTB method hvc)" in r.header, r.header
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
-def test_ignition(group, images, boot_bin, backend, gic, request):
+def run_cases():
+    """(group, across a snapshot?): every group straight through; the paused ones also
+    snapshotted at their pause point and restored."""
+    return [(g, False) for g in GROUPS] + [(g, True) for g, grp in GROUPS.items() if grp.paused]
+
+
+@pytest.mark.parametrize("group,across_snapshot", run_cases(),
+                         ids=[f"{g}{'+snapshot' if s else ''}" for g, s in run_cases()])
+def test_ignition(group, across_snapshot, images, boot_bin, backend, gic, request):
     on_emu = (backend or timeouts.default_backend()) == "emu"
     known, reason = EMU_KNOWN_GAPS.get(group, (set(), "")) if on_emu else (set(), "")
     if known:
         request.applymarker(pytest.mark.xfail(strict=True, raises=KnownGap, reason=reason))
-    r = conformance.run_ignition(group, images, boot_bin, backend, gic)
+    run = conformance.run_ignition_across_snapshot if across_snapshot else conformance.run_ignition
+    r = run(group, images, boot_bin, backend, gic)
     if r.status == "pass":
         return
     failed = set(r.failures)
