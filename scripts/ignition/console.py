@@ -126,6 +126,10 @@ def answer_login(
         expect(child, prompt, timeout, "the shell prompt after the password")
 
 
+KERNEL_LINE = re.compile(r"^\[ *\d+\.\d+\] [^\n]*(?:\n|$)", re.MULTILINE)
+"""A kernel message on the console (printk with CONFIG_PRINTK_TIME)."""
+
+
 def run_status(
     child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT
 ) -> tuple[int, str]:
@@ -136,7 +140,9 @@ def run_status(
     line never matches the printed marker. The command runs in a { } group on
     its own line, so it may be a list, end in & or span lines. Line ends in
     the output become "\\n" (a pty may add a \\r: QEMU's stdio keeps ONLCR on,
-    giving "\\r\\r\\n"), and the final one is removed.
+    giving "\\r\\r\\n"), and the final one is removed. Kernel messages the serial
+    console interleaves (printk lines, `[    6.824626] text`, such as the RNG reseed a
+    restore announces) are dropped.
     """
     tag = f"{next(_counter)}{secrets.token_hex(4)}"
     begin_a, begin_b = f"@@B{tag}", "@@"
@@ -146,6 +152,7 @@ def run_status(
     expect(child, re.escape(begin) + r"\r*\n", timeout, f"the start of output of {cmd!r}")
     expect(child, r"(?:\r*\n)?" + re.escape(end) + r" (\d+)\r*\n", timeout, f"the end of output of {cmd!r}")
     output = re.sub(r"\r+\n", "\n", child.before)
+    output = KERNEL_LINE.sub("", output)
     status = int(child.match.group(1))
     expect(child, prompt, timeout, f"the prompt after {cmd!r}")
     return status, output

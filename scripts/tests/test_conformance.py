@@ -20,10 +20,6 @@ from ignition import conformance, paths, qemu, timeouts
 from ignition.conformance import GROUPS, Result
 
 EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {
-    "debug": ({"debug-watchpoint-el1", "debug-watchpoint-el0"},
-              "issue 15: no watchpoints on emu: unicorn builds QEMU's watchpoint support out, so a DBGWCR "
-              "watchpoint never fires (breakpoints, software step and BRK work)"),
-    "snapshot": ({"snapshot-watchpoint"}, "issue 15: no watchpoints on emu (see the debug group)"),
 }
 """group -> (the checks that fail on emu today, the xfail reason naming what is missing)."""
 

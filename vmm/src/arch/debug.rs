@@ -5,7 +5,7 @@
 //! runs at EL0/EL1 with no EL2 or EL3, so EL1 is always the debug target.
 
 use super::idregs::{BREAKPOINTS, WATCHPOINTS};
-use super::sysreg::{DBGBCR0_EL1, DBGBVR0_EL1, DEBUG_SYSREGS};
+use super::sysreg::{DBGBCR0_EL1, DBGBVR0_EL1, DBGWCR0_EL1, DBGWVR0_EL1, DEBUG_SYSREGS};
 
 /// MDSCR_EL1.SS: software step enable.
 pub const MDSCR_SS: u64 = 1 << 0;
@@ -61,6 +61,68 @@ pub fn breakpoint_matches(bcr: u64, bvr: u64, pc: u64, el: u8) -> bool {
     e && bt == 0 && bas == 0xf && el_ok && bvr & mask == pc & mask
 }
 
+/// WVR/BVR bits [48:2] sign-extended from bit 48: the virtual address they
+/// name.
+fn va49(v: u64) -> u64 {
+    (((v << 15) as i64) >> 15) as u64 & !0b11
+}
+
+/// The bytes the watchpoint with control `wcr` and value `wvr` watches, as
+/// `[start, end)` (Arm ARM D2.10), if it is enabled (E): with MASK = 0, the
+/// bytes BAS selects in the doubleword at WVR (from its lowest to its
+/// highest set bit); with MASK = n (3 to 31), the 2^n-byte block at WVR
+/// aligned down. `None` if disabled or BAS is 0.
+pub fn watch_range(wcr: u64, wvr: u64) -> Option<(u64, u64)> {
+    if wcr & 1 == 0 {
+        return None;
+    }
+    let bas = ((wcr >> 5) & 0xff) as u32;
+    let mask = ((wcr >> 24) & 0x1f) as u32;
+    let va = va49(wvr);
+    if mask >= 3 {
+        let start = va & !((1u64 << mask) - 1);
+        return Some((start, start.wrapping_add(1 << mask)));
+    }
+    if bas == 0 {
+        return None;
+    }
+    let base = va & !0b111;
+    let first = bas.trailing_zeros();
+    let last = 31 - bas.leading_zeros();
+    Some((base + u64::from(first), base + u64::from(last) + 1))
+}
+
+/// Whether an access of `size` bytes at `addr` (a store if `write`) at
+/// `el` hits the watchpoint (`wcr`, `wvr`): it overlaps [`watch_range`],
+/// LSC selects the access type (bits 4:3: 0b01 loads, 0b10 stores, 0b11
+/// both) and PAC the EL (bits 2:1: 0b01 EL1, 0b10 EL0, 0b11 both).
+/// Watchpoint exceptions also need MDSCR_EL1.MDE and [`enabled`].
+pub fn watchpoint_matches(wcr: u64, wvr: u64, addr: u64, size: u64, write: bool, el: u8) -> bool {
+    let Some((start, end)) = watch_range(wcr, wvr) else {
+        return false;
+    };
+    let lsc = (wcr >> 3) & 0b11;
+    let pac = (wcr >> 1) & 0b11;
+    let type_ok = if write {
+        lsc & 0b10 != 0
+    } else {
+        lsc & 0b01 != 0
+    };
+    let el_ok = match el {
+        0 => pac & 0b10 != 0,
+        1 => pac & 0b01 != 0,
+        _ => false,
+    };
+    type_ok && el_ok && addr < end && addr.wrapping_add(size) > start
+}
+
+/// The index in [`DEBUG_SYSREGS`] of watchpoint `n`'s value and control
+/// registers.
+pub fn watchpoint_regs(n: usize) -> (usize, usize) {
+    let at = |r| DEBUG_SYSREGS.iter().position(|&x| x == r).expect("listed");
+    (at(DBGWVR0_EL1) + n, at(DBGWCR0_EL1) + n)
+}
+
 /// The index in [`DEBUG_SYSREGS`] of breakpoint `n`'s value and control
 /// registers.
 pub fn breakpoint_regs(n: usize) -> (usize, usize) {
@@ -71,7 +133,7 @@ pub fn breakpoint_regs(n: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::sysreg::{DBGBCR5_EL1, DBGBVR5_EL1};
+    use crate::arch::sysreg::{DBGBCR5_EL1, DBGBVR5_EL1, DBGWCR3_EL1, DBGWVR3_EL1};
 
     /// E, PMC = EL0 and EL1, BAS = 0b1111.
     const BCR_BOTH: u64 = 1 | 0b11 << 1 | 0xf << 5;
@@ -124,13 +186,73 @@ mod tests {
         );
     }
 
+    /// E, PAC = EL0 and EL1, LSC = stores, BAS = 8 bytes.
+    const WCR_STORES: u64 = 1 | 0b11 << 1 | 0b10 << 3 | 0xff << 5;
+
     #[test]
-    fn breakpoint_register_indices() {
+    fn watch_ranges_follow_bas_and_mask() {
+        let a = 0x4008_1230;
+        assert_eq!(watch_range(WCR_STORES, a), Some((a, a + 8)));
+        assert_eq!(watch_range(WCR_STORES & !1, a), None, "disabled");
+        // BAS = 0b0000_1100: bytes 2 and 3.
+        let two = 1 | 0b11 << 1 | 0b11 << 3 | 0b1100 << 5;
+        assert_eq!(watch_range(two, a), Some((a + 2, a + 4)));
+        // MASK = 12: the 4 KiB block.
+        let block = WCR_STORES | 12 << 24;
+        assert_eq!(
+            watch_range(block, a + 0x10),
+            Some((0x4008_1000, 0x4008_2000))
+        );
+        // A kernel address: bit 48 sign-extends.
+        let k = 0xffff_8000_0010_0008u64;
+        assert_eq!(
+            watch_range(WCR_STORES, k & ((1 << 49) - 1)),
+            Some((k, k + 8))
+        );
+    }
+
+    #[test]
+    fn watchpoints_match_overlap_type_and_el() {
+        let a = 0x4008_1230;
+        assert!(watchpoint_matches(WCR_STORES, a, a, 8, true, 1));
+        assert!(watchpoint_matches(WCR_STORES, a, a + 7, 1, true, 0));
+        assert!(
+            watchpoint_matches(WCR_STORES, a, a - 4, 8, true, 1),
+            "overlaps the start"
+        );
+        assert!(
+            !watchpoint_matches(WCR_STORES, a, a - 8, 8, true, 1),
+            "just before"
+        );
+        assert!(
+            !watchpoint_matches(WCR_STORES, a, a + 8, 8, true, 1),
+            "just after"
+        );
+        assert!(!watchpoint_matches(WCR_STORES, a, a, 8, false, 1), "a load");
+        let loads_el1 = 1 | 0b01 << 1 | 0b01 << 3 | 0xff << 5;
+        assert!(watchpoint_matches(loads_el1, a, a, 4, false, 1));
+        assert!(
+            !watchpoint_matches(loads_el1, a, a, 4, false, 0),
+            "PAC: EL1 only"
+        );
+        assert!(
+            !watchpoint_matches(loads_el1, a, a, 4, true, 1),
+            "LSC: loads only"
+        );
+    }
+
+    #[test]
+    fn debug_register_indices() {
         assert_eq!(breakpoint_regs(0), (1, 11));
         let (v, c) = breakpoint_regs(5);
         assert_eq!(
             (DEBUG_SYSREGS[v], DEBUG_SYSREGS[c]),
             (DBGBVR5_EL1, DBGBCR5_EL1)
+        );
+        let (v, c) = watchpoint_regs(3);
+        assert_eq!(
+            (DEBUG_SYSREGS[v], DEBUG_SYSREGS[c]),
+            (DBGWVR3_EL1, DBGWCR3_EL1)
         );
     }
 }

@@ -591,6 +591,17 @@ pub const fn software_step_esr(same_el: bool, ex: bool) -> u64 {
     encode(ec, true, 1 << 24 | (ex as u32) << 6 | FSC_DEBUG as u32)
 }
 
+/// ESR of a watchpoint exception (Arm ARM D2.10): IL 1, WnR (bit 6) set
+/// for a store, DFSC = debug; `same_el` selects EC 0x35 over 0x34.
+pub const fn watchpoint_esr(same_el: bool, wnr: bool) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::WatchpointSame
+    } else {
+        ExceptionClass::WatchpointLower
+    };
+    encode(ec, true, (wnr as u32) << 6 | FSC_DEBUG as u32)
+}
+
 /// ESR of `BRK #imm`.
 pub const fn brk_esr(imm: u16) -> u64 {
     encode(ExceptionClass::Brk, true, imm as u32)

@@ -12,7 +12,7 @@ use super::vm::{uc_err, PaKind};
 use crate::arch::debug;
 use crate::arch::esr;
 use crate::arch::exception::{exception_entry, GuestException, PSTATE_NRW};
-use crate::arch::idregs::BREAKPOINTS;
+use crate::arch::idregs::{BREAKPOINTS, WATCHPOINTS};
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, DEBUG_SYSREGS};
 use crate::hv::{Result, VcpuExit, VcpuIo};
@@ -52,6 +52,8 @@ pub(super) enum FaultCause {
     /// A device region the backend emulates by decoding the instruction, at
     /// this (4 KiB-aligned) physical address.
     Mmio(u64),
+    /// A data access to a page with a watchpoint (quirk 16).
+    Watch,
 }
 
 /// A fault recorded by the TLB hook; unicorn then stops with the PC of the
@@ -288,6 +290,13 @@ impl HookState {
         };
         let pa = t.pa & !0xfff;
         let mut perms = t.perms;
+        // Watchpoints (quirk 16): every data access to a watched page is
+        // checked by `watch_fault`; code on it may run.
+        let watched = self.watched_page(va);
+        if watched && access != Access::Fetch {
+            self.fault = Some(fault(FaultCause::Watch));
+            return None;
+        }
         match self.vm.classify(pa) {
             PaKind::Ram(page) => {
                 let page = page as usize;
@@ -322,10 +331,149 @@ impl HookState {
                 return None;
             }
         }
+        if watched {
+            perms.read = false;
+            perms.write = false;
+        }
         self.fills += 1;
         Some(TlbEntry {
             paddr: pa,
             perms: to_prot(perms),
+        })
+    }
+
+    /// Whether the 4 KiB page of `va` holds watched bytes and is not the one
+    /// let through for the current block.
+    fn watched_page(&self, va: u64) -> bool {
+        if self.watch.is_empty() {
+            return false;
+        }
+        let page = va & !0xfff;
+        self.watch_bypass.is_none_or(|(p, _)| p != page)
+            && self
+                .watch
+                .iter()
+                .any(|&(start, end)| start < page.wrapping_add(0x1000) && end > page)
+    }
+
+    /// A data access to a watched page (the TLB hook refused it): a
+    /// Watchpoint exception if it hits an enabled watchpoint (the access is
+    /// not made; ELR = the instruction, FAR = the first watched byte it
+    /// touches), else the page is let through for this access and
+    /// protected again at the next block.
+    fn watch_fault(&mut self, f: PendingFault, pc: u64) -> Result<Option<VcpuExit>> {
+        let write = f.access == Access::Write;
+        let d = self.read_insn(pc).and_then(insn::decode_ldst);
+        let (addr, len) = match d {
+            Some(d) if d.size != 0 => {
+                let count = if d.rt2.is_some() { 2 } else { 1 };
+                (d.address(xreader(self.uc), pc).0, u64::from(d.size) * count)
+            }
+            // An access the decoder cannot size: its first byte.
+            _ => (f.va, 1),
+        };
+        match self.watch_hit(addr, len, write) {
+            Some(far) => {
+                let same_el = self.el() == 1;
+                let esr = esr::watchpoint_esr(same_el, write);
+                if self.deliver_sync(esr, Some(far), pc) {
+                    Ok(None)
+                } else {
+                    Ok(Some(VcpuExit::Unhandled {
+                        esr,
+                        far,
+                        ipa: 0,
+                        pc,
+                    }))
+                }
+            }
+            None => {
+                // No hit: make the access here, so the page stays checked for
+                // the next one; one the decoder cannot make runs with the page
+                // let through until the next block.
+                if !d.is_some_and(|d| self.emulate_ram_access(d, pc, write)) {
+                    self.watch_bypass = Some((f.va & !0xfff, 0));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Makes the general-purpose load or store `d` at `pc` on RAM, as the
+    /// CPU would have (registers, base write-back, PC + 4, dirty tracking
+    /// and background snapshots for a store). `false`, with nothing done, if
+    /// it is not such an access, crosses a 4 KiB page, or does not translate
+    /// to RAM with the permission it needs (the CPU then makes it, or
+    /// faults, itself).
+    fn emulate_ram_access(&mut self, d: insn::LdSt, pc: u64, write: bool) -> bool {
+        if !d.emulatable() || d.kind == insn::Kind::Prefetch {
+            return false;
+        }
+        let uc = self.uc;
+        let (addr, writeback) = d.address(|n| uc.x_or_sp(n), pc);
+        let size = u64::from(d.size);
+        let regs = [Some(d.rt), d.rt2];
+        let count = regs.iter().flatten().count() as u64;
+        if (addr & 0xfff) + size * count > 0x1000 {
+            return false;
+        }
+        let access = if write { Access::Write } else { Access::Read };
+        let walk = self.walk_regs();
+        let el = self.el();
+        let Ok(t) = mmu::translate_access(&walk, addr, el, access, &*self.vm) else {
+            return false;
+        };
+        let PaKind::Ram(page) = self.vm.classify(t.pa) else {
+            return false;
+        };
+        let mem = self.vm.ram.memory();
+        let n = d.size as usize;
+        if write {
+            self.vm.ram.before_guest_write(page);
+            self.vm.dirty.set_bit(page as usize);
+        }
+        for (i, rt) in regs.iter().flatten().enumerate() {
+            let at = vm_memory::GuestAddress(t.pa + i as u64 * size);
+            if write {
+                let v = if *rt == 31 { 0 } else { uc.x_or_sp(*rt) };
+                if vm_memory::Bytes::write_slice(mem, &v.to_le_bytes()[..n], at).is_err() {
+                    return false;
+                }
+            } else {
+                let mut buf = [0u8; 8];
+                if vm_memory::Bytes::read_slice(mem, &mut buf[..n], at).is_err() {
+                    return false;
+                }
+                if let insn::Kind::Load { signed, dst64 } = d.kind {
+                    let v = esr::extend(u64::from_le_bytes(buf), d.size, signed, dst64);
+                    if uc.set_x(*rt, v).is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+        if let Some(wb) = writeback {
+            let reg = if d.rn == 31 { R::SP } else { Uc::xreg(d.rn) };
+            if uc.write(reg, wb).is_err() {
+                return false;
+            }
+        }
+        uc.write(R::PC, pc + 4).is_ok()
+    }
+
+    /// The first watched byte an access of `len` bytes at `addr` touches,
+    /// if it hits an enabled watchpoint at the current EL.
+    fn watch_hit(&self, addr: u64, len: u64, write: bool) -> Option<u64> {
+        let d = self.debug_state()?;
+        if !d.enabled || d.mdscr & debug::MDSCR_MDE == 0 {
+            return None;
+        }
+        (0..WATCHPOINTS).find_map(|n| {
+            let (v, c) = debug::watchpoint_regs(n);
+            let read = |i: usize| self.uc.cp_read(DEBUG_SYSREGS[i]).unwrap_or(0);
+            let (wcr, wvr) = (read(c), read(v));
+            debug::watchpoint_matches(wcr, wvr, addr, len, write, d.el)
+                .then(|| debug::watch_range(wcr, wvr).map_or(addr, |(start, _)| addr.max(start)))
         })
     }
 
@@ -391,6 +539,7 @@ impl EmuVcpu {
             FaultCause::Walk(fault) => fault.code(),
             FaultCause::External => esr::FSC_SYNC_EXTERNAL,
             FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
+            FaultCause::Watch => return self.state().watch_fault(f, pc),
         };
         let st = self.state();
         let same_el = st.el() == 1;

@@ -15,7 +15,7 @@
 
 use super::sysregs::{emulated_mrs, emulated_msr};
 use super::vcpu::HookState;
-use super::vm::{fast_mmio, uc_err};
+use super::vm::{fast_mmio, uc_err, ATTN_WATCH};
 use crate::arch::layout::RAM_BASE;
 use crate::arch::sysreg::SysReg;
 use crate::hv::Result;
@@ -69,6 +69,8 @@ unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, size: u32, ud
     let st = unsafe { &mut *ud.cast::<HookState>() };
     if st.me.pending() {
         stop_for_attention(st);
+    } else if st.watch_bypass.is_some() {
+        end_watch_bypass(st);
     } else if st.spin_enabled && st.spin.on_block(address, size) {
         // SAFETY: as above.
         unsafe { check_spin(ud) }
@@ -82,6 +84,21 @@ unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, size: u32, ud
 fn stop_for_attention(st: &mut HookState) {
     st.stopped_by_hook = true;
     st.uc.stop();
+}
+
+/// A watched page was let through for one access: the block that made it
+/// runs, the next one stops so that the page is protected again.
+#[cold]
+#[inline(never)]
+fn end_watch_bypass(st: &mut HookState) {
+    if let Some((page, blocks)) = st.watch_bypass {
+        if blocks == 0 {
+            st.watch_bypass = Some((page, 1));
+        } else {
+            st.me.request(ATTN_WATCH);
+            stop_for_attention(st);
+        }
+    }
 }
 
 /// # Safety

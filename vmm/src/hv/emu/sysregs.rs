@@ -8,9 +8,10 @@
 use super::mmu::{self, Access};
 use super::timer;
 use super::vcpu::{EmuVcpu, HookState, MSR_SLOTS};
-use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB};
+use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB, ATTN_WATCH};
+use crate::arch::debug;
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
-use crate::arch::idregs;
+use crate::arch::idregs::{self, WATCHPOINTS};
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::{HvError, Result};
@@ -69,6 +70,18 @@ pub(super) fn emulated_msr(k: SysReg) -> bool {
     ) || is_icc(k)
         || is_ptimer(k)
         || idregs::is_pmu(k)
+        || watch_config(k)
+}
+
+/// Whether a write to `k` can change which watchpoints are enabled
+/// (MDSCR_EL1.MDE, the OS lock, DBGWVRn_EL1/DBGWCRn_EL1), which the TLB
+/// hook applies (quirk 16).
+fn watch_config(k: SysReg) -> bool {
+    matches!(k, sr::MDSCR_EL1 | sr::OSLAR_EL1 | sr::OSLSR_EL1)
+        || (0..WATCHPOINTS).any(|n| {
+            let (v, c) = debug::watchpoint_regs(n);
+            k == sr::DEBUG_SYSREGS[v] || k == sr::DEBUG_SYSREGS[c]
+        })
 }
 
 impl HookState {
@@ -220,6 +233,11 @@ impl HookState {
                 1
             }
             k if idregs::is_pmu(k) => 1, // no PMU: WI at every EL, as on HVF
+            k if watch_config(k) => {
+                // Unicorn makes the write; the next block reads it back.
+                self.me.request(ATTN_WATCH);
+                0
+            }
             sr::CNTKCTL_EL1 => {
                 if self.el() == 1 {
                     self.cntkctl = value;
@@ -465,6 +483,9 @@ impl EmuVcpu {
                     call: "set_sysreg",
                     detail: format!("{r:?}: {e:?}"),
                 })?,
+        }
+        if watch_config(reg) {
+            self.update_watchpoints()?;
         }
         Ok(())
     }

@@ -1188,3 +1188,44 @@ fn breakpoints_the_vmm_writes_fire_as_breakpoint_exceptions() {
     assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
     assert_eq!(g.pc(), CODE + 12);
 }
+
+/// `watchpoint`
+const WATCHPOINT: &[u32] = &[
+    0xf900_0422, // 0x00: str x2, [x1, #8] (the watched page, not the watched bytes)
+    0xf900_0022, // 0x04: str x2, [x1] (the watched doubleword)
+    0xd400_0002, // 0x08: hvc #0
+];
+
+/// Watchpoints (quirk 16): a store to the watched bytes is a Watchpoint
+/// exception before it is made, a store elsewhere on the page is made.
+#[test]
+fn watchpoints_fire_on_the_watched_bytes_only() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_MDE};
+    let mut g = Guest::new(WATCHPOINT);
+    let watched = RAM_BASE + 0x20_0000;
+    g.write_u64(watched, 7);
+    g.set_x(1, watched);
+    g.set_x(2, 0x5a);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_MDE | MDSCR_KDE)
+        .unwrap();
+    g.cpu.set_sysreg(sr::DBGWVR0_EL1, watched).unwrap();
+    // E, PAC = EL0 and EL1, LSC = stores, BAS = 8 bytes.
+    g.cpu
+        .set_sysreg(sr::DBGWCR0_EL1, 1 | 0b11 << 1 | 0b10 << 3 | 0xff << 5)
+        .unwrap();
+    g.cpu.set_reg(Reg::Pstate, 0x1c5).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL1H });
+    let esr = g.sys(sr::ESR_EL1);
+    assert_eq!(esr >> 26, 0x35, "ESR {esr:#x}");
+    assert_eq!(esr & (1 << 6), 1 << 6, "WnR");
+    assert_eq!(g.sys(sr::FAR_EL1), watched);
+    assert_eq!(g.sys(sr::ELR_EL1), CODE + 4);
+    assert_eq!(
+        g.read_u64(watched + 8),
+        0x5a,
+        "the store next to it was made"
+    );
+    assert_eq!(g.read_u64(watched), 7, "the watched store was not");
+}

@@ -11,10 +11,12 @@ use super::timer;
 use super::uc::Uc;
 use super::vm::{
     uc_err, VcpuShared, VmShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_TB, ATTN_TIMER, ATTN_TLB,
+    ATTN_WATCH,
 };
 use super::{insn, spin};
+use crate::arch::debug;
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
-use crate::arch::idregs::BREAKPOINTS;
+use crate::arch::idregs::{BREAKPOINTS, WATCHPOINTS};
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::arch::sysreg::{self as sr, SysReg};
 use crate::arch::timer::GenericTimer;
@@ -170,6 +172,8 @@ impl EmuVcpu {
             mmio_ctx: Vec::new(),
             spin: spin::SpinDetector::default(),
             spin_enabled: vm.vcpus.len() > 1,
+            watch: Vec::new(),
+            watch_bypass: None,
         });
         let vcpu = EmuVcpu {
             id,
@@ -238,7 +242,30 @@ impl EmuVcpu {
             // The timer thread disarmed this deadline when it fired.
             self.state().armed = None;
         }
+        if att & ATTN_WATCH != 0 {
+            self.update_watchpoints()?;
+        }
         Ok(())
+    }
+
+    /// Reads the watchpoint registers back (after the guest or the VMM
+    /// changed one, or an access was let through) and makes the TLB hook
+    /// check their pages again.
+    pub(super) fn update_watchpoints(&mut self) -> Result<()> {
+        let uc = self.uc;
+        let mdscr = uc.cp_read(sr::MDSCR_EL1).unwrap_or(0);
+        let mut watch = Vec::new();
+        if mdscr & debug::MDSCR_MDE != 0 {
+            for n in 0..WATCHPOINTS {
+                let (v, c) = debug::watchpoint_regs(n);
+                let read = |i: usize| uc.cp_read(sr::DEBUG_SYSREGS[i]).unwrap_or(0);
+                watch.extend(debug::watch_range(read(c), read(v)));
+            }
+        }
+        let st = self.state();
+        st.watch = watch;
+        st.watch_bypass = None;
+        uc.flush_tlb().map_err(uc_err("flush TLB"))
     }
 
     /// Writes `reg`, one of [`MSR_SLOTS`], by executing `MSR reg, X0` at
@@ -607,6 +634,13 @@ pub(crate) struct HookState {
     /// Spin detection is on (only with more than one vCPU: with one, there
     /// is nobody to yield to).
     pub spin_enabled: bool,
+    /// The virtual address ranges of the enabled watchpoints (quirk 16):
+    /// the TLB hook refuses their 4 KiB pages so that every data access
+    /// there is checked. Empty without MDSCR_EL1.MDE.
+    pub watch: Vec<(u64, u64)>,
+    /// A watched 4 KiB page let through for an access that hit no
+    /// watchpoint, and the blocks run since; the next block re-protects it.
+    pub watch_bypass: Option<(u64, u8)>,
 }
 
 impl HookState {

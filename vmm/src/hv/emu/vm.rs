@@ -29,6 +29,9 @@ pub(super) const ATTN_TLB: u32 = 1 << 2;
 pub(super) const ATTN_TB: u32 = 1 << 3;
 /// Drop the translated blocks of the queued code pages (IC IVAU).
 pub(super) const ATTN_IC: u32 = 1 << 4;
+/// Read the watchpoint registers again and re-protect their pages (quirk
+/// 16).
+pub(super) const ATTN_WATCH: u32 = 1 << 6;
 /// Re-evaluate the IRQ line (it may have risen, in a hook of this vCPU or
 /// on another thread) and return to unicorn's main loop to take it.
 pub(super) const ATTN_IRQ: u32 = 1 << 5;
