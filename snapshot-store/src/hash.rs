@@ -1,12 +1,13 @@
 //! sha256 helpers and hex encoding.
 
 use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::fsutil::data_regions;
 use crate::progress::Progress;
 
 /// A sha256 digest (32 bytes).
@@ -43,31 +44,62 @@ pub fn is_sha256_hex(s: &str) -> bool {
 }
 
 /// sha256 of the whole of the open file `file` (named `path` in errors),
-/// read from its current offset with a bounded buffer; it must be exactly
-/// `expected_len` bytes long.
+/// which must be exactly `expected_len` bytes long, read with a bounded
+/// buffer. Holes (`SEEK_DATA`/`SEEK_HOLE`) are hashed as the zeros they
+/// read as without being read: a sparse memory image costs the hashing of
+/// its size, not the reading of it.
 pub(crate) fn sha256_open_file(
-    mut file: &File,
+    file: &File,
     path: &Path,
     expected_len: u64,
     progress: Option<&(dyn Fn(Progress<'_>) + Sync)>,
 ) -> Result<Sha256Digest> {
+    let size = |f: &File| {
+        f.metadata()
+            .map(|m| m.len())
+            .map_err(|e| Error::io(path, "stat", e))
+    };
+    let changed = || {
+        Error::corrupt(
+            path,
+            format!("changed size while being hashed (expected {expected_len} bytes)"),
+        )
+    };
+    if size(file)? != expected_len {
+        return Err(changed());
+    }
     let mut hasher = Sha256::new();
     let chunk = usize::try_from(expected_len.clamp(1, READ_CHUNK as u64)).unwrap_or(READ_CHUNK);
     let mut buf = vec![0u8; chunk];
-    let mut done: u64 = 0;
+    let zeros = vec![0u8; chunk];
     let report = progress.filter(|_| expected_len >= PROGRESS_MIN_BYTES);
     let mut next_report = PROGRESS_STEP_BYTES;
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io(path, "read", e)),
+    let mut done: u64 = 0;
+    let regions = data_regions(file, path, expected_len)?;
+    let mut regions = regions.iter().peekable();
+    while done < expected_len {
+        // Up to the next boundary between data and hole.
+        let (data, end) = match regions.peek() {
+            Some(r) if r.start <= done => (true, r.end),
+            Some(r) => (false, r.start),
+            None => (false, expected_len),
         };
-        hasher.update(&buf[..n]);
+        let n = usize::try_from((end - done).min(chunk as u64)).unwrap_or(chunk);
+        if data {
+            file.read_exact_at(&mut buf[..n], done).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    changed()
+                } else {
+                    Error::io(path, "read", e)
+                }
+            })?;
+            hasher.update(&buf[..n]);
+        } else {
+            hasher.update(&zeros[..n]);
+        }
         done += n as u64;
-        if done > expected_len {
-            break;
+        if done >= end && data {
+            regions.next();
         }
         if let Some(p) = report {
             if done >= next_report && done < expected_len {
@@ -80,11 +112,8 @@ pub(crate) fn sha256_open_file(
             }
         }
     }
-    if done != expected_len {
-        return Err(Error::corrupt(
-            path,
-            format!("changed size while being hashed (expected {expected_len} bytes)"),
-        ));
+    if size(file)? != expected_len {
+        return Err(changed());
     }
     if let Some(p) = report {
         p(Progress::Hashing {
@@ -123,5 +152,27 @@ mod tests {
         assert!(e.contains("changed size"), "{e}");
         let e = f(2).unwrap_err().to_string();
         assert!(e.contains("changed size"), "{e}");
+    }
+
+    #[test]
+    fn holes_hash_as_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sparse");
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let len = 5 * READ_CHUNK as u64 + 123;
+        file.set_len(len).unwrap();
+        file.write_all_at(b"data in the middle", 2 * READ_CHUNK as u64 + 7)
+            .unwrap();
+        file.write_all_at(b"and at the end", len - 14).unwrap();
+        let whole = std::fs::read(&p).unwrap();
+        assert_eq!(
+            sha256_open_file(&file, &p, len, None).unwrap(),
+            sha256(&whole)
+        );
     }
 }

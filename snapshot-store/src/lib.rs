@@ -47,10 +47,12 @@ mod error;
 mod progress;
 mod time;
 
-// What every layer file shares (names, format version, prelude), hashing,
-// snapshot names, file-system helpers.
-mod format;
+// File-system helpers (durability, holes).
 mod fsutil;
+
+// What every layer file shares (names, format version, prelude), hashing,
+// snapshot names.
+mod format;
 mod hash;
 mod name;
 

@@ -3,16 +3,14 @@
 //! force, and the file is hashed once it is complete.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
-
-use sha2::{Digest, Sha256};
 
 use super::SnapshotWriter;
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
 use crate::format::MEMORY_FILE;
-use crate::hash::hex;
+use crate::hash::{hex, sha256_open_file};
 use crate::manifest::FileEntry;
 
 /// The memory file of a layer being written out of order
@@ -87,31 +85,15 @@ impl SnapshotWriter {
     }
 
     /// Records a memory file from [`SnapshotWriter::memory_file`] once every
-    /// page is in it: hashes it (reading it back) and checks its size.
-    pub fn finish_memory_file(&mut self, mut m: MemoryFile) -> Result<()> {
+    /// page is in it: hashes it (reading back its data; holes hash as
+    /// zeros) and checks its size.
+    pub fn finish_memory_file(&mut self, m: MemoryFile) -> Result<()> {
         self.check_no_memory()?;
-        let len = m.file.metadata().ctx(&m.path, "stat")?.len();
-        if len != m.size {
-            return Err(Error::Usage(format!(
-                "memory file of snapshot '{}' is {len} bytes, {} expected",
-                self.name, m.size
-            )));
-        }
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut r = std::io::BufReader::new(&mut m.file);
-        std::io::Seek::rewind(&mut r).ctx(&m.path, "seek")?;
-        loop {
-            let n = r.read(&mut buf).ctx(&m.path, "read")?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
+        let digest = sha256_open_file(&m.file, &m.path, m.size, None)?;
         self.memory = Some((
             FileEntry {
                 size: m.size,
-                sha256: hex(&h.finalize()),
+                sha256: hex(&digest),
             },
             m.pages,
         ));

@@ -170,9 +170,40 @@ impl PageSave {
         }
     }
 
+    /// The writer's pass: claims runs of consecutive pending pages (at
+    /// most [`WRITER_RUN`]), writes them, and makes each run writable with
+    /// one `mprotect`; a page another thread is saving is waited for.
     fn run_unchecked(&self) {
-        for i in 0..self.pages.len() {
-            self.save(i, Saver::Writer);
+        let mut i = 0;
+        while i < self.pages.len() {
+            let mut end = i;
+            while end < self.pages.len()
+                && end - i < WRITER_RUN
+                && (end == i || self.pages[end] == self.pages[end - 1] + 1)
+                && self.state[end]
+                    .compare_exchange(PENDING, SAVING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                end += 1;
+            }
+            if end == i {
+                // Saved, or being saved by a faulting thread: wait for it.
+                self.save(i, Saver::Writer);
+                i += 1;
+                continue;
+            }
+            for j in i..end {
+                self.write_page(j);
+            }
+            let first = self.page_addr(self.pages[i]);
+            if let Err(e) = protect(first, (end - i) * PAGE_SIZE as usize, true) {
+                self.note_error(e);
+            }
+            self.saved[Saver::Writer as usize].fetch_add((end - i) as u64, Ordering::Relaxed);
+            for state in &self.state[i..end] {
+                state.store(SAVED, Ordering::Release);
+            }
+            i = end;
         }
     }
 
@@ -213,6 +244,16 @@ impl PageSave {
             }
             return;
         }
+        self.write_page(i);
+        if let Err(e) = protect(self.page_addr(self.pages[i]), PAGE_SIZE as usize, true) {
+            self.note_error(e);
+        }
+        self.saved[who as usize].fetch_add(1, Ordering::Relaxed);
+        state.store(SAVED, Ordering::Release);
+    }
+
+    /// Writes page `i` (claimed: SAVING) into its slot. Async-signal-safe.
+    fn write_page(&self, i: usize) {
         let page = self.pages[i];
         let addr = self.page_addr(page);
         let offset = match self.slots {
@@ -227,11 +268,6 @@ impl PageSave {
                 self.note_error(e);
             }
         }
-        if let Err(e) = protect(addr, PAGE_SIZE as usize, true) {
-            self.note_error(e);
-        }
-        self.saved[who as usize].fetch_add(1, Ordering::Relaxed);
-        state.store(SAVED, Ordering::Release);
     }
 
     fn note_error(&self, e: std::io::Error) {
@@ -261,6 +297,10 @@ fn is_zero(addr: usize) -> bool {
     let words = unsafe { std::slice::from_raw_parts(addr as *const u64, PAGE_SIZE as usize / 8) };
     words.iter().all(|&w| w == 0)
 }
+
+/// Most pages the writer claims, writes and unprotects in one go (1 MiB):
+/// a guest or device write to one of them waits for the whole run.
+const WRITER_RUN: usize = 64;
 
 /// Runs of consecutive pages: (first page, count).
 fn runs(pages: &[u64]) -> Vec<(u64, usize)> {
