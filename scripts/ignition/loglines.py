@@ -58,7 +58,10 @@ class DiskClone:
     chunks: int
     """Chunks of the whole disk."""
     reused: bool
-    """A note follows the counts: the parent's image and digests were reused."""
+    """The parent's image and digests were reused (the note says so)."""
+    copied_before_write: int
+    """256 KiB chunks the block device copied into the layer just before the guest wrote them
+    (a copy made while the guest ran); 0 otherwise."""
 
 
 def parse_disk_clone(text: str) -> DiskClone:
@@ -66,7 +69,10 @@ def parse_disk_clone(text: str) -> DiskClone:
     m = re.fullmatch(r"([^(\r\n]+?) \((\d+) of (\d+) chunks hashed(?:: ([^)]*))?\)", text.strip())
     if not m:
         raise ValueError(f"cannot parse Snapshot-disk-clone value {text!r}")
-    return DiskClone(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) is not None)
+    note = m.group(4) or ""
+    early = re.fullmatch(r"(\d+) copied before a guest write", note)
+    return DiskClone(m.group(1), int(m.group(2)), int(m.group(3)), note.startswith("unchanged"),
+                     int(early.group(1)) if early else 0)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Background snapshots on the real guest (the default with --track-dirty).
 
 The writer of a background layer is held at a gate (the test hook
-IGNITION_TEST_SNAPSHOT_GATE) while the guest and the devices change pages
-the layer must hold as they were at the pause; the restored guest must see
-them as they were. A layer whose write fails (a full file system) leaves
+IGNITION_TEST_SNAPSHOT_GATE) while the guest and the devices change pages,
+and the guest rewrites a file on its disk, all of which the layer must hold
+as they were at the pause; the restored guest must see them as they were. A layer whose write fails (a full file system) leaves
 nothing behind and loses no dirty page: the next snapshot holds them.
 """
 
@@ -42,22 +42,31 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
                  log_path=tmp_path / "bg.log") as vm:
         vm.login()
         vm.sh(f"yes before | head -c {BIG} > /dev/shm/a")
+        vm.sh(f"yes disk | head -c {BIG} > /root/d && sync")
         before = sha(vm, "/dev/shm/a")
+        on_disk = sha(vm, "/root/d")
         busybox = sha(vm, "/bin/busybox")
         for name, kind in (("bg", "full"), ("bg.2", "diff")):
             pending = vm.snapshot_start(name)
             # The guest runs; the writer waits at the gate. The guest
-            # rewrites the file, and the disk is read into freed pages.
+            # rewrites the file, the disk is read into freed pages, and a
+            # file on the disk is rewritten.
             vm.sh(f"yes {name} | head -c {BIG} > /dev/shm/a")
             vm.sh("echo 3 > /proc/sys/vm/drop_caches && cat /bin/busybox /etc/* > /dev/null 2>&1; true")
+            vm.sh(f"yes {name} | head -c {BIG} > /root/d && sync")
             assert sha(vm, "/dev/shm/a") != before
             open_gate(gate)
             snap = vm.snapshot_finish(pending, kind)
             by_guest, by_devices = snap.saved_early
             assert by_guest > 0, "no page was saved before a guest write"
             assert by_devices > 0, "no page was saved before a device write"
-            # The next layer starts from the changed RAM.
+            if snap.disk.method == "sparse copy":
+                # Copied while the guest ran: the rewrite had to wait for
+                # the chunks it reached to be copied first.
+                assert snap.disk.copied_before_write > 0, snap.disk
+            # The next layer starts from the changed RAM and disk.
             vm.sh(f"yes before | head -c {BIG} > /dev/shm/a")
+            vm.sh(f"yes disk | head -c {BIG} > /root/d && sync")
         assert vm.quit() == 0
     assert not gate.exists()
 
@@ -65,6 +74,9 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
         with Vm.restore(cfg, spec, store=store, log_path=tmp_path / f"r-{spec}.log") as vm:
             assert sha(vm, "/dev/shm/a") == before
             assert sha(vm, "/bin/busybox") == busybox
+            # From the layer's disk, not the page cache restored with RAM.
+            vm.sh("echo 3 > /proc/sys/vm/drop_caches")
+            assert sha(vm, "/root/d") == on_disk
             assert vm.quit() == 0
 
 

@@ -12,10 +12,12 @@ from ignition.vm import VmConfig
 
 def test_disk_clone_lines():
     d = loglines.parse_disk_clone("sparse copy (34 of 256 chunks hashed)")
-    assert d == loglines.DiskClone("sparse copy", 34, 256, False)
+    assert d == loglines.DiskClone("sparse copy", 34, 256, False, 0)
+    d = loglines.parse_disk_clone("sparse copy (40 of 256 chunks hashed: 3 copied before a guest write)")
+    assert d == loglines.DiskClone("sparse copy", 40, 256, False, 3)
     d = loglines.parse_disk_clone("FICLONE (0 of 256 chunks hashed: unchanged since the parent, its image and "
                                   "digests reused)")
-    assert d == loglines.DiskClone("FICLONE", 0, 256, True)
+    assert d == loglines.DiskClone("FICLONE", 0, 256, True, 0)
     for bad in ("sparse copy", "copy (x of 2 chunks hashed)", "a (b) (1 of 2 chunks hashed)"):
         with pytest.raises(ValueError):
             loglines.parse_disk_clone(bad)

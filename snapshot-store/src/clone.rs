@@ -66,8 +66,10 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<CloneMethod> {
     }
 }
 
+/// Clones `src` to the new file `dst` with the filesystem's own clone, if
+/// it has one for these files (`None`: it has not; `dst` was not made).
 #[cfg(target_os = "macos")]
-fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
+pub(crate) fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
     let to_c = |p: &Path| crate::fsutil::cstr(p).map_err(|e| Error::io(p, "clone", e));
     let (s, d) = (to_c(src)?, to_c(dst)?);
     // SAFETY: both pointers are NUL-terminated strings that outlive the
@@ -85,7 +87,7 @@ fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
 }
 
 #[cfg(target_os = "linux")]
-fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
+pub(crate) fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
     use std::os::fd::AsRawFd;
     let s = File::open(src).ctx(src, "open")?;
     let d = OpenOptions::new()
@@ -111,7 +113,7 @@ fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn native_clone(_src: &Path, _dst: &Path) -> Result<Option<CloneMethod>> {
+pub(crate) fn native_clone(_src: &Path, _dst: &Path) -> Result<Option<CloneMethod>> {
     Ok(None)
 }
 

@@ -122,4 +122,4 @@ pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
-pub use writer::{DiskClone, MemoryFile, SnapshotWriter};
+pub use writer::{CopyCounts, DiskClone, DiskCopy, MemoryFile, SnapshotWriter};

@@ -2,10 +2,12 @@
 //! durable commit. The disk's part is `writer/disk.rs`.
 
 mod disk;
+mod disk_copy;
 mod memory;
 
 pub use disk::DiskClone;
 use disk::DiskJob;
+pub use disk_copy::{CopyCounts, DiskCopy};
 pub use memory::MemoryFile;
 
 use std::fs::{File, OpenOptions};

@@ -189,9 +189,11 @@ fn holes_and_zeros_give_the_same_digests() {
         std::fs::read(b.dir.join(DISK_CHUNKS_FILE)).unwrap()
     );
     check_layer_disk(&a, &sparse);
-    assert_eq!((cd.chunks, cd.hashed), (17, 17));
-    // Where the clone keeps holes and the file system reports them, only
-    // the chunks with data are read (0, 8 and 9 here).
+    // Only the chunks with data are read (0, 8 and 9 here) where the file
+    // system reports holes: a clone keeps the source's, a copy also turns
+    // blocks of zeros into holes (so the dense image's copy is sparse too).
+    assert_eq!(cd.chunks, 17);
+    assert!(cd.hashed == 3 || cd.hashed == 17, "{cd:?}");
     eprintln!("sparse image: {cs}");
     assert!(cs.hashed == 3 || cs.hashed == 17, "{cs:?}");
     for l in ["sparse", "dense"] {

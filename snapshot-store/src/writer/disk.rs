@@ -8,12 +8,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
+use super::disk_copy::DiskCopy;
 use super::SnapshotWriter;
 use crate::chunks::{
     check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
     ChunkHasher, DISK_CHUNK_SIZE,
 };
-use crate::clone::{clone_file, CloneMethod};
+use crate::clone::{clone_file, native_clone, CloneMethod};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE};
 use crate::hash::hex;
@@ -24,6 +25,13 @@ use crate::store::Store;
 /// The disk's manifest entry: being computed (digests hashed and
 /// `disk.chunks` written on a background thread), or known (the parent's).
 pub(super) enum DiskJob {
+    /// Cloned or being copied ([`SnapshotWriter::begin_disk`]), not yet
+    /// hashed.
+    Begun {
+        method: CloneMethod,
+        copy: Option<DiskCopy>,
+        written: Option<Vec<u64>>,
+    },
     Hashing(JoinHandle<Result<DiskEntry>>),
     Known(DiskEntry),
 }
@@ -32,6 +40,14 @@ impl DiskJob {
     pub(super) fn finish(self) -> Result<DiskEntry> {
         match self {
             DiskJob::Known(e) => Ok(e),
+            DiskJob::Begun { copy, .. } => {
+                if let Some(c) = copy {
+                    c.abandon();
+                }
+                Err(Error::Usage(
+                    "the disk was begun but not completed (complete_disk)".into(),
+                ))
+            }
             DiskJob::Hashing(h) => h
                 .join()
                 .map_err(|_| Error::Usage("disk hashing thread panicked".into()))?,
@@ -53,15 +69,22 @@ pub struct DiskClone {
     /// The other chunks' digests come from the parent's `disk.chunks`, or
     /// are the digest of zeros for chunks inside holes.
     pub hashed: u64,
+    /// Chunks copied just before a write to the VM's image reached them
+    /// (a copy made while the VM ran, [`SnapshotWriter::begin_disk`]).
+    pub before_write: u64,
 }
 
 impl std::fmt::Display for DiskClone {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({} of {} chunks hashed)",
+            "{} ({} of {} chunks hashed",
             self.method, self.hashed, self.chunks
-        )
+        )?;
+        if self.before_write > 0 {
+            write!(f, ", {} copied before a write", self.before_write)?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -113,29 +136,44 @@ impl SnapshotWriter {
             .map(|d| (layer.dir.join(DISK_CHUNKS_FILE), d)))
     }
 
-    /// Clone the disk image `src` into the layer (copy-on-write where the
-    /// filesystem allows; see [`clone_file`]) and start computing its
-    /// [`DISK_CHUNK_SIZE`]-byte chunk digests and `disk.chunks` on a
-    /// background thread (joined by `commit`). `src` must not change until
-    /// this returns.
+    /// Clone the disk image `src` into the layer and start computing its
+    /// chunk digests: [`SnapshotWriter::begin_disk`] then
+    /// [`SnapshotWriter::complete_disk`], for a caller that keeps `src`
+    /// unchanged until this returns.
+    pub fn clone_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<DiskClone> {
+        if let Some(copy) = self.begin_disk(src, written)? {
+            copy.run()?;
+        }
+        self.complete_disk()
+    }
+
+    /// Begin the layer's copy of the disk image `src`: a clone where the
+    /// filesystem can make one (`clonefile`, `FICLONE`: done when this
+    /// returns; `None`), otherwise a [`DiskCopy`] that copies the image's
+    /// data chunks while the VM runs (`Some`): until
+    /// [`SnapshotWriter::complete_disk`] returns, whatever writes to `src`
+    /// must call [`DiskCopy::before_write`] first. Then
+    /// [`SnapshotWriter::complete_disk`] finishes it.
     ///
     /// `written`: the chunk indices (`offset / DISK_CHUNK_SIZE`, any order,
     /// each below the disk's chunk count) that may differ from the parent
     /// layer's disk, if the caller knows them (`None`: unknown). If it does
     /// and the parent has a disk of the same size and chunk size, only those
-    /// chunks are read from the clone; the other digests are taken from the
+    /// chunks are read back and hashed; the other digests are taken from the
     /// parent's `disk.chunks`, which is first checked against the parent's
     /// manifest. Otherwise every chunk holding data is hashed, and chunks
-    /// inside holes get the digest of zeros without being read (the holes
-    /// are found before this returns: two `lseek`s per data region).
-    /// Returns the clone method and the number of chunks hashed, for the
-    /// log.
-    pub fn clone_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<DiskClone> {
+    /// inside holes get the digest of zeros without being read.
+    pub fn begin_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<Option<DiskCopy>> {
         self.check_no_disk()?;
         let dst = self.tmp.join(DISK_FILE);
-        let method = clone_file(src, &dst)?;
-        let file = File::open(&dst).ctx(&dst, "open")?;
-        let size = file.metadata().ctx(&dst, "stat")?.len();
+        let meta = std::fs::metadata(src).ctx(src, "stat")?;
+        if !meta.is_file() {
+            return Err(Error::Usage(format!(
+                "disk image {}: not a regular file",
+                src.display()
+            )));
+        }
+        let size = meta.len();
         let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
             .map_err(|e| Error::Usage(format!("disk image {}: {e}", src.display())))?;
         let written = match written {
@@ -153,6 +191,44 @@ impl SnapshotWriter {
             }
             None => None,
         };
+        let (method, copy) = match native_clone(src, &dst)? {
+            Some(method) => (method, None),
+            None => (CloneMethod::SparseCopy, Some(DiskCopy::start(src, &dst)?)),
+        };
+        self.disk = Some(DiskJob::Begun {
+            method,
+            copy: copy.clone(),
+            written,
+        });
+        Ok(copy)
+    }
+
+    /// Finish the disk begun by [`SnapshotWriter::begin_disk`]: copy what
+    /// is left to copy, then start computing the clone's
+    /// [`DISK_CHUNK_SIZE`]-byte chunk digests and `disk.chunks` on a
+    /// background thread (joined by `commit`). Returns the clone method and
+    /// the number of chunks to hash, for the log.
+    pub fn complete_disk(&mut self) -> Result<DiskClone> {
+        let Some(DiskJob::Begun {
+            method,
+            copy,
+            written,
+        }) = self.disk.take()
+        else {
+            return Err(Error::Usage(format!(
+                "snapshot '{}': no disk begun to complete",
+                self.name
+            )));
+        };
+        let before_write = match copy {
+            Some(copy) => copy.run()?.before_write,
+            None => 0,
+        };
+        let dst = self.tmp.join(DISK_FILE);
+        let file = File::open(&dst).ctx(&dst, "open")?;
+        let size = file.metadata().ctx(&dst, "stat")?.len();
+        let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
+            .map_err(|e| Error::Usage(format!("disk image {}: {e}", dst.display())))?;
         let parent = match written {
             Some(_) => self.parent_chunks(size)?,
             None => None,
@@ -201,6 +277,7 @@ impl SnapshotWriter {
             method,
             chunks,
             hashed,
+            before_write,
         })
     }
 
@@ -237,6 +314,7 @@ impl SnapshotWriter {
             method,
             chunks,
             hashed: 0,
+            before_write: 0,
         })
     }
 }

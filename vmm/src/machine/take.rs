@@ -5,7 +5,9 @@
 //! guest's clock stops (one count for the VM, saved once); devices are idle
 //! (virtio requests complete inside the MMIO write that queued them, so none
 //! is in flight once every vCPU is parked); the machine state is encoded
-//! and the disk cloned.
+//! and the disk's copy begun: a clone where the file system has one,
+//! otherwise a copy made while the guest runs, the block device copying any
+//! chunk it is about to write first.
 //!
 //! - `stop`: the memory is written, and the layer committed (temporary
 //!   directory, fsync, rename), while the vCPUs stay parked; only then are
@@ -110,9 +112,9 @@ struct Begun {
     w: SnapshotWriter,
     state: Vec<u8>,
     diff: bool,
-    /// The disk's clone, or `None` while the parent's image is still to be
-    /// reused ([`Begun::finish_disk`]).
-    clone: Option<DiskClone>,
+    /// The disk's copy is begun (`false`: the layer reuses the parent's
+    /// image); [`finish_disk`] completes either.
+    disk_begun: bool,
     /// The disk chunks written since the parent (for a diff).
     chunks: Vec<u64>,
 }
@@ -328,25 +330,29 @@ impl<V: Vm> Snapshotter<V> {
         chunks.sort_unstable();
         chunks.dedup();
         drop(lineage);
-        let clone = if diff && chunks.is_empty() {
-            // The parent's image is immutable: cloning it can wait.
-            None
-        } else {
+        let mut blk = shared.devices.root_disk();
+        // The previous layer's copy, if any, is complete or abandoned.
+        blk.device_mut().set_before_write(None);
+        // The parent's image is immutable: cloning it can wait.
+        let disk_begun = !(diff && chunks.is_empty());
+        if disk_begun {
             // A restored VM's working disk may still be being copied.
-            shared
-                .devices
-                .root_disk()
-                .device_mut()
+            blk.device_mut()
                 .wait_ready()
                 .context("the VM's disk image is not usable")?;
-            Some(w.clone_disk(&self.disk, diff.then_some(&chunks[..]))?)
-        };
+            // Where the image cannot be cloned, it is copied while the VM
+            // runs: the block device copies a chunk before writing to it.
+            if let Some(copy) = w.begin_disk(&self.disk, diff.then_some(&chunks[..]))? {
+                blk.device_mut().set_before_write(Some(Arc::new(copy)));
+            }
+        }
+        drop(blk);
         Ok(Begun {
             name: name.to_string(),
             w,
             state: state.encode(),
             diff,
-            clone,
+            disk_begun,
             chunks,
         })
     }
@@ -383,7 +389,7 @@ impl<V: Vm> Snapshotter<V> {
             ram.size() / PAGE_SIZE
         };
         b.w.write_state(&b.state)?;
-        let clone = finish_disk(&mut b.w, b.clone.take())?;
+        let clone = finish_disk(&mut b.w, b.disk_begun)?;
         let (layer, cache) = b.w.commit_cache_later()?;
         self.shared.cache_writers.locked().push(cache);
         // The layer is durable: only now forget what was dirty.
@@ -483,7 +489,7 @@ impl<V: Vm> Snapshotter<V> {
                     mut w,
                     state,
                     diff,
-                    clone,
+                    disk_begun,
                     ..
                 } = b;
                 let written = save
@@ -492,7 +498,7 @@ impl<V: Vm> Snapshotter<V> {
                     .and_then(|counts| {
                         w.finish_memory_file(memory)?;
                         w.write_state(&state)?;
-                        let clone = finish_disk(&mut w, clone)?;
+                        let clone = finish_disk(&mut w, disk_begun)?;
                         Ok((w.commit_cache_later()?, counts, clone))
                     });
                 let mut l = lineage.locked();
@@ -583,15 +589,13 @@ fn written_layer(name: &str, diff: bool, pages: u64, took: Duration) -> Written 
     }
 }
 
-/// The disk's clone (`clone`), made now by `w` if it is the parent's image;
-/// with whether it is.
-fn finish_disk(
-    w: &mut SnapshotWriter,
-    clone: Option<DiskClone>,
-) -> anyhow::Result<(DiskClone, bool)> {
-    Ok(match clone {
-        Some(c) => (c, false),
-        None => (w.reuse_parent_disk()?, true),
+/// Completes the layer's disk: the copy begun (`begun`), or the parent's
+/// image reused; with whether it is the parent's.
+fn finish_disk(w: &mut SnapshotWriter, begun: bool) -> anyhow::Result<(DiskClone, bool)> {
+    Ok(if begun {
+        (w.complete_disk()?, false)
+    } else {
+        (w.reuse_parent_disk()?, true)
     })
 }
 
@@ -612,9 +616,11 @@ fn report(
             clone.hashed,
             clone.chunks,
             if *disk_reused {
-                ": unchanged since the parent, its image and digests reused"
+                ": unchanged since the parent, its image and digests reused".to_string()
+            } else if clone.before_write > 0 {
+                format!(": {} copied before a guest write", clone.before_write)
             } else {
-                ""
+                String::new()
             }
         ),
         format!(

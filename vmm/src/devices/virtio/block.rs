@@ -23,6 +23,7 @@ use snapshot_store::DISK_CHUNK_SIZE;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
@@ -107,6 +108,19 @@ fn usable(file: &mut BackingFile) -> Option<&File> {
     }
 }
 
+/// Told before a write request changes bytes of the disk file: a snapshot
+/// copying the image while the VM runs copies those bytes first.
+pub trait BeforeDiskWrite: Send + Sync {
+    /// Bytes `offset..offset + len` of the disk file are about to change.
+    fn before_write(&self, offset: u64, len: u64);
+}
+
+impl BeforeDiskWrite for snapshot_store::DiskCopy {
+    fn before_write(&self, offset: u64, len: u64) {
+        snapshot_store::DiskCopy::before_write(self, offset, len);
+    }
+}
+
 /// A virtio block device over a host file.
 pub struct Block {
     file: BackingFile,
@@ -118,6 +132,8 @@ pub struct Block {
     bounce: Vec<u8>,
     /// Chunks a write reached since [`Block::clear_written_chunks`].
     written: WrittenChunks,
+    /// Told before every write to the file ([`Block::set_before_write`]).
+    before_write: Option<Arc<dyn BeforeDiskWrite>>,
 }
 
 /// One bit per [`DISK_CHUNK_SIZE`]-byte chunk of the disk file: set when a
@@ -243,6 +259,7 @@ impl Block {
             config,
             bounce: vec![0; BOUNCE_LEN],
             written: WrittenChunks::new(len),
+            before_write: None,
         }
     }
 
@@ -267,6 +284,12 @@ impl Block {
     /// Forgets earlier writes (after a snapshot captured the disk durably).
     pub fn clear_written_chunks(&mut self) {
         self.written.clear();
+    }
+
+    /// Sets (or with `None` clears) what is told before each write to the
+    /// disk file.
+    pub fn set_before_write(&mut self, hook: Option<Arc<dyn BeforeDiskWrite>>) {
+        self.before_write = hook;
     }
 
     /// Whether the disk is read-only to the guest.
@@ -464,6 +487,9 @@ impl Block {
             // Marked before the write: a failed write may still have changed
             // bytes. disk_offset checked the range against the capacity.
             self.written.mark(offset + done, n as u64);
+            if let Some(hook) = &self.before_write {
+                hook.before_write(offset + done, n as u64);
+            }
             if let Err(e) = file.write_all_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: write at {}: {e}", offset + done);
                 return (S_IOERR, 0);

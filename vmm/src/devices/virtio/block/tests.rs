@@ -570,3 +570,53 @@ fn restore_checks_the_disk() {
     blk.reset();
     assert_eq!(blk.save().acked_features, 0);
 }
+
+/// Records what it is told and the file's bytes at that moment.
+struct Recorder {
+    file: File,
+    seen: std::sync::Mutex<Vec<(u64, u64, Vec<u8>)>>,
+}
+
+impl BeforeDiskWrite for Recorder {
+    fn before_write(&self, offset: u64, len: u64) {
+        let mut now = vec![0u8; len as usize];
+        self.file.read_exact_at(&mut now, offset).unwrap();
+        self.seen.lock().unwrap().push((offset, len, now));
+    }
+}
+
+#[test]
+fn the_before_write_hook_sees_each_range_before_it_changes() {
+    let ram = ram();
+    let (mut blk, f) = disk(false);
+    let hook = Arc::new(Recorder {
+        file: f.try_clone().unwrap(),
+        seen: Default::default(),
+    });
+    blk.set_before_write(Some(hook.clone()));
+    let (vq, mut q) = queue(&ram);
+    header(&ram, VIRTIO_BLK_T_OUT, 3);
+    ram.memory()
+        .write_slice(&[0xab; 1024], GuestAddress(DATA))
+        .unwrap();
+    add_chain(
+        &vq,
+        0,
+        &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
+    );
+    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    assert_eq!(status(&ram), S_OK);
+    let seen = hook.seen.lock().unwrap().clone();
+    let old: Vec<u8> = (3 * 512..3 * 512 + 1024).map(pattern).collect();
+    assert_eq!(seen, [(3 * 512, 1024, old)]);
+    // Cleared: the next write is not reported.
+    blk.set_before_write(None);
+    add_chain(
+        &vq,
+        3,
+        &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
+    );
+    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    assert_eq!(used_idx(&ram), 2, "the second write was processed");
+    assert_eq!(hook.seen.lock().unwrap().len(), 1);
+}
