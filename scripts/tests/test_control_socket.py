@@ -40,7 +40,8 @@ def test_commands(vm_and_socket, tmp_path, cfg):
 
         first = c.snapshot()
         assert (first["name"], first["kind"]) == ("c", "full")
-        assert first["pages"] == MEM * 1024 // 16
+        # With tracking from boot, a full layer holds the pages ever written.
+        assert 0 < first["pages"] < MEM * 1024 // 16
         assert c.status()["parent"] == "c"
 
         vm.sh("echo 12345 > /dev/shm/marker")

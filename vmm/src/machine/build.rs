@@ -13,7 +13,6 @@ use crate::devices::virtio::block::BackingFile;
 use crate::devices::MmioBus;
 use crate::devices::Persist;
 use crate::hv::{Hypervisor, VcpuId, Vm};
-use crate::memory::GuestRam;
 use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -164,11 +163,12 @@ fn bus(irqchip: &Irqchip, devices: &Devices, cpus: usize) -> MmioBus {
     bus
 }
 
-/// Starts tracking guest-RAM writes (`--track-dirty`), so that the next
-/// snapshot is a diff.
-pub(super) fn start_dirty_tracking<V: Vm>(vm: &V, ram: &GuestRam) -> anyhow::Result<()> {
+/// Starts tracking guest-RAM writes (`--track-dirty`). What the VMM wrote
+/// into RAM before (a fresh VM's kernel, device tree and initrd, loaded into
+/// RAM that was zero; a restored VM's new generation ID) stays marked: a
+/// fresh VM's first (full) layer then holds exactly the pages ever written,
+/// and a restored VM's first diff holds what changed since its layer.
+pub(super) fn start_dirty_tracking<V: Vm>(vm: &V) -> anyhow::Result<()> {
     vm.rearm_dirty_tracking()
-        .context("cannot start dirty tracking")?;
-    ram.vmm_dirty().reset();
-    Ok(())
+        .context("cannot start dirty tracking")
 }

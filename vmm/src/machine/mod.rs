@@ -85,7 +85,7 @@ where
     let plan = config::plan(&hv, cfg, t0, &mut stages)?;
     let m = build::build(&hv, plan, &mut stages)?;
     if cfg.snapshots.track_dirty {
-        build::start_dirty_tracking(&*m.vm, &m.shared.ram)?;
+        build::start_dirty_tracking(&*m.vm)?;
     }
     let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
     let snapshotter = Arc::new(Mutex::new(take::Snapshotter::new(

@@ -12,7 +12,8 @@
 //! - `stop`: the memory is written, and the layer committed (temporary
 //!   directory, fsync, rename), while the vCPUs stay parked; only then are
 //!   the dirty bitmaps cleared and write protection re-armed.
-//! - `background`: the layer's pages (a diff's dirty pages, or all of RAM)
+//! - `background`: the layer's pages (those written since the parent, or
+//!   for a full layer since the VM started; all of RAM without tracking)
 //!   are write-protected for a [`PageSave`], dirty tracking is re-armed for
 //!   the next layer, and the vCPUs resume; a writer thread then saves the
 //!   pages (any page the guest or a device is about to change is saved
@@ -357,8 +358,9 @@ impl<V: Vm> Snapshotter<V> {
         })
     }
 
-    /// The pages a diff holds: dirtied by the guest or the VMM since the
-    /// parent, and those of a failed background layer.
+    /// The pages written by the guest or the VMM since the parent (or, for
+    /// a full layer, since the VM started), and those of a failed
+    /// background layer: what a layer written with tracking holds.
     fn dirty_pages(&self) -> anyhow::Result<Vec<u64>> {
         let mut pages = self.vm.dirty_pages()?;
         pages.extend(self.shared.ram.vmm_dirty_pages());
@@ -446,7 +448,11 @@ impl<V: Vm> Snapshotter<V> {
     fn start_background(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<()> {
         let mut b = self.begin(name, vcpus)?;
         let ram = self.shared.ram.clone();
-        let pages: Vec<u64> = if b.diff {
+        // Tracked since the VM started, the pages written so far are a
+        // diff's, or a full layer's (every other page is still zero, a hole
+        // in the layer): see `build::start_dirty_tracking`.
+        let tracked = self.lineage.locked().track_dirty;
+        let pages: Vec<u64> = if tracked {
             self.dirty_pages()?
         } else {
             (0..ram.size() / PAGE_SIZE).collect()
@@ -466,10 +472,9 @@ impl<V: Vm> Snapshotter<V> {
         // belongs to the next layer. Without re-armed protection, guest
         // writes would not wait for their page to be saved, so the pages
         // are written now, before the guest runs.
-        let tracking = self.lineage.locked().track_dirty;
         self.restart_tracking(None);
-        let mut carry = (b.diff.then(|| save.pages().to_vec()), b.chunks.clone());
-        if !tracking || !self.lineage.locked().track_dirty {
+        let mut carry = (tracked.then(|| save.pages().to_vec()), b.chunks.clone());
+        if !tracked || !self.lineage.locked().track_dirty {
             save.run().context("cannot write the layer's pages")?;
         }
         let lineage = self.lineage.clone();

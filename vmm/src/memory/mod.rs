@@ -2,12 +2,15 @@
 //! backend (which maps it into the guest) and the devices (which reach it
 //! through vm-memory, so every VMM write is recorded in a dirty bitmap).
 //!
-//! Every page bitmap of guest RAM (the VMM's writes here, the guest's writes
-//! and write protection in the backends) is vm-memory's [`AtomicBitmap`] with
-//! one bit per 16 KiB page ([`PAGE_SIZE`]), made by [`page_bitmap`].
+//! Page bitmaps of guest RAM have one bit per 16 KiB page ([`PAGE_SIZE`]):
+//! the VMM's writes are recorded in vm-memory's [`AtomicBitmap`] (made by
+//! [`page_bitmap`]), the guest's writes and write protection in the
+//! backends' [`PageBitmap`]s.
 
+mod bitmap;
 mod save;
 
+pub use bitmap::PageBitmap;
 pub use save::{PageSave, SaveCounts, SaveError, Slots};
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
@@ -132,9 +135,9 @@ impl GuestRam {
         self.map.len() as u64
     }
 
-    /// A clear [`page_bitmap`] covering this RAM.
-    pub fn page_bitmap(&self) -> AtomicBitmap {
-        page_bitmap(self.map.len())
+    /// A clear [`PageBitmap`] covering this RAM.
+    pub fn page_bitmap(&self) -> PageBitmap {
+        PageBitmap::new(self.map.len() / PAGE_SIZE as usize)
     }
 
     /// RAM's guest-physical range.

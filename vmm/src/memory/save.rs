@@ -63,9 +63,6 @@ pub enum SaveError {
     /// mapping that has had a save).
     #[error("too many guest RAM mappings with a background save ({SLOTS} at most)")]
     NoSlot,
-    /// Changing the host mapping's protection failed.
-    #[error("cannot change the protection of guest RAM: {0}")]
-    Protect(#[source] std::io::Error),
     /// Installing the fault handler failed.
     #[error("cannot install the fault handler: {0}")]
     Handler(#[source] std::io::Error),
@@ -151,9 +148,16 @@ impl PageSave {
         SLOT_TABLE[slot].replace(Some(save.clone()));
         for (first, count) in runs(&save.pages) {
             if let Err(e) = protect(save.page_addr(first), count * PAGE_SIZE as usize, false) {
-                // Nothing may stay read-only: let the writer path undo it.
+                // Each run is a mapping of its own until it is writable
+                // again, so very scattered pages can exceed the host's limit
+                // (ENOMEM, vm.max_map_count on Linux). Save every page now,
+                // while nothing writes RAM, which also undoes the protection.
+                tracing::warn!(
+                    "cannot write-protect the layer's {} pages ({e}): saving them before the guest resumes",
+                    save.pages.len()
+                );
                 save.run_unchecked();
-                return Err(SaveError::Protect(e));
+                break;
             }
         }
         Ok(save)

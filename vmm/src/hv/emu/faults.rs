@@ -300,14 +300,14 @@ impl HookState {
         match self.vm.classify(pa) {
             PaKind::Ram(page) => {
                 let page = page as usize;
-                if perms.write && self.vm.wp.is_bit_set(page) {
+                if perms.write && self.vm.wp.is_set(page) {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
                         // marks it and unprotects it; the store then completes
                         // (after a background snapshot has saved the page).
                         self.vm.ram.before_guest_write(page as u64);
-                        self.vm.dirty.set_bit(page);
-                        self.vm.wp.reset_bit(page);
+                        self.vm.dirty.set(page);
+                        self.vm.wp.clear(page);
                     } else {
                         perms.write = false;
                     }
@@ -430,7 +430,7 @@ impl HookState {
         let n = d.size as usize;
         if write {
             self.vm.ram.before_guest_write(page);
-            self.vm.dirty.set_bit(page as usize);
+            self.vm.dirty.set(page as usize);
         }
         for (i, rt) in regs.iter().flatten().enumerate() {
             let at = vm_memory::GuestAddress(t.pa + i as u64 * size);

@@ -7,13 +7,12 @@ use super::vcpu::EmuVcpu;
 use super::{mmu, timer};
 use crate::arch::layout::{self, MmioAccess, MmioRegion, MMIO_REGIONS, PAGE_SIZE, RAM_BASE};
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, RunRequest, VcpuId, Vm};
-use crate::memory::{marked_pages, GuestRam};
+use crate::memory::{GuestRam, PageBitmap};
 use crate::sync::Locked;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use unicorn_engine::uc_error;
-use vm_memory::bitmap::AtomicBitmap;
 
 // Attention bits of a vCPU: set from any thread, acted on by the vCPU at its
 // next block boundary (the block hook stops the engine) or run entry.
@@ -116,9 +115,9 @@ pub(crate) struct VmShared {
     pub(super) host: usize,
     pub(super) ram_size: u64,
     /// Write-protected pages (dirty tracking armed).
-    pub(crate) wp: AtomicBitmap,
+    pub(crate) wp: PageBitmap,
     /// Pages written since they were protected.
-    pub(crate) dirty: AtomicBitmap,
+    pub(crate) dirty: PageBitmap,
     /// Physical count 0.
     pub(crate) epoch: Instant,
     /// The VM's counter offset ([`Vm::counter_offset`]).
@@ -312,15 +311,16 @@ impl Vm for EmuVm {
                 detail: format!("range {gpa:#x}+{size:#x} is not page-aligned RAM"),
             });
         }
-        let (offset, len) = ((gpa - RAM_BASE) as usize, size as usize);
+        let first = ((gpa - RAM_BASE) / PAGE_SIZE) as usize;
+        let count = (size / PAGE_SIZE) as usize;
         match prot {
             Prot::ReadExec => {
-                vm.wp.set_addr_range(offset, len);
+                vm.wp.set_range(first, count);
                 // Writable TLB entries must go before the guest runs again.
                 vm.broadcast(ATTN_TLB, None);
             }
             // Read-only TLB entries refill as writable on the next store.
-            Prot::ReadWriteExec => vm.wp.reset_addr_range(offset, len),
+            Prot::ReadWriteExec => vm.wp.clear_range(first, count),
         }
         Ok(())
     }
@@ -328,12 +328,12 @@ impl Vm for EmuVm {
     /// Clears the dirty bitmap and withholds write permission for all of RAM
     /// (a bitmap fill plus a TLB flush request to every vCPU).
     fn rearm_dirty_tracking(&self) -> Result<()> {
-        self.shared.dirty.reset();
+        self.shared.dirty.clear_all();
         self.protect(RAM_BASE, self.shared.ram_size, Prot::ReadExec)
     }
 
     fn dirty_pages(&self) -> Result<Vec<u64>> {
-        Ok(marked_pages(&self.shared.dirty))
+        Ok(self.shared.dirty.marked())
     }
 
     fn counter_frequency(&self) -> u64 {

@@ -5,7 +5,7 @@ use super::gic;
 use super::vcpu::HvfVcpu;
 use crate::arch::layout::{RamRange, MAX_VCPUS, PAGE_SIZE};
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
-use crate::memory::{marked_pages, GuestRam};
+use crate::memory::{GuestRam, PageBitmap};
 use applevisor::error::HypervisorError;
 use applevisor::vm::{GicDisabled, VirtualMachine, VirtualMachineInstance};
 use applevisor_sys::{
@@ -15,7 +15,6 @@ use applevisor_sys::{
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use vm_memory::bitmap::AtomicBitmap;
 
 /// What to do when Hypervisor.framework answers `HV_DENIED`.
 pub const SIGN_HINT: &str = "Hypervisor.framework denied access (HV_DENIED): the binary needs the \
@@ -205,7 +204,7 @@ impl Hypervisor for HvfHypervisor {
 /// RAM is unmapped from the guest before the VM handle and the RAM go.
 pub(super) struct VmShared {
     /// Pages the guest wrote since the last [`Vm::dirty_pages`].
-    pub(super) dirty: AtomicBitmap,
+    pub(super) dirty: PageBitmap,
     /// Sticky: RAM has been write-protected at least once, so permission
     /// faults in RAM are dirty-page faults (also those that arrive after
     /// tracking stopped).
@@ -266,12 +265,11 @@ impl VmShared {
     /// [`Vm::dirty_pages`] either sees the mark or re-protects the
     /// page after it.
     pub(super) fn write_fault(&self, page: u64) -> Result<()> {
-        // `page` is in RAM (decided so); `set_bit` ignores anything else.
+        // `page` is in RAM (decided so); `set` ignores anything else.
         let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
         // A background snapshot saves the page before the guest changes it.
         self.ram.before_guest_write(index);
-        self.dirty
-            .set_bit(usize::try_from(index).unwrap_or(usize::MAX));
+        self.dirty.set(usize::try_from(index).unwrap_or(usize::MAX));
         self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))
     }
 }
@@ -338,12 +336,12 @@ impl Vm for HvfVm {
         self.shared
             .write_protect_armed
             .store(true, Ordering::Release);
-        self.shared.dirty.reset();
+        self.shared.dirty.clear_all();
         self.shared.protect_all(Prot::ReadExec)
     }
 
     fn dirty_pages(&self) -> Result<Vec<u64>> {
-        Ok(marked_pages(&self.shared.dirty))
+        Ok(self.shared.dirty.marked())
     }
 
     /// The host timebase frequency (CNTFRQ_EL0 as the guest reads it).
