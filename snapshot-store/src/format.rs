@@ -48,7 +48,7 @@ pub struct FormatVersion {
 }
 
 /// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 2, minor: 0 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 3, minor: 0 };
 
 impl FormatVersion {
     /// Check that this reader can read a file of version `self`.

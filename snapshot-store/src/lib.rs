@@ -101,7 +101,10 @@ pub use format::{
     FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
     MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
 };
-pub use hash::{hex, sha256, Sha256Digest, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
+pub use hash::{
+    hex, memory_digest, sha256, MemoryDigest, Sha256Digest, MEMORY_CHUNK_SIZE, PROGRESS_MIN_BYTES,
+    PROGRESS_STEP_BYTES,
+};
 pub use layer::{Chain, Layer, LayerMeta};
 pub use manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,

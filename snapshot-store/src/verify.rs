@@ -12,7 +12,7 @@ use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
 use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk};
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use crate::hash::{hex, sha256_open_file};
+use crate::hash::{hex, memory_digest_file, sha256_open_file};
 use crate::layer::{check_link, Chain, Layer};
 use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::progress::ProgressFn;
@@ -75,6 +75,8 @@ pub struct VerifyReport {
 enum Check {
     /// The sha256 of the whole file equals the job's `expect`.
     File,
+    /// `memory.bin`: its [`crate::MemoryDigest`] equals the job's `expect`.
+    Memory,
     /// `disk.chunks`: well-formed, agrees with the manifest's disk entry,
     /// and its digest list hashes to `expect`.
     ChunkList(DiskEntry),
@@ -190,7 +192,7 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         file: MEMORY_FILE,
         size: m.memory.size,
         expect: m.memory.sha256.clone(),
-        check: Check::File,
+        check: Check::Memory,
         owner,
         stamp: Stamp::of(&meta),
     });
@@ -282,8 +284,12 @@ fn hash_job(
         return Err(Error::corrupt(&job.path, "not a regular file"));
     }
     match &job.check {
-        Check::File => {
-            let found = hex(&sha256_open_file(&f, &job.path, job.size, progress)?);
+        Check::File | Check::Memory => {
+            let found = hex(&if matches!(job.check, Check::Memory) {
+                memory_digest_file(&f, &job.path, job.size, progress)?
+            } else {
+                sha256_open_file(&f, &job.path, job.size, progress)?
+            });
             if found != job.expect {
                 return Err(Error::corrupt(
                     &job.path,

@@ -21,7 +21,7 @@ use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
-use crate::hash::{hex, sha256};
+use crate::hash::{hex, memory_digest, sha256, MemoryDigest};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
 use crate::manifest::FileEntry;
 use crate::name::validate_name;
@@ -219,8 +219,8 @@ impl SnapshotWriter {
 
     /// Write the full RAM image: `ram` is all of guest RAM (`ram_size`
     /// bytes). Only for layers without a parent. Zero pages are left as
-    /// holes. The sha256 is computed on a second thread while the file is
-    /// written.
+    /// holes. The digest ([`crate::MemoryDigest`]) is computed on a second
+    /// thread while the file is written.
     pub fn write_full_memory(&mut self, ram: &[u8]) -> Result<()> {
         self.check_no_memory()?;
         if self.meta.parent.is_some() {
@@ -240,7 +240,7 @@ impl SnapshotWriter {
         let page = usize::try_from(self.meta.page_size)
             .map_err(|_| Error::Usage("page size does not fit in memory".into()))?;
         let digest = std::thread::scope(|s| {
-            let hasher = s.spawn(|| sha256(ram));
+            let hasher = s.spawn(|| memory_digest(ram));
             let written = write_sparse(&mut f, ram, page).ctx(&path, "write");
             let digest = hasher.join();
             written?;
@@ -291,11 +291,11 @@ impl SnapshotWriter {
         bufs.extend(pages.iter().map(|&(_, d)| d));
         let digest = std::thread::scope(|s| {
             let hasher = s.spawn(|| {
-                let mut h = Sha256::new();
+                let mut h = MemoryDigest::new();
                 for b in &bufs {
                     h.update(b);
                 }
-                <[u8; 32]>::from(h.finalize())
+                h.finish()
             });
             let written = write_all_vectored(&mut f, &path, &bufs);
             let digest = hasher.join();

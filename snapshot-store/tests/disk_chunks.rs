@@ -259,22 +259,26 @@ fn a_damaged_parent_list_is_refused() {
 }
 
 #[test]
-fn version_1_layers_are_refused() {
+fn layers_of_older_major_versions_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::create(dir.path().join("s")).unwrap();
     let ram = vec![0u8; 4 * PS as usize];
     let g = full(&s, "g", &ram, b"g", None);
     make_writable(s.root());
-    // What a 1.0 writer wrote: the same fields, version 1.0, resealed.
-    let mut m = g.manifest.clone();
-    m.format = snapshot_store::FormatVersion { major: 1, minor: 0 };
-    m.seal();
-    std::fs::write(g.dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
-    let e = s.resolve("g").unwrap_err().to_string();
-    assert!(
-        e.contains("manifest.json") && e.contains("format version 1.0 is not readable"),
-        "{e}"
-    );
+    // What a 1.0 or 2.0 writer wrote: the same fields, resealed (2.0 hashed
+    // memory.bin whole; 1.0 also disk.img).
+    for major in [1, 2] {
+        let mut m = g.manifest.clone();
+        m.format = snapshot_store::FormatVersion { major, minor: 0 };
+        m.seal();
+        std::fs::write(g.dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
+        let e = s.resolve("g").unwrap_err().to_string();
+        assert!(
+            e.contains("manifest.json")
+                && e.contains(&format!("format version {major}.0 is not readable")),
+            "{e}"
+        );
+    }
 }
 
 /// Timing printout (not asserted): a diff re-hashing one chunk of a 64 MiB

@@ -10,7 +10,7 @@ use super::SnapshotWriter;
 use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
 use crate::format::MEMORY_FILE;
-use crate::hash::{hex, sha256_open_file};
+use crate::hash::{hex, memory_digest_file};
 use crate::manifest::FileEntry;
 
 /// The memory file of a layer being written out of order
@@ -85,11 +85,11 @@ impl SnapshotWriter {
     }
 
     /// Records a memory file from [`SnapshotWriter::memory_file`] once every
-    /// page is in it: hashes it (reading back its data; holes hash as
-    /// zeros) and checks its size.
+    /// page is in it: computes its [`crate::MemoryDigest`] (reading back its
+    /// data; holes are not read) and checks its size.
     pub fn finish_memory_file(&mut self, m: MemoryFile) -> Result<()> {
         self.check_no_memory()?;
-        let digest = sha256_open_file(&m.file, &m.path, m.size, None)?;
+        let digest = memory_digest_file(&m.file, &m.path, m.size, None)?;
         self.memory = Some((
             FileEntry {
                 size: m.size,
