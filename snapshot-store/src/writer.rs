@@ -162,6 +162,23 @@ fn write_all_vectored(f: &mut File, path: &Path, bufs: &[&[u8]]) -> Result<()> {
     Ok(())
 }
 
+/// Writes `bufs` (a diff's prefix, then its pages) one after the other to
+/// the empty file `f`, leaving pages of zeros as holes, and makes the file
+/// `size` bytes long.
+fn write_diff_sparse(f: &mut File, path: &Path, bufs: &[&[u8]], size: u64) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut at = 0u64;
+    for run in bufs.chunk_by(|a, b| is_zero(a) == is_zero(b)) {
+        let len: u64 = run.iter().map(|b| b.len() as u64).sum();
+        if !is_zero(run[0]) {
+            f.seek(SeekFrom::Start(at)).ctx(path, "seek")?;
+            write_all_vectored(f, path, run)?;
+        }
+        at += len;
+    }
+    f.set_len(size).ctx(path, "set length")
+}
+
 /// Writes `data` to the empty file `f`, leaving its all-zero `page`-byte
 /// pages as holes (they read as zero; the file ends up `data.len()` long).
 fn write_sparse(f: &mut File, data: &[u8], page: usize) -> std::io::Result<()> {
@@ -289,6 +306,7 @@ impl SnapshotWriter {
         let mut bufs: Vec<&[u8]> = Vec::with_capacity(pages.len() + 1);
         bufs.push(&prefix);
         bufs.extend(pages.iter().map(|&(_, d)| d));
+        let size = prefix.len() as u64 + index.len() as u64 * ps;
         let digest = std::thread::scope(|s| {
             let hasher = s.spawn(|| {
                 let mut h = MemoryDigest::new();
@@ -297,12 +315,11 @@ impl SnapshotWriter {
                 }
                 h.finish()
             });
-            let written = write_all_vectored(&mut f, &path, &bufs);
+            let written = write_diff_sparse(&mut f, &path, &bufs, size);
             let digest = hasher.join();
             written?;
             digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
         })?;
-        let size = prefix.len() as u64 + index.len() as u64 * ps;
         self.memory = Some((
             FileEntry {
                 size,

@@ -449,3 +449,32 @@ fn full_layers_leave_zero_pages_as_holes() {
     );
     verify_chain(&s.resolve("sparse").unwrap()).unwrap();
 }
+
+#[test]
+fn zero_pages_of_a_diff_are_holes_that_restore_as_zeros() {
+    use std::os::unix::fs::MetadataExt;
+    let (_d, s) = store();
+    let n = 64usize;
+    let mut ram = vec![0u8; n * PS as usize];
+    Rng(3).fill(&mut ram);
+    let g = full(&s, "g", &ram, b"g", None);
+    // Pages 1..=48 become zero, page 50 changes.
+    for p in 1..=48 {
+        ram[p * PS as usize..(p + 1) * PS as usize].fill(0);
+    }
+    ram[50 * PS as usize] ^= 0xff;
+    let dirty: Vec<u64> = (1..=48).chain([50]).collect();
+    let d = diff(&s, "d", &g, &ram, &dirty, b"d", None);
+    let m = std::fs::metadata(d.memory_path()).unwrap();
+    assert!(
+        m.blocks() * 512 < 16 * PS,
+        "zero pages were written: {} bytes allocated of {}",
+        m.blocks() * 512,
+        m.len()
+    );
+    let chain = s.resolve("d").unwrap();
+    verify_chain(&chain).unwrap();
+    let mut restored = snapshot_store::map_base_memory(chain.base()).unwrap();
+    snapshot_store::overlay_diffs(&mut restored, &chain.layers()[1..]).unwrap();
+    assert!(restored[..] == ram[..]);
+}

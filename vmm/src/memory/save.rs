@@ -38,8 +38,7 @@ const SAVED: u8 = 2;
 /// Where each page goes in the layer's memory file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Slots {
-    /// A RAM image: page `p` at byte `p * PAGE_SIZE`. The file must already
-    /// have RAM's size: zero pages are left unwritten (holes, read as zero).
+    /// A RAM image: page `p` at byte `p * PAGE_SIZE`.
     Image,
     /// Packed: the `i`th page of the set at `data_offset + i * PAGE_SIZE`.
     Packed {
@@ -107,7 +106,9 @@ pub struct PageSave {
 
 impl PageSave {
     /// Starts saving `pages` (indices of 16 KiB pages from the start of RAM,
-    /// strictly increasing) of `ram` into `file` at `slots`: makes their host
+    /// strictly increasing) of `ram` into `file` at `slots` (the file must
+    /// have its final size already: zero pages are left unwritten, holes
+    /// that read as zero): makes their host
     /// mapping read-only and registers the save for the fault handler and
     /// [`GuestRam::before_guest_write`]. Call while nothing writes guest RAM
     /// (every vCPU parked, devices quiesced), and make the backend
@@ -264,10 +265,9 @@ impl PageSave {
             Slots::Image => page * PAGE_SIZE,
             Slots::Packed { data_offset } => data_offset + i as u64 * PAGE_SIZE,
         };
-        // A RAM image is created at its full size, so a zero page is a hole
-        // that needs no write (a packed slot must be written).
-        let hole = self.slots == Slots::Image && is_zero(addr);
-        if !hole {
+        // The file is created at its full size, so a zero page is a hole
+        // that needs no write.
+        if !is_zero(addr) {
             if let Err(e) = pwrite_all(self.file.as_raw_fd(), addr, offset) {
                 self.note_error(e);
             }
@@ -640,22 +640,32 @@ mod tests {
     }
 
     #[test]
-    fn zero_pages_of_an_image_stay_holes() {
+    fn zero_pages_stay_holes_in_both_layouts() {
         use std::os::unix::fs::MetadataExt;
-        let ram = Arc::new(GuestRam::new_anonymous(64 * PAGE_SIZE).unwrap());
-        poke(&ram, 3, 9);
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(64 * PAGE_SIZE).unwrap();
-        let pages: Vec<u64> = (0..64).collect();
-        let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image).unwrap();
-        save.run().unwrap();
-        let mut expect = vec![0; PS];
-        expect[100] = 9;
-        assert_eq!(page_of(&file, 3 * PAGE_SIZE), expect);
-        assert_eq!(page_of(&file, 4 * PAGE_SIZE), vec![0; PS]);
-        // One page's data (file systems without holes would hold all 64).
-        let bytes = file.metadata().unwrap().blocks() * 512;
-        assert!(bytes <= 4 * PAGE_SIZE, "{bytes} bytes allocated");
+        for (slots, base) in [
+            (Slots::Image, 0),
+            (
+                Slots::Packed {
+                    data_offset: PAGE_SIZE,
+                },
+                PAGE_SIZE,
+            ),
+        ] {
+            let ram = Arc::new(GuestRam::new_anonymous(64 * PAGE_SIZE).unwrap());
+            poke(&ram, 3, 9);
+            let file = tempfile::tempfile().unwrap();
+            file.set_len(base + 64 * PAGE_SIZE).unwrap();
+            let pages: Vec<u64> = (0..64).collect();
+            let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), slots).unwrap();
+            save.run().unwrap();
+            let mut expect = vec![0; PS];
+            expect[100] = 9;
+            assert_eq!(page_of(&file, base + 3 * PAGE_SIZE), expect);
+            assert_eq!(page_of(&file, base + 4 * PAGE_SIZE), vec![0; PS]);
+            // One page's data (file systems without holes would hold all 64).
+            let bytes = file.metadata().unwrap().blocks() * 512;
+            assert!(bytes <= 4 * PAGE_SIZE, "{slots:?}: {bytes} bytes allocated");
+        }
     }
 
     #[test]
