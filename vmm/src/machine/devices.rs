@@ -137,6 +137,20 @@ impl Devices {
     pub(super) fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
         self.blk.locked()
     }
+
+    /// Holds every device that writes guest RAM (its DMA: virtqueue
+    /// buffers and used rings) until the result is dropped; a vCPU or host
+    /// thread that reaches one meanwhile waits.
+    pub(super) fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
+        RamWritersHeld {
+            _blk: self.blk.locked(),
+        }
+    }
+}
+
+/// The devices that write guest RAM, held ([`Devices::hold_ram_writers`]).
+pub(super) struct RamWritersHeld<'a> {
+    _blk: MutexGuard<'a, VirtioMmio<Block>>,
 }
 
 impl Persist for Devices {

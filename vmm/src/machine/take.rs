@@ -227,6 +227,9 @@ impl<V: Vm> Snapshotter<V> {
             Ok(None) => {
                 if let Some(w) = self.shared.snapshot_writer.locked().as_mut() {
                     w.pause_us = pause_us;
+                    // The writer starts once the guest runs, not competing
+                    // with the resume for this host's CPUs.
+                    w.go = None;
                 }
                 Ok(None)
             }
@@ -467,7 +470,7 @@ impl<V: Vm> Snapshotter<V> {
             .try_clone()
             .context("cannot share the memory file with the page saver")?;
         let save = PageSave::start(&ram, pages, file, slots)
-            .context("cannot write-protect the layer's pages")?;
+            .context("cannot start saving the layer's pages")?;
         // The layer's pages are captured: what the guest writes from now on
         // belongs to the next layer. Without re-armed protection, guest
         // writes would not wait for their page to be saved, so the pages
@@ -480,10 +483,23 @@ impl<V: Vm> Snapshotter<V> {
         let lineage = self.lineage.clone();
         let shared = self.shared.clone();
         let gate = self.test_gate.clone();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("snapshot-writer".into())
             .spawn(move || {
+                // Released (the sender dropped) once the vCPUs run again.
+                let _ = wait.recv();
                 let t = Instant::now();
+                // Before a device writes RAM again, the host mapping must
+                // catch its writes to pages not saved yet; protecting them
+                // takes too long to be done with the vCPUs stopped.
+                let held = shared.devices.hold_ram_writers();
+                save.protect();
+                drop(held);
+                console::message(&format!(
+                    "Snapshot-device-hold-time = {} us",
+                    t.elapsed().as_micros()
+                ));
                 if let Some(gate) = gate {
                     while std::fs::remove_file(&gate).is_err() {
                         std::thread::sleep(Duration::from_millis(10));
@@ -545,6 +561,7 @@ impl<V: Vm> Snapshotter<V> {
         *self.shared.snapshot_writer.locked() = Some(BackgroundWriter {
             thread,
             pause_us: 0,
+            go: Some(go),
         });
         Ok(())
     }
@@ -555,12 +572,15 @@ pub(super) struct BackgroundWriter {
     thread: std::thread::JoinHandle<Result<Written, String>>,
     /// The snapshot's pause, once it is over.
     pause_us: u64,
+    /// Dropped to let the thread start.
+    go: Option<std::sync::mpsc::Sender<()>>,
 }
 
 /// Waits for the background layer being written, if any (`say`: tells the
 /// console when that takes a while), and returns how it went.
 pub(super) fn finish_background(shared: &Shared, say: bool) -> Option<Result<Written, String>> {
-    let w = shared.snapshot_writer.locked().take()?;
+    let mut w = shared.snapshot_writer.locked().take()?;
+    w.go = None;
     if say && !w.thread.is_finished() {
         console::message("[snapshot] waiting for the previous snapshot to be written");
     }

@@ -108,11 +108,11 @@ impl PageSave {
     /// Starts saving `pages` (indices of 16 KiB pages from the start of RAM,
     /// strictly increasing) of `ram` into `file` at `slots` (the file must
     /// have its final size already: zero pages are left unwritten, holes
-    /// that read as zero): makes their host
-    /// mapping read-only and registers the save for the fault handler and
+    /// that read as zero): registers the save for the fault handler and
     /// [`GuestRam::before_guest_write`]. Call while nothing writes guest RAM
     /// (every vCPU parked, devices quiesced), and make the backend
-    /// write-protect RAM for the guest before it runs again. Then call
+    /// write-protect RAM for the guest before it runs again. Before the VMM
+    /// writes guest RAM again, call [`PageSave::protect`]; then
     /// [`PageSave::run`], holding `ram` until it returns (the save uses its
     /// mapping; dropping the `GuestRam` retires its latest save).
     pub fn start(
@@ -147,21 +147,51 @@ impl PageSave {
         // Registered before anything is protected, so that no fault finds a
         // protected page without its save.
         SLOT_TABLE[slot].replace(Some(save.clone()));
-        for (first, count) in runs(&save.pages) {
-            if let Err(e) = protect(save.page_addr(first), count * PAGE_SIZE as usize, false) {
+        Ok(save)
+    }
+
+    /// Makes the pages still pending read-only in the host mapping, so that
+    /// a VMM thread's write to one faults and saves it first. Guest writes
+    /// are the backend's to catch (they may go on meanwhile: a page a vCPU
+    /// saved first is made writable again). Call with no VMM thread
+    /// writing guest RAM (the devices held); the cost is the kernel's, per
+    /// page table entry (about 2 ms for 80 MiB here), which is why it is not
+    /// done while the vCPUs are stopped.
+    pub fn protect(&self) {
+        let pending: Vec<u64> = self
+            .pages
+            .iter()
+            .zip(self.state.iter())
+            .filter(|(_, s)| s.load(Ordering::Acquire) == PENDING)
+            .map(|(&p, _)| p)
+            .collect();
+        for (first, count) in runs(&pending) {
+            if let Err(e) = protect(self.page_addr(first), count * PAGE_SIZE as usize, false) {
                 // Each run is a mapping of its own until it is writable
                 // again, so very scattered pages can exceed the host's limit
                 // (ENOMEM, vm.max_map_count on Linux). Save every page now,
-                // while nothing writes RAM, which also undoes the protection.
+                // while no VMM thread writes RAM, which also undoes the
+                // protection.
                 tracing::warn!(
-                    "cannot write-protect the layer's {} pages ({e}): saving them before the guest resumes",
-                    save.pages.len()
+                    "cannot write-protect the layer's {} pages ({e}): saving them before the devices run",
+                    self.pages.len()
                 );
-                save.run_unchecked();
-                break;
+                self.run_unchecked();
+                return;
+            }
+            // A vCPU may have saved a page of the run just before it was
+            // protected: make it writable again (a page still being saved
+            // is made writable by its saver, or by the next fault on it).
+            let i = self.find(first).expect("run of the set");
+            for j in i..i + count {
+                if self.state[j].load(Ordering::Acquire) == SAVED {
+                    if let Err(e) = protect(self.page_addr(self.pages[j]), PAGE_SIZE as usize, true)
+                    {
+                        self.note_error(e);
+                    }
+                }
             }
         }
-        Ok(save)
     }
 
     /// Saves every page not saved yet, in order, and returns who saved how
@@ -246,6 +276,11 @@ impl PageSave {
         {
             while state.load(Ordering::Acquire) != SAVED {
                 std::hint::spin_loop();
+            }
+            // Saved by another thread, which made it writable; but
+            // [`PageSave::protect`] may have protected it again since.
+            if let Err(e) = protect(self.page_addr(self.pages[i]), PAGE_SIZE as usize, true) {
+                self.note_error(e);
             }
             return;
         }
@@ -610,6 +645,7 @@ mod tests {
             Slots::Image,
         )
         .unwrap();
+        save.protect();
         // A VMM thread writes pending pages (faults, saved first), a page
         // outside the set (no fault), and a vCPU's write is announced.
         poke(&ram, 2, 0xee);
@@ -657,6 +693,7 @@ mod tests {
             file.set_len(base + 64 * PAGE_SIZE).unwrap();
             let pages: Vec<u64> = (0..64).collect();
             let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), slots).unwrap();
+            save.protect();
             save.run().unwrap();
             let mut expect = vec![0; PS];
             expect[100] = 9;
@@ -679,6 +716,7 @@ mod tests {
             Slots::Packed { data_offset: 512 },
         )
         .unwrap();
+        save.protect();
         poke(&ram, 6, 0);
         save.run().unwrap();
         assert_eq!(page_of(&file, 512), vec![3; PS]);
@@ -692,6 +730,7 @@ mod tests {
         file.set_len(64 * PAGE_SIZE).unwrap();
         let pages: Vec<u64> = (0..64).collect();
         let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image).unwrap();
+        save.protect();
         std::thread::scope(|s| {
             for t in 0..2u8 {
                 let ram = ram.clone();
@@ -721,6 +760,7 @@ mod tests {
         let path = tempfile::NamedTempFile::new().unwrap();
         let file = File::open(path.path()).unwrap();
         let save = PageSave::start(&ram, vec![0, 1, 2, 3], file, Slots::Image).unwrap();
+        save.protect();
         assert!(matches!(save.run(), Err(SaveError::Write(_))));
         for p in 0..4 {
             poke(&ram, p, 1);
@@ -736,6 +776,53 @@ mod tests {
             assert!(matches!(e, Err(SaveError::BadPage { .. })));
         }
         poke(&ram, 1, 0);
+    }
+
+    /// Whether the host mapping at `addr` is writable (/proc/self/maps).
+    #[cfg(target_os = "linux")]
+    fn writable(addr: usize) -> bool {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        for line in maps.lines() {
+            let (range, rest) = line.split_once(' ').unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            if (a..b).contains(&addr) {
+                return rest.as_bytes()[1] == b'w';
+            }
+        }
+        panic!("{addr:#x} is not mapped");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn protect_covers_only_pages_still_pending() {
+        let ram = ram(8);
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(8 * PAGE_SIZE).unwrap();
+        let save =
+            PageSave::start(&ram, vec![1, 2, 3], file.try_clone().unwrap(), Slots::Image).unwrap();
+        let addr = |p: u64| ram.host_ptr() as usize + (p * PAGE_SIZE) as usize;
+        // A vCPU writes page 2 after the guest resumed, before protect.
+        ram.before_guest_write(2);
+        assert!((1..4).all(|p| writable(addr(p))));
+        save.protect();
+        assert!(!writable(addr(1)) && writable(addr(2)) && !writable(addr(3)));
+        assert!(writable(addr(4)));
+        // A page saved by another thread while protected again is made
+        // writable by the next fault on it.
+        let again = addr(2);
+        // SAFETY: a page of the live test mapping; only its protection
+        // changes.
+        let r = unsafe { libc::mprotect(again as *mut libc::c_void, PS, libc::PROT_READ) };
+        assert_eq!(r, 0);
+        poke(&ram, 2, 0x55);
+        assert!(writable(again));
+        save.run().unwrap();
+        assert_eq!(page_of(&file, 2 * PAGE_SIZE), vec![3; PS]);
+        assert!((0..8).all(|p| writable(addr(p))));
     }
 
     #[test]
