@@ -6,8 +6,9 @@ login; after dirtying 64 MiB of /dev/shm with random bytes), on the same
 guest image:
 
 - Ignition: `boot --track-dirty --name X` (a background full layer), Ctrl-A s:
-  `Snapshot-pause-time` (guest stopped), pause + `Snapshot-write-time` (total
-  save time), the layer's memory.bin and state.bin as stored (allocated
+  `Snapshot-pause-time` (guest stopped), `Snapshot-device-hold-time` (after
+  the resume, devices that write guest RAM wait while the layer's pages are
+  write-protected; QEMU: n/a), pause + `Snapshot-write-time` (total save time), the layer's memory.bin and state.bin as stored (allocated
   bytes: holes are not counted; the disk is not counted either, QEMU's
   migration stream does not hold it), then `boot --restore X`:
   `Restore-time` (to running) and spawn -> the shell answering (to prompt).
@@ -109,6 +110,7 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
         assert vm.quit() == 0
     return {
         "pause_ms": snap.pause_us / 1000,
+        "device_hold_ms": (snap.device_hold_us or 0) / 1000,
         "save_ms": snap.pause_us / 1000 + snap.write_ms,
         "file_mib": size / 2**20,
         "restore_running_ms": r.restore_ms,
@@ -166,6 +168,7 @@ def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts)
 
 COLUMNS = [
     ("pause_ms", "pause (ms)"),
+    ("device_hold_ms", "devices held (ms)"),
     ("save_ms", "total save (ms)"),
     ("file_mib", "file (MiB)"),
     ("restore_running_ms", "restore to running (ms)"),
@@ -181,8 +184,8 @@ def table(results: dict) -> str:
         for vmm in ("ignition", "qemu"):
             cells = []
             for c, _ in COLUMNS:
-                s = r[vmm][c]
-                cells.append(f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})")
+                s = r[vmm].get(c)
+                cells.append(f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})" if s else "n/a")
             lines.append(f"| {mem} MiB | {state} | {vmm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -213,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     samples["ignition"].append(ignition_run(cfg, mem, state, work, logs))
                     samples["qemu"].append(qemu_run(mem, state, work, logs, qt))
                 results[f"{mem}/{state}"] = {
-                    vmm: {c: stats([s[c] for s in runs]) for c, _ in COLUMNS}
+                    vmm: {c: stats([s[c] for s in runs]) for c, _ in COLUMNS if c in runs[0]}
                     for vmm, runs in samples.items()
                 }
     md = table(results)

@@ -5,6 +5,7 @@
 the parsers turn a matched line into numbers.
 
     Guest-boot-time = N ms
+    Snapshot-device-hold-time = N us
     Snapshot-write-time = N ms
     Snapshot-disk-clone = METHOD (H of N chunks hashed[: NOTE])
     [snapshot] KIND 'NAME' (P pages, M MiB) written
@@ -26,6 +27,8 @@ SNAPSHOT_PAUSE_TIME = r"Snapshot-pause-time = (\d+) us"
 SNAPSHOT_SAVED_BEFORE_WRITE = (r"Snapshot-saved-before-write = (\d+) pages \((\d+) before a guest write, "
                                r"(\d+) before a device write, of (\d+)\)")
 """Background mode only; groups: saved early, by the guest, by devices, the layer's pages."""
+SNAPSHOT_DEVICE_HOLD_TIME = r"Snapshot-device-hold-time = (\d+) us"
+"""Background mode only; group 1: devices held after the resume while pages were write-protected, us."""
 SNAPSHOT_WRITE_TIME = r"Snapshot-write-time = (\d+) ms"
 SNAPSHOT_DISK_CLONE = r"Snapshot-disk-clone = ([^\r\n]+)\r*\n"
 """group 1: the value, for parse_disk_clone."""

@@ -70,6 +70,8 @@ class Snapshot:
     mode, from the resume, while the guest runs."""
     saved_early: tuple[int, int] | None
     """Background mode: pages saved before a guest write and before a device write."""
+    device_hold_us: int | None
+    """Background mode: Snapshot-device-hold-time."""
     pages: int
     mib: float
     disk: loglines.DiskClone
@@ -231,12 +233,16 @@ class Vm:
     def snapshot_finish(self, pending: PendingSnapshot, kind: str) -> Snapshot:
         """The rest of snapshot(): waits until the layer is written."""
         name = pending.name
-        saved_early = None
-        pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE]
+        saved_early = device_hold_us = None
+        pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE,
+                loglines.SNAPSHOT_DEVICE_HOLD_TIME]
         while (i := self.expect(pats, f"Snapshot-write-time of '{name}'")) != 0:
             if i == 1:
                 raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
-            saved_early = (int(self.match.group(2)), int(self.match.group(3)))
+            if i == 2:
+                saved_early = (int(self.match.group(2)), int(self.match.group(3)))
+            else:
+                device_hold_us = int(self.match.group(1))
         write_ms = int(self.match.group(1))
         self.expect(loglines.SNAPSHOT_DISK_CLONE, "Snapshot-disk-clone")
         try:
@@ -248,7 +254,7 @@ class Vm:
         got = self.match.group(1)
         if got != kind:
             raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return Snapshot(name, kind, pending.pause_us, write_ms, saved_early, int(self.match.group(2)),
+        return Snapshot(name, kind, pending.pause_us, write_ms, saved_early, device_hold_us, int(self.match.group(2)),
                         float(self.match.group(3)), disk, wall)
 
     def wait_restored(self) -> Restored:
