@@ -119,7 +119,9 @@ pub use state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
     STATE_HEADER_LEN, STATE_MAGIC,
 };
-pub use store::{GcReport, LayerSummary, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH};
+pub use store::{
+    GcReport, LayerSummary, LayerUsage, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,
+};
 pub use time::rfc3339;
 pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,

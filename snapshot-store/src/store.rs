@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{nonce, pid_alive, sync_dir};
+use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
 use crate::layer::{Chain, Layer};
 use crate::manifest::LayerKind;
 use crate::name::{validate_name, Spec};
@@ -55,6 +55,20 @@ pub struct LayerSummary {
     pub ram_size: u64,
 }
 
+/// The disk space one layer takes ([`Store::du`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerUsage {
+    /// Sum of `st_size` of the layer's files (bytes).
+    pub logical_bytes: u64,
+    /// Sum of their allocated blocks, `st_blocks * 512` (bytes).
+    pub physical_bytes: u64,
+    /// Of those, bytes in extents the file system reports as shared with
+    /// another file (clones: a layer's disk image and its parent's, say),
+    /// so counted again in every layer that shares them; `None` where the
+    /// file system cannot tell (macOS, file systems without FIEMAP).
+    pub shared_bytes: Option<u64>,
+}
+
 /// What [`Store::gc`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcReport {
@@ -64,6 +78,32 @@ pub struct GcReport {
     /// Work directories (and temporary cache files) left alone, with the
     /// reason.
     pub kept: Vec<(String, String)>,
+}
+
+/// [`LayerUsage`] of the regular files directly in the layer directory
+/// `dir`.
+fn layer_usage(dir: &Path) -> Result<LayerUsage> {
+    let mut u = LayerUsage {
+        logical_bytes: 0,
+        physical_bytes: 0,
+        shared_bytes: Some(0),
+    };
+    for entry in std::fs::read_dir(dir).ctx(dir, "read directory")? {
+        let entry = entry.ctx(dir, "read directory")?;
+        let path = entry.path();
+        let m = std::fs::symlink_metadata(&path).ctx(&path, "stat")?;
+        if !m.is_file() {
+            continue;
+        }
+        u.logical_bytes += m.len();
+        u.physical_bytes += m.blocks() * 512;
+        let f = std::fs::File::open(&path).ctx(&path, "open")?;
+        u.shared_bytes = match (u.shared_bytes, shared_bytes(&f, &path)?) {
+            (Some(a), Some(b)) => Some(a + b.min(m.blocks() * 512)),
+            _ => None,
+        };
+    }
+    Ok(u)
 }
 
 /// `(logical, physical)` bytes of the regular files directly in `dir`.
@@ -316,6 +356,18 @@ impl Store {
                 })
             });
             out.push(ListEntry { name, summary });
+        }
+        Ok(out)
+    }
+
+    /// The disk space each layer takes, in name order: logical, allocated,
+    /// and shared with other files where the file system can tell. A layer
+    /// that cannot be read gives its error.
+    pub fn du(&self) -> Result<Vec<(String, Result<LayerUsage>)>> {
+        let mut out = Vec::new();
+        for name in self.layer_names()? {
+            let usage = self.layer(&name).and_then(|l| layer_usage(&l.dir));
+            out.push((name, usage));
         }
         Ok(out)
     }

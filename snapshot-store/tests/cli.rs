@@ -76,7 +76,10 @@ fn help_everywhere() {
     let d = tempfile::tempdir().unwrap();
     let top = ok(d.path(), &["--help"]);
     assert!(top.contains("NAME+N") && top.contains("squash"), "{top}");
-    for sub in ["list", "inspect", "verify", "remove", "gc", "squash"] {
+    assert!(top.contains("Exit status: 0 on success; 1"), "{top}");
+    for sub in [
+        "list", "tree", "du", "inspect", "verify", "remove", "gc", "squash",
+    ] {
         let h = ok(d.path(), &[sub, "--help"]);
         assert!(h.contains("Usage: vmstore"), "{sub}: {h}");
     }
@@ -285,4 +288,114 @@ fn verify_cached() {
     );
     let o = vmstore(root, &["verify", "--cached", "--all"]);
     assert_eq!(o.code, 2, "usage error: {}", o.stderr);
+}
+
+#[test]
+fn tree_shows_chains_and_orphans() {
+    let (d, s) = fixture();
+    let root = s.root();
+    // A second child of golden and a second root.
+    let mut ram = vec![0u8; 16 * PS as usize];
+    Rng(3).fill(&mut ram);
+    let g = s.layer("golden").unwrap();
+    diff(&s, "e1", &g, &ram, &[3], b"e1", None);
+    full(&s, "other", &ram, b"o", None);
+    let out = ok(root, &["tree"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    assert!(lines[0].starts_with("golden  full  "), "{out}");
+    assert!(lines[1].starts_with("├── d1  diff 2 pages  "), "{out}");
+    assert!(lines[2].starts_with("│   └── d2  diff 1 pages  "), "{out}");
+    assert!(lines[3].starts_with("└── e1  diff 1 pages  "), "{out}");
+    assert!(lines[4].starts_with("other  full  "), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&ok(root, &["tree", "--json"])).unwrap();
+    assert_eq!(v["roots"][0]["name"], "golden");
+    assert_eq!(v["roots"][0]["children"][0]["children"][0]["name"], "d2");
+    assert_eq!(v["roots"][0]["children"][1]["pages"], 1);
+    assert!(v["roots"][0]["physical_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(v["unreadable"], serde_json::json!([]));
+    // A layer whose parent is gone is a root that says so; an unreadable
+    // layer is listed apart.
+    make_writable(root);
+    std::fs::rename(root.join("golden"), d.path().join("golden-away")).unwrap();
+    std::fs::write(root.join("d2").join("manifest.json"), b"{").unwrap();
+    let out = ok(root, &["tree"]);
+    assert!(
+        out.contains("d1  diff 2 pages") && out.contains("(parent 'golden' is missing)"),
+        "{out}"
+    );
+    assert!(out.contains("d2  UNREADABLE: "), "{out}");
+}
+
+#[test]
+fn du_reports_every_layer_and_the_total() {
+    let (_d, s) = fixture();
+    let root = s.root();
+    let out = ok(root, &["du"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("SHARED"),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("d1 ") && lines[3].starts_with("golden "),
+        "{out}"
+    );
+    assert!(lines[4].starts_with("total "), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&ok(root, &["du", "--json"])).unwrap();
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 3);
+    let sum = |k: &str| -> u64 { layers.iter().map(|l| l[k].as_u64().unwrap()).sum() };
+    assert_eq!(
+        v["total"]["logical_bytes"].as_u64().unwrap(),
+        sum("logical_bytes")
+    );
+    assert_eq!(
+        v["total"]["physical_bytes"].as_u64().unwrap(),
+        sum("physical_bytes")
+    );
+    assert!(layers[2]["logical_bytes"].as_u64().unwrap() >= 16 * PS);
+    // Linux answers FIEMAP on the file systems tests run on; shared bytes
+    // never exceed the allocated ones.
+    for l in layers {
+        match l["shared_bytes"].as_u64() {
+            Some(sh) => assert!(sh <= l["physical_bytes"].as_u64().unwrap(), "{l}"),
+            None => assert!(l["shared_bytes"].is_null(), "{l}"),
+        }
+    }
+}
+
+#[test]
+fn verify_and_gc_speak_json_and_exit_codes_follow_the_outcome() {
+    let (_d, s) = fixture();
+    let root = s.root();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(root, &["verify", "d2", "--json"])).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["snapshots"][0]["layers"], 3);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(root, &["verify", "--all", "--json"])).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["snapshots"].as_array().unwrap().len(), 3);
+    let v: serde_json::Value = serde_json::from_str(&ok(root, &["gc", "--json"])).unwrap();
+    assert_eq!(v, serde_json::json!({"removed": [], "kept": []}));
+    // One corrupted byte: exit 1, the JSON names the file.
+    make_writable(root);
+    flip_keep_times(&root.join("d1").join("state.bin"), 57, 1);
+    let o = vmstore(root, &["verify", "d2", "--json"]);
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["snapshots"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("state.bin"),
+        "{v}"
+    );
+    let o = vmstore(root, &["verify", "--all", "--json"]);
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    // A usage error: exit 2.
+    assert_eq!(vmstore(root, &["verify"]).code, 2);
+    assert_eq!(vmstore(root, &["tree", "--bogus"]).code, 2);
 }

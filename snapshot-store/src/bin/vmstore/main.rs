@@ -1,5 +1,8 @@
 //! `vmstore`: manage an Ignition snapshot store.
 
+mod du;
+mod tree;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +21,11 @@ use snapshot_store::{
 /// the snapshot N layers below NAME along a chain where every layer has a
 /// single child (NAME+0 = NAME).
 #[derive(Parser, Debug)]
-#[command(name = "vmstore", version)]
+#[command(
+    name = "vmstore",
+    version,
+    after_help = "Exit status: 0 on success; 1 on an error, or when verify finds a problem; 2 on a usage error (bad arguments)."
+)]
 struct Cli {
     /// Store directory.
     #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_STORE_DIR)]
@@ -34,6 +41,25 @@ enum Cmd {
     /// layer), pages for diffs.
     List {
         /// One JSON array instead of a table (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the chains as a tree: each layer under its parent, with its kind
+    /// (and pages, for diffs) and physical size.
+    Tree {
+        /// One JSON object instead of text: {"roots": [node], "unreadable":
+        /// [{name, error}]}, a node being {name, kind, pages?,
+        /// physical_bytes, missing_parent?, children: [node]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the disk space each layer takes: logical bytes (st_size),
+    /// physical (allocated blocks) and, where the file system can tell
+    /// (Linux FIEMAP), bytes in blocks shared with other files through
+    /// clones; with totals.
+    Du {
+        /// One JSON object instead of a table (sizes in bytes; shared_bytes
+        /// null where unknown).
         #[arg(long)]
         json: bool,
     },
@@ -62,6 +88,10 @@ enum Cmd {
         /// through the file system, not media corruption.
         #[arg(long, conflicts_with = "all")]
         cached: bool,
+        /// One JSON object instead of text: {"ok": bool, "snapshots":
+        /// [{name, ok, files?, bytes_hashed?, error?}]}.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove a snapshot. Refuses if other snapshots build on it unless
     /// --recursive.
@@ -74,7 +104,12 @@ enum Cmd {
     },
     /// Remove work directories left by interrupted writes or removals whose
     /// process is gone, and report what was removed or kept.
-    Gc,
+    Gc {
+        /// One JSON object instead of text: {"removed": [{name, bytes}],
+        /// "kept": [{name, reason}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Materialise a chain into a new full snapshot (memory overlaid, state
     /// and disk from the top layer, no parent). The chain is verified first.
     Squash {
@@ -176,6 +211,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Tree { json } => {
+            tree::run(&store, json, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Du { json } => {
+            du::run(&store, json, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Inspect { name, json } => {
             let layer = store.layer(&name)?;
             let chain: Vec<String> = match store.resolve(&name) {
@@ -265,67 +308,115 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Verify { spec, all, cached } => {
+        Cmd::Verify {
+            spec,
+            all,
+            cached,
+            json,
+        } => {
             let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
             if all {
                 let results = store.verify_all(Some(p))?;
-                let mut bad = 0;
-                for (name, r) in &results {
-                    for n in r.iter().flat_map(|rep| &rep.cache_notes) {
-                        eprintln!("vmstore: {n}");
-                    }
-                    match r {
-                        Ok(rep) => writeln!(
-                            out,
-                            "ok   {name} ({} files, {})",
-                            rep.files,
-                            mib(rep.bytes_hashed)
-                        )?,
-                        Err(e) => {
-                            bad += 1;
-                            writeln!(out, "FAIL {name}: {e}")?;
+                let bad = results.iter().filter(|(_, r)| r.is_err()).count();
+                for n in results
+                    .iter()
+                    .flat_map(|(_, r)| r.iter().flat_map(|rep| &rep.cache_notes))
+                {
+                    eprintln!("vmstore: {n}");
+                }
+                if json {
+                    let v: Vec<serde_json::Value> = results
+                        .iter()
+                        .map(|(name, r)| match r {
+                            Ok(rep) => serde_json::json!({
+                                "name": name, "ok": true, "files": rep.files,
+                                "bytes_hashed": rep.bytes_hashed,
+                            }),
+                            Err(e) => serde_json::json!({
+                                "name": name, "ok": false, "error": e.to_string(),
+                            }),
+                        })
+                        .collect();
+                    let doc = serde_json::json!({"ok": bad == 0, "snapshots": v});
+                    writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                } else {
+                    for (name, r) in &results {
+                        match r {
+                            Ok(rep) => writeln!(
+                                out,
+                                "ok   {name} ({} files, {})",
+                                rep.files,
+                                mib(rep.bytes_hashed)
+                            )?,
+                            Err(e) => writeln!(out, "FAIL {name}: {e}")?,
                         }
                     }
+                    if bad > 0 {
+                        writeln!(
+                            out,
+                            "{bad} of {} snapshot(s) failed verification",
+                            results.len()
+                        )?;
+                    } else {
+                        writeln!(out, "all {} snapshot(s) verified", results.len())?;
+                    }
                 }
-                if bad > 0 {
-                    writeln!(
-                        out,
-                        "{bad} of {} snapshot(s) failed verification",
-                        results.len()
-                    )?;
-                    return Ok(ExitCode::FAILURE);
-                }
-                writeln!(out, "all {} snapshot(s) verified", results.len())?;
-            } else {
-                let spec = spec.context("a snapshot spec or --all is required")?;
-                let chain = store.resolve(&spec)?;
-                let rep = if cached {
+                return Ok(if bad > 0 {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                });
+            }
+            let spec = spec.context("a snapshot spec or --all is required")?;
+            let verified = store.resolve(&spec).and_then(|chain| {
+                if cached {
                     snapshot_store::verify_chain_cached_with_progress(&chain, Some(p))
                 } else {
                     snapshot_store::verify_chain_with_progress(&chain, Some(p))
                 }
-                .with_context(|| format!("verifying '{spec}' ({})", chain.describe()))?;
-                for n in &rep.cache_notes {
-                    eprintln!("vmstore: {n}");
+                .map(|rep| (chain, rep))
+            });
+            let (chain, rep) = match verified {
+                Ok(v) => v,
+                Err(e) if json => {
+                    let doc = serde_json::json!({"ok": false, "snapshots": [
+                        {"name": spec, "ok": false, "error": e.to_string()}
+                    ]});
+                    writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                    return Ok(ExitCode::FAILURE);
                 }
-                let from_cache = if cached {
-                    format!(
-                        " hashed, {} files ({}) unchanged since verified",
-                        rep.files_cached,
-                        mib(rep.bytes_cached)
-                    )
-                } else {
-                    String::new()
-                };
-                writeln!(
-                    out,
-                    "ok {spec}: {} ({} layers, {} files, {}{from_cache})",
-                    chain.describe(),
-                    rep.layers,
-                    rep.files,
-                    mib(rep.bytes_hashed)
-                )?;
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("verifying '{spec}'"))),
+            };
+            for n in &rep.cache_notes {
+                eprintln!("vmstore: {n}");
             }
+            if json {
+                let doc = serde_json::json!({"ok": true, "snapshots": [{
+                    "name": spec, "ok": true, "chain": chain.describe(),
+                    "layers": rep.layers, "files": rep.files,
+                    "bytes_hashed": rep.bytes_hashed, "files_cached": rep.files_cached,
+                    "bytes_cached": rep.bytes_cached,
+                }]});
+                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let from_cache = if cached {
+                format!(
+                    " hashed, {} files ({}) unchanged since verified",
+                    rep.files_cached,
+                    mib(rep.bytes_cached)
+                )
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "ok {spec}: {} ({} layers, {} files, {}{from_cache})",
+                chain.describe(),
+                rep.layers,
+                rep.files,
+                mib(rep.bytes_hashed)
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Remove { name, recursive } => {
@@ -340,8 +431,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Gc => {
+        Cmd::Gc { json } => {
             let r = store.gc()?;
+            if json {
+                let doc = serde_json::json!({
+                    "removed": r.removed.iter().map(|(n, b)| serde_json::json!({"name": n, "bytes": b})).collect::<Vec<_>>(),
+                    "kept": r.kept.iter().map(|(n, why)| serde_json::json!({"name": n, "reason": why})).collect::<Vec<_>>(),
+                });
+                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             for (n, bytes) in &r.removed {
                 writeln!(out, "removed {n} ({})", mib(*bytes))?;
             }
