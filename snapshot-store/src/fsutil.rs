@@ -5,7 +5,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 
 /// fsync a file (on macOS `sync_all` is `F_FULLFSYNC`).
 pub(crate) fn sync_file(path: &Path) -> Result<()> {
@@ -195,41 +195,6 @@ pub(crate) fn data_regions(
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rename_never_replaces() {
-        let d = tempfile::tempdir().unwrap();
-        let a = d.path().join("a");
-        let b = d.path().join("b");
-        std::fs::create_dir(&a).unwrap();
-        std::fs::write(a.join("f"), b"1").unwrap();
-        std::fs::create_dir(&b).unwrap();
-        // Even an empty target directory is not replaced.
-        let e = rename_noreplace(&a, &b).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        assert!(a.join("f").exists());
-        std::fs::remove_dir(&b).unwrap();
-        rename_noreplace(&a, &b).unwrap();
-        assert!(b.join("f").exists() && !a.exists());
-        sync_dir(d.path()).unwrap();
-        sync_file(&b.join("f")).unwrap();
-    }
-
-    #[test]
-    fn pids() {
-        assert!(pid_alive(std::process::id() as i32));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id() as i32;
-        child.wait().unwrap();
-        assert!(!pid_alive(pid));
-        assert!(!pid_alive(0));
-        assert_ne!(nonce(), nonce());
-    }
-}
-
 /// Bytes of `file`'s extents that the file system marks as shared with
 /// another file (blocks of a `FICLONE` clone, or of a file it was cloned
 /// from, not written since), or `None` where that cannot be known (not
@@ -250,6 +215,7 @@ pub(crate) fn shared_bytes(file: &File, path: &Path) -> Result<Option<u64>> {
 #[cfg(target_os = "linux")]
 mod fiemap {
     use super::*;
+    use crate::error::Error;
     use std::os::fd::AsRawFd;
 
     /// `struct fiemap` (linux/fiemap.h), followed by room for [`BATCH`]
@@ -329,5 +295,40 @@ mod fiemap {
             let last = &m.extents[n - 1];
             start = last.logical.saturating_add(last.length);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rename_never_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a");
+        let b = d.path().join("b");
+        std::fs::create_dir(&a).unwrap();
+        std::fs::write(a.join("f"), b"1").unwrap();
+        std::fs::create_dir(&b).unwrap();
+        // Even an empty target directory is not replaced.
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(a.join("f").exists());
+        std::fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.join("f").exists() && !a.exists());
+        sync_dir(d.path()).unwrap();
+        sync_file(&b.join("f")).unwrap();
+    }
+
+    #[test]
+    fn pids() {
+        assert!(pid_alive(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(!pid_alive(0));
+        assert_ne!(nonce(), nonce());
     }
 }
