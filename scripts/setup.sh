@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Ignition needs on a Debian-based Linux
 # host: the C toolchain for unicorn-engine (cmake, libclang for bindgen),
-# QEMU (the reference boot), Python test tools, and the Rust targets and
-# components CI checks with. Idempotent; fast when everything is present.
+# QEMU (the reference boot), Python test tools, the Rust targets and
+# components CI checks with, and mdBook for the book. Idempotent; fast when everything is present.
 # The guest image's own packages are installed by guest/build.sh.
 set -euo pipefail
 
@@ -47,5 +47,13 @@ if command -v rustup >/dev/null; then
     for c in clippy rustfmt; do
         grep -q "^$c" <<<"$comps" || { say "rustup: adding component $c"; rustup component add "$c" >/dev/null; }
     done
+fi
+
+# mdBook, pinned, for building the book (scripts/tests/test_book.py); built
+# without its server and watcher, which the build does not need.
+MDBOOK_VERSION=0.4.52
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+    say "cargo: installing mdbook $MDBOOK_VERSION (a few minutes, once)"
+    cargo install --quiet --locked --no-default-features mdbook --version "$MDBOOK_VERSION"
 fi
 say "ok"
