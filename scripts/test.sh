@@ -21,5 +21,8 @@ if [ "$(uname -s)" = Darwin ]; then
     echo "[test] sign boot (hypervisor entitlement)"
     scripts/sign.sh target/release/boot
 fi
+echo "[test] pip install ./snapshot-store/python (the vmstore Python module)"
+python3 -m pip install -q ./snapshot-store/python 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages ./snapshot-store/python
 echo "[test] pytest"
 python3 -m pytest -q scripts/tests "$@"
