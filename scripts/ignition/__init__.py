@@ -19,12 +19,25 @@ Modules:
   diff_snapshot_report
              the diff-snapshot benchmark's plan, summaries and Markdown report
 
-Put scripts/ on sys.path (the front-ends and tests/conftest.py do) and
-`from ignition import Vm, VmConfig`.
+Install it with `pip install -e ./scripts` (or put scripts/ on sys.path, as the
+front-ends and tests/conftest.py do) and `from ignition import Vm, VmConfig`:
+
+    with Vm.boot(VmConfig(), disk="copy.ext4", store="vmstore", name="golden",
+                 track_dirty=True, control=True) as vm:
+        vm.login()
+        print(vm.sh("uname -a"))
+        layer = vm.snapshot("golden")        # over the control socket
+    with Vm.restore(VmConfig(), "golden", store="vmstore") as vm:
+        print(vm.restored.restore_ms)        # Restore-time, a number
+
+The binaries and the guest are found from the repository this package lives
+in (ignition.paths); an editable install keeps that link.
 """
 
 from .console import ConsoleError
+from .control import Control, ControlError
 from .timeouts import Timeouts
-from .vm import Restored, Snapshot, Vm, VmConfig
+from .vm import Layer, Restored, Snapshot, Vm, VmConfig
 
-__all__ = ["ConsoleError", "Restored", "Snapshot", "Timeouts", "Vm", "VmConfig"]
+__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm",
+           "VmConfig"]

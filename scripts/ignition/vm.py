@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, overload
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
@@ -54,6 +55,21 @@ class VmConfig:
         if self.gic:
             argv += ["--gic", self.gic]
         return argv
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer written through the control socket (its `snapshot` response)."""
+
+    name: str
+    kind: str
+    """`full` or `diff`."""
+    pages: int
+    """16 KiB pages of memory it holds."""
+    pause_us: int
+    """Snapshot-pause-time (0 if the VM was paused already)."""
+    write_ms: int
+    """Snapshot-write-time."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +129,16 @@ class Vm:
     """A running `boot` on a pty. Use Vm.boot or Vm.restore; end it with quit(),
     poweroff(), kill() or terminate() (a `with` block terminates it)."""
 
-    def __init__(self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None):
-        """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path."""
+    def __init__(self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None,
+                 control: bool = False):
+        """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path. With
+        control, `boot` also listens on a control socket in a private directory (snapshot(name))."""
         self.cfg = cfg
+        self._control_dir = tempfile.TemporaryDirectory(prefix="ignition-ctl-") if control else None
+        self.control_path = Path(self._control_dir.name) / "control.sock" if self._control_dir else None
+        if self.control_path is not None:
+            args = [*args, "--control", str(self.control_path)]
+        self._ctl: Control | None = None
         self.timeouts = cfg.timeouts
         self.argv = cfg.argv(*args)
         self.log_path = log_path
@@ -127,24 +150,25 @@ class Vm:
     @classmethod
     def boot(cls, cfg: VmConfig, *, disk: os.PathLike | str, log_path: os.PathLike | str | None = None,
              mem: int | None = None, cpus: int | None = None, store: os.PathLike | str | None = None,
-             name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = ()) -> Vm:
+             name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = (),
+             control: bool = False) -> Vm:
         """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login()).
-        Pass `extra=["--control", PATH]` and use Vm.control() to drive it over its socket."""
+        With control, snapshot(name) works over the VM's control socket."""
         args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
         if mem is not None:
             args += ["--mem", str(mem)]
         if cpus is not None:
             args += ["--cpus", str(cpus)]
-        return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path)
+        return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path, control)
 
     @classmethod
     def restore(cls, cfg: VmConfig, spec: str, *, store: os.PathLike | str,
                 log_path: os.PathLike | str | None = None, name: str | None = None, track_dirty: bool = False,
-                extra: Sequence[str] = (), wait: bool = True) -> Vm:
+                extra: Sequence[str] = (), wait: bool = True, control: bool = False) -> Vm:
         """`boot --restore spec`. With wait (the default), returns once the restore is logged
-        (self.restored) and the shell answers an Enter with its prompt."""
+        (self.restored) and the shell answers an Enter with its prompt. With control, as boot()."""
         args = ["--restore", spec] + _snapshot_args(store, name, track_dirty) + list(extra)
-        vm = cls(cfg, args, log_path)
+        vm = cls(cfg, args, log_path, control)
         if wait:
             try:
                 vm.wait_restored()
@@ -159,8 +183,12 @@ class Vm:
     def __exit__(self, *exc) -> None:
         self.terminate()
 
-    def control(self, path: os.PathLike | str) -> Control:
-        """A connection to this VM's control socket (`--control PATH`)."""
+    def control(self, path: os.PathLike | str | None = None) -> Control:
+        """A new connection to this VM's control socket: `path` (`--control PATH` passed in
+        extra), else the socket of a VM started with control=True."""
+        path = path if path is not None else self.control_path
+        if path is None:
+            raise ValueError("this VM has no control socket: start it with control=True")
         return Control(path, self.timeouts.boot)
 
     @property
@@ -214,10 +242,24 @@ class Vm:
 
     # Snapshots and restore
 
-    def snapshot(self, name: str, kind: str) -> Snapshot:
-        """Ctrl-A s: waits for the pause time, the write time, the disk clone and the
-        `[snapshot] KIND 'name'` lines. Raises ConsoleError if the VMM reports a failure or
-        writes another kind."""
+    @overload
+    def snapshot(self, name: str) -> Layer: ...
+
+    @overload
+    def snapshot(self, name: str, kind: str) -> Snapshot: ...
+
+    def snapshot(self, name: str, kind: str | None = None) -> Layer | Snapshot:
+        """snapshot(name): over the control socket (a VM started with control=True), once the
+        layer is stored; returns its Layer. Raises ControlError if the VMM refuses or fails.
+
+        snapshot(name, kind): Ctrl-A s on the console: waits for the pause time, the write
+        time, the disk clone and the `[snapshot] KIND 'name'` lines, and returns what they
+        say. Raises ConsoleError if the VMM reports a failure or writes another kind."""
+        if kind is None:
+            if self._ctl is None:
+                self._ctl = self.control()
+            r = self._ctl.snapshot(name)
+            return Layer(r["name"], r["kind"], r["pages"], r["pause_us"], r["write_ms"])
         return self.snapshot_finish(self.snapshot_start(name), kind)
 
     def snapshot_start(self, name: str) -> PendingSnapshot:
@@ -301,7 +343,12 @@ class Vm:
 
     def terminate(self) -> None:
         """Kills boot if it still runs and closes the pty and the log (console.terminate)."""
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
         console.terminate(self.child)
+        if self._control_dir is not None:
+            self._control_dir.cleanup()
 
 
 def _snapshot_args(store, name, track_dirty) -> list[str]:

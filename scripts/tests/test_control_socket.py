@@ -120,3 +120,21 @@ def test_the_socket_path_is_checked(vm_and_socket, tmp_path, cfg, guest_out):
     assert plain.read_text() == "keep"
     with vm.control(path) as c:
         assert c.status()["state"] == "running"
+
+
+def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
+    """The harness's Vm.snapshot(name) goes through the socket of a VM started with control=True."""
+    store = tmp_path / "store"
+    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="h", control=True,
+                 log_path=tmp_path / "h.log") as vm:
+        vm.login()
+        vm.sh("echo via-control > /root/m && sync")
+        first = vm.snapshot("h")
+        assert (first.name, first.kind) == ("h", "full") and first.pages > 0
+        second = vm.snapshot("h-two")
+        assert (second.name, second.kind) == ("h-two", "diff")
+        assert vm.quit() == 0
+    with Vm.restore(cfg, "h+1", store=store, log_path=tmp_path / "r.log") as vm:
+        assert vm.restored.restore_ms >= 0
+        assert vm.sh("cat /root/m") == "via-control"
+        assert vm.quit() == 0

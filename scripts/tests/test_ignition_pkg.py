@@ -81,3 +81,20 @@ def test_store_listing(tmp_path):
     assert store.layer_names(tmp_path) == ["d1", "golden"]
     assert store.work_entries(tmp_path) == [".del-x-1-ab", ".tmp-d2-4242-00ff", ".tmp-run-4242-00ff",
                                             "d1/.verified.json.tmp-4242-00ff"]
+
+
+def test_the_package_builds_as_a_wheel(tmp_path):
+    """`pip install -e ./scripts` installs this package: its wheel holds every module."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from ignition.paths import SCRIPTS
+
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path),
+                        str(SCRIPTS)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = tmp_path.glob("ignition-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {f"ignition/{p.name}" for p in (SCRIPTS / "ignition").glob("*.py")}
+    assert modules <= names, modules - names
