@@ -15,8 +15,8 @@ GUEST_OUT = REPO_ROOT / "guest" / "out"
 """guest/build.sh's output: Image, rootfs.ext4, guest.json."""
 KERNEL = GUEST_OUT / "Image"
 ROOTFS = GUEST_OUT / "rootfs.ext4"
-RESULTS_DIR = REPO_ROOT / "bench-results"
-"""Benchmarks write their JSON, Markdown and console logs here."""
+RESULTS_DIR = Path(os.environ.get("IGNITION_RESULTS_DIR", REPO_ROOT / "bench-results"))
+"""Benchmarks write their JSON, Markdown and console logs here ($IGNITION_RESULTS_DIR, else bench-results/)."""
 DEFAULT_BOOT = REPO_ROOT / "target" / "release" / "boot"
 DEFAULT_VMSTORE = REPO_ROOT / "target" / "release" / "vmstore"
 

@@ -1,4 +1,5 @@
-"""The book: its command reference matches the binaries, its internal links resolve, and it builds.
+"""The book: its command reference matches the binaries, its internal links resolve, it builds,
+and every shell command it shows is run (here, or by CI) or says why it cannot be.
 
 The reference page (book/src/reference.md) is generated from `--help` by
 scripts/cli_reference.py; the link check follows every relative link and
@@ -8,7 +9,9 @@ mdBook when it is installed (.ci/run installs it).
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import paths
+from ignition import console, paths
 
 BOOK = paths.REPO_ROOT / "book"
 SRC = BOOK / "src"
@@ -94,3 +97,76 @@ def test_the_book_builds(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ERROR" not in r.stderr, r.stderr
     assert (tmp_path / "html" / "reference.html").exists()
+
+
+# Every shell command the book shows (```sh blocks, comments stripped) is run:
+# by .ci/run or scripts/test.sh (CI), by a test below (RUN, placeholders such as
+# DIR filled in), or it cannot run here (EXCEPTIONS, with the reason).
+CI = {
+    "scripts/setup.sh": ".ci/run",
+    "guest/build.sh": ".ci/run",
+    "pip install ./snapshot-store/python": "scripts/test.sh",
+    "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
+}
+RUN = [
+    "scripts/snapshot_bench.py --mem 512 --runs 1",
+    "scripts/conformance.py --groups sgi,vtimer -v",
+    "guest/conformance/build.sh --out DIR",
+]
+RUN_TO_LOGIN = "cargo run --release --bin boot"
+EXCEPTIONS = {
+    "scripts/conformance.py --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
+    "scripts/snapshot_bench.py": "the full benchmark (about 10 minutes); the same script runs with --mem 512 --runs 1",
+    "scripts/conformance.py": "every group; the CI test runs them all (test_conformance.py) and this script "
+                              "with two groups",
+}
+
+
+def book_commands() -> list[tuple[str, str]]:
+    out = []
+    for page in pages():
+        for block in re.findall(r"^```(?:sh|bash)\n(.*?)^```", page.read_text(), re.M | re.S):
+            for line in block.splitlines():
+                cmd = re.sub(r"\s+#.*$", "", line).strip()
+                if cmd and not cmd.startswith("#"):
+                    out.append((page.name, cmd))
+    return out
+
+
+def test_every_book_command_is_run_by_a_test_or_ci():
+    ci_text = {f: (paths.REPO_ROOT / f).read_text() for f in set(CI.values())}
+    missing = []
+    for page, cmd in book_commands():
+        if cmd in CI:
+            assert cmd.split()[0] in ci_text[CI[cmd]] or cmd in ci_text[CI[cmd]], f"{cmd}: not in {CI[cmd]}"
+        elif cmd not in RUN and cmd != RUN_TO_LOGIN and cmd not in EXCEPTIONS:
+            missing.append(f"{page}: {cmd}")
+    assert not missing, "book commands no test or CI step runs (add them to test_book.py):\n" + "\n".join(missing)
+    shown = {c for _, c in book_commands()}
+    stale = [c for c in [*CI, *RUN, RUN_TO_LOGIN, *EXCEPTIONS] if c not in shown]
+    assert not stale, f"listed here but no longer in the book: {stale}"
+
+
+@pytest.mark.parametrize("cmd", RUN)
+def test_book_command_runs(cmd, tmp_path, guest_out):
+    argv = [a.replace("DIR", str(tmp_path / "out")) for a in shlex.split(cmd)]
+    # Benchmarks write their results under the test's directory, not bench-results/.
+    env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
+    r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
+    """`cargo run --release --bin boot` boots guest/out's disk read-write: it is put back after."""
+    rootfs = guest_out / "rootfs.ext4"
+    saved = tmp_path / "rootfs.ext4"
+    shutil.copy2(rootfs, saved)
+    try:
+        child = console.spawn(shlex.split(RUN_TO_LOGIN), log_path=tmp_path / "boot.log", timeout=600,
+                              cwd=str(paths.REPO_ROOT))
+        try:
+            console.expect(child, console.LOGIN, 600, "the login prompt of cargo run --release --bin boot")
+        finally:
+            console.terminate(child)
+    finally:
+        shutil.copy2(saved, rootfs)
