@@ -85,14 +85,19 @@ def test_store_listing(tmp_path):
 
 def test_the_package_builds_as_a_wheel(tmp_path):
     """`pip install -e ./scripts` installs this package: its wheel holds every module."""
+    import shutil
     import subprocess
     import sys
     import zipfile
 
     from ignition.paths import SCRIPTS
 
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path),
-                        str(SCRIPTS)], capture_output=True, text=True, timeout=300)
+    # From a copy: setuptools builds in the source tree.
+    src = tmp_path / "src"
+    shutil.copytree(SCRIPTS / "ignition", src / "ignition", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(SCRIPTS / "pyproject.toml", src)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = tmp_path.glob("ignition-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
