@@ -151,3 +151,25 @@ def test_remove_gc_squash_du(made, tmp_path):
     import subprocess
     out = subprocess.run([str(vmstore_bin()), "--store", str(copy), "list"], capture_output=True, text=True)
     assert out.returncode == 0 and "flat" in out.stdout
+
+
+def test_the_vmstore_binary_on_the_same_store(made):
+    """tree, du and verify --json through the binary, on the store boot made."""
+    import json
+    import subprocess
+
+    def run(*args):
+        r = subprocess.run([str(vmstore_bin()), "--store", str(made), *args], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(r.stdout)
+
+    tree = run("tree", "--json")
+    (root,) = tree["roots"]
+    assert (root["name"], root["kind"]) == ("g", "full")
+    assert [(c["name"], c["kind"]) for c in root["children"]] == [("g.2", "diff")]
+    du = run("du", "--json")
+    assert [l["name"] for l in du["layers"]] == ["g", "g.2"]
+    assert du["total"]["physical_bytes"] == sum(l["physical_bytes"] for l in du["layers"])
+    assert run("verify", "g.2", "--json")["ok"] is True
+    s = vmstore.Store(str(made))
+    assert {r[0]: r[2] for r in s.du()} == {l["name"]: l["physical_bytes"] for l in du["layers"]}
