@@ -14,10 +14,12 @@
 //!   the dirty bitmaps cleared and write protection re-armed.
 //! - `background`: the layer's pages (those written since the parent, or
 //!   for a full layer since the VM started; all of RAM without tracking)
-//!   are write-protected for a [`PageSave`], dirty tracking is re-armed for
-//!   the next layer, and the vCPUs resume; a writer thread then saves the
-//!   pages (any page the guest or a device is about to change is saved
-//!   first), hashes and commits the layer. If that fails, nothing is
+//!   are registered with a [`PageSave`] (the backend's write protection
+//!   catches the guest's writes to them), dirty tracking is re-armed for the
+//!   next layer, and the vCPUs resume; the devices that write guest RAM
+//!   stay held until the pages are read-only in the VMM's mapping too. A
+//!   writer thread then saves the pages (any page the guest or a device is
+//!   about to change is saved first), hashes and commits the layer. If that fails, nothing is
 //!   committed and the layer's pages and disk chunks are carried into the
 //!   next snapshot, so no dirty page is lost.
 //!
@@ -200,6 +202,7 @@ impl<V: Vm> Snapshotter<V> {
                 }
             },
         };
+        let mut to_protect = None;
         let result = match self.mode {
             SnapshotMode::Stop => {
                 let r = self.write(&name, states);
@@ -208,8 +211,19 @@ impl<V: Vm> Snapshotter<V> {
                 }
                 r.map(Some)
             }
-            SnapshotMode::Background => self.start_background(&name, states).map(|()| None),
+            SnapshotMode::Background => self.start_background(&name, states).map(|save| {
+                to_protect = Some(save);
+                None
+            }),
         };
+        // Held from before the resume until the layer's pages are
+        // protected in the VMM's mapping: protecting costs the kernel
+        // per page table entry, too long to do with the vCPUs stopped, and
+        // until it is done no device may write guest RAM (a vCPU that
+        // reaches one waits).
+        let devices = to_protect
+            .as_ref()
+            .map(|_| shared.devices.hold_ram_writers());
         let pause_us = if self.held.is_some() {
             0
         } else {
@@ -218,6 +232,15 @@ impl<V: Vm> Snapshotter<V> {
             console::message(&format!("Snapshot-pause-time = {us} us"));
             us
         };
+        if let Some(save) = to_protect {
+            let t = Instant::now();
+            save.protect();
+            drop(devices);
+            console::message(&format!(
+                "Snapshot-device-hold-time = {} us",
+                t.elapsed().as_micros()
+            ));
+        }
         match result {
             Ok(Some((lines, mut written))) => {
                 lines.iter().for_each(|l| console::message(l));
@@ -448,7 +471,13 @@ impl<V: Vm> Snapshotter<V> {
     /// state and the disk, write-protects the layer's pages, re-arms dirty
     /// tracking for the next layer, and starts the thread that writes the
     /// pages once the guest runs again.
-    fn start_background(&mut self, name: &str, vcpus: Vec<VcpuState>) -> anyhow::Result<()> {
+    /// Returns the page save, whose pages the caller must write-protect
+    /// ([`PageSave::protect`]) before any device writes guest RAM again.
+    fn start_background(
+        &mut self,
+        name: &str,
+        vcpus: Vec<VcpuState>,
+    ) -> anyhow::Result<Arc<PageSave>> {
         let mut b = self.begin(name, vcpus)?;
         let ram = self.shared.ram.clone();
         // Tracked since the VM started, the pages written so far are a
@@ -471,6 +500,7 @@ impl<V: Vm> Snapshotter<V> {
             .context("cannot share the memory file with the page saver")?;
         let save = PageSave::start(&ram, pages, file, slots)
             .context("cannot start saving the layer's pages")?;
+        let to_protect = save.clone();
         // The layer's pages are captured: what the guest writes from now on
         // belongs to the next layer. Without re-armed protection, guest
         // writes would not wait for their page to be saved, so the pages
@@ -487,19 +517,10 @@ impl<V: Vm> Snapshotter<V> {
         let thread = std::thread::Builder::new()
             .name("snapshot-writer".into())
             .spawn(move || {
-                // Released (the sender dropped) once the vCPUs run again.
+                // Released (the sender dropped) once the vCPUs run again
+                // and the layer's pages are protected (`Snapshotter::snapshot`).
                 let _ = wait.recv();
                 let t = Instant::now();
-                // Before a device writes RAM again, the host mapping must
-                // catch its writes to pages not saved yet; protecting them
-                // takes too long to be done with the vCPUs stopped.
-                let held = shared.devices.hold_ram_writers();
-                save.protect();
-                drop(held);
-                console::message(&format!(
-                    "Snapshot-device-hold-time = {} us",
-                    t.elapsed().as_micros()
-                ));
                 if let Some(gate) = gate {
                     while std::fs::remove_file(&gate).is_err() {
                         std::thread::sleep(Duration::from_millis(10));
@@ -563,7 +584,7 @@ impl<V: Vm> Snapshotter<V> {
             pause_us: 0,
             go: Some(go),
         });
-        Ok(())
+        Ok(to_protect)
     }
 }
 
