@@ -9,6 +9,7 @@ instant, a process surviving restore, refusals on a damaged store, and a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -81,13 +82,19 @@ def test_chain_restores_every_layer(chain, cfg, tmp_path):
         assert vm.quit() == 0
 
 
-def test_diffs_are_much_smaller_than_the_full_layer(chain):
+def test_diffs_hold_the_dirtied_pages_not_the_ram(chain):
+    # The full layer holds only pages written since boot, so it is small too;
+    # a diff holds the 2 MiB written into /dev/shm plus what the kernel touched
+    # meanwhile (an amount that depends on guest time, so bounded loosely).
     store, facts = chain
-    full = (store / "golden" / "memory.bin").stat().st_size
+    ram_bytes = MEM << 20
+    page_size = json.loads((store / "golden" / "manifest.json").read_text())["page_size"]
+    written_pages = (2 << 20) // page_size
     for name in ("d1", "d2", "d3"):
         diff = (store / name / "memory.bin").stat().st_size
-        assert diff * 4 < full, f"{name}: diff {diff} bytes vs full {full}"
-        assert facts["pages"][name] * 4 < facts["pages"]["golden"]
+        assert diff * 16 < ram_bytes, f"{name}: diff {diff} bytes vs {ram_bytes} bytes of RAM"
+        assert written_pages <= facts["pages"][name], facts["pages"]
+        assert facts["pages"][name] * 2 < facts["pages"]["golden"], facts["pages"]
 
 
 def test_disk_is_captured_at_the_snapshot_instant(chain, cfg, tmp_path):
