@@ -1,6 +1,7 @@
 """The `vmstore` Python module (snapshot-store/python, pyo3) against a real store made by `boot`.
 
-scripts/test.sh installs it first (`pip install ./snapshot-store/python`).
+scripts/test.sh installs it first (`pip install ./snapshot-store/python`); its own
+quick tests, on stores it writes itself, are in snapshot-store/python/tests/.
 One module-scoped store: a full layer `g` and a diff `g.2` from a guest that
 wrote a marker between them.
 """
@@ -49,6 +50,7 @@ def test_list_inspect_resolve(made):
     assert (g.kind, g.parent, g.diff_pages) == ("full", None, None)
     assert (d.kind, d.parent) == ("diff", "g") and d.diff_pages > 0
     assert g.ram_size == MEM << 20 and g.page_size == 16384 and g.disk_size > 0
+    assert g.creator.startswith("ignition-vmm") and 0 < g.physical_bytes
     assert isinstance(g.created, datetime.datetime) and g.created.tzinfo is not None
     assert abs((datetime.datetime.now(datetime.timezone.utc) - g.created).total_seconds()) < 24 * 3600
     assert len(g.content_sha256) == 64 and os.path.isdir(g.path)
@@ -65,7 +67,7 @@ def test_verify_reports_and_raises_naming_the_file(made, tmp_path):
     r = s.verify("g.2")
     assert r.layers == 2 and r.files >= 8 and r.bytes_hashed > 0
     assert s.verify("g.2", cached=True).files_cached > 0
-    all_ = dict(s.verify_all())
+    all_ = s.verify_all()
     assert set(all_) == {"g", "g.2"} and all(isinstance(v, vmstore.VerifyReport) for v in all_.values())
     # A damaged copy of the store: VerifyError naming state.bin.
     bad = tmp_path / "bad"
@@ -77,8 +79,8 @@ def test_verify_reports_and_raises_naming_the_file(made, tmp_path):
     state.write_bytes(bytes(data))
     with pytest.raises(vmstore.VerifyError) as e:
         vmstore.Store(str(bad)).verify("g.2")
-    assert e.value.path.endswith("g.2/state.bin"), e.value.path
-    assert isinstance(dict(vmstore.Store(str(bad)).verify_all())["g.2"], vmstore.VerifyError)
+    assert e.value.path.endswith("g.2/state.bin") and e.value.problem, e.value.path
+    assert isinstance(vmstore.Store(str(bad)).verify_all()["g.2"], vmstore.VerifyError)
 
 
 def test_overlay_and_pack_match_the_store(made):
@@ -140,12 +142,13 @@ def test_remove_gc_squash_du(made, tmp_path):
     flat = s.squash("g.2", "flat")
     assert (flat.kind, flat.parent) == ("full", None)
     s.verify("flat")
-    rows = {r[0]: r for r in s.du()}
-    assert set(rows) == {"g", "g.2", "flat"} and all(r[2] > 0 for r in rows.values())
+    rows = {u.name: u for u in s.du()}
+    assert set(rows) == {"g", "g.2", "flat"} and all(u.physical_bytes > 0 for u in rows.values())
     with pytest.raises(vmstore.StoreError, match="children"):
         s.remove("g")
     assert s.remove("g", recursive=True) == ["g.2", "g"]
-    assert s.gc() == ([], [])
+    g = s.gc()
+    assert (g.removed, g.kept) == ([], [])
     assert [l.name for l in s.list()] == ["flat"]
     # The CLI agrees.
     import subprocess
@@ -172,4 +175,4 @@ def test_the_vmstore_binary_on_the_same_store(made):
     assert du["total"]["physical_bytes"] == sum(l["physical_bytes"] for l in du["layers"])
     assert run("verify", "g.2", "--json")["ok"] is True
     s = vmstore.Store(str(made))
-    assert {r[0]: r[2] for r in s.du()} == {l["name"]: l["physical_bytes"] for l in du["layers"]}
+    assert {u.name: u.physical_bytes for u in s.du()} == {l["name"]: l["physical_bytes"] for l in du["layers"]}

@@ -366,10 +366,17 @@ impl Store {
     pub fn du(&self) -> Result<Vec<(String, Result<LayerUsage>)>> {
         let mut out = Vec::new();
         for name in self.layer_names()? {
-            let usage = self.layer(&name).and_then(|l| layer_usage(&l.dir));
+            let usage = self.usage(&name);
             out.push((name, usage));
         }
         Ok(out)
+    }
+
+    /// The disk space the layer `name` takes (one row of [`Store::du`]).
+    /// Errors: the name is invalid or not in the store, its manifest is
+    /// unreadable, or a file cannot be examined.
+    pub fn usage(&self, name: &str) -> Result<LayerUsage> {
+        self.layer(name).and_then(|l| layer_usage(&l.dir))
     }
 
     /// Remove the layer `name`. Refuses if other layers build on it, unless
