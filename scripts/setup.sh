@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing Ignition needs on a Debian-based Linux
 # host: the C toolchain for unicorn-engine (cmake, libclang for bindgen),
-# QEMU (the reference boot), Python test tools, the Rust targets and
+# QEMU (the reference boot), Python test tools and maturin, the Rust targets and
 # components CI checks with, and mdBook for the book. Idempotent; fast when everything is present.
 # The guest image's own packages are installed by guest/build.sh.
 set -euo pipefail
@@ -30,6 +30,9 @@ fi
 py_missing=()
 python3 -c 'import pytest' 2>/dev/null || py_missing+=(pytest)
 python3 -c 'import pexpect' 2>/dev/null || py_missing+=(pexpect)
+# maturin builds the vmstore Python module (snapshot-store/python); pip's
+# isolated build fetches its own copy, this one is for `maturin develop`.
+command -v maturin >/dev/null || py_missing+=("maturin>=1.9,<2")
 if [ ${#py_missing[@]} -gt 0 ]; then
     say "pip: installing ${py_missing[*]}"
     python3 -m pip install -q "${py_missing[@]}" 2>/dev/null \

@@ -24,5 +24,7 @@ fi
 echo "[test] pip install ./snapshot-store/python (the vmstore Python module)"
 python3 -m pip install -q ./snapshot-store/python 2>/dev/null \
     || python3 -m pip install -q --break-system-packages ./snapshot-store/python
+echo "[test] pytest snapshot-store/python/tests (the module on stores it writes)"
+python3 -m pytest -q -p no:cacheprovider snapshot-store/python/tests
 echo "[test] pytest"
 python3 -m pytest -q scripts/tests "$@"
