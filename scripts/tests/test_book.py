@@ -1,5 +1,6 @@
 """The book: its command reference matches the binaries, its internal links resolve, it builds,
-and every shell command it shows is run (here, or by CI) or says why it cannot be.
+every shell command it shows is run (here, or by CI) or says why it cannot be, and every
+Python example it shows is run here.
 
 The reference page (book/src/reference.md) is generated from `--help` by
 scripts/cli_reference.py; the link check follows every relative link and
@@ -170,3 +171,77 @@ def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
             console.terminate(child)
     finally:
         shutil.copy2(saved, rootfs)
+
+
+# Every Python example the book shows (```python blocks, by page and first
+# line) is run by one of the tests below, as the book shows it.
+PY_RUN = {
+    ("python.md", "import vmstore"): "test_book_python_vmstore_example",
+    ("python.md", "from ignition import Vm, VmConfig"): "test_book_python_ignition_example",
+    ("control-socket.md", "from ignition.control import Control"): "test_book_python_control_example",
+}
+
+
+def book_python_blocks() -> dict[tuple[str, str], str]:
+    out = {}
+    for page in pages():
+        for block in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S):
+            out[(page.name, block.splitlines()[0])] = block
+    return out
+
+
+def test_every_book_python_example_is_run():
+    shown = book_python_blocks()
+    assert set(shown) == set(PY_RUN), (
+        f"not run (add them to PY_RUN): {sorted(set(shown) - set(PY_RUN))}; "
+        f"no longer in the book: {sorted(set(PY_RUN) - set(shown))}")
+
+
+def run_python(block: str, cwd: Path, timeout: float = 60) -> str:
+    """Runs `block` in a fresh interpreter in `cwd`, with the `ignition` package importable."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(paths.SCRIPTS), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", block], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def test_book_python_vmstore_example(tmp_path):
+    """On a store `golden` -> d1 -> d2 -> d3 the vmstore module writes in ./vmstore."""
+    vmstore = pytest.importorskip("vmstore", reason="pip install ./snapshot-store/python")
+    s = vmstore.Store.create(tmp_path / "vmstore")
+    ram = bytearray(os.urandom(64 * 4096))
+    s.write_full("golden", ram, b"", page_size=4096)
+    for i, (name, parent) in enumerate([("d1", "golden"), ("d2", "d1"), ("d3", "d2")]):
+        ram[i * 4096] ^= 1
+        s.write_diff(name, parent, ram, [i], b"")
+    out = run_python(book_python_blocks()[("python.md", "import vmstore")], tmp_path)
+    assert sorted(line.split()[0] for line in out.splitlines()[:4]) == ["d1", "d2", "d3", "golden"], out
+    assert re.search(r"^\d+ bytes hashed$", out, re.M), out
+
+
+def test_book_python_ignition_example(tmp_path, guest_out):
+    """Boots a copy of the guest's disk as ./copy.ext4 and snapshots it into ./vmstore."""
+    shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
+    out = run_python(book_python_blocks()[("python.md", "from ignition import Vm, VmConfig")], tmp_path, 900)
+    kind, pages_, pause_us = out.split()
+    assert kind == "full" and int(pages_) > 0 and float(pause_us) > 0, out
+    assert (tmp_path / "vmstore" / "golden" / "manifest.json").is_file()
+
+
+def test_book_python_control_example(tmp_path, guest_out, cfg):
+    """Against a VM listening on the example's socket path (a private one in its place)."""
+    from ignition.vm import Vm
+
+    shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
+    sock = tmp_path / "vm.sock"
+    block = book_python_blocks()[("control-socket.md", "from ignition.control import Control")]
+    assert "/tmp/vm.sock" in block
+    with Vm.boot(cfg, disk=tmp_path / "copy.ext4", store=tmp_path / "vmstore", name="golden", track_dirty=True,
+                 extra=["--control", str(sock)], log_path=tmp_path / "boot.log") as vm:
+        vm.login()
+        out = run_python(block.replace("/tmp/vm.sock", str(sock)), tmp_path, 900)
+        assert out.split() == ["paused"], out
+        assert vm.sh("echo alive") == "alive"
+        assert vm.quit() == 0
+    assert (tmp_path / "vmstore" / "golden" / "manifest.json").is_file()
