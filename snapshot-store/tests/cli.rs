@@ -399,3 +399,23 @@ fn verify_and_gc_speak_json_and_exit_codes_follow_the_outcome() {
     assert_eq!(vmstore(root, &["verify"]).code, 2);
     assert_eq!(vmstore(root, &["tree", "--bogus"]).code, 2);
 }
+
+#[test]
+fn squash_and_remove_speak_json() {
+    let (_d, s) = fixture();
+    let root = s.root();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(root, &["squash", "d2", "--name", "flat", "--json"])).unwrap();
+    let flat = s.layer("flat").unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "name": "flat", "kind": "full", "ram_size": 16 * PS,
+            "content_sha256": flat.content_sha256,
+        })
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(root, &["remove", "d1", "--recursive", "--json"])).unwrap();
+    assert_eq!(v, serde_json::json!({"removed": ["d2", "d1"]}));
+    assert_eq!(s.layer_names().unwrap(), vec!["flat", "golden"]);
+}

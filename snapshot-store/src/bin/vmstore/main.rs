@@ -101,6 +101,10 @@ enum Cmd {
         /// Also remove every snapshot built on it.
         #[arg(long)]
         recursive: bool,
+        /// One JSON object instead of text: {"removed": [name]}, deepest
+        /// first.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove work directories left by interrupted writes or removals whose
     /// process is gone, and report what was removed or kept.
@@ -118,6 +122,10 @@ enum Cmd {
         /// Name of the new full snapshot.
         #[arg(long, value_name = "NEW")]
         name: String,
+        /// One JSON object instead of text: {name, kind, ram_size,
+        /// content_sha256} of the new snapshot (sizes in bytes).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -419,13 +427,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Remove { name, recursive } => {
+        Cmd::Remove {
+            name,
+            recursive,
+            json,
+        } => {
             let removed = match store.remove(&name, recursive) {
                 Err(e @ snapshot_store::Error::HasChildren { .. }) => {
                     anyhow::bail!("{e} (vmstore remove --recursive {name})")
                 }
                 r => r?,
             };
+            if json {
+                let doc = serde_json::json!({ "removed": removed });
+                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             for n in removed {
                 writeln!(out, "removed {n}")?;
             }
@@ -456,9 +473,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Squash { spec, name } => {
+        Cmd::Squash { spec, name, json } => {
             let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
             let layer = store.squash(&spec, &name, Some(p))?;
+            if json {
+                let doc = serde_json::json!({
+                    "name": layer.name,
+                    "kind": layer.manifest.kind.to_string(),
+                    "ram_size": layer.manifest.ram_size,
+                    "content_sha256": layer.content_sha256,
+                });
+                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             writeln!(
                 out,
                 "squashed {spec} into full snapshot '{}' ({}, {})",
