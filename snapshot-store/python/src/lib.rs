@@ -8,6 +8,7 @@
 //! file is missing, damaged or inconsistent (with `.path` and `.problem`).
 //! Every call that reads, writes or hashes files releases the GIL.
 
+mod buf;
 mod store;
 mod types;
 
@@ -31,22 +32,20 @@ fn pack_diff<'py>(
     pages: Vec<u64>,
     page_size: u64,
 ) -> PyResult<(Bound<'py, PyBytes>, f64)> {
-    let bytes = ram.to_vec(py)?;
-    let (packed, secs) = py
-        .detach(|| {
-            let t = Instant::now();
-            // Checks the geometry and that every page is inside `ram`.
-            let prefix = ss::encode_diff_prefix(page_size, bytes.len() as u64, &pages)
-                .map_err(|e| e.to_string())?;
-            let mut out = Vec::with_capacity(prefix.len() + pages.len() * page_size as usize);
-            out.extend_from_slice(&prefix);
-            for &p in &pages {
-                let at = (p * page_size) as usize;
-                out.extend_from_slice(&bytes[at..at + page_size as usize]);
-            }
-            Ok::<_, String>((out, t.elapsed().as_secs_f64()))
-        })
-        .map_err(PyValueError::new_err)?;
+    let (packed, secs) = buf::with_bytes(py, &ram, |bytes| {
+        let t = Instant::now();
+        // Checks the geometry and that every page is inside `ram`.
+        let prefix = ss::encode_diff_prefix(page_size, bytes.len() as u64, &pages)
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(prefix.len() + pages.len() * page_size as usize);
+        out.extend_from_slice(&prefix);
+        for &p in &pages {
+            let at = (p * page_size) as usize;
+            out.extend_from_slice(&bytes[at..at + page_size as usize]);
+        }
+        Ok::<_, String>((out, t.elapsed().as_secs_f64()))
+    })?
+    .map_err(PyValueError::new_err)?;
     Ok((PyBytes::new(py, &packed), secs))
 }
 

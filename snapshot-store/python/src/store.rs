@@ -10,6 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use snapshot_store as ss;
 
+use crate::buf::{with_bytes, with_bytes_mut};
 use crate::types::{to_py, GcReport, Layer, StoreError, Usage, VerifyReport};
 
 /// What this module records as a layer's creator.
@@ -43,24 +44,22 @@ impl Store {
         state: &PyBuffer<u8>,
         disk: Option<PathBuf>,
     ) -> PyResult<Layer> {
-        let ram = ram.to_vec(py)?;
         let state = state.to_vec(py)?;
-        let l = py
-            .detach(|| {
-                let mut w = self.inner.begin(name, meta)?;
-                match pages {
-                    None => w.write_full_memory(&ram)?,
-                    Some(p) => {
-                        w.write_diff_from_ram(&ram, p)?;
-                    }
+        let l = with_bytes(py, ram, |ram| {
+            let mut w = self.inner.begin(name, meta)?;
+            match pages {
+                None => w.write_full_memory(ram)?,
+                Some(p) => {
+                    w.write_diff_from_ram(ram, p)?;
                 }
-                w.write_state(&state)?;
-                if let Some(d) = &disk {
-                    w.clone_disk(d, None)?;
-                }
-                w.commit()
-            })
-            .map_err(|e| to_py(py, e))?;
+            }
+            w.write_state(&state)?;
+            if let Some(d) = &disk {
+                w.clone_disk(d, None)?;
+            }
+            w.commit()
+        })?
+        .map_err(|e| to_py(py, e))?;
         self.view(py, &l)
     }
 }
@@ -253,11 +252,6 @@ impl Store {
     /// layers' RAM size) and overlays its diffs. Returns `(seconds, pages
     /// overlaid)`. Verifies nothing: call `verify` first.
     fn overlay_into(&self, py: Python<'_>, spec: &str, ram: PyBuffer<u8>) -> PyResult<(f64, u64)> {
-        if ram.readonly() || !ram.is_c_contiguous() {
-            return Err(PyValueError::new_err(
-                "ram must be a writable, contiguous buffer (a bytearray, say)",
-            ));
-        }
         let chain = py
             .detach(|| self.inner.resolve(spec))
             .map_err(|e| to_py(py, e))?;
@@ -268,14 +262,7 @@ impl Store {
                 ram.len_bytes()
             )));
         }
-        let (ptr, len) = (ram.buf_ptr() as usize, ram.len_bytes());
-        let r = py.detach(|| {
-            // SAFETY: the buffer is writable, contiguous and `len` bytes
-            // long, and `ram` (the PyBuffer) keeps it alive and its
-            // address fixed until it is released after this call; nothing
-            // else in this process writes it while the GIL is released
-            // unless the caller shares it with another thread on purpose.
-            let mem = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+        let r = with_bytes_mut(py, &ram, |mem| {
             let t = Instant::now();
             let base = chain.base().memory_path();
             std::fs::File::open(&base)
@@ -283,7 +270,7 @@ impl Store {
                 .map_err(|e| Err(format!("{}: read: {e}", base.display())))?;
             let pages = ss::overlay_diffs(mem, &chain.layers()[1..]).map_err(Ok)?;
             Ok((t.elapsed().as_secs_f64(), pages))
-        });
+        })?;
         // The error: the store's (Ok) or reading the base's (Err).
         r.map_err(|e: Result<ss::Error, String>| match e {
             Ok(e) => to_py(py, e),

@@ -138,6 +138,8 @@ def test_pack_diff_is_the_diff_file_byte_for_byte(chain):
         vmstore.pack_diff(chain.ram["d1"], [PAGES], page_size=PS)
     with pytest.raises(ValueError):
         vmstore.pack_diff(b"x" * (PS + 1), [0], page_size=PS)
+    with pytest.raises(ValueError, match="contiguous"):
+        vmstore.pack_diff(memoryview(bytearray(2 * PS * PAGES))[::2], [0], page_size=PS)
 
 
 def test_verify_returns_the_report(chain):
