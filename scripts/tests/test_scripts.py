@@ -86,7 +86,9 @@ def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
     sign = [i for i, line in enumerate(c) if line.startswith("codesign")]
     assert len(sign) == 1 and "target/release/boot" in c[sign[0]], c
     assert all(line.startswith("cargo") for line in c[:sign[0]]) and sign[0] >= 2, c
-    assert c[sign[0] + 1:] == ["pip -m pip install -q ./snapshot-store/python", "pytest -m pytest -q scripts/tests"], c
+    assert c[sign[0] + 1:] == ["pip -m pip install -q ./snapshot-store/python",
+                               "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
+                               "pytest -m pytest -q scripts/tests"], c
 
 
 def test_test_sh_does_not_sign_on_linux(tmp_path):
