@@ -5,6 +5,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 
 pub use block::Block;
 pub use mmio::{VirtioMmio, VirtioMmioState, VirtqueueState};

@@ -1,0 +1,370 @@
+//! virtio-net (virtio 1.2 §5.1): the device model, without its host end.
+//!
+//! Two queues: receiveq (0) and transmitq (1). Offered features:
+//! VIRTIO_NET_F_MAC (the configured MAC in config space) and
+//! VIRTIO_NET_F_STATUS (link up). No checksum or segmentation offloads (the
+//! host ends carry plain Ethernet frames) and no mergeable receive buffers:
+//! the driver then posts receive buffers of at least 1518 bytes plus the
+//! header (Linux's "small buffers"), enough for any frame of the 1500-byte
+//! MTU; a frame that does not fit the buffer it would go to is dropped and
+//! counted.
+//!
+//! Transmit runs in the QueueNotify write, handing each frame to the
+//! [`NetBackend`]. Receive is pushed by the host end ([`Net::receive`]) into
+//! a bounded backlog, delivered whenever the driver has buffers (on its
+//! receiveq notification, or when the host end asks the transport to run
+//! queue 0). Every header and frame is 12-byte `virtio_net_hdr` (§5.1.6,
+//! with `num_buffers`, as VIRTIO_F_VERSION_1 requires) followed by the
+//! frame. Guest memory is only written through vm-memory, so received
+//! frames are dirty-tracked like every device write.
+
+use super::{VirtioDevice, VirtioError};
+use crate::devices::Persist;
+use crate::memory::GuestMemory;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
+
+pub mod stream;
+
+/// Index of the receive queue.
+pub const RX_QUEUE: usize = 0;
+/// Index of the transmit queue.
+pub const TX_QUEUE: usize = 1;
+/// Size of each queue (QueueNumMax).
+pub const QUEUE_SIZE: u16 = 256;
+/// Length of `struct virtio_net_hdr` with `num_buffers` (§5.1.6), bytes.
+pub const NET_HDR_LEN: usize = 12;
+/// Largest frame accepted from the guest or the host end, bytes (the
+/// largest the stream framing and Linux's maximum MTU allow).
+pub const MAX_FRAME_LEN: usize = 65535;
+/// Frames kept for the guest while it has no receive buffer; later ones
+/// are dropped.
+pub const RX_BACKLOG_FRAMES: usize = 256;
+
+const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
+/// `struct virtio_net_config`: mac (6 bytes), status (le16).
+const CONFIG_LEN: usize = 8;
+/// Shortest frame passed on: an Ethernet header.
+const MIN_FRAME_LEN: usize = 14;
+
+/// Where transmitted frames go (the host end).
+pub trait NetBackend: Send {
+    /// Sends one Ethernet frame (without the virtio header). An error
+    /// drops the frame (counted); it never stalls the queue.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
+}
+
+/// Frame counters, for the log and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NetCounters {
+    /// Frames the guest sent that the host end took.
+    pub tx_frames: u64,
+    /// Frames the guest sent that were dropped (malformed, oversized, or
+    /// refused by the host end).
+    pub tx_dropped: u64,
+    /// Frames delivered to the guest.
+    pub rx_frames: u64,
+    /// Frames for the guest that were dropped (backlog full, too large for
+    /// the buffer, malformed).
+    pub rx_dropped: u64,
+}
+
+/// A virtio network device.
+pub struct Net {
+    mac: [u8; 6],
+    backend: Box<dyn NetBackend>,
+    acked_features: u64,
+    backlog: VecDeque<Vec<u8>>,
+    counters: NetCounters,
+    config: [u8; CONFIG_LEN],
+    tx_buf: Vec<u8>,
+}
+
+/// The saved state: the MAC and the negotiated features (frames in flight
+/// are not kept: a link may drop them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    /// The MAC address the guest knows.
+    pub mac: [u8; 6],
+    /// Features the driver accepted.
+    pub acked_features: u64,
+}
+
+/// What a restored device is given: the MAC the command line asks for
+/// (which must be the saved one) and the host end, newly opened.
+pub struct NetArgs {
+    /// The configured MAC.
+    pub mac: [u8; 6],
+    /// The host end.
+    pub backend: Box<dyn NetBackend>,
+}
+
+impl Net {
+    /// A device with MAC `mac` whose frames go to `backend`.
+    pub fn new(mac: [u8; 6], backend: Box<dyn NetBackend>) -> Self {
+        let mut config = [0u8; CONFIG_LEN];
+        config[..6].copy_from_slice(&mac);
+        config[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        Net {
+            mac,
+            backend,
+            acked_features: 0,
+            backlog: VecDeque::new(),
+            counters: NetCounters::default(),
+            config,
+            tx_buf: Vec::new(),
+        }
+    }
+
+    /// The MAC address.
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// The frame counters.
+    pub fn counters(&self) -> NetCounters {
+        self.counters
+    }
+
+    /// A frame from the host end for the guest: kept until the driver has
+    /// a buffer (then the transport must run [`RX_QUEUE`]). Returns `false`
+    /// if it was dropped: malformed, oversized, or the backlog is full.
+    pub fn receive(&mut self, frame: &[u8]) -> bool {
+        if !(MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&frame.len())
+            || self.backlog.len() >= RX_BACKLOG_FRAMES
+        {
+            self.counters.rx_dropped += 1;
+            return false;
+        }
+        self.backlog.push_back(frame.to_vec());
+        true
+    }
+
+    /// Whether frames wait for receive buffers.
+    pub fn has_backlog(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
+    /// Whether the backlog is full (the host end should stop reading).
+    pub fn backlog_full(&self) -> bool {
+        self.backlog.len() >= RX_BACKLOG_FRAMES
+    }
+
+    /// Delivers backlogged frames into the receiveq's buffers, one frame
+    /// per buffer; returns whether a buffer was used.
+    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+        let mut used = false;
+        while !self.backlog.is_empty() {
+            let Some(chain) = queue.iter(mem)?.next() else {
+                break;
+            };
+            let head = chain.head_index();
+            let frame = self.backlog.pop_front().expect("checked non-empty");
+            let len = match write_frame(chain, mem, &frame) {
+                Ok(n) => {
+                    self.counters.rx_frames += 1;
+                    n
+                }
+                Err(why) => {
+                    crate::warn_ratelimited!("virtio-net: receive buffer: {why}; frame dropped");
+                    self.counters.rx_dropped += 1;
+                    0
+                }
+            };
+            queue.add_used(mem, head, len)?;
+            used = true;
+        }
+        Ok(used)
+    }
+
+    /// Sends the frames of the transmitq's chains; returns whether a chain
+    /// was used.
+    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+        let mut used = false;
+        loop {
+            let Some(chain) = queue.iter(mem)?.next() else {
+                break;
+            };
+            let head = chain.head_index();
+            match read_frame(chain, mem, &mut self.tx_buf) {
+                Ok(()) => match self.backend.send(&self.tx_buf) {
+                    Ok(()) => self.counters.tx_frames += 1,
+                    Err(e) => {
+                        crate::warn_ratelimited!("virtio-net: host end: {e}; frame dropped");
+                        self.counters.tx_dropped += 1;
+                    }
+                },
+                Err(why) => {
+                    crate::warn_ratelimited!("virtio-net: transmit: {why}; frame dropped");
+                    self.counters.tx_dropped += 1;
+                }
+            }
+            queue.add_used(mem, head, 0)?;
+            used = true;
+        }
+        Ok(used)
+    }
+}
+
+/// Reads a transmit chain's header and frame into `buf` (the frame only).
+fn read_frame(
+    chain: DescriptorChain<&GuestMemory>,
+    mem: &GuestMemory,
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let mut reader = Reader::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
+    let len = reader.available_bytes();
+    if len < NET_HDR_LEN + MIN_FRAME_LEN {
+        return Err(format!("{len} bytes is shorter than a header and a frame"));
+    }
+    if len - NET_HDR_LEN > MAX_FRAME_LEN {
+        return Err(format!(
+            "{} bytes is more than the largest frame, {MAX_FRAME_LEN}",
+            len - NET_HDR_LEN
+        ));
+    }
+    let mut hdr = [0u8; NET_HDR_LEN];
+    reader
+        .read_exact(&mut hdr)
+        .map_err(|e| format!("reading the header: {e}"))?;
+    buf.resize(len - NET_HDR_LEN, 0);
+    reader
+        .read_exact(buf)
+        .map_err(|e| format!("reading the frame: {e}"))
+}
+
+/// Writes the header (no offloads, one buffer) and `frame` into a receive
+/// chain; returns the bytes written.
+fn write_frame(
+    chain: DescriptorChain<&GuestMemory>,
+    mem: &GuestMemory,
+    frame: &[u8],
+) -> Result<u32, String> {
+    let mut writer = Writer::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
+    let room = writer.available_bytes();
+    if room < NET_HDR_LEN + frame.len() {
+        return Err(format!(
+            "{room} bytes is too small for a {}-byte frame",
+            frame.len()
+        ));
+    }
+    let mut hdr = [0u8; NET_HDR_LEN];
+    // num_buffers = 1 (§5.1.6.4).
+    hdr[10..12].copy_from_slice(&1u16.to_le_bytes());
+    writer
+        .write_all(&hdr)
+        .and_then(|()| writer.write_all(frame))
+        .map_err(|e| format!("writing the frame: {e}"))?;
+    Ok((NET_HDR_LEN + frame.len()) as u32)
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS)
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &QUEUE_SIZES
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = offset
+                .checked_add(i as u64)
+                .and_then(|o| usize::try_from(o).ok())
+                .and_then(|o| self.config.get(o))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        crate::warn_ratelimited!(
+            "virtio-net: {}-byte write to read-only config offset {offset:#x} ignored",
+            data.len()
+        );
+    }
+
+    fn activate(&mut self, features: u64) -> Result<(), VirtioError> {
+        self.acked_features = features;
+        Ok(())
+    }
+
+    fn process_queue(
+        &mut self,
+        queue_index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemory,
+    ) -> Result<bool, VirtioError> {
+        match queue_index {
+            RX_QUEUE => self.deliver(queue, mem),
+            TX_QUEUE => self.transmit(queue, mem),
+            _ => Ok(false),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.acked_features = 0;
+        self.backlog.clear();
+    }
+
+    /// Transmit completes inside `process_queue`; frames waiting for the
+    /// guest are not in flight in guest memory.
+    fn quiesce(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Persist for Net {
+    type State = NetState;
+    type Args = NetArgs;
+    type Error = VirtioError;
+
+    fn save(&self) -> NetState {
+        NetState {
+            mac: self.mac,
+            acked_features: self.acked_features,
+        }
+    }
+
+    /// The device with the saved MAC, which must be the one the command
+    /// line asks for, and features, which it must offer.
+    fn restore(args: NetArgs, state: &NetState) -> Result<Self, VirtioError> {
+        if args.mac != state.mac {
+            return Err(VirtioError::InvalidState(format!(
+                "the snapshot's network device has MAC {}, the command line asks for {}",
+                format_mac(&state.mac),
+                format_mac(&args.mac)
+            )));
+        }
+        let mut net = Net::new(args.mac, args.backend);
+        let offered = net.features() | super::TRANSPORT_FEATURES;
+        if state.acked_features & !offered != 0 {
+            return Err(VirtioError::InvalidState(format!(
+                "network features {:#x} were not offered",
+                state.acked_features
+            )));
+        }
+        net.acked_features = state.acked_features;
+        Ok(net)
+    }
+}
+
+/// `52:54:00:12:34:56`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[cfg(test)]
+mod tests;

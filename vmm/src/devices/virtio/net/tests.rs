@@ -1,0 +1,229 @@
+use super::*;
+use crate::arch::layout::RAM_BASE;
+use crate::devices::virtio::mmio::tests::{ram, used_elem, USED_RING};
+use crate::memory::GuestRam;
+use std::sync::{Arc, Mutex};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{Bytes, GuestAddress};
+
+const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+const BUF: u64 = RAM_BASE + 0x10000;
+
+/// A host end that records what it is sent, or refuses.
+#[derive(Clone, Default)]
+struct Sink {
+    frames: Arc<Mutex<Vec<Vec<u8>>>>,
+    refuse: bool,
+}
+
+impl NetBackend for Sink {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.refuse {
+            return Err(io::Error::other("host end gone"));
+        }
+        self.frames.lock().unwrap().push(frame.to_vec());
+        Ok(())
+    }
+}
+
+fn net() -> (Net, Sink) {
+    let sink = Sink::default();
+    (Net::new(MAC, Box::new(sink.clone())), sink)
+}
+
+fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+    let mut q: Queue = vq.create_queue().unwrap();
+    q.try_set_used_ring_address(GuestAddress(USED_RING))
+        .unwrap();
+    (vq, q)
+}
+
+/// Adds a chain of `(address, length, device-writable)` buffers whose
+/// descriptors start at index `first`.
+fn add_chain(vq: &MockSplitQueue<'_, GuestMemory>, first: u16, parts: &[(u64, u32, bool)]) {
+    let descs: Vec<RawDescriptor> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(addr, len, writable))| {
+            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
+            if i + 1 < parts.len() {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            RawDescriptor::from(SplitDescriptor::new(
+                addr,
+                len,
+                flags as u16,
+                first + i as u16 + 1,
+            ))
+        })
+        .collect();
+    vq.add_desc_chains(&descs, first).unwrap();
+}
+
+fn frame(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn config_space_and_features() {
+    let (n, _) = net();
+    let mut cfg = [0xffu8; 10];
+    n.read_config(0, &mut cfg);
+    assert_eq!(cfg[..6], MAC);
+    assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), 1, "link up");
+    assert_eq!(cfg[8..], [0, 0]);
+    assert_eq!(n.device_type(), 1);
+    assert_eq!(n.features(), (1 << 5) | (1 << 16));
+    assert_eq!(n.queue_max_sizes(), [256, 256]);
+    assert_eq!(format_mac(&MAC), "52:54:00:12:34:56");
+}
+
+#[test]
+fn transmit_hands_each_frame_to_the_host_end() {
+    let ram = ram();
+    let (mut n, sink) = net();
+    let (vq, mut q) = queue(&ram);
+    let f = frame(100, 1);
+    // Header and frame split across two descriptors, as Linux may.
+    ram.memory()
+        .write_slice(&[0u8; 12], GuestAddress(BUF))
+        .unwrap();
+    ram.memory()
+        .write_slice(&f, GuestAddress(BUF + 0x1000))
+        .unwrap();
+    add_chain(&vq, 0, &[(BUF, 12, false), (BUF + 0x1000, 100, false)]);
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(*sink.frames.lock().unwrap(), [f]);
+    assert_eq!(used_elem(&ram, 0), (0, 0));
+    assert_eq!(n.counters().tx_frames, 1);
+}
+
+#[test]
+fn malformed_or_refused_transmits_are_dropped_and_counted() {
+    let ram = ram();
+    let (mut n, sink) = net();
+    let (vq, mut q) = queue(&ram);
+    // Too short, a writable buffer, too long, then a good one.
+    add_chain(&vq, 0, &[(BUF, 20, false)]);
+    add_chain(&vq, 1, &[(BUF, 200, true)]);
+    add_chain(&vq, 2, &[(BUF, 12 + MAX_FRAME_LEN as u32 + 1, false)]);
+    add_chain(&vq, 3, &[(BUF, 12 + 60, false)]);
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(sink.frames.lock().unwrap().len(), 1);
+    assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (1, 3));
+    // A host end that refuses: dropped, the queue goes on.
+    let mut sink2 = Sink::default();
+    sink2.refuse = true;
+    let mut n2 = Net::new(MAC, Box::new(sink2));
+    let (vq2, mut q2) = queue(&ram);
+    add_chain(&vq2, 0, &[(BUF, 12 + 60, false)]);
+    assert!(n2.process_queue(TX_QUEUE, &mut q2, ram.memory()).unwrap());
+    assert_eq!(n2.counters().tx_dropped, 1);
+}
+
+#[test]
+fn receive_waits_for_buffers_and_marks_pages_dirty() {
+    let ram = ram();
+    let (mut n, _) = net();
+    let (vq, mut q) = queue(&ram);
+    let f = frame(1514, 9);
+    assert!(n.receive(&f));
+    // No buffer yet: nothing used, the frame waits.
+    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.has_backlog());
+    add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
+    ram.vmm_dirty().reset();
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(used_elem(&ram, 0), (0, 12 + 1514));
+    let mut hdr = [0u8; 12];
+    ram.memory()
+        .read_slice(&mut hdr, GuestAddress(BUF))
+        .unwrap();
+    assert_eq!(hdr, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "num_buffers 1");
+    let mut back = vec![0u8; 1514];
+    ram.memory()
+        .read_slice(&mut back, GuestAddress(BUF + 12))
+        .unwrap();
+    assert_eq!(back, f);
+    let page = ((BUF - RAM_BASE) / crate::arch::layout::PAGE_SIZE) as usize;
+    assert!(
+        ram.vmm_dirty().is_bit_set(page),
+        "received into a dirty page"
+    );
+    assert!(!n.has_backlog());
+}
+
+#[test]
+fn receive_drops_what_cannot_fit_and_bounds_the_backlog() {
+    let ram = ram();
+    let (mut n, _) = net();
+    let (vq, mut q) = queue(&ram);
+    assert!(!n.receive(&[0u8; 10]), "shorter than an Ethernet header");
+    assert!(!n.receive(&vec![0u8; MAX_FRAME_LEN + 1]));
+    for i in 0..RX_BACKLOG_FRAMES {
+        assert!(n.receive(&frame(64, i as u8)));
+    }
+    assert!(n.backlog_full());
+    assert!(!n.receive(&frame(64, 0)), "backlog full");
+    assert_eq!(n.counters().rx_dropped, 3);
+    // A buffer too small for the frame: the frame is dropped, the buffer
+    // returned empty; the next frame takes the next buffer.
+    add_chain(&vq, 0, &[(BUF, 40, true)]);
+    add_chain(&vq, 1, &[(BUF + 0x1000, 12 + 64, true)]);
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(used_elem(&ram, 0), (0, 0));
+    assert_eq!(used_elem(&ram, 1), (1, 12 + 64));
+    assert_eq!((n.counters().rx_frames, n.counters().rx_dropped), (1, 4));
+    // A readable (driver-to-device) buffer on the receiveq: not written.
+    add_chain(&vq, 2, &[(BUF + 0x2000, 12 + 64, false)]);
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(used_elem(&ram, 2), (2, 0));
+}
+
+#[test]
+fn restore_keeps_the_mac_and_refuses_another() {
+    let (mut n, _) = net();
+    n.activate((1 << 5) | (1 << 32)).unwrap();
+    let state = n.save();
+    let back = Net::restore(
+        NetArgs {
+            mac: MAC,
+            backend: Box::new(Sink::default()),
+        },
+        &state,
+    )
+    .unwrap();
+    assert_eq!(back.save(), state);
+    let other = [0x52, 0x54, 0, 0, 0, 1];
+    let e = Net::restore(
+        NetArgs {
+            mac: other,
+            backend: Box::new(Sink::default()),
+        },
+        &state,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("52:54:00:12:34:56") && e.contains("52:54:00:00:00:01"),
+        "{e}"
+    );
+    let bad = NetState {
+        mac: MAC,
+        acked_features: 1 << 63,
+    };
+    assert!(Net::restore(
+        NetArgs {
+            mac: MAC,
+            backend: Box::new(Sink::default())
+        },
+        &bad
+    )
+    .is_err());
+}
