@@ -4,6 +4,7 @@
 //! device-status state machine and the interrupt.
 
 pub mod block;
+pub mod host_io;
 pub mod mmio;
 pub mod net;
 

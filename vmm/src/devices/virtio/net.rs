@@ -185,10 +185,7 @@ impl Net {
     /// was used.
     fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
         let mut used = false;
-        loop {
-            let Some(chain) = queue.iter(mem)?.next() else {
-                break;
-            };
+        while let Some(chain) = queue.iter(mem)?.next() {
             let head = chain.head_index();
             match read_frame(chain, mem, &mut self.tx_buf) {
                 Ok(()) => match self.backend.send(&self.tx_buf) {

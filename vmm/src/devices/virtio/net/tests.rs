@@ -117,8 +117,10 @@ fn malformed_or_refused_transmits_are_dropped_and_counted() {
     assert_eq!(sink.frames.lock().unwrap().len(), 1);
     assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (1, 3));
     // A host end that refuses: dropped, the queue goes on.
-    let mut sink2 = Sink::default();
-    sink2.refuse = true;
+    let sink2 = Sink {
+        refuse: true,
+        ..Default::default()
+    };
     let mut n2 = Net::new(MAC, Box::new(sink2));
     let (vq2, mut q2) = queue(&ram);
     add_chain(&vq2, 0, &[(BUF, 12 + 60, false)]);
