@@ -56,6 +56,16 @@ pub trait NetBackend: Send {
     /// Sends one Ethernet frame (without the virtio header). An error
     /// drops the frame (counted); it never stalls the queue.
     fn send(&mut self, frame: &[u8]) -> io::Result<()>;
+
+    /// Sends what earlier [`NetBackend::send`]s left buffered.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Whether bytes are buffered, waiting for the host end to take them.
+    fn pending(&self) -> bool {
+        false
+    }
 }
 
 /// Frame counters, for the log and tests.
@@ -123,6 +133,11 @@ impl Net {
     /// The MAC address.
     pub fn mac(&self) -> [u8; 6] {
         self.mac
+    }
+
+    /// The host end.
+    pub fn backend_mut(&mut self) -> &mut dyn NetBackend {
+        &mut *self.backend
     }
 
     /// The frame counters.

@@ -2,7 +2,92 @@
 //! Unix stream socket: each Ethernet frame is preceded by its length as a
 //! 4-byte big-endian integer.
 
-use super::MAX_FRAME_LEN;
+use super::{NetBackend, MAX_FRAME_LEN};
+use crate::devices::virtio::host_io::Waker;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// Bytes buffered for a host end that is not reading, at most: a frame that
+/// would go past this is dropped.
+pub const OUT_LIMIT: usize = 1 << 20;
+
+/// The transmit side of a stream host end: a connected, non-blocking Unix
+/// stream socket and the bytes it has not taken yet.
+pub struct StreamEnd {
+    sock: UnixStream,
+    out: Vec<u8>,
+    /// Told when bytes stay buffered, so that the host I/O thread waits
+    /// for the socket to take them.
+    waker: Option<Waker>,
+}
+
+impl StreamEnd {
+    /// Connects to the stream socket at `path`; returns the end and a
+    /// second handle of the socket, for the thread that receives.
+    pub fn connect(path: &Path) -> io::Result<(Self, UnixStream)> {
+        let sock = UnixStream::connect(path)?;
+        sock.set_nonblocking(true)?;
+        let rx = sock.try_clone()?;
+        Ok((
+            StreamEnd {
+                sock,
+                out: Vec::new(),
+                waker: None,
+            },
+            rx,
+        ))
+    }
+
+    /// Who to wake when bytes stay buffered.
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
+    }
+}
+
+impl NetBackend for StreamEnd {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.out.len() + 4 + frame.len() > OUT_LIMIT {
+            self.flush()?;
+            if self.out.len() + 4 + frame.len() > OUT_LIMIT {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "the host end is not taking frames",
+                ));
+            }
+        }
+        encode_into(&mut self.out, frame);
+        self.flush()?;
+        if !self.out.is_empty() {
+            if let Some(w) = &self.waker {
+                w.wake();
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let mut done = 0;
+        let r = loop {
+            if done == self.out.len() {
+                break Ok(());
+            }
+            match self.sock.write(&self.out[done..]) {
+                Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.out.drain(..done);
+        r
+    }
+
+    fn pending(&self) -> bool {
+        !self.out.is_empty()
+    }
+}
 
 /// Appends `frame`, framed, to `out`.
 pub fn encode_into(out: &mut Vec<u8>, frame: &[u8]) {
@@ -92,6 +177,53 @@ mod tests {
                 .collect();
             assert_eq!(got, frames, "pieces of {piece}");
         }
+    }
+
+    #[test]
+    fn the_stream_end_frames_what_it_sends_and_bounds_what_it_keeps() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (mut end, _rx) = StreamEnd::connect(&path).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        end.send(&[1, 2, 3]).unwrap();
+        let mut got = [0u8; 7];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(got, [0, 0, 0, 3, 1, 2, 3]);
+        // A peer that does not read: bytes pile up to the limit, then
+        // frames are refused (dropped by the device), never blocking.
+        let frame = vec![9u8; 60_000];
+        let mut refused = 0;
+        for _ in 0..200 {
+            if end.send(&frame).is_err() {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0 && end.pending());
+        assert!(end.out.len() <= OUT_LIMIT);
+        // Once the peer reads, flush sends what was kept, in order.
+        peer.set_nonblocking(true).unwrap();
+        let mut d = StreamDecoder::default();
+        let mut n = 0;
+        let mut buf = vec![0u8; 1 << 16];
+        for _ in 0..10_000 {
+            end.flush().unwrap();
+            match peer.read(&mut buf) {
+                Ok(k) => d.push(&buf[..k], |f| {
+                    assert_eq!(f, &frame[..]);
+                    n += 1;
+                }),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !end.pending() {
+                        break;
+                    }
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(!end.pending());
+        assert_eq!(n, 200 - refused);
     }
 
     #[test]
