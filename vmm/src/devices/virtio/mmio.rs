@@ -443,12 +443,22 @@ impl<D: VirtioDevice> VirtioMmio<D> {
             );
             return;
         }
-        let index = value as usize;
+        self.run_queue(value as usize);
+    }
+
+    /// The host end has work for queue `index` (frames for the receiveq,
+    /// say): runs it as a notification would, if the driver is running;
+    /// otherwise does nothing (the work waits for the driver).
+    pub fn kick(&mut self, index: usize) {
+        if self.status & (DRIVER_OK | NEEDS_RESET | FAILED) == DRIVER_OK {
+            self.run_queue(index);
+        }
+    }
+
+    fn run_queue(&mut self, index: usize) {
         let mem = self.ram.memory();
         let Some(queue) = self.queues.get_mut(index).filter(|q| q.ready()) else {
-            crate::warn_ratelimited!(
-                "virtio-mmio: QueueNotify for absent or stopped queue {value}"
-            );
+            crate::warn_ratelimited!("virtio-mmio: absent or stopped queue {index}; not run");
             return;
         };
         match run_queue(&mut self.device, index, queue, mem) {

@@ -18,6 +18,7 @@
 //! frame. Guest memory is only written through vm-memory, so received
 //! frames are dirty-tracked like every device write.
 
+use super::host_io::Waker;
 use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
 use crate::memory::GuestMemory;
@@ -42,14 +43,14 @@ pub const NET_HDR_LEN: usize = 12;
 /// largest the stream framing and Linux's maximum MTU allow).
 pub const MAX_FRAME_LEN: usize = 65535;
 /// Frames kept for the guest while it has no receive buffer; later ones
-/// are dropped.
-pub const RX_BACKLOG_FRAMES: usize = 256;
+/// are dropped (the host end's thread stops reading well before).
+pub const RX_BACKLOG_FRAMES: usize = 1024;
 
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
 /// `struct virtio_net_config`: mac (6 bytes), status (le16).
 const CONFIG_LEN: usize = 8;
-/// Shortest frame passed on: an Ethernet header.
-const MIN_FRAME_LEN: usize = 14;
+/// Shortest frame passed on: an Ethernet header, bytes.
+pub const MIN_FRAME_LEN: usize = 14;
 
 /// Where transmitted frames go (the host end).
 pub trait NetBackend: Send {
@@ -66,6 +67,9 @@ pub trait NetBackend: Send {
     fn pending(&self) -> bool {
         false
     }
+
+    /// Who to wake when bytes stay buffered (the host end's thread).
+    fn set_waker(&mut self, _waker: Waker) {}
 }
 
 /// Frame counters, for the log and tests.
@@ -92,6 +96,8 @@ pub struct Net {
     counters: NetCounters,
     config: [u8; CONFIG_LEN],
     tx_buf: Vec<u8>,
+    /// The host end's thread, woken when receive buffers free backlog.
+    waker: Option<Waker>,
 }
 
 /// The saved state: the MAC and the negotiated features (frames in flight
@@ -127,7 +133,19 @@ impl Net {
             counters: NetCounters::default(),
             config,
             tx_buf: Vec::new(),
+            waker: None,
         }
+    }
+
+    /// Who to wake when frames leave the backlog or bytes stay buffered.
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.backend.set_waker(waker.clone());
+        self.waker = Some(waker);
+    }
+
+    /// Frames waiting for receive buffers.
+    pub fn backlog_len(&self) -> usize {
+        self.backlog.len()
     }
 
     /// The MAC address.
@@ -192,6 +210,11 @@ impl Net {
             };
             queue.add_used(mem, head, len)?;
             used = true;
+        }
+        if used {
+            if let Some(w) = &self.waker {
+                w.wake();
+            }
         }
         Ok(used)
     }

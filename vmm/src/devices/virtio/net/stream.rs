@@ -2,11 +2,87 @@
 //! Unix stream socket: each Ethernet frame is preceded by its length as a
 //! 4-byte big-endian integer.
 
-use super::{NetBackend, MAX_FRAME_LEN};
-use crate::devices::virtio::host_io::Waker;
-use std::io::{self, Write};
+use super::{Net, NetBackend, MAX_FRAME_LEN, MIN_FRAME_LEN, RX_BACKLOG_FRAMES, RX_QUEUE};
+use crate::devices::virtio::host_io::{HostIo, Interest, Waker};
+use crate::devices::virtio::VirtioMmio;
+use crate::sync::Locked;
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 16 << 10;
+/// Reads per wake-up, so that one busy peer cannot hold the device lock.
+const READS_PER_WAKE: usize = 16;
+/// Most frames one read can hold.
+const FRAMES_PER_READ: usize = READ_CHUNK / (4 + MIN_FRAME_LEN);
+
+/// Starts the thread that takes frames from the stream host end `rx` (the
+/// second handle [`StreamEnd::connect`] returned) into `dev` and flushes
+/// what its transmit side kept. It reads only while a whole read's worth of
+/// frames fits the device's backlog; a closed connection is a link down,
+/// logged once.
+pub fn spawn_receiver(dev: Arc<Mutex<VirtioMmio<Net>>>, rx: UnixStream) -> io::Result<HostIo> {
+    rx.set_nonblocking(true)?;
+    let mut reader = rx.try_clone()?;
+    let mut decoder = StreamDecoder::default();
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut closed = false;
+    let d = dev.clone();
+    let io = HostIo::spawn(
+        "virtio-net-rx",
+        rx.into(),
+        Interest {
+            read: true,
+            write: false,
+        },
+        move |ready| {
+            let mut m = d.locked();
+            let room = |m: &VirtioMmio<Net>| {
+                m.device().backlog_len() + FRAMES_PER_READ <= RX_BACKLOG_FRAMES
+            };
+            if ready.readable && !closed {
+                for _ in 0..READS_PER_WAKE {
+                    if !room(&m) {
+                        break;
+                    }
+                    match reader.read(&mut buf) {
+                        Ok(0) => {
+                            tracing::warn!(
+                                "virtio-net: the host end closed the connection: link down"
+                            );
+                            closed = true;
+                            break;
+                        }
+                        Ok(n) => decoder.push(&buf[..n], |f| {
+                            m.device_mut().receive(f);
+                        }),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            tracing::warn!("virtio-net: reading the host end: {e}: link down");
+                            closed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if m.device().has_backlog() {
+                m.kick(RX_QUEUE);
+            }
+            if let Err(e) = m.device_mut().backend_mut().flush() {
+                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
+            }
+            Interest {
+                read: !closed && room(&m),
+                write: m.device_mut().backend_mut().pending(),
+            }
+        },
+    )?;
+    dev.locked().device_mut().set_waker(io.waker());
+    Ok(io)
+}
 
 /// Bytes buffered for a host end that is not reading, at most: a frame that
 /// would go past this is dropped.
@@ -37,11 +113,6 @@ impl StreamEnd {
             },
             rx,
         ))
-    }
-
-    /// Who to wake when bytes stay buffered.
-    pub fn set_waker(&mut self, waker: Waker) {
-        self.waker = Some(waker);
     }
 }
 
@@ -86,6 +157,10 @@ impl NetBackend for StreamEnd {
 
     fn pending(&self) -> bool {
         !self.out.is_empty()
+    }
+
+    fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
     }
 }
 
