@@ -303,7 +303,7 @@ build_rootfs() {
     [[ $(od -An -tx1 -N6 "$bb" | tr -d ' \n') == 7f454c460201 ]] || { echo "busybox is not ELF64 LE"; return 1; }
     [[ $(od -An -tu2 -j18 -N2 "$bb" | tr -d ' ') == 183 ]] || { echo "busybox is not aarch64"; return 1; }
 
-    install -d -m 0755 "$root" "$root"/{bin,dev,etc,etc/init.d,mnt,proc,run,sys,usr,var}
+    install -d -m 0755 "$root" "$root"/{bin,dev,etc,etc/init.d,etc/udhcpc,mnt,proc,run,sys,usr,var}
     install -d -m 0700 "$root/root"
     install -d -m 1777 "$root/tmp"
     install -m 0755 "$bb" "$root/bin/busybox"
@@ -321,7 +321,7 @@ build_rootfs() {
     grep -vqE '^[][a-z0-9_.-]+$' "$WORK/applets" && { echo "unexpected applet name in table"; return 1; }
     sort -c "$WORK/applets" || { echo "applet table not sorted: wrong table?"; return 1; }
     local a
-    for a in init sh getty login mount devmem poweroff reboot hostname od; do
+    for a in init sh getty login mount devmem poweroff reboot hostname od ifconfig route udhcpc wget sha256sum httpd; do
         grep -qx -- "$a" "$WORK/applets" || { echo "busybox lacks applet $a"; return 1; }
     done
     echo "$(wc -l <"$WORK/applets") applets"
@@ -336,6 +336,7 @@ build_rootfs() {
     done <<'EOF'
 bin/getconf 0755
 etc/init.d/rcS 0755
+etc/udhcpc/default.script 0755
 etc/inittab 0644
 etc/passwd 0644
 etc/shadow 0600

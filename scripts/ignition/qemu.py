@@ -21,8 +21,15 @@ def qemu_argv(
     append: str = DEFAULT_APPEND,
     cpu: str = "max",
     qemu: str = QEMU,
+    net_socket: os.PathLike | str | None = None,
 ) -> list[str]:
-    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device."""
+    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device, and
+    with `net_socket` a virtio-mmio network device on that stream socket (passt), in the
+    second transport as in Ignition."""
+    net = [] if net_socket is None else [
+        "-netdev", f"stream,id=n0,server=off,addr.type=unix,addr.path={net_socket}",
+        "-device", "virtio-net-device,netdev=n0,bus=virtio-mmio-bus.1",
+    ]
     return [
         qemu,
         "-M", "virt,gic-version=3",
@@ -37,6 +44,7 @@ def qemu_argv(
         "-drive", f"if=none,file={disk},format=raw,id=hd0",
         # bus 0 = the first transport, 0x0a000000 (unqualified: the last one).
         "-device", "virtio-blk-device,drive=hd0,bus=virtio-mmio-bus.0",
+        *net,
     ]
 
 

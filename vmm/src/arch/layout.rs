@@ -8,7 +8,8 @@
 //! 0x080A_0000  GICv3 redistributors (GICR)         128 KiB per vCPU (RD + SGI frames)
 //! 0x0900_0000  PL011 UART                          4 KiB, SPI 1 (INTID 33), level
 //! 0x0910_0000  boot-timer                          4 KiB
-//! 0x0A00_0000  virtio-mmio slot n                  0x200 each, SPI 16+n (INTID 48+n), level
+//! 0x0A00_0000  virtio-mmio slot n                  0x200 each, SPI 16+n (INTID 48+n), level:
+//!                                                  0 virtio-blk, 1 virtio-net
 //! 0x4000_0000  RAM                                 --mem MiB; its last 16 KiB page holds the
 //!                                                  VM generation ID, SPI 2 (INTID 34), edge
 //! ```
@@ -213,9 +214,16 @@ pub const MMIO_REGIONS: [MmioRegion; 5] = [GICD, GICR, PL011, BOOT_TIMER, VIRTIO
 /// Slot of the root block device (`/dev/vda`).
 pub const VIRTIO_BLK_SLOT: u32 = 0;
 
-/// The MMIO devices the VMM wires to an interrupt (each a level-triggered
-/// SPI).
-pub const IRQ_DEVICES: [MmioRegion; 2] = [PL011, virtio_mmio(VIRTIO_BLK_SLOT)];
+/// Slot of the network device (`boot --net`; absent without it).
+pub const VIRTIO_NET_SLOT: u32 = 1;
+
+/// The MMIO devices the VMM may wire to an interrupt (each a
+/// level-triggered SPI; an absent device's line stays low).
+pub const IRQ_DEVICES: [MmioRegion; 3] = [
+    PL011,
+    virtio_mmio(VIRTIO_BLK_SLOT),
+    virtio_mmio(VIRTIO_NET_SLOT),
+];
 
 /// The VM generation ID's notification: an edge-triggered SPI (the guest has
 /// no register to acknowledge it with).
@@ -290,7 +298,7 @@ mod tests {
         for (base, _) in regions {
             assert!(base == GICD_BASE || base == GICR_BASE || base >= GIC_WINDOW_END);
         }
-        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 34]);
+        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 49, 34]);
     }
 
     #[test]

@@ -3,9 +3,10 @@
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ignition_vmm::arch::layout;
+use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::{
-    BootSource, FreshBoot, MachineConfig, SnapshotMode, SnapshotOptions, VmExit,
+    BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VmExit,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,6 +79,13 @@ fn default_cmdline() -> String {
 /// restored VM runs on a private copy of the snapshot's disk, discarded at
 /// exit unless a snapshot is taken.
 ///
+/// --net HOST: the network device's host end. `stream:PATH` connects to a
+/// Unix stream socket speaking QEMU's stream framing: `passt` on Linux
+/// (e.g. `passt -f -1 -s /tmp/passt.sock`), `socket_vmnet` on macOS.
+/// `tap:NAME` attaches to a Linux TAP interface. `none` (default): no
+/// network device. A restored VM must name a host end again (it may be a
+/// new one) exactly when its snapshot has a network device.
+///
 /// --gic MODE: `userspace` (default) is the VMM's GICv3 model, on every
 /// backend. `hvf` is Hypervisor.framework's in-kernel GICv3: hvf backend
 /// only, macOS 15 or later. A snapshot records its mode; --restore uses it
@@ -130,6 +138,23 @@ struct Args {
     /// Interrupt controller [default: userspace; with --restore, the snapshot's]
     #[arg(long, value_enum)]
     gic: Option<Gic>,
+    /// Network device's host end: none, stream:PATH or tap:NAME
+    #[arg(long, value_name = "HOST", default_value = "none", value_parser = parse_net)]
+    net: Net,
+    /// Network device's MAC address [default: derived from --name (else the disk path), stable across starts; with --restore, the snapshot's]
+    #[arg(long, value_name = "MAC", value_parser = parse_mac)]
+    mac: Option<[u8; 6]>,
+}
+
+/// `--net`: no network device, or its host end.
+#[derive(Clone, Debug)]
+struct Net(Option<NetHost>);
+
+fn parse_net(s: &str) -> Result<Net, String> {
+    if s == "none" {
+        return Ok(Net(None));
+    }
+    s.parse().map(|h| Net(Some(h)))
 }
 
 fn main() -> ExitCode {
@@ -198,6 +223,13 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             },
         },
         control: args.control,
+        net: match (args.net.0, args.mac) {
+            (None, Some(_)) => {
+                anyhow::bail!("--mac needs a network device (--net stream:PATH or tap:NAME)")
+            }
+            (None, None) => None,
+            (Some(host), mac) => Some(NetConfig { host, mac }),
+        },
     };
     match backend {
         Backend::Emu => run_emu(&cfg),

@@ -14,7 +14,8 @@ use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3};
 use crate::devices::pl011::tests::TestIrq;
 use crate::devices::pl011::Pl011;
 use crate::devices::virtio::block::Block;
-use crate::devices::virtio::VirtioMmio;
+use crate::devices::virtio::net::{Net, NetBackend, MAX_FRAME_LEN, RX_BACKLOG_FRAMES};
+use crate::devices::virtio::{VirtioDevice, VirtioMmio};
 use crate::devices::{MmioDevice, Persist};
 use crate::memory::GuestRam;
 use std::sync::{Arc, Mutex};
@@ -41,10 +42,25 @@ impl Rng {
     }
 }
 
+/// A network host end that counts what it is sent and refuses some.
+struct CountingEnd(u64);
+
+impl NetBackend for CountingEnd {
+    fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        assert!(frame.len() <= MAX_FRAME_LEN);
+        self.0 += 1;
+        if self.0 % 7 == 0 {
+            return Err(std::io::Error::other("refused"));
+        }
+        Ok(())
+    }
+}
+
 /// The machine's devices on a bus at the layout's addresses, over `ram`.
 struct Machine {
     bus: MmioBus,
     blk: Arc<Mutex<VirtioMmio<Block>>>,
+    net: Arc<Mutex<VirtioMmio<Net>>>,
     /// (base, size) of every region, for choosing addresses.
     regions: Vec<(u64, u64)>,
     _disk: tempfile::NamedTempFile,
@@ -93,9 +109,16 @@ fn machine(ram: &Arc<GuestRam>) -> Machine {
     ));
     let region = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
     add("virtio-blk", region.base, region.size, blk.clone());
+    let net = Net::new([0x52, 0x54, 0, 0, 0, 1], Box::new(CountingEnd(0)));
+    let net = Arc::new(Mutex::new(
+        VirtioMmio::new(net, ram.clone(), Arc::new(TestIrq::default())).unwrap(),
+    ));
+    let region = layout::virtio_mmio(layout::VIRTIO_NET_SLOT);
+    add("virtio-net", region.base, region.size, net.clone());
     Machine {
         bus,
         blk,
+        net,
         regions,
         _disk: disk,
     }
@@ -241,70 +264,140 @@ fn plant_request(ram: &GuestRam, rng: &mut Rng, desc: u64, avail: u64, qsize: u1
     let _ = mem.write_obj(head, GuestAddress(avail + 4));
 }
 
+/// Sets up queue `queue` of `dev` at random guest addresses (aligned as
+/// virtio 1.2 §2.7 requires, except sometimes) with a random size, over
+/// random RAM with a planted hostile request, as a driver that follows the
+/// status protocol would; returns the used ring's address if it is in RAM.
+fn hostile_queue<D: VirtioDevice>(
+    ram: &GuestRam,
+    rng: &mut Rng,
+    dev: &Mutex<VirtioMmio<D>>,
+    queue: u32,
+) -> Option<u64> {
+    use crate::devices::virtio::mmio::tests::w;
+    fill_ram(ram, rng);
+    let qsize = 1u16 << rng.below(9);
+    let [desc, avail, used] = [16u64, 2, 4].map(|align| {
+        let a = guest_addr(rng);
+        if rng.below(8) == 0 {
+            a
+        } else {
+            a & !(align - 1)
+        }
+    });
+    let used_in_ram = (RAM_BASE..RAM_BASE + RAM_SIZE - 4).contains(&used);
+    if (RAM_BASE..RAM_BASE + RAM_SIZE - 64).contains(&desc)
+        && (RAM_BASE..RAM_BASE + RAM_SIZE - 8).contains(&avail)
+    {
+        plant_request(ram, rng, desc, avail, qsize);
+    }
+    if used_in_ram {
+        ram.memory()
+            .write_obj(0u16, GuestAddress(used + 2))
+            .unwrap();
+    }
+    let mut d = dev.lock().unwrap();
+    w(&mut *d, 0x070, 0); // reset
+    for status in [1u32, 3] {
+        w(&mut *d, 0x070, status);
+    }
+    w(&mut *d, 0x024, 1); // DriverFeaturesSel: VERSION_1 is bit 32
+    w(&mut *d, 0x020, 1);
+    w(&mut *d, 0x070, 11); // FEATURES_OK
+    w(&mut *d, 0x030, queue); // QueueSel
+    w(&mut *d, 0x038, u32::from(qsize)); // QueueNum
+    for (reg, a) in [(0x080u64, desc), (0x090, avail), (0x0a0, used)] {
+        w(&mut *d, reg, a as u32);
+        w(&mut *d, reg + 4, (a >> 32) as u32);
+    }
+    w(&mut *d, 0x044, 1); // QueueReady
+    w(&mut *d, 0x070, 15); // DRIVER_OK
+    used_in_ram.then_some(used)
+}
+
+/// Notifies queue `queue` of the device in `slot` 8 times, with random
+/// register noise in between; returns whether the used index moved.
+fn notify_with_noise(
+    m: &Machine,
+    rng: &mut Rng,
+    slot: u32,
+    queue: u32,
+    used: Option<u64>,
+    ram: &GuestRam,
+) -> bool {
+    for _ in 0..8 {
+        let _ = m.bus.write(
+            0,
+            layout::virtio_mmio(slot).base + 0x050,
+            &queue.to_le_bytes(),
+        );
+        random_access(m, rng);
+    }
+    used.is_some_and(|u| ram.memory().read_obj::<u16>(GuestAddress(u + 2)).unwrap() != 0)
+}
+
 #[test]
 fn virtqueues_at_random_addresses_over_random_memory_never_panic_the_host() {
-    use crate::devices::virtio::mmio::tests::w;
     let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
     let m = machine(&ram);
     let mut rng = Rng(0x0bad_5eed_0bad_5eed);
     // Requests the device completed (the used index it published moved).
-    let mut used = 0u32;
+    let mut completed = 0u32;
     for _ in 0..300 {
-        fill_ram(&ram, &mut rng);
-        let qsize = 1u16 << rng.below(9);
-        // Aligned as virtio 1.2 §2.7 requires, except sometimes.
-        let [desc, avail, dev] = [16u64, 2, 4].map(|align| {
-            let a = guest_addr(&mut rng);
-            if rng.below(8) == 0 {
-                a
-            } else {
-                a & !(align - 1)
-            }
-        });
-        let dev_in_ram = (RAM_BASE..RAM_BASE + RAM_SIZE - 4).contains(&dev);
-        if (RAM_BASE..RAM_BASE + RAM_SIZE - 64).contains(&desc)
-            && (RAM_BASE..RAM_BASE + RAM_SIZE - 8).contains(&avail)
-        {
-            plant_request(&ram, &mut rng, desc, avail, qsize);
-        }
-        if dev_in_ram {
-            ram.memory().write_obj(0u16, GuestAddress(dev + 2)).unwrap();
-        }
-        {
-            let mut blk = m.blk.lock().unwrap();
-            // A driver that follows the status protocol, then sets up queue 0
-            // at random addresses with a random size.
-            w(&mut *blk, 0x070, 0); // reset
-            for status in [1u32, 3] {
-                w(&mut *blk, 0x070, status);
-            }
-            w(&mut *blk, 0x024, 1); // DriverFeaturesSel: VERSION_1 is bit 32
-            w(&mut *blk, 0x020, 1);
-            w(&mut *blk, 0x070, 11); // FEATURES_OK
-            w(&mut *blk, 0x030, 0); // QueueSel
-            w(&mut *blk, 0x038, u32::from(qsize)); // QueueNum
-            for (reg, a) in [(0x080u64, desc), (0x090, avail), (0x0a0, dev)] {
-                w(&mut *blk, reg, a as u32);
-                w(&mut *blk, reg + 4, (a >> 32) as u32);
-            }
-            w(&mut *blk, 0x044, 1); // QueueReady
-            w(&mut *blk, 0x070, 15); // DRIVER_OK
-        }
-        // Notifications, with random register noise in between.
-        for _ in 0..8 {
-            let _ = m.bus.write(
-                0,
-                layout::virtio_mmio(layout::VIRTIO_BLK_SLOT).base + 0x050,
-                &0u32.to_le_bytes(),
-            );
-            random_access(&m, &mut rng);
-        }
-        if dev_in_ram {
-            let idx: u16 = ram.memory().read_obj(GuestAddress(dev + 2)).unwrap();
-            used += u32::from(idx != 0);
-        }
+        let used = hostile_queue(&ram, &mut rng, &m.blk, 0);
+        completed += u32::from(notify_with_noise(
+            &m,
+            &mut rng,
+            layout::VIRTIO_BLK_SLOT,
+            0,
+            used,
+            &ram,
+        ));
     }
     // The hostile requests reached the request path, not just the checks in
     // front of it.
-    assert!(used > 10, "only {used} rounds completed a request");
+    assert!(
+        completed > 10,
+        "only {completed} rounds completed a request"
+    );
+}
+
+#[test]
+fn a_hostile_network_driver_and_host_end_never_panic_or_grow_the_host() {
+    let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
+    let m = machine(&ram);
+    let mut rng = Rng(0x5eed_0fee_7000_0001);
+    let mut completed = [0u32; 2];
+    for round in 0..400 {
+        let queue = round % 2;
+        let used = hostile_queue(&ram, &mut rng, &m.net, queue);
+        // The host end floods the device with frames of any size, far more
+        // than the backlog holds.
+        {
+            let mut n = m.net.lock().unwrap();
+            for _ in 0..rng.below(3000) {
+                let len = [0, 13, 14, 60, 1514, 1600, 65535, 65536, 100_000][rng.below(9) as usize];
+                let _ = n.device_mut().receive(&vec![0xa5; len]);
+            }
+            assert!(n.device().backlog_len() <= RX_BACKLOG_FRAMES);
+        }
+        completed[queue as usize] += u32::from(notify_with_noise(
+            &m,
+            &mut rng,
+            layout::VIRTIO_NET_SLOT,
+            queue,
+            used,
+            &ram,
+        ));
+    }
+    // Both the receive and the transmit path were reached.
+    assert!(
+        completed.iter().all(|&c| c > 10),
+        "rounds that used a buffer: {completed:?}"
+    );
+    let c = m.net.lock().unwrap().device().counters();
+    assert!(
+        c.rx_frames > 0 && c.rx_dropped > 0 && c.tx_dropped > 0,
+        "{c:?}"
+    );
 }

@@ -5,11 +5,12 @@
 use super::clock::Clock;
 use super::config::{host_random, Plan, PlanDisk, Start};
 use super::control::Control;
-use super::devices::{DeviceArgs, Devices, SpiLine};
+use super::devices::{DeviceArgs, Devices, NetDeviceArgs, SpiLine};
 use super::irqchip::{Irqchip, PendingKernelGicState};
 use super::restore::{CopyingDisk, Stages};
 use super::{vcpu, Shared};
 use crate::devices::virtio::block::BackingFile;
+use crate::devices::virtio::net::host_end;
 use crate::devices::MmioBus;
 use crate::devices::Persist;
 use crate::hv::{Hypervisor, VcpuId, Vm};
@@ -71,6 +72,13 @@ where
     let (disk, disk_len, disk_path, work_disk) = open_disk(plan.disk)?;
     let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
     let control = Arc::new(Control::new(irqchip.clone(), plan.power, &groups));
+    let net = match &plan.net {
+        None => None,
+        Some(n) => Some(NetDeviceArgs {
+            end: host_end::open(&n.host)?,
+            mac: n.mac,
+        }),
+    };
     let (chip, ctl) = (irqchip.clone(), control.clone());
     let args = DeviceArgs {
         ram: plan.ram.clone(),
@@ -80,6 +88,7 @@ where
         disk,
         disk_len,
         generation_id: host_random()?,
+        net,
     };
     let devices = match saved {
         None => Devices::new(args)?,

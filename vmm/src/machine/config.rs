@@ -5,6 +5,7 @@ use super::devices::Devices;
 use super::restore::{self, Stages};
 use super::state::{MachineState, VcpuPower, VcpuState};
 use crate::arch::{fdt, image, layout};
+use crate::devices::virtio::net::{default_mac, host_end::NetHost};
 use crate::hv::{GicMode, Hypervisor};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
@@ -82,6 +83,19 @@ pub struct MachineConfig {
     /// Where to listen for control requests (`boot --control`; see
     /// `machine::api`).
     pub control: Option<PathBuf>,
+    /// The network device (`boot --net`); `None`: no network device.
+    pub net: Option<NetConfig>,
+}
+
+/// The network device (`boot --net`, `--mac`).
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Its host end.
+    pub host: NetHost,
+    /// Its MAC address. `None`: a fresh boot derives one from the VM name
+    /// (`--name`, else the disk image's path), the same on every start; a
+    /// restore keeps the snapshot's (a different one is refused).
+    pub mac: Option<[u8; 6]>,
 }
 
 /// How the vCPUs start.
@@ -111,6 +125,8 @@ pub(super) struct Plan {
     pub(super) saved: Option<Box<MachineState>>,
     /// The layer the next snapshot is a child of (restore with tracking).
     pub(super) parent: Option<snapshot_store::Layer>,
+    /// The network device (its MAC resolved for a fresh boot).
+    pub(super) net: Option<NetConfig>,
 }
 
 /// The VM's disk image.
@@ -152,16 +168,29 @@ pub(super) fn plan<H: Hypervisor>(
         BootSource::Fresh(f) => {
             let gic = cfg.gic.unwrap_or_default();
             hv.check_gic_mode(gic)?;
-            plan_fresh(f, gic)
+            let net = cfg.net.clone().map(|mut n| {
+                let name = match &cfg.snapshots.name {
+                    Some(name) => name.clone(),
+                    None => std::fs::canonicalize(&f.disk)
+                        .unwrap_or_else(|_| f.disk.clone())
+                        .display()
+                        .to_string(),
+                };
+                n.mac.get_or_insert_with(|| default_mac(&name));
+                n
+            });
+            plan_fresh(f, gic, net)
         }
         BootSource::Restore { spec } => {
-            restore::plan(hv, spec, cfg.gic, &cfg.snapshots, t0, stages)
+            let mut plan = restore::plan(hv, spec, cfg.gic, &cfg.snapshots, t0, stages)?;
+            plan.net = cfg.net.clone();
+            Ok(plan)
         }
     }
 }
 
 /// Loads the kernel and device tree into fresh RAM.
-fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
+fn plan_fresh(f: &FreshBoot, gic: GicMode, net: Option<NetConfig>) -> anyhow::Result<Plan> {
     if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
         bail!(
             "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
@@ -186,7 +215,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
         rng_seed: Some(host_random()?),
-        virtio_slots: Devices::VIRTIO_SLOTS.to_vec(),
+        virtio_slots: Devices::virtio_slots(net.is_some()),
     })?;
     let dtb_gpa = image::dtb_address(load, loaded.image_end, dtb.len() as u64)?;
     ram.memory()
@@ -210,6 +239,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode) -> anyhow::Result<Plan> {
         power,
         saved: None,
         parent: None,
+        net,
     })
 }
 

@@ -18,7 +18,10 @@ use crate::console;
 use crate::devices::boot_timer::{BootTimer, BootTimerState};
 use crate::devices::pl011::{Pl011, Pl011State};
 use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
+use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
+use crate::devices::virtio::net::host_end::{self, OpenedFrames, OpenedHostEnd};
+use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE};
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
@@ -31,6 +34,8 @@ use std::time::{Duration, Instant};
 
 /// The root block device's region (`/dev/vda`).
 const BLK: MmioRegion = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
+/// The network device's region.
+const NET: MmioRegion = layout::virtio_mmio(layout::VIRTIO_NET_SLOT);
 
 /// The root disk's serial number (virtio-blk GET_ID).
 const ROOT_DISK_SERIAL: &str = "ignition-vda";
@@ -56,6 +61,33 @@ pub(super) struct DeviceArgs {
     /// The VM generation ID to publish: fresh host randomness, on every
     /// boot and every restore.
     pub(super) generation_id: [u8; 16],
+    /// The network device, if the VM has one.
+    pub(super) net: Option<NetDeviceArgs>,
+}
+
+/// The network device's construction arguments.
+pub(super) struct NetDeviceArgs {
+    /// Its host end, opened.
+    pub(super) end: OpenedHostEnd,
+    /// Its MAC address; `None` in a restore keeps the snapshot's (a fresh
+    /// boot always has one).
+    pub(super) mac: Option<[u8; 6]>,
+}
+
+/// The network device and the thread that feeds it from its host end.
+struct NetSlot {
+    dev: Arc<Mutex<VirtioMmio<Net>>>,
+    _io: HostIo,
+}
+
+impl NetSlot {
+    /// Starts the receiver thread of `dev`, whose frames come from `end`.
+    fn start(dev: VirtioMmio<Net>, frames: OpenedFrames) -> anyhow::Result<Self> {
+        let dev = Arc::new(Mutex::new(dev));
+        let io = host_end::spawn_receiver(dev.clone(), frames)
+            .context("cannot start the network device's host I/O thread")?;
+        Ok(NetSlot { dev, _io: io })
+    }
 }
 
 /// The devices of a VM (the interrupt controller aside: see
@@ -70,6 +102,8 @@ pub(super) struct Devices {
     /// before Ignition had one (that guest's device tree lacks it, and its
     /// last RAM page is ordinary memory).
     vmgenid: Option<VmGenId>,
+    /// The network device (`boot --net`).
+    net: Option<NetSlot>,
 }
 
 /// The devices' saved states. [`super::state::MachineState`] flattens it:
@@ -85,12 +119,22 @@ pub struct DevicesState {
     /// The VM generation ID (absent in snapshots from before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmgenid: Option<VmGenIdState>,
+    /// The network device and its transport, if the VM has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtio_net: Option<VirtioMmioState<NetState>>,
 }
 
 impl Devices {
     /// The virtio-mmio slots that hold a device, for the device tree (which
-    /// is written before the devices exist).
-    pub(super) const VIRTIO_SLOTS: [u32; 1] = [layout::VIRTIO_BLK_SLOT];
+    /// is written before the devices exist): the root disk's, and the
+    /// network device's if there is one.
+    pub(super) fn virtio_slots(net: bool) -> Vec<u32> {
+        let mut slots = vec![layout::VIRTIO_BLK_SLOT];
+        if net {
+            slots.push(layout::VIRTIO_NET_SLOT);
+        }
+        slots
+    }
 
     /// The devices of a fresh boot, in their reset states.
     pub(super) fn new(args: DeviceArgs) -> anyhow::Result<Self> {
@@ -99,6 +143,19 @@ impl Devices {
         let (start, report) = p.boot_timer;
         let (disk, ram, irq_blk) = p.blk;
         let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
+        let net = match p.net {
+            None => None,
+            Some((args, ram, irq)) => {
+                let NetDeviceArgs {
+                    end: OpenedHostEnd { backend, frames },
+                    mac,
+                } = args;
+                let mac = mac.context("a fresh network device needs a MAC")?;
+                let dev = VirtioMmio::new(Net::new(mac, backend), ram, irq)
+                    .expect("a fresh virtio-net transport is valid");
+                Some(NetSlot::start(dev, frames)?)
+            }
+        };
         Ok(Devices {
             uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
             boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
@@ -106,6 +163,7 @@ impl Devices {
                 VirtioMmio::new(disk, ram, irq_blk).expect("a fresh virtio-blk transport is valid"),
             )),
             vmgenid: Some(VmGenId::new(p.vmgenid)?),
+            net,
         })
     }
 
@@ -117,6 +175,12 @@ impl Devices {
             at("boot-timer", layout::BOOT_TIMER, self.boot_timer.clone()),
             at("virtio-blk", BLK, self.blk.clone()),
         ]
+        .into_iter()
+        .chain(self.net.as_ref().map(|n| {
+            let dev: Arc<Mutex<dyn MmioDevice>> = n.dev.clone();
+            at("virtio-net", NET, dev)
+        }))
+        .collect()
     }
 
     /// Hands console input to the UART; returns how many leading bytes it
@@ -125,12 +189,28 @@ impl Devices {
         self.uart.locked().enqueue_rx(bytes)
     }
 
-    /// Waits until no device has a request in flight, before a snapshot.
+    /// Waits until no device has a request in flight, and holds the
+    /// network device's receive (nothing arrives in guest RAM), before a
+    /// snapshot; [`Devices::release`] ends the hold.
     pub(super) fn quiesce(&self) -> anyhow::Result<()> {
         self.blk
             .locked()
             .quiesce()
-            .context("cannot quiesce the block device")
+            .context("cannot quiesce the block device")?;
+        if let Some(n) = &self.net {
+            n.dev.locked().device_mut().hold_rx(true);
+        }
+        Ok(())
+    }
+
+    /// Ends what [`Devices::quiesce`] held: frames that arrived meanwhile
+    /// go to the guest.
+    pub(super) fn release(&self) {
+        if let Some(n) = &self.net {
+            let mut m = n.dev.locked();
+            m.device_mut().hold_rx(false);
+            m.kick(RX_QUEUE);
+        }
     }
 
     /// The root block device, whose disk image a snapshot captures.
@@ -142,8 +222,10 @@ impl Devices {
     /// buffers and used rings) until the result is dropped; a vCPU or host
     /// thread that reaches one meanwhile waits.
     pub(super) fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
+        // Always in this order (no other path holds two device locks).
         RamWritersHeld {
             _blk: self.blk.locked(),
+            _net: self.net.as_ref().map(|n| n.dev.locked()),
         }
     }
 }
@@ -151,6 +233,7 @@ impl Devices {
 /// The devices that write guest RAM, held ([`Devices::hold_ram_writers`]).
 pub(super) struct RamWritersHeld<'a> {
     _blk: MutexGuard<'a, VirtioMmio<Block>>,
+    _net: Option<MutexGuard<'a, VirtioMmio<Net>>>,
 }
 
 impl Persist for Devices {
@@ -166,6 +249,7 @@ impl Persist for Devices {
             boot_timer: self.boot_timer.locked().save(),
             virtio_blk: self.blk.locked().save(),
             vmgenid: self.vmgenid.as_ref().map(VmGenId::save),
+            virtio_net: self.net.as_ref().map(|n| n.dev.locked().save()),
         }
     }
 
@@ -177,6 +261,29 @@ impl Persist for Devices {
         let boot_timer = BootTimer::restore(p.boot_timer, &state.boot_timer)?;
         let blk =
             VirtioMmio::restore(p.blk, &state.virtio_blk).context("cannot restore virtio-blk")?;
+        let net = match (p.net, &state.virtio_net) {
+            (None, None) => None,
+            (Some((args, ram, irq)), Some(saved)) => {
+                let NetDeviceArgs {
+                    end: OpenedHostEnd { backend, frames },
+                    mac,
+                } = args;
+                let args = NetArgs {
+                    mac: mac.unwrap_or(saved.device.mac),
+                    backend,
+                };
+                let dev = VirtioMmio::restore((args, ram, irq), saved)
+                    .context("cannot restore virtio-net")?;
+                Some(NetSlot::start(dev, frames)?)
+            }
+            (None, Some(saved)) => anyhow::bail!(
+                "the snapshot's VM has a network device (MAC {}) and the command line none: pass --net (stream:PATH or tap:NAME) to restore it",
+                format_mac(&saved.device.mac)
+            ),
+            (Some(_), None) => anyhow::bail!(
+                "the snapshot's VM has no network device: a restore cannot add one (drop --net)"
+            ),
+        };
         // Last: it raises its interrupt.
         let vmgenid = state
             .vmgenid
@@ -188,6 +295,7 @@ impl Persist for Devices {
             boot_timer: Arc::new(Mutex::new(boot_timer)),
             blk: Arc::new(Mutex::new(blk)),
             vmgenid,
+            net,
         })
     }
 }
@@ -198,6 +306,7 @@ struct Parts {
     boot_timer: <BootTimer as Persist>::Args,
     blk: <VirtioMmio<Block> as Persist>::Args,
     vmgenid: VmGenIdArgs,
+    net: Option<(NetDeviceArgs, Arc<GuestRam>, Arc<dyn IrqLine>)>,
 }
 
 impl DeviceArgs {
@@ -219,6 +328,13 @@ impl DeviceArgs {
                 irq: (self.irq)(layout::VMGENID_INTID),
                 id: self.generation_id,
             },
+            net: self.net.map(|n| {
+                (
+                    n,
+                    self.ram.clone(),
+                    spi(NET, "virtio slots have interrupts"),
+                )
+            }),
             blk: (disk, self.ram, spi(BLK, "virtio slots have interrupts")),
         }
     }
@@ -278,6 +394,7 @@ mod tests {
             disk: BackingFile::ready(disk),
             disk_len,
             generation_id: [disk_len as u8; 16],
+            net: None,
         }
     }
 
@@ -299,7 +416,7 @@ mod tests {
             ]
         );
         // Every virtio region is a slot the device tree lists, and back.
-        let slots: Vec<u32> = Devices::VIRTIO_SLOTS.to_vec();
+        let slots: Vec<u32> = Devices::virtio_slots(false);
         let virtio: Vec<u32> = regions
             .iter()
             .filter(|r| r.1 >= layout::VIRTIO_MMIO_BASE)

@@ -43,7 +43,7 @@ pub mod state;
 mod take;
 mod vcpu;
 
-pub use config::{BootSource, FreshBoot, MachineConfig, SnapshotMode, SnapshotOptions};
+pub use config::{BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions};
 
 /// How a VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -274,6 +274,8 @@ pub(super) fn plan<H: Hypervisor>(
         power,
         saved: Some(Box::new(state)),
         parent: Some(chain.top().clone()),
+        // The caller's: the command line names the host end.
+        net: None,
     })
 }
 

@@ -409,6 +409,7 @@ mod tests {
     use crate::devices::pl011::Pl011;
     use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
+    use crate::devices::virtio::net::{Net, NetArgs, NetBackend};
     use crate::devices::vmgenid::VmGenIdState;
     use crate::devices::{IrqLine, Persist};
     use crate::hv::gic::ICC_STATE_REGS;
@@ -416,6 +417,16 @@ mod tests {
     use crate::memory::GuestRam;
     use std::sync::Arc;
     use std::time::Instant;
+
+    const MAC: [u8; 6] = [0x52, 0x54, 0, 1, 2, 3];
+
+    /// A network host end that drops every frame.
+    struct Discard;
+    impl NetBackend for Discard {
+        fn send(&mut self, _frame: &[u8]) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     struct NoIrq;
     impl IrqLine for NoIrq {
@@ -456,10 +467,11 @@ mod tests {
         disk.set_len(1 << 20).unwrap();
         let blk = VirtioMmio::new(
             Block::new(disk, false, "test").unwrap(),
-            ram,
+            ram.clone(),
             Arc::new(NoIrq),
         )
         .unwrap();
+        let net = VirtioMmio::new(Net::new(MAC, Box::new(Discard)), ram, Arc::new(NoIrq)).unwrap();
         MachineState {
             version: MACHINE_STATE_VERSION,
             backend: "hvf".into(),
@@ -486,6 +498,7 @@ mod tests {
                     gpa: 0x4fff_c000,
                     id: [0x5a; 16],
                 }),
+                virtio_net: Some(net.save()),
             },
         }
     }
@@ -538,6 +551,7 @@ mod tests {
             "boot_timer",
             "virtio_blk",
             "vmgenid",
+            "virtio_net",
         ];
         let mut sorted = keys.clone();
         sorted.sort_unstable();
@@ -547,6 +561,7 @@ mod tests {
         let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
         assert!(at("gic") < at("pl011") && at("pl011") < at("boot_timer"));
         assert!(at("boot_timer") < at("virtio_blk") && at("virtio_blk") < at("vmgenid"));
+        assert!(at("vmgenid") < at("virtio_net"));
         let extra = json.replacen('{', "{\"extra\":1,", 1);
         assert!(matches!(
             MachineState::decode(extra.as_bytes()),
@@ -823,6 +838,13 @@ mod tests {
             };
             let irq = Arc::new(NoIrq);
             let _ = VirtioMmio::<Block>::restore((args, ram.clone(), irq), &devices.virtio_blk);
+            if let Some(net) = &devices.virtio_net {
+                let args = NetArgs {
+                    mac: MAC,
+                    backend: Box::new(Discard),
+                };
+                let _ = VirtioMmio::<Net>::restore((args, ram.clone(), Arc::new(NoIrq)), net);
+            }
             // The whole set too (it stops at the first device it refuses).
             let args = DeviceArgs {
                 ram: ram.clone(),
@@ -832,6 +854,7 @@ mod tests {
                 disk: BackingFile::ready(disk),
                 disk_len: 1 << 20,
                 generation_id: [9; 16],
+                net: None,
             };
             let _ = Devices::restore(args, devices);
         }

@@ -241,6 +241,8 @@ impl<V: Vm> Snapshotter<V> {
                 t.elapsed().as_micros()
             ));
         }
+        // Frames that arrived during the snapshot go to the guest.
+        shared.devices.release();
         match result {
             Ok(Some((lines, mut written))) => {
                 lines.iter().for_each(|l| console::message(l));

@@ -1,13 +1,14 @@
 //! virtio-net (virtio 1.2 §5.1): the device model, without its host end.
 //!
 //! Two queues: receiveq (0) and transmitq (1). Offered features:
-//! VIRTIO_NET_F_MAC (the configured MAC in config space) and
-//! VIRTIO_NET_F_STATUS (link up). No checksum or segmentation offloads (the
-//! host ends carry plain Ethernet frames) and no mergeable receive buffers:
-//! the driver then posts receive buffers of at least 1518 bytes plus the
-//! header (Linux's "small buffers"), enough for any frame of the 1500-byte
-//! MTU; a frame that does not fit the buffer it would go to is dropped and
-//! counted.
+//! VIRTIO_NET_F_MAC (the configured MAC in config space),
+//! VIRTIO_NET_F_STATUS (link up) and VIRTIO_NET_F_MTU (1500). No checksum
+//! or segmentation offloads (the host ends carry plain Ethernet frames) and
+//! no mergeable receive buffers: instead the MTU is fixed at 1500 bytes, so
+//! the driver posts receive buffers of at least 1518 bytes plus the header
+//! (Linux's "small buffers") and refuses a larger MTU (one a DHCP server
+//! offers, say). A frame that does not fit the buffer it would go to is
+//! dropped and counted.
 //!
 //! Transmit runs in the QueueNotify write, handing each frame to the
 //! [`NetBackend`]. Receive is pushed by the host end ([`Net::receive`]) into
@@ -26,10 +27,15 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
-use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
+pub mod host_end;
 pub mod stream;
+#[cfg(target_os = "linux")]
+pub mod tap;
 
 /// Index of the receive queue.
 pub const RX_QUEUE: usize = 0;
@@ -47,8 +53,11 @@ pub const MAX_FRAME_LEN: usize = 65535;
 pub const RX_BACKLOG_FRAMES: usize = 1024;
 
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
-/// `struct virtio_net_config`: mac (6 bytes), status (le16).
-const CONFIG_LEN: usize = 8;
+/// `struct virtio_net_config` up to `mtu`: mac (6 bytes), status (le16),
+/// max_virtqueue_pairs (le16, unused without VIRTIO_NET_F_MQ), mtu (le16).
+const CONFIG_LEN: usize = 12;
+/// The MTU the device advertises (VIRTIO_NET_F_MTU), bytes of IP packet.
+pub const MTU: u16 = 1500;
 /// Shortest frame passed on: an Ethernet header, bytes.
 pub const MIN_FRAME_LEN: usize = 14;
 
@@ -98,6 +107,8 @@ pub struct Net {
     tx_buf: Vec<u8>,
     /// The host end's thread, woken when receive buffers free backlog.
     waker: Option<Waker>,
+    /// Receive writes nothing into guest RAM (a snapshot is being taken).
+    rx_held: bool,
 }
 
 /// The saved state: the MAC and the negotiated features (frames in flight
@@ -125,6 +136,7 @@ impl Net {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac);
         config[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        config[10..12].copy_from_slice(&MTU.to_le_bytes());
         Net {
             mac,
             backend,
@@ -134,6 +146,7 @@ impl Net {
             config,
             tx_buf: Vec::new(),
             waker: None,
+            rx_held: false,
         }
     }
 
@@ -177,6 +190,18 @@ impl Net {
         true
     }
 
+    /// Holds (`true`) or releases receive: while held, frames wait in the
+    /// backlog and nothing is written into guest RAM. On release the
+    /// transport must run [`RX_QUEUE`].
+    pub fn hold_rx(&mut self, held: bool) {
+        self.rx_held = held;
+    }
+
+    /// Whether receive is held ([`Net::hold_rx`]).
+    pub fn rx_held(&self) -> bool {
+        self.rx_held
+    }
+
     /// Whether frames wait for receive buffers.
     pub fn has_backlog(&self) -> bool {
         !self.backlog.is_empty()
@@ -191,7 +216,7 @@ impl Net {
     /// per buffer; returns whether a buffer was used.
     fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
         let mut used = false;
-        while !self.backlog.is_empty() {
+        while !self.rx_held && !self.backlog.is_empty() {
             let Some(chain) = queue.iter(mem)?.next() else {
                 break;
             };
@@ -303,7 +328,7 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS)
+        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MTU)
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
@@ -391,6 +416,38 @@ impl Persist for Net {
         net.acked_features = state.acked_features;
         Ok(net)
     }
+}
+
+/// The MAC a VM gets without `--mac`: `52:54:00` (a locally administered,
+/// unicast prefix, the one QEMU uses) and three bytes of SHA-256 of
+/// `seed` (the VM's name), so that it is the same on every start.
+pub fn default_mac(seed: &str) -> [u8; 6] {
+    let h = snapshot_store::sha256(seed.as_bytes());
+    [0x52, 0x54, 0x00, h[0], h[1], h[2]]
+}
+
+/// Parses `52:54:00:12:34:56` (six hex bytes); refuses a multicast
+/// address (the low bit of the first byte), which no NIC may have.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("'{s}' is not a MAC address (six hex bytes, e.g. 52:54:00:12:34:56)");
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next().ok_or_else(bad)?;
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "{s} is a multicast address; a NIC's MAC must be unicast (first byte even)"
+        ));
+    }
+    Ok(mac)
 }
 
 /// `52:54:00:12:34:56`.

@@ -2,86 +2,55 @@
 //! Unix stream socket: each Ethernet frame is preceded by its length as a
 //! 4-byte big-endian integer.
 
-use super::{Net, NetBackend, MAX_FRAME_LEN, MIN_FRAME_LEN, RX_BACKLOG_FRAMES, RX_QUEUE};
-use crate::devices::virtio::host_io::{HostIo, Interest, Waker};
-use crate::devices::virtio::VirtioMmio;
-use crate::sync::Locked;
+use super::host_end::{FrameSource, ReadOutcome};
+use super::{NetBackend, MAX_FRAME_LEN, MIN_FRAME_LEN};
+use crate::devices::virtio::host_io::Waker;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 16 << 10;
-/// Reads per wake-up, so that one busy peer cannot hold the device lock.
-const READS_PER_WAKE: usize = 16;
-/// Most frames one read can hold.
-const FRAMES_PER_READ: usize = READ_CHUNK / (4 + MIN_FRAME_LEN);
 
-/// Starts the thread that takes frames from the stream host end `rx` (the
-/// second handle [`StreamEnd::connect`] returned) into `dev` and flushes
-/// what its transmit side kept. It reads only while a whole read's worth of
-/// frames fits the device's backlog; a closed connection is a link down,
-/// logged once.
-pub fn spawn_receiver(dev: Arc<Mutex<VirtioMmio<Net>>>, rx: UnixStream) -> io::Result<HostIo> {
-    rx.set_nonblocking(true)?;
-    let mut reader = rx.try_clone()?;
-    let mut decoder = StreamDecoder::default();
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut closed = false;
-    let d = dev.clone();
-    let io = HostIo::spawn(
-        "virtio-net-rx",
-        rx.into(),
-        Interest {
-            read: true,
-            write: false,
-        },
-        move |ready| {
-            let mut m = d.locked();
-            let room = |m: &VirtioMmio<Net>| {
-                m.device().backlog_len() + FRAMES_PER_READ <= RX_BACKLOG_FRAMES
-            };
-            if ready.readable && !closed {
-                for _ in 0..READS_PER_WAKE {
-                    if !room(&m) {
-                        break;
-                    }
-                    match reader.read(&mut buf) {
-                        Ok(0) => {
-                            tracing::warn!(
-                                "virtio-net: the host end closed the connection: link down"
-                            );
-                            closed = true;
-                            break;
-                        }
-                        Ok(n) => decoder.push(&buf[..n], |f| {
-                            m.device_mut().receive(f);
-                        }),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            tracing::warn!("virtio-net: reading the host end: {e}: link down");
-                            closed = true;
-                            break;
-                        }
-                    }
+/// The receive side of a stream host end: the socket (non-blocking) and
+/// the frame being reassembled.
+pub struct StreamSource {
+    sock: UnixStream,
+    decoder: StreamDecoder,
+    buf: Vec<u8>,
+}
+
+impl StreamSource {
+    /// Reads frames from `sock` (the second handle [`StreamEnd::connect`]
+    /// returned).
+    pub fn new(sock: UnixStream) -> Self {
+        StreamSource {
+            sock,
+            decoder: StreamDecoder::default(),
+            buf: vec![0u8; READ_CHUNK],
+        }
+    }
+}
+
+impl FrameSource for StreamSource {
+    fn max_frames_per_read(&self) -> usize {
+        READ_CHUNK / (4 + MIN_FRAME_LEN)
+    }
+
+    fn read_frames(&mut self, frame: &mut dyn FnMut(&[u8])) -> io::Result<ReadOutcome> {
+        loop {
+            return match self.sock.read(&mut self.buf) {
+                Ok(0) => Ok(ReadOutcome::Closed),
+                Ok(n) => {
+                    self.decoder.push(&self.buf[..n], &mut *frame);
+                    Ok(ReadOutcome::Data)
                 }
-            }
-            if m.device().has_backlog() {
-                m.kick(RX_QUEUE);
-            }
-            if let Err(e) = m.device_mut().backend_mut().flush() {
-                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
-            }
-            Interest {
-                read: !closed && room(&m),
-                write: m.device_mut().backend_mut().pending(),
-            }
-        },
-    )?;
-    dev.locked().device_mut().set_waker(io.waker());
-    Ok(io)
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(ReadOutcome::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+        }
+    }
 }
 
 /// Bytes buffered for a host end that is not reading, at most: a frame that

@@ -72,13 +72,15 @@ fn frame(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn config_space_and_features() {
     let (n, _) = net();
-    let mut cfg = [0xffu8; 10];
+    let mut cfg = [0xffu8; 14];
     n.read_config(0, &mut cfg);
     assert_eq!(cfg[..6], MAC);
     assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), 1, "link up");
-    assert_eq!(cfg[8..], [0, 0]);
+    assert_eq!(cfg[8..10], [0, 0]);
+    assert_eq!(u16::from_le_bytes([cfg[10], cfg[11]]), 1500, "mtu");
+    assert_eq!(cfg[12..], [0, 0], "past the end");
     assert_eq!(n.device_type(), 1);
-    assert_eq!(n.features(), (1 << 5) | (1 << 16));
+    assert_eq!(n.features(), (1 << 3) | (1 << 5) | (1 << 16));
     assert_eq!(n.queue_max_sizes(), [256, 256]);
     assert_eq!(format_mac(&MAC), "52:54:00:12:34:56");
 }
@@ -242,12 +244,12 @@ fn the_stream_receiver_delivers_frames_and_survives_a_closed_peer() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("passt.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let (end, rx) = stream::StreamEnd::connect(&path).unwrap();
+    let host = host_end::open(&host_end::NetHost::Stream(path.clone())).unwrap();
     let (mut peer, _) = listener.accept().unwrap();
     let ram = ram();
     let irq = Arc::new(TestIrq::default());
     let dev = Arc::new(Mutex::new(
-        VirtioMmio::new(Net::new(MAC, Box::new(end)), ram.clone(), irq.clone()).unwrap(),
+        VirtioMmio::new(Net::new(MAC, host.backend), ram.clone(), irq.clone()).unwrap(),
     ));
     let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 64);
     {
@@ -259,7 +261,7 @@ fn the_stream_receiver_delivers_frames_and_survives_a_closed_peer() {
     for i in 0..4u16 {
         add_chain(&vq, i, &[(BUF + u64::from(i) * 0x1000, 12 + 1518, true)]);
     }
-    let _io = stream::spawn_receiver(dev.clone(), rx).unwrap();
+    let _io = host_end::spawn_receiver(dev.clone(), host.frames).unwrap();
     let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(60 + 500 * i, i as u8)).collect();
     let mut wire = Vec::new();
     for f in &frames {
@@ -285,4 +287,42 @@ fn the_stream_receiver_delivers_frames_and_survives_a_closed_peer() {
     drop(peer);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(dev.locked().device().counters().rx_frames, 3);
+}
+
+#[test]
+fn macs_parse_print_and_default_stably() {
+    let m = parse_mac("52:54:00:ab:CD:0f").unwrap();
+    assert_eq!(format_mac(&m), "52:54:00:ab:cd:0f");
+    for bad in [
+        "",
+        "52:54:00:ab:cd",
+        "52:54:00:ab:cd:0f:00",
+        "52:54:00:ab:cd:g0",
+        "5:54:00:ab:cd:0f0",
+    ] {
+        assert!(parse_mac(bad).is_err(), "{bad}");
+    }
+    assert!(parse_mac("01:00:5e:00:00:01")
+        .unwrap_err()
+        .contains("multicast"));
+    let a = default_mac("golden");
+    assert_eq!(a, default_mac("golden"));
+    assert_ne!(a, default_mac("golden.2"));
+    assert_eq!(a[..3], [0x52, 0x54, 0x00]);
+    parse_mac(&format_mac(&a)).unwrap();
+}
+
+#[test]
+fn held_receive_writes_nothing_until_released() {
+    let ram = ram();
+    let (vq, mut q) = queue(&ram);
+    let (mut n, _) = net();
+    add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
+    n.hold_rx(true);
+    assert!(n.receive(&frame(100, 3)));
+    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(n.backlog_len(), 1);
+    n.hold_rx(false);
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(n.counters().rx_frames, 1);
 }

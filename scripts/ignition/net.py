@@ -1,0 +1,141 @@
+"""Host ends for the guest's network device: passt on a Unix socket, and an
+HTTP server on the host's loopback that the guest reaches through passt.
+
+passt maps the guest's default gateway address to the host's loopback, so a
+server bound to 127.0.0.1 here is `http://<gateway>:<port>/` in the guest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+# What the guest prints for its default gateway (busybox route).
+GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
+
+
+def passt_bin() -> str | None:
+    """The passt binary (Debian package passt), or None."""
+    return shutil.which("passt")
+
+
+class Passt:
+    """passt serving one client at a time on a Unix socket (it waits for the
+    next client when one goes, so a restored VM can connect again).
+
+    Use as a context manager: `with Passt(dir) as p: ... p.socket ...`."""
+
+    def __init__(self, directory: Path, name: str = "passt.sock"):
+        self.socket = Path(directory) / name
+        self.log = Path(directory) / (name + ".log")
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Passt":
+        binary = passt_bin()
+        if binary is None:
+            raise RuntimeError("passt is not installed (apt install passt)")
+        with open(self.log, "wb") as log:
+            # -f: foreground; -e: log to stderr (no syslog here); --runas:
+            # as root, passt would switch to nobody, who cannot reach a
+            # private test directory.
+            argv = [binary, "-f", "-s", str(self.socket), "--runas", str(os.getuid())]
+            argv += ["-e"] + (["-p", f"{self.log}.pcap"] if os.environ.get("PASST_PCAP") else [])
+            self.proc = subprocess.Popen(argv,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"passt exited with {self.proc.returncode}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError("passt did not create its socket in 30 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """GET /NAME serves a registered blob; POST answers "<sha256> <bytes>"
+    of its body."""
+
+    server: "LoopbackHttp"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        blob = self.server.blobs.get(self.path.lstrip("/"))
+        if blob is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(blob)))
+        self.end_headers()
+        view = memoryview(blob)
+        for i in range(0, len(blob), 1 << 16):
+            self.wfile.write(view[i:i + (1 << 16)])
+
+    def do_POST(self):  # noqa: N802
+        left = int(self.headers.get("Content-Length", "0"))
+        h = hashlib.sha256()
+        n = 0
+        while n < left:
+            chunk = self.rfile.read(min(left - n, 1 << 16))
+            if not chunk:
+                break
+            h.update(chunk)
+            n += len(chunk)
+        body = f"{h.hexdigest()} {n}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class LoopbackHttp(http.server.ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 (a free port) in a thread: `add(name, data)`
+    serves data at /name; a POST is answered "<sha256> <bytes>" of its body.
+
+    (The guest's busybox wget posts a file only up to its first NUL byte,
+    and passt 2023.03 never passes on a host socket's close to a guest that
+    half-closed first, so a guest upload is a POST of NUL-free data that
+    wget ends by the response's Content-Length.)"""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.blobs: dict[str, bytes] = {}
+        self.port = self.server_address[1]
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def add(self, name: str, data: bytes) -> str:
+        """Serves `data` at /name; returns its SHA-256."""
+        self.blobs[name] = data
+        return hashlib.sha256(data).hexdigest()
+
+    def __enter__(self) -> "LoopbackHttp":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+        self.server_close()
+

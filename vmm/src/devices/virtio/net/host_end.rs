@@ -1,0 +1,220 @@
+//! The network device's host ends (`boot --net`): what each is, how it is
+//! opened, and the thread that takes its frames into the device.
+
+use super::stream::{StreamEnd, StreamSource};
+use super::{Net, NetBackend, RX_BACKLOG_FRAMES, RX_QUEUE};
+use crate::devices::virtio::host_io::{HostIo, Interest};
+use crate::devices::virtio::VirtioMmio;
+use crate::sync::Locked;
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+/// Reads per wake-up, so that one busy peer cannot hold the device lock.
+const READS_PER_WAKE: usize = 16;
+
+/// A host end, as `boot --net` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetHost {
+    /// `stream:PATH`: a Unix stream socket speaking QEMU's stream framing
+    /// (`passt`, `socket_vmnet`).
+    Stream(PathBuf),
+    /// `tap:NAME`: a Linux TAP interface (created if absent; needs
+    /// CAP_NET_ADMIN unless it exists and belongs to this user).
+    Tap(String),
+}
+
+impl FromStr for NetHost {
+    type Err = String;
+
+    /// Parses `stream:PATH` or `tap:NAME`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            Some(("stream", path)) if !path.is_empty() => Ok(NetHost::Stream(path.into())),
+            Some(("tap", name)) if !name.is_empty() => {
+                // IFNAMSIZ is 16 with the terminating NUL.
+                if name.len() > 15 || name.contains(['/', ' ', '\0']) {
+                    return Err(format!("'{name}' is not a network interface name (at most 15 bytes, no '/' or spaces)"));
+                }
+                Ok(NetHost::Tap(name.into()))
+            }
+            _ => Err(format!(
+                "'{s}' is not a host end: use stream:PATH (passt, socket_vmnet), tap:NAME or none"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for NetHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetHost::Stream(p) => write!(f, "stream:{}", p.display()),
+            NetHost::Tap(n) => write!(f, "tap:{n}"),
+        }
+    }
+}
+
+/// What one read of a host end gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// Bytes were read (whole frames went to the callback).
+    Data,
+    /// Nothing to read now.
+    WouldBlock,
+    /// The host end is gone.
+    Closed,
+}
+
+/// The receive side of a host end, read by the device's host I/O thread.
+pub trait FrameSource: Send + 'static {
+    /// Most frames one [`FrameSource::read_frames`] can yield.
+    fn max_frames_per_read(&self) -> usize;
+
+    /// Reads once (non-blocking), calling `frame` for each whole frame.
+    fn read_frames(&mut self, frame: &mut dyn FnMut(&[u8])) -> io::Result<ReadOutcome>;
+}
+
+/// An opened host end: the transmit side for the device, and the receive
+/// side for [`spawn_receiver`].
+pub struct OpenedHostEnd {
+    /// Where the guest's frames go.
+    pub backend: Box<dyn NetBackend>,
+    /// Where the guest's frames come from.
+    pub frames: OpenedFrames,
+}
+
+/// The receive side of an opened host end.
+pub struct OpenedFrames {
+    /// Reads the frames.
+    pub source: Box<dyn FrameSource>,
+    /// The descriptor the receiver thread polls.
+    pub fd: OwnedFd,
+}
+
+/// Opens `host`. Errors name the host end and what failed.
+pub fn open(host: &NetHost) -> io::Result<OpenedHostEnd> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("--net {host}: {e}"));
+    match host {
+        NetHost::Stream(path) => {
+            let (end, rx) = StreamEnd::connect(path).map_err(|e| {
+                named(io::Error::new(
+                    e.kind(),
+                    format!("cannot connect ({e}; is passt or socket_vmnet listening there?)"),
+                ))
+            })?;
+            let source = StreamSource::new(rx.try_clone().map_err(named)?);
+            Ok(OpenedHostEnd {
+                backend: Box::new(end),
+                frames: OpenedFrames {
+                    source: Box::new(source),
+                    fd: rx.into(),
+                },
+            })
+        }
+        #[cfg(target_os = "linux")]
+        NetHost::Tap(name) => {
+            let tap = super::tap::Tap::open(name).map_err(named)?;
+            let (backend, source, fd) = tap.split().map_err(named)?;
+            Ok(OpenedHostEnd {
+                backend: Box::new(backend),
+                frames: OpenedFrames {
+                    source: Box::new(source),
+                    fd,
+                },
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        NetHost::Tap(_) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("--net {host}: TAP interfaces are Linux only; on macOS use stream:PATH with socket_vmnet"),
+        )),
+    }
+}
+
+/// Starts the thread that takes `frames` into `dev`, and flushes what the
+/// device's transmit side kept. It reads only while a read's worth of
+/// frames fits the device's backlog; a closed host end is a link down,
+/// logged once.
+pub fn spawn_receiver(
+    dev: Arc<Mutex<VirtioMmio<Net>>>,
+    frames: OpenedFrames,
+) -> io::Result<HostIo> {
+    let OpenedFrames { mut source, fd } = frames;
+    let per_read = source.max_frames_per_read();
+    let mut closed = false;
+    let d = dev.clone();
+    let io = HostIo::spawn(
+        "virtio-net-rx",
+        fd,
+        Interest {
+            read: true,
+            write: false,
+        },
+        move |ready| {
+            let mut m = d.locked();
+            let room =
+                |m: &VirtioMmio<Net>| m.device().backlog_len() + per_read <= RX_BACKLOG_FRAMES;
+            if ready.readable && !closed {
+                for _ in 0..READS_PER_WAKE {
+                    if !room(&m) {
+                        break;
+                    }
+                    match source.read_frames(&mut |f| {
+                        m.device_mut().receive(f);
+                    }) {
+                        Ok(ReadOutcome::Data) => {}
+                        Ok(ReadOutcome::WouldBlock) => break,
+                        Ok(ReadOutcome::Closed) => {
+                            tracing::warn!("virtio-net: the host end closed: link down");
+                            closed = true;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!("virtio-net: reading the host end: {e}: link down");
+                            closed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            if m.device().has_backlog() && !m.device().rx_held() {
+                m.kick(RX_QUEUE);
+            }
+            if let Err(e) = m.device_mut().backend_mut().flush() {
+                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
+            }
+            Interest {
+                read: !closed && room(&m),
+                write: m.device_mut().backend_mut().pending(),
+            }
+        },
+    )?;
+    dev.locked().device_mut().set_waker(io.waker());
+    Ok(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ends_parse_and_print_as_given() {
+        for s in ["stream:/tmp/passt.sock", "tap:tap0"] {
+            assert_eq!(s.parse::<NetHost>().unwrap().to_string(), s);
+        }
+        for bad in [
+            "",
+            "none",
+            "stream:",
+            "tap:",
+            "udp:1.2.3.4",
+            "tap:a/b",
+            "tap:0123456789abcdef",
+        ] {
+            assert!(bad.parse::<NetHost>().is_err(), "{bad}");
+        }
+    }
+}
