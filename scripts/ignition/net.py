@@ -86,19 +86,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(blob)))
         self.end_headers()
         view = memoryview(blob)
+        t0 = time.perf_counter()
         for i in range(0, len(blob), 1 << 16):
             self.wfile.write(view[i:i + (1 << 16)])
+        self.wfile.flush()
+        self.server.transfers.append(("GET", len(blob), time.perf_counter() - t0))
 
     def do_POST(self):  # noqa: N802
         left = int(self.headers.get("Content-Length", "0"))
         h = hashlib.sha256()
         n = 0
+        t0 = time.perf_counter()
         while n < left:
             chunk = self.rfile.read(min(left - n, 1 << 16))
             if not chunk:
                 break
             h.update(chunk)
             n += len(chunk)
+        self.server.transfers.append(("POST", n, time.perf_counter() - t0))
         body = f"{h.hexdigest()} {n}\n".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -123,6 +128,9 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.blobs: dict[str, bytes] = {}
+        # (method, body bytes, seconds from the body's first byte to its
+        # last, as the server sent or read it), in order.
+        self.transfers: list[tuple[str, int, float]] = []
         self.port = self.server_address[1]
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 

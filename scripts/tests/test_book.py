@@ -113,9 +113,13 @@ RUN = [
     "scripts/snapshot_bench.py --mem 512 --runs 1",
     "scripts/conformance.py --groups sgi,vtimer -v",
     "guest/conformance/build.sh --out DIR",
+    "scripts/net_bench.py --runs 1 --mib 8",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
+    "passt -f -s /tmp/passt.sock": "an interactive session; test_net_e2e.py starts passt and boot the same way",
+    "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
+                                                                     "test_net_e2e.py boots with --net stream:PATH",
     "scripts/conformance.py --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
     "scripts/snapshot_bench.py": "the full benchmark (about 10 minutes); the same script runs with --mem 512 --runs 1",
     "scripts/conformance.py": "every group; the CI test runs them all (test_conformance.py) and this script "

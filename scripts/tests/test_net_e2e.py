@@ -4,15 +4,21 @@ The guest gets its address by DHCP (udhcpc, started by the guest's init),
 fetches from and posts to an HTTP server on the host's loopback (passt
 maps the gateway address to it), both checksummed, keeps working across a
 snapshot and a restore onto a new passt, and a restore whose device set
-differs from the command line is refused.
+differs from the command line is refused. As root, a TAP interface in a
+network namespace the test makes carries a checksummed download too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
+import sys
+
+import pytest
 
 from ignition import net
 from ignition.vm import Vm
@@ -126,3 +132,93 @@ def test_without_net_the_guest_has_no_network_device(tmp_path, guest_out, cfg):
         assert vm.sh_status("test -e /sys/class/net/eth0")[0] != 0
         assert vm.sh("ifconfig lo | grep -c 'inet addr:127.0.0.1'") == "1"
         assert vm.quit() == 0
+
+
+def in_netns(name: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True,
+                          check=check, timeout=60)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace of this test's (root only), removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("a TAP interface in a network namespace needs root and iproute2")
+    name = f"ignition-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=60)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], timeout=60)
+
+
+def test_tap_in_a_network_namespace(tmp_path, guest_out, cfg, netns):
+    # The TAP interface and a web server in the namespace; boot runs there too.
+    in_netns(netns, "ip", "tuntap", "add", "tap0", "mode", "tap")
+    in_netns(netns, "ip", "addr", "add", "10.0.2.1/24", "dev", "tap0")
+    in_netns(netns, "ip", "link", "set", "tap0", "up")
+    page = os.urandom(200_000)
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "page").write_bytes(page)
+    server = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "http.server",
+                               "--bind", "10.0.2.1", "--directory", str(tmp_path / "www"), "8080"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wrapper = tmp_path / "boot-in-netns"
+    wrapper.write_text(f"#!/bin/sh\nexec ip netns exec {netns} {cfg.boot} \"$@\"\n")
+    wrapper.chmod(0o755)
+    try:
+        with Vm.boot(dataclasses.replace(cfg, boot=wrapper),
+                     disk=disk_copy(guest_out, tmp_path), mem=256,
+                     extra=["--net", "tap:tap0", "--mac", "52:54:00:aa:bb:cc"],
+                     log_path=tmp_path / "boot.log") as vm:
+            vm.login()
+            assert vm.sh("cat /sys/class/net/eth0/address") == "52:54:00:aa:bb:cc"
+            vm.sh("ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up")
+            got = vm.sh("timeout 60 sh -c 'until wget -q -O - http://10.0.2.1:8080/page; do "
+                        "sleep 0.2; done' | sha256sum", timeout=120)
+            assert got.split()[0] == hashlib.sha256(page).hexdigest()
+            assert vm.quit() == 0
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, guest_out, cfg):
+    """A background snapshot taken while 64 MiB arrive: the VM keeps receiving; a diff taken
+    after holds every page received since (restored, the file is whole), and the first
+    layer restores to a working network."""
+    store = tmp_path / "store"
+    big = os.urandom(BIG)
+    with net.LoopbackHttp() as http:
+        big_sum = http.add("big", big)
+        with net.Passt(tmp_path, "a.sock") as a:
+            with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM, store=store,
+                         track_dirty=True, name="busy", extra=["--net", f"stream:{a.socket}"],
+                         log_path=tmp_path / "boot.log") as vm:
+                vm.login()
+                gw = wait_for_lease(vm)
+                vm.sh(f"wget -q -O /dev/shm/big http://{gw}:{http.port}/big "
+                      "&& sha256sum /dev/shm/big > /dev/shm/big.sum &")
+                # Once some of it has arrived, snapshot mid-transfer.
+                vm.sh("i=0; until [ -s /dev/shm/big ]; do i=$((i+1)); [ $i -lt 600 ] || exit 1; "
+                      "sleep 0.1; done", timeout=120)
+                vm.snapshot("busy", "full")
+                vm.sh("i=0; until [ -s /dev/shm/big.sum ]; do i=$((i+1)); [ $i -lt 6000 ] || exit 1; "
+                      "sleep 0.1; done", timeout=900)
+                assert vm.sh("cut -d' ' -f1 /dev/shm/big.sum") == big_sum
+                vm.snapshot("busy.2", "diff")
+                assert vm.quit() == 0
+        with net.Passt(tmp_path, "b.sock") as b:
+            net_args = ["--net", f"stream:{b.socket}"]
+            with Vm.restore(cfg, "busy.2", store=store, extra=net_args,
+                            log_path=tmp_path / "r2.log") as vm:
+                assert vm.sh("sha256sum /dev/shm/big").split()[0] == big_sum
+                assert vm.quit() == 0
+            with Vm.restore(cfg, "busy", store=store, extra=net_args,
+                            log_path=tmp_path / "r1.log") as vm:
+                # The transfer's connection did not survive (a new passt); the network does.
+                vm.sh("kill %1 2>/dev/null; pkill wget; true")
+                got = vm.sh(f"timeout 600 wget -q -O - http://{gw}:{http.port}/big | sha256sum",
+                            timeout=900)
+                assert got.split()[0] == big_sum
+                assert vm.quit() == 0

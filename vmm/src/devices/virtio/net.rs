@@ -64,7 +64,9 @@ pub const MIN_FRAME_LEN: usize = 14;
 /// Where transmitted frames go (the host end).
 pub trait NetBackend: Send {
     /// Sends one Ethernet frame (without the virtio header). An error
-    /// drops the frame (counted); it never stalls the queue.
+    /// drops the frame (counted), except `WouldBlock` while
+    /// [`NetBackend::pending`]: then the device keeps the frame in the
+    /// transmitq until the host end's thread has flushed.
     fn send(&mut self, frame: &[u8]) -> io::Result<()>;
 
     /// Sends what earlier [`NetBackend::send`]s left buffered.
@@ -109,6 +111,8 @@ pub struct Net {
     waker: Option<Waker>,
     /// Receive writes nothing into guest RAM (a snapshot is being taken).
     rx_held: bool,
+    /// Transmit waits for the host end to take what it holds.
+    tx_blocked: bool,
 }
 
 /// The saved state: the MAC and the negotiated features (frames in flight
@@ -147,6 +151,7 @@ impl Net {
             tx_buf: Vec::new(),
             waker: None,
             rx_held: false,
+            tx_blocked: false,
         }
     }
 
@@ -197,6 +202,12 @@ impl Net {
         self.rx_held = held;
     }
 
+    /// Whether transmit waits for the host end (which then runs
+    /// [`TX_QUEUE`] once it has flushed).
+    pub fn tx_blocked(&self) -> bool {
+        self.tx_blocked
+    }
+
     /// Whether receive is held ([`Net::hold_rx`]).
     pub fn rx_held(&self) -> bool {
         self.rx_held
@@ -245,14 +256,32 @@ impl Net {
     }
 
     /// Sends the frames of the transmitq's chains; returns whether a chain
-    /// was used.
+    /// was used. When the host end is full (its peer reads slower than the
+    /// guest sends), the chain stays in the queue and transmit stops until
+    /// the host end's thread has flushed ([`Net::tx_blocked`]): the guest's
+    /// transmit waits, as on a real NIC, and nothing is dropped.
     fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
         let mut used = false;
+        if self.tx_blocked {
+            if let Err(e) = self.backend.flush() {
+                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
+            }
+            if self.backend.pending() {
+                return Ok(false);
+            }
+            self.tx_blocked = false;
+        }
         while let Some(chain) = queue.iter(mem)?.next() {
             let head = chain.head_index();
             match read_frame(chain, mem, &mut self.tx_buf) {
                 Ok(()) => match self.backend.send(&self.tx_buf) {
                     Ok(()) => self.counters.tx_frames += 1,
+                    // Full, and its thread will flush: retry this chain then.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && self.backend.pending() => {
+                        queue.go_to_previous_position();
+                        self.tx_blocked = true;
+                        break;
+                    }
                     Err(e) => {
                         crate::warn_ratelimited!("virtio-net: host end: {e}; frame dropped");
                         self.counters.tx_dropped += 1;
@@ -374,6 +403,7 @@ impl VirtioDevice for Net {
     fn reset(&mut self) {
         self.acked_features = 0;
         self.backlog.clear();
+        self.tx_blocked = false;
     }
 
     /// Transmit completes inside `process_queue`; frames waiting for the

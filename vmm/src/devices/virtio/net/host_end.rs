@@ -2,7 +2,7 @@
 //! opened, and the thread that takes its frames into the device.
 
 use super::stream::{StreamEnd, StreamSource};
-use super::{Net, NetBackend, RX_BACKLOG_FRAMES, RX_QUEUE};
+use super::{Net, NetBackend, RX_BACKLOG_FRAMES, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::host_io::{HostIo, Interest};
 use crate::devices::virtio::VirtioMmio;
 use crate::sync::Locked;
@@ -185,6 +185,9 @@ pub fn spawn_receiver(
             }
             if let Err(e) = m.device_mut().backend_mut().flush() {
                 crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
+            }
+            if m.device().tx_blocked() && !m.device_mut().backend_mut().pending() {
+                m.kick(TX_QUEUE);
             }
             Interest {
                 read: !closed && room(&m),

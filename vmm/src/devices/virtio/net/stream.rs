@@ -54,7 +54,7 @@ impl FrameSource for StreamSource {
 }
 
 /// Bytes buffered for a host end that is not reading, at most: a frame that
-/// would go past this is dropped.
+/// would go past this is refused (`WouldBlock`), and the device waits.
 pub const OUT_LIMIT: usize = 1 << 20;
 
 /// The transmit side of a stream host end: a connected, non-blocking Unix

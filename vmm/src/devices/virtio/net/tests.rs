@@ -326,3 +326,65 @@ fn held_receive_writes_nothing_until_released() {
     assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
     assert_eq!(n.counters().rx_frames, 1);
 }
+
+/// A host end with room for `room` frames until flushed.
+struct Full {
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    held: Vec<Vec<u8>>,
+    room: usize,
+}
+
+impl NetBackend for Full {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.held.len() == self.room {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.held.push(frame.to_vec());
+        Ok(())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.sent.lock().unwrap().append(&mut self.held);
+        Ok(())
+    }
+    fn pending(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
+#[test]
+fn a_full_host_end_holds_transmit_back_and_loses_nothing() {
+    let ram = ram();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let full = Full {
+        sent: sent.clone(),
+        held: Vec::new(),
+        room: 2,
+    };
+    let mut n = Net::new(MAC, Box::new(full));
+    let (vq, mut q) = queue(&ram);
+    let frames: Vec<Vec<u8>> = (0..5).map(|i| frame(60 + i, i as u8)).collect();
+    for (i, f) in frames.iter().enumerate() {
+        let at = BUF + i as u64 * 0x1000;
+        let mut hdr_and_frame = vec![0u8; NET_HDR_LEN];
+        hdr_and_frame.extend_from_slice(f);
+        ram.memory()
+            .write_slice(&hdr_and_frame, GuestAddress(at))
+            .unwrap();
+        add_chain(&vq, i as u16, &[(at, hdr_and_frame.len() as u32, false)]);
+    }
+    // Two fit; the third waits in the queue, unused.
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.tx_blocked());
+    assert_eq!(q.next_used(), 2);
+    // Still full: nothing moves.
+    n.backend_mut().send(&[0; 14]).unwrap_err();
+    // The host end's thread flushes and runs the queue again, twice more.
+    for used in [4, 5] {
+        n.backend_mut().flush().unwrap();
+        assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+        assert_eq!(q.next_used(), used);
+    }
+    n.backend_mut().flush().unwrap();
+    assert_eq!(*sent.lock().unwrap(), frames);
+    assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (5, 0));
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): guest<->host TCP throughput through passt, Ignition
+against QEMU TCG's virtio-net on the same passt, guest and machine, in one run.
+
+Each VMM boots the built guest with a virtio-mmio network device on its own
+passt (QEMU: `-netdev stream`), takes its DHCP lease, then for each of N runs
+downloads a blob from an HTTP server on the host's loopback (`wget -O
+/dev/null`) and uploads one (`wget --post-file` from /dev/shm). The server
+times each body from its first byte to its last; MB/s = 10^6 bytes per
+second. Prints medians and the Ignition/QEMU ratio; writes
+bench-results/net.json.
+
+QEMU's device offers mergeable receive buffers, so its guest takes passt's
+65520-byte MTU; Ignition's fixes the MTU at 1500 (see the book's networking
+chapter), which the figures show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ignition import console, host, net, paths, qemu, timeouts  # noqa: E402
+from ignition.guest import disk_copy  # noqa: E402
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
+from ignition.stats import sha256, stats  # noqa: E402
+from ignition.vm import Vm, VmConfig  # noqa: E402
+
+LEASE = ("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
+         "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done")
+
+
+def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict:
+    """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
+    guest shell command."""
+    run(LEASE, 120)
+    url = f"http://{run(net.GATEWAY_CMD, 30)}:{http.port}"
+    size = mib << 20
+    run(f"tr -d '\\000' < /dev/urandom | head -c {size} > /dev/shm/up", 600)
+    down, up = [], []
+    for _ in range(runs):
+        n = len(http.transfers)
+        run(f"wget -q -O /dev/null {url}/blob", 900)
+        method, got, secs = http.transfers[n]
+        assert method == "GET" and got == size
+        down.append(size / secs / 1e6)
+        n = len(http.transfers)
+        answer = run(f"wget -q -O - --post-file=/dev/shm/up {url}/up", 900).split()
+        method, got, secs = http.transfers[n]
+        assert method == "POST" and got == size and answer[1] == str(size), answer
+        up.append(size / secs / 1e6)
+    return {"down_mb_s": stats(down), "up_mb_s": stats(up), "mtu": run("cat /sys/class/net/eth0/mtu", 30)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3, help="transfers each way per VMM (default: 3)")
+    p.add_argument("--mib", type=int, default=64, help="MiB per transfer (default: 64)")
+    p.add_argument("--boot", type=Path, default=DEFAULT_BOOT)
+    p.add_argument("--backend", default="emu", choices=["emu", "hvf"])
+    p.add_argument("--kernel", type=Path, default=paths.KERNEL)
+    p.add_argument("--disk", type=Path, default=paths.ROOTFS)
+    p.add_argument("--mem", type=int, default=512, help="MiB (default: 512)")
+    p.add_argument("--no-qemu", action="store_true", help="skip the QEMU comparison")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "net.json")
+    args = p.parse_args(argv)
+    if args.runs < 1 or args.mib < 1:
+        p.error("--runs and --mib must be >= 1")
+    if net.passt_bin() is None:
+        print("net_bench: passt not found (apt install passt)", file=sys.stderr)
+        return 1
+    err = qemu.check_inputs(args.kernel, args.disk)
+    if err and not (args.no_qemu and err.startswith(qemu.QEMU)):
+        print(f"net_bench: {err}", file=sys.stderr)
+        return 1
+    logs = RESULTS_DIR / "logs" / "net"
+    logs.mkdir(parents=True, exist_ok=True)
+    cfg = VmConfig(boot=args.boot, backend=args.backend, kernel=args.kernel)
+    result = {
+        "benchmark": "net_throughput_passt",
+        "config": {"mib": args.mib, "runs": args.runs, "mem_mib": args.mem,
+                   "kernel_sha256": sha256(args.kernel), "disk_sha256": sha256(args.disk)},
+        "host": host.summary(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    blob = os.urandom(args.mib << 20)
+    with net.LoopbackHttp() as http:
+        http.add("blob", blob)
+        with disk_copy(args.disk) as disk, net.Passt(logs, "ignition.sock") as passt:
+            with Vm.boot(cfg, disk=disk, mem=args.mem, extra=["--net", f"stream:{passt.socket}"],
+                         log_path=logs / "ignition.log") as vm:
+                vm.login()
+                result["ignition"] = {"backend": args.backend,
+                                      **measure(lambda c, t: vm.sh(c, timeout=t), http, args.mib, args.runs)}
+                vm.quit()
+        if not args.no_qemu:
+            qto = timeouts.for_backend("qemu")
+            with disk_copy(args.disk) as disk, net.Passt(logs, "qemu.sock") as passt:
+                argv = qemu.qemu_argv(args.kernel, disk, mem_mib=args.mem, net_socket=passt.socket)
+                child = console.spawn(argv, log_path=logs / "qemu.log")
+                try:
+                    console.login(child, qto.boot)
+                    result["qemu_tcg"] = measure(lambda c, t: console.run(child, c, t), http,
+                                                 args.mib, args.runs)
+                finally:
+                    console.terminate(child)
+    ig = result["ignition"]
+    lines = [f"ignition ({args.backend}, MTU {ig['mtu']}): down {ig['down_mb_s']['median']} MB/s, "
+             f"up {ig['up_mb_s']['median']} MB/s"]
+    if "qemu_tcg" in result:
+        q = result["qemu_tcg"]
+        lines.append(f"qemu tcg (MTU {q['mtu']}): down {q['down_mb_s']['median']} MB/s, "
+                     f"up {q['up_mb_s']['median']} MB/s")
+        result["ratio_ignition_to_qemu"] = {
+            d: round(ig[f"{d}_mb_s"]["median"] / q[f"{d}_mb_s"]["median"], 3) for d in ("down", "up")}
+        lines.append(f"ratio ignition/qemu: down {result['ratio_ignition_to_qemu']['down']}x, "
+                     f"up {result['ratio_ignition_to_qemu']['up']}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
