@@ -94,3 +94,17 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     /// Waits until no request is in flight, before a snapshot.
     fn quiesce(&mut self) -> std::io::Result<()>;
 }
+
+/// Copies device configuration bytes `config[offset..]` into `data` for a
+/// driver read; bytes past the end of `config` read as 0 (virtio 1.2 §4.2.2:
+/// the driver reads the configuration space in any width).
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = offset
+            .checked_add(i as u64)
+            .and_then(|o| usize::try_from(o).ok())
+            .and_then(|o| config.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}
