@@ -21,7 +21,7 @@ use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
 use crate::devices::virtio::net::host_end::{self, OpenedFrames, OpenedHostEnd};
-use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE};
+use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, TX_QUEUE};
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
@@ -190,15 +190,16 @@ impl Devices {
     }
 
     /// Waits until no device has a request in flight, and holds the
-    /// network device's receive (nothing arrives in guest RAM), before a
-    /// snapshot; [`Devices::release`] ends the hold.
+    /// network device (it writes nothing into guest RAM, though frames keep
+    /// arriving from its host end), before a snapshot; [`Devices::release`]
+    /// ends the hold.
     pub(super) fn quiesce(&self) -> anyhow::Result<()> {
         self.blk
             .locked()
             .quiesce()
             .context("cannot quiesce the block device")?;
         if let Some(n) = &self.net {
-            n.dev.locked().device_mut().hold_rx(true);
+            n.dev.locked().device_mut().hold(true);
         }
         Ok(())
     }
@@ -208,8 +209,9 @@ impl Devices {
     pub(super) fn release(&self) {
         if let Some(n) = &self.net {
             let mut m = n.dev.locked();
-            m.device_mut().hold_rx(false);
+            m.device_mut().hold(false);
             m.kick(RX_QUEUE);
+            m.kick(TX_QUEUE);
         }
     }
 

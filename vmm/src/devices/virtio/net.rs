@@ -109,8 +109,9 @@ pub struct Net {
     tx_buf: Vec<u8>,
     /// The host end's thread, woken when receive buffers free backlog.
     waker: Option<Waker>,
-    /// Receive writes nothing into guest RAM (a snapshot is being taken).
-    rx_held: bool,
+    /// The device writes nothing into guest RAM (a snapshot is being
+    /// taken): neither received frames nor used-ring entries.
+    held: bool,
     /// Transmit waits for the host end to take what it holds.
     tx_blocked: bool,
 }
@@ -150,7 +151,7 @@ impl Net {
             config,
             tx_buf: Vec::new(),
             waker: None,
-            rx_held: false,
+            held: false,
             tx_blocked: false,
         }
     }
@@ -195,11 +196,12 @@ impl Net {
         true
     }
 
-    /// Holds (`true`) or releases receive: while held, frames wait in the
-    /// backlog and nothing is written into guest RAM. On release the
-    /// transport must run [`RX_QUEUE`].
-    pub fn hold_rx(&mut self, held: bool) {
-        self.rx_held = held;
+    /// Holds (`true`) or releases the device: while held it writes nothing
+    /// into guest RAM (frames wait in the backlog; the transmitq, which the
+    /// host end's thread may run, is left alone). On release the transport
+    /// must run both queues.
+    pub fn hold(&mut self, held: bool) {
+        self.held = held;
     }
 
     /// Whether transmit waits for the host end (which then runs
@@ -208,9 +210,9 @@ impl Net {
         self.tx_blocked
     }
 
-    /// Whether receive is held ([`Net::hold_rx`]).
-    pub fn rx_held(&self) -> bool {
-        self.rx_held
+    /// Whether the device is held ([`Net::hold`]).
+    pub fn held(&self) -> bool {
+        self.held
     }
 
     /// Whether frames wait for receive buffers.
@@ -227,7 +229,7 @@ impl Net {
     /// per buffer; returns whether a buffer was used.
     fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
         let mut used = false;
-        while !self.rx_held && !self.backlog.is_empty() {
+        while !self.held && !self.backlog.is_empty() {
             let Some(chain) = queue.iter(mem)?.next() else {
                 break;
             };
@@ -262,6 +264,9 @@ impl Net {
     /// transmit waits, as on a real NIC, and nothing is dropped.
     fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
         let mut used = false;
+        if self.held {
+            return Ok(false);
+        }
         if self.tx_blocked {
             if let Err(e) = self.backend.flush() {
                 crate::warn_ratelimited!("virtio-net: writing the host end: {e}");

@@ -180,13 +180,16 @@ pub fn spawn_receiver(
                     }
                 }
             }
-            if m.device().has_backlog() && !m.device().rx_held() {
+            if m.device().has_backlog() && !m.device().held() {
                 m.kick(RX_QUEUE);
             }
             if let Err(e) = m.device_mut().backend_mut().flush() {
                 crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
             }
-            if m.device().tx_blocked() && !m.device_mut().backend_mut().pending() {
+            if m.device().tx_blocked()
+                && !m.device().held()
+                && !m.device_mut().backend_mut().pending()
+            {
                 m.kick(TX_QUEUE);
             }
             Interest {

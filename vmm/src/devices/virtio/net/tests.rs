@@ -313,18 +313,30 @@ fn macs_parse_print_and_default_stably() {
 }
 
 #[test]
-fn held_receive_writes_nothing_until_released() {
+fn a_held_device_writes_nothing_until_released() {
     let ram = ram();
     let (vq, mut q) = queue(&ram);
     let (mut n, _) = net();
     add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
-    n.hold_rx(true);
+    n.hold(true);
     assert!(n.receive(&frame(100, 3)));
     assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
     assert_eq!(n.backlog_len(), 1);
-    n.hold_rx(false);
+    n.hold(false);
     assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
     assert_eq!(n.counters().rx_frames, 1);
+
+    // Nor does transmit complete a chain (the used ring is guest RAM).
+    let ram = self::ram();
+    let (vq, mut q) = queue(&ram);
+    let (mut n, sink) = net();
+    add_chain(&vq, 0, &[(BUF, 12 + 60, false)]);
+    n.hold(true);
+    assert!(!n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(q.next_used(), 0);
+    n.hold(false);
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(sink.frames.lock().unwrap().len(), 1);
 }
 
 /// A host end with room for `room` frames until flushed.
