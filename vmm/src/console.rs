@@ -136,8 +136,11 @@ fn install_restore_paths() {
 
 /// Writes a VMM message to the console (stderr), on its own line.
 pub fn message(msg: &str) {
+    // One write: the guest's console output (stdout, the same terminal)
+    // cannot land inside the line.
+    let line = format!("\r\n{msg}\r\n");
     let mut err = std::io::stderr().lock();
-    let _ = write!(err, "\r\n{msg}\r\n");
+    let _ = err.write_all(line.as_bytes());
     let _ = err.flush();
 }
 
