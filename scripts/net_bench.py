@@ -10,9 +10,8 @@ times each body from its first byte to its last; MB/s = 10^6 bytes per
 second. Prints medians and the Ignition/QEMU ratio; writes
 bench-results/net.json.
 
-QEMU's device offers mergeable receive buffers, so its guest takes passt's
-65520-byte MTU; Ignition's fixes the MTU at 1500 (see the book's networking
-chapter), which the figures show.
+Both devices offer mergeable receive buffers, so both guests take passt's
+65520-byte MTU by DHCP (the JSON records each guest's MTU).
 """
 
 from __future__ import annotations

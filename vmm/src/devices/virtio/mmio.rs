@@ -22,6 +22,8 @@ use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
 use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
 use crate::memory::{GuestMemory, GuestRam};
 use serde::{Deserialize, Serialize};
+use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -30,7 +32,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::GuestAddress;
+use vm_memory::{Bytes, GuestAddress};
 
 /// MagicValue: "virt" little-endian.
 pub const MAGIC_VALUE: u32 = 0x7472_6976;
@@ -631,6 +633,7 @@ fn run_queue<D: VirtioDevice>(
     queue: &mut Queue,
     mem: &GuestMemory,
 ) -> Result<bool, VirtioError> {
+    let before = Wrapping(queue.next_used());
     let mut used = false;
     for _ in 0..MAX_NOTIFY_ROUNDS {
         queue.disable_notification(mem)?;
@@ -639,7 +642,35 @@ fn run_queue<D: VirtioDevice>(
             break;
         }
     }
-    Ok(used && queue.needs_notification(mem)?)
+    Ok(used && needs_interrupt(queue, mem, before)?)
+}
+
+/// Whether the driver wants an interrupt for the used entries added since
+/// the used index was `before`: always without VIRTIO_F_RING_EVENT_IDX;
+/// with it, when `used_event` lies in `[before, next_used)` (virtio 1.2
+/// §2.7.10). Counted from the index, so entries a device published itself
+/// ([`super::publish_used`]) count too.
+fn needs_interrupt(
+    queue: &Queue,
+    mem: &GuestMemory,
+    before: Wrapping<u16>,
+) -> Result<bool, VirtioError> {
+    if !queue.event_idx_enabled() {
+        return Ok(true);
+    }
+    // The used entries are visible before the driver's event is read.
+    fence(Ordering::SeqCst);
+    // used_event follows the avail ring's entries (§2.7.6).
+    let addr = queue
+        .avail_ring()
+        .checked_add(4 + 2 * u64::from(queue.size()))
+        .ok_or(virtio_queue::Error::AddressOverflow)?;
+    let event = mem
+        .load::<u16>(GuestAddress(addr), Ordering::Acquire)
+        .map(u16::from_le)
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    let now = Wrapping(queue.next_used());
+    Ok(now - Wrapping(event) - Wrapping(1) < now - before)
 }
 
 fn check_config_access(offset: u64, len: usize) -> Result<u64, AccessError> {

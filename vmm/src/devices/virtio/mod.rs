@@ -15,7 +15,7 @@ use crate::devices::Persist;
 use crate::memory::GuestMemory;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 
 /// Feature bits the transport offers for every device (virtio 1.2 §6):
 /// VIRTIO_F_VERSION_1 (32, required), VIRTIO_F_RING_EVENT_IDX (29) and
@@ -107,4 +107,44 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
             .copied()
             .unwrap_or(0);
     }
+}
+
+/// Publishes used entries `(head, len)` for `queue` at once: writes them at
+/// the next used positions, then moves the used index past all of them
+/// (one release store), so the driver never sees part of the batch (virtio
+/// 1.2 §2.7.8; a mergeable receive frame's buffers, §5.1.6.4, must appear
+/// together). Errors: a head out of range, or a used ring outside RAM.
+pub fn publish_used(
+    queue: &mut Queue,
+    mem: &GuestMemory,
+    used: &[(u16, u32)],
+) -> Result<(), VirtioError> {
+    use std::sync::atomic::Ordering;
+    use vm_memory::{Bytes, GuestAddress};
+    let size = queue.size();
+    let next = queue.next_used();
+    let ring = queue.used_ring();
+    for (i, &(head, len)) in used.iter().enumerate() {
+        if head >= size {
+            return Err(virtio_queue::Error::InvalidDescriptorIndex.into());
+        }
+        // struct virtq_used_elem { le32 id; le32 len; } after flags and idx.
+        let slot = u64::from(next.wrapping_add(i as u16) % size);
+        let addr = ring
+            .checked_add(4 + 8 * slot)
+            .ok_or(virtio_queue::Error::AddressOverflow)?;
+        let mut elem = [0u8; 8];
+        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        elem[4..].copy_from_slice(&len.to_le_bytes());
+        mem.write_slice(&elem, GuestAddress(addr))
+            .map_err(virtio_queue::Error::GuestMemory)?;
+    }
+    let idx = next.wrapping_add(used.len() as u16);
+    let at = ring
+        .checked_add(2)
+        .ok_or(virtio_queue::Error::AddressOverflow)?;
+    mem.store(idx.to_le(), GuestAddress(at), Ordering::Release)
+        .map_err(virtio_queue::Error::GuestMemory)?;
+    queue.set_next_used(idx);
+    Ok(())
 }

@@ -2,13 +2,12 @@
 //!
 //! Two queues: receiveq (0) and transmitq (1). Offered features:
 //! VIRTIO_NET_F_MAC (the configured MAC in config space),
-//! VIRTIO_NET_F_STATUS (link up) and VIRTIO_NET_F_MTU (1500). No checksum
-//! or segmentation offloads (the host ends carry plain Ethernet frames) and
-//! no mergeable receive buffers: instead the MTU is fixed at 1500 bytes, so
-//! the driver posts receive buffers of at least 1518 bytes plus the header
-//! (Linux's "small buffers") and refuses a larger MTU (one a DHCP server
-//! offers, say). A frame that does not fit the buffer it would go to is
-//! dropped and counted.
+//! VIRTIO_NET_F_STATUS (link up) and VIRTIO_NET_F_MRG_RXBUF (§5.1.6.3.1: a
+//! received frame may span several receive buffers, so any MTU up to
+//! 65521 bytes works with the driver's page-sized buffers). No checksum or
+//! segmentation offloads (the host ends carry plain Ethernet frames). A
+//! driver that does not take mergeable buffers gets one frame per buffer;
+//! a frame that does not fit is dropped and counted.
 //!
 //! Transmit runs in the QueueNotify write, handing each frame to the
 //! [`NetBackend`]. Receive is pushed by the host end ([`Net::receive`]) into
@@ -28,7 +27,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
@@ -53,11 +52,8 @@ pub const MAX_FRAME_LEN: usize = 65535;
 pub const RX_BACKLOG_FRAMES: usize = 1024;
 
 const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
-/// `struct virtio_net_config` up to `mtu`: mac (6 bytes), status (le16),
-/// max_virtqueue_pairs (le16, unused without VIRTIO_NET_F_MQ), mtu (le16).
-const CONFIG_LEN: usize = 12;
-/// The MTU the device advertises (VIRTIO_NET_F_MTU), bytes of IP packet.
-pub const MTU: u16 = 1500;
+/// `struct virtio_net_config` up to `status`: mac (6 bytes), status (le16).
+const CONFIG_LEN: usize = 8;
 /// Shortest frame passed on: an Ethernet header, bytes.
 pub const MIN_FRAME_LEN: usize = 14;
 
@@ -141,7 +137,6 @@ impl Net {
         let mut config = [0u8; CONFIG_LEN];
         config[..6].copy_from_slice(&mac);
         config[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
-        config[10..12].copy_from_slice(&MTU.to_le_bytes());
         Net {
             mac,
             backend,
@@ -225,9 +220,95 @@ impl Net {
         self.backlog.len() >= RX_BACKLOG_FRAMES
     }
 
+    /// Delivers backlogged frames into the receiveq's buffers, each frame
+    /// into as many buffers as it needs (VIRTIO_NET_F_MRG_RXBUF, §5.1.6.4):
+    /// the frame waits until the driver has posted enough, then its buffers
+    /// are published together. Returns whether a buffer was used.
+    fn deliver_mergeable(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemory,
+    ) -> Result<bool, VirtioError> {
+        let mut used = false;
+        let mut bytes = Vec::new();
+        while !self.held && !self.backlog.is_empty() {
+            let need = NET_HDR_LEN + self.backlog[0].len();
+            let start = queue.next_avail();
+            // Buffers in the order popped; a malformed chain holds nothing.
+            let mut bufs = Vec::new();
+            let mut room = 0;
+            while room < need {
+                let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                    break;
+                };
+                let head = chain.head_index();
+                match Writer::new(mem, chain) {
+                    Ok(w) => {
+                        room += w.available_bytes();
+                        bufs.push((head, Some(w)));
+                    }
+                    Err(e) => {
+                        crate::warn_ratelimited!(
+                            "virtio-net: receive buffer: bad descriptor chain: {e}"
+                        );
+                        bufs.push((head, None));
+                    }
+                }
+            }
+            if room < need {
+                // Not enough buffers yet: the driver's next notification
+                // (or the host end's next kick) tries again.
+                queue.set_next_avail(start);
+                break;
+            }
+            let frame = self.backlog.pop_front().expect("checked non-empty");
+            bytes.clear();
+            bytes.extend_from_slice(&[0u8; NET_HDR_LEN]);
+            // num_buffers (§5.1.6.4); at most the queue size.
+            bytes[10..12].copy_from_slice(&(bufs.len() as u16).to_le_bytes());
+            bytes.extend_from_slice(&frame);
+            let mut at = 0;
+            let mut entries = Vec::with_capacity(bufs.len());
+            let mut failed = false;
+            for (head, w) in bufs {
+                let n = match w {
+                    Some(mut w) if !failed => {
+                        let n = w.available_bytes().min(bytes.len() - at);
+                        if let Err(e) = w.write_all(&bytes[at..at + n]) {
+                            crate::warn_ratelimited!(
+                                "virtio-net: writing a receive buffer: {e}; frame dropped"
+                            );
+                            failed = true;
+                        }
+                        n
+                    }
+                    _ => 0,
+                };
+                at += n;
+                entries.push((head, n as u32));
+            }
+            if failed {
+                self.counters.rx_dropped += 1;
+            } else {
+                self.counters.rx_frames += 1;
+            }
+            super::publish_used(queue, mem, &entries)?;
+            used = true;
+        }
+        if used {
+            if let Some(w) = &self.waker {
+                w.wake();
+            }
+        }
+        Ok(used)
+    }
+
     /// Delivers backlogged frames into the receiveq's buffers, one frame
     /// per buffer; returns whether a buffer was used.
     fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+        if self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
+            return self.deliver_mergeable(queue, mem);
+        }
         let mut used = false;
         while !self.held && !self.backlog.is_empty() {
             let Some(chain) = queue.iter(mem)?.next() else {
@@ -362,7 +443,7 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MTU)
+        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MRG_RXBUF)
     }
 
     fn queue_max_sizes(&self) -> &[u16] {

@@ -72,15 +72,13 @@ fn frame(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn config_space_and_features() {
     let (n, _) = net();
-    let mut cfg = [0xffu8; 14];
+    let mut cfg = [0xffu8; 10];
     n.read_config(0, &mut cfg);
     assert_eq!(cfg[..6], MAC);
     assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), 1, "link up");
-    assert_eq!(cfg[8..10], [0, 0]);
-    assert_eq!(u16::from_le_bytes([cfg[10], cfg[11]]), 1500, "mtu");
-    assert_eq!(cfg[12..], [0, 0], "past the end");
+    assert_eq!(cfg[8..], [0, 0], "past the end");
     assert_eq!(n.device_type(), 1);
-    assert_eq!(n.features(), (1 << 3) | (1 << 5) | (1 << 16));
+    assert_eq!(n.features(), (1 << 5) | (1 << 15) | (1 << 16));
     assert_eq!(n.queue_max_sizes(), [256, 256]);
     assert_eq!(format_mac(&MAC), "52:54:00:12:34:56");
 }
@@ -399,4 +397,36 @@ fn a_full_host_end_holds_transmit_back_and_loses_nothing() {
     n.backend_mut().flush().unwrap();
     assert_eq!(*sent.lock().unwrap(), frames);
     assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (5, 0));
+}
+
+#[test]
+fn a_mergeable_frame_spans_buffers_published_together() {
+    let ram = ram();
+    let (vq, mut q) = queue(&ram);
+    let (mut n, _) = net();
+    n.activate((1 << 32) | (1 << 15)).unwrap();
+    let f = frame(2500, 9);
+    assert!(n.receive(&f));
+    // One 1000-byte buffer is not enough: nothing is used or consumed.
+    add_chain(&vq, 0, &[(BUF, 1000, true)]);
+    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!((q.next_avail(), q.next_used()), (0, 0));
+    // Two more: the frame (12 + 2500 bytes) takes all three, at once.
+    add_chain(&vq, 1, &[(BUF + 0x1000, 1000, true)]);
+    add_chain(&vq, 2, &[(BUF + 0x2000, 1000, true)]);
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert_eq!(q.next_used(), 3);
+    let lens: Vec<(u32, u32)> = (0..3).map(|i| used_elem(&ram, i)).collect();
+    assert_eq!(lens, [(0, 1000), (1, 1000), (2, 512)]);
+    let mut got = Vec::new();
+    for (i, &(_, len)) in lens.iter().enumerate() {
+        let mut b = vec![0u8; len as usize];
+        ram.memory()
+            .read_slice(&mut b, GuestAddress(BUF + i as u64 * 0x1000))
+            .unwrap();
+        got.extend(b);
+    }
+    assert_eq!(u16::from_le_bytes([got[10], got[11]]), 3, "num_buffers");
+    assert_eq!(&got[NET_HDR_LEN..], &f[..]);
+    assert_eq!(n.counters().rx_frames, 1);
 }
