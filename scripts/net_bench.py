@@ -31,14 +31,10 @@ from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
 from ignition.stats import sha256, stats  # noqa: E402
 from ignition.vm import Vm, VmConfig  # noqa: E402
 
-LEASE = ("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
-         "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done")
-
-
 def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict:
     """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
     guest shell command."""
-    run(LEASE, 120)
+    run(net.LEASE_WAIT_CMD, 120)
     url = f"http://{run(net.GATEWAY_CMD, 30)}:{http.port}"
     size = mib << 20
     run(f"tr -d '\\000' < /dev/urandom | head -c {size} > /dev/shm/up", 600)

@@ -19,6 +19,9 @@ from pathlib import Path
 
 # What the guest prints for its default gateway (busybox route).
 GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
+# Waits (at most 60 s) until eth0 has its DHCP lease; fails otherwise.
+LEASE_WAIT_CMD = ("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
+                  "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done")
 
 
 def passt_bin() -> str | None:

@@ -34,8 +34,7 @@ def disk_copy(guest_out, tmp_path):
 
 def wait_for_lease(vm: Vm) -> str:
     """Waits (bounded, generously) for eth0's DHCP lease; returns the gateway."""
-    vm.sh("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
-          "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done", timeout=120)
+    vm.sh(net.LEASE_WAIT_CMD, timeout=120)
     gw = vm.sh(net.GATEWAY_CMD)
     assert gw, "no default route from the lease"
     return gw

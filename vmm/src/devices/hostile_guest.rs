@@ -301,7 +301,12 @@ fn hostile_queue<D: VirtioDevice>(
     for status in [1u32, 3] {
         w(&mut *d, 0x070, status);
     }
-    w(&mut *d, 0x024, 1); // DriverFeaturesSel: VERSION_1 is bit 32
+    // Any subset of the device's own features (mergeable receive buffers,
+    // say), and VERSION_1 (bit 32).
+    w(&mut *d, 0x024, 0); // DriverFeaturesSel
+    let accepted = d.device().features() as u32 & rng.next() as u32;
+    w(&mut *d, 0x020, accepted);
+    w(&mut *d, 0x024, 1);
     w(&mut *d, 0x020, 1);
     w(&mut *d, 0x070, 11); // FEATURES_OK
     w(&mut *d, 0x030, queue); // QueueSel

@@ -72,13 +72,11 @@ where
     let (disk, disk_len, disk_path, work_disk) = open_disk(plan.disk)?;
     let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
     let control = Arc::new(Control::new(irqchip.clone(), plan.power, &groups));
-    let net = match &plan.net {
-        None => None,
-        Some(n) => Some(NetDeviceArgs {
-            end: host_end::open(&n.host)?,
-            mac: n.mac,
-        }),
-    };
+    let net = plan
+        .net
+        .as_ref()
+        .map(|n| host_end::open(&n.host).map(|end| NetDeviceArgs { end, mac: n.mac }))
+        .transpose()?;
     let (chip, ctl) = (irqchip.clone(), control.clone());
     let args = DeviceArgs {
         ram: plan.ram.clone(),

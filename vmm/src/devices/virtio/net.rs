@@ -220,24 +220,25 @@ impl Net {
         self.backlog.len() >= RX_BACKLOG_FRAMES
     }
 
-    /// Delivers backlogged frames into the receiveq's buffers, each frame
-    /// into as many buffers as it needs (VIRTIO_NET_F_MRG_RXBUF, §5.1.6.4):
-    /// the frame waits until the driver has posted enough, then its buffers
-    /// are published together. Returns whether a buffer was used.
-    fn deliver_mergeable(
-        &mut self,
-        queue: &mut Queue,
-        mem: &GuestMemory,
-    ) -> Result<bool, VirtioError> {
+    /// Delivers backlogged frames into the receiveq's buffers. With
+    /// VIRTIO_NET_F_MRG_RXBUF (§5.1.6.4) a frame takes as many buffers as it
+    /// needs and waits until the driver has posted enough; without it, one
+    /// buffer, and a frame that does not fit it is dropped. A frame's
+    /// buffers are published together. Returns whether a buffer was used.
+    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+        let max_bufs = if self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
+            usize::from(queue.size())
+        } else {
+            1
+        };
         let mut used = false;
-        let mut bytes = Vec::new();
         while !self.held && !self.backlog.is_empty() {
             let need = NET_HDR_LEN + self.backlog[0].len();
             let start = queue.next_avail();
             // Buffers in the order popped; a malformed chain holds nothing.
             let mut bufs = Vec::new();
             let mut room = 0;
-            while room < need {
+            while room < need && bufs.len() < max_bufs {
                 let Some(chain) = queue.pop_descriptor_chain(mem) else {
                     break;
                 };
@@ -255,36 +256,48 @@ impl Net {
                     }
                 }
             }
-            if room < need {
+            let frame = if room >= need {
+                self.backlog.pop_front().expect("checked non-empty")
+            } else if bufs.len() < max_bufs {
                 // Not enough buffers yet: the driver's next notification
                 // (or the host end's next kick) tries again.
                 queue.set_next_avail(start);
                 break;
-            }
-            let frame = self.backlog.pop_front().expect("checked non-empty");
-            bytes.clear();
-            bytes.extend_from_slice(&[0u8; NET_HDR_LEN]);
+            } else {
+                crate::warn_ratelimited!(
+                    "virtio-net: a {room}-byte receive buffer is too small for a {}-byte frame; frame dropped",
+                    need - NET_HDR_LEN
+                );
+                self.backlog.pop_front();
+                self.counters.rx_dropped += 1;
+                let entries: Vec<_> = bufs.iter().map(|&(head, _)| (head, 0)).collect();
+                super::publish_used(queue, mem, &entries)?;
+                used = true;
+                continue;
+            };
+            let mut hdr = [0u8; NET_HDR_LEN];
             // num_buffers (§5.1.6.4); at most the queue size.
-            bytes[10..12].copy_from_slice(&(bufs.len() as u16).to_le_bytes());
-            bytes.extend_from_slice(&frame);
-            let mut at = 0;
+            hdr[10..12].copy_from_slice(&(bufs.len() as u16).to_le_bytes());
+            // What is left to write: the header, then the frame.
+            let mut parts: [&[u8]; 2] = [&hdr, &frame];
             let mut entries = Vec::with_capacity(bufs.len());
             let mut failed = false;
             for (head, w) in bufs {
-                let n = match w {
-                    Some(mut w) if !failed => {
-                        let n = w.available_bytes().min(bytes.len() - at);
-                        if let Err(e) = w.write_all(&bytes[at..at + n]) {
+                let mut n = 0;
+                if let (Some(mut w), false) = (w, failed) {
+                    for part in &mut parts {
+                        let k = w.available_bytes().min(part.len());
+                        if let Err(e) = w.write_all(&part[..k]) {
                             crate::warn_ratelimited!(
                                 "virtio-net: writing a receive buffer: {e}; frame dropped"
                             );
                             failed = true;
+                            break;
                         }
-                        n
+                        *part = &part[k..];
+                        n += k;
                     }
-                    _ => 0,
-                };
-                at += n;
+                }
                 entries.push((head, n as u32));
             }
             if failed {
@@ -293,41 +306,6 @@ impl Net {
                 self.counters.rx_frames += 1;
             }
             super::publish_used(queue, mem, &entries)?;
-            used = true;
-        }
-        if used {
-            if let Some(w) = &self.waker {
-                w.wake();
-            }
-        }
-        Ok(used)
-    }
-
-    /// Delivers backlogged frames into the receiveq's buffers, one frame
-    /// per buffer; returns whether a buffer was used.
-    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
-        if self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
-            return self.deliver_mergeable(queue, mem);
-        }
-        let mut used = false;
-        while !self.held && !self.backlog.is_empty() {
-            let Some(chain) = queue.iter(mem)?.next() else {
-                break;
-            };
-            let head = chain.head_index();
-            let frame = self.backlog.pop_front().expect("checked non-empty");
-            let len = match write_frame(chain, mem, &frame) {
-                Ok(n) => {
-                    self.counters.rx_frames += 1;
-                    n
-                }
-                Err(why) => {
-                    crate::warn_ratelimited!("virtio-net: receive buffer: {why}; frame dropped");
-                    self.counters.rx_dropped += 1;
-                    0
-                }
-            };
-            queue.add_used(mem, head, len)?;
             used = true;
         }
         if used {
@@ -410,31 +388,6 @@ fn read_frame(
     reader
         .read_exact(buf)
         .map_err(|e| format!("reading the frame: {e}"))
-}
-
-/// Writes the header (no offloads, one buffer) and `frame` into a receive
-/// chain; returns the bytes written.
-fn write_frame(
-    chain: DescriptorChain<&GuestMemory>,
-    mem: &GuestMemory,
-    frame: &[u8],
-) -> Result<u32, String> {
-    let mut writer = Writer::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
-    let room = writer.available_bytes();
-    if room < NET_HDR_LEN + frame.len() {
-        return Err(format!(
-            "{room} bytes is too small for a {}-byte frame",
-            frame.len()
-        ));
-    }
-    let mut hdr = [0u8; NET_HDR_LEN];
-    // num_buffers = 1 (§5.1.6.4).
-    hdr[10..12].copy_from_slice(&1u16.to_le_bytes());
-    writer
-        .write_all(&hdr)
-        .and_then(|()| writer.write_all(frame))
-        .map_err(|e| format!("writing the frame: {e}"))?;
-    Ok((NET_HDR_LEN + frame.len()) as u32)
 }
 
 impl VirtioDevice for Net {

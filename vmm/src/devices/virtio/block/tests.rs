@@ -2,14 +2,12 @@ use super::*;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::devices::pl011::tests::TestIrq;
 use crate::devices::virtio::mmio::tests::{
-    negotiate, r, ram, setup_queue, used_elem, used_idx, w, RUNNING, USED_RING,
+    add_chain, negotiate, queue, r, ram, setup_queue, used_elem, used_idx, w, RUNNING,
 };
 use crate::devices::virtio::VirtioMmio;
 use crate::memory::GuestRam;
 use std::sync::Arc;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
 
@@ -37,34 +35,6 @@ fn header(ram: &GuestRam, req_type: u32, sector: u64) {
     h[0..4].copy_from_slice(&req_type.to_le_bytes());
     h[8..16].copy_from_slice(&sector.to_le_bytes());
     ram.memory().write_slice(&h, GuestAddress(HDR)).unwrap();
-}
-
-/// Adds a chain of `(address, length, device-writable)` buffers whose
-/// descriptors start at index `first`.
-fn add_chain(vq: &MockSplitQueue<'_, GuestMemory>, first: u16, parts: &[(u64, u32, bool)]) {
-    let descs: Vec<RawDescriptor> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, &(addr, len, writable))| {
-            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
-            if i + 1 < parts.len() {
-                flags |= VRING_DESC_F_NEXT;
-            }
-            let next = first + i as u16 + 1;
-            RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
-        })
-        .collect();
-    vq.add_desc_chains(&descs, first).unwrap();
-}
-
-/// A mock driver queue of 16 entries with its used ring at [`USED_RING`],
-/// and the device's view of it.
-fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
-    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
-    let mut q: Queue = vq.create_queue().unwrap();
-    q.try_set_used_ring_address(GuestAddress(USED_RING))
-        .unwrap();
-    (vq, q)
 }
 
 fn status(ram: &GuestRam) -> u8 {

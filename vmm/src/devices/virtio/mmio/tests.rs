@@ -1,6 +1,7 @@
 use super::*;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::devices::pl011::tests::TestIrq;
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::QueueOwnedT;
@@ -483,4 +484,36 @@ fn restore_rejects_bad_state() {
     assert_eq!(e.status(), 0, "failed restores change nothing");
     let e = restore(&good).unwrap();
     assert_eq!(e.status(), RUNNING);
+}
+
+/// Adds a chain of `(address, length, device-writable)` buffers whose
+/// descriptors start at index `first`.
+pub(crate) fn add_chain(
+    vq: &MockSplitQueue<'_, GuestMemory>,
+    first: u16,
+    parts: &[(u64, u32, bool)],
+) {
+    let descs: Vec<RawDescriptor> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(addr, len, writable))| {
+            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
+            if i + 1 < parts.len() {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            let next = first + i as u16 + 1;
+            RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+        })
+        .collect();
+    vq.add_desc_chains(&descs, first).unwrap();
+}
+
+/// A mock driver queue of 16 entries with its used ring at [`USED_RING`],
+/// and the device's view of it.
+pub(crate) fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+    let mut q: Queue = vq.create_queue().unwrap();
+    q.try_set_used_ring_address(GuestAddress(USED_RING))
+        .unwrap();
+    (vq, q)
 }

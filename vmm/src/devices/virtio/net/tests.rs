@@ -1,10 +1,7 @@
 use super::*;
 use crate::arch::layout::RAM_BASE;
-use crate::devices::virtio::mmio::tests::{ram, used_elem, USED_RING};
-use crate::memory::GuestRam;
+use crate::devices::virtio::mmio::tests::{add_chain, queue, ram, used_elem};
 use std::sync::{Arc, Mutex};
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -31,36 +28,6 @@ impl NetBackend for Sink {
 fn net() -> (Net, Sink) {
     let sink = Sink::default();
     (Net::new(MAC, Box::new(sink.clone())), sink)
-}
-
-fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
-    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
-    let mut q: Queue = vq.create_queue().unwrap();
-    q.try_set_used_ring_address(GuestAddress(USED_RING))
-        .unwrap();
-    (vq, q)
-}
-
-/// Adds a chain of `(address, length, device-writable)` buffers whose
-/// descriptors start at index `first`.
-fn add_chain(vq: &MockSplitQueue<'_, GuestMemory>, first: u16, parts: &[(u64, u32, bool)]) {
-    let descs: Vec<RawDescriptor> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, &(addr, len, writable))| {
-            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
-            if i + 1 < parts.len() {
-                flags |= VRING_DESC_F_NEXT;
-            }
-            RawDescriptor::from(SplitDescriptor::new(
-                addr,
-                len,
-                flags as u16,
-                first + i as u16 + 1,
-            ))
-        })
-        .collect();
-    vq.add_desc_chains(&descs, first).unwrap();
 }
 
 fn frame(len: usize, seed: u8) -> Vec<u8> {
