@@ -101,8 +101,8 @@ if [[ ! -r /etc/debian_version ]] || ! command -v apt-get >/dev/null || ! comman
 fi
 HOST_ARCH=$(uname -m)
 case $HOST_ARCH in
-    x86_64) CC_PKG=gcc-aarch64-linux-gnu ;;
-    aarch64) CC_PKG=gcc ;;       # native gcc provides aarch64-linux-gnu-gcc
+    x86_64) CC_PKG=gcc-aarch64-linux-gnu; LIBC_PKG=libc6-dev-arm64-cross ;;
+    aarch64) CC_PKG=gcc; LIBC_PKG=libc6-dev ;;   # native gcc provides aarch64-linux-gnu-gcc
     *) die "unsupported host architecture $HOST_ARCH (need x86_64 or aarch64)" ;;
 esac
 CROSS_COMPILE=aarch64-linux-gnu-
@@ -150,9 +150,10 @@ pkg_installed() {
 }
 
 # ---------------------------------------------------------------- packages
-PKGS=(e2fsprogs)
+# The compiler and C library build the rootfs's tools (guest/tools/) too.
+PKGS=(e2fsprogs "$CC_PKG" "$LIBC_PKG")
 if [[ $ROOTFS_ONLY == 0 ]]; then
-    PKGS+=("$CC_PKG" "$KERNEL_SRC_PKG" make gcc libc6-dev bc bison flex libssl-dev libelf-dev xz-utils)
+    PKGS+=("$KERNEL_SRC_PKG" make gcc libc6-dev bc bison flex libssl-dev libelf-dev xz-utils)
 fi
 missing=()
 for p in "${PKGS[@]}"; do
@@ -329,6 +330,15 @@ build_rootfs() {
         [[ $a == busybox ]] || ln -s busybox "$root/bin/$a"
     done <"$WORK/applets"
 
+    # Our tools: static, stripped, with no build ID or build paths in them.
+    local t
+    for t in vsock; do
+        "${CROSS_COMPILE}gcc" -static -O2 -Wall -Wextra -Werror -ffile-prefix-map="$GUEST_DIR"=. \
+            -Wl,--build-id=none -o "$WORK/$t" "$GUEST_DIR/tools/$t.c"
+        "${CROSS_COMPILE}strip" "$WORK/$t"
+        install -m 0755 "$WORK/$t" "$root/bin/$t"
+    done
+
     # Config files from guest/rootfs/, with explicit modes.
     local f mode
     while read -r f mode; do
@@ -409,6 +419,7 @@ cat >"$OUT_DIR/guest.json.tmp" <<EOF
     "$BUSYBOX_PKG": "$BB_VERSION",
     "e2fsprogs": "$(pkg_version e2fsprogs)",
     "$CC_PKG": "$(pkg_version "$CC_PKG")",
+    "$LIBC_PKG": "$(pkg_version "$LIBC_PKG")",
     "$KERNEL_SRC_PKG": "$SRC_VERSION"
   },
   "page_size": "$PAGE_SIZE",

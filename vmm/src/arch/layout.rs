@@ -217,12 +217,16 @@ pub const VIRTIO_BLK_SLOT: u32 = 0;
 /// Slot of the network device (`boot --net`; absent without it).
 pub const VIRTIO_NET_SLOT: u32 = 1;
 
+/// Slot of the vsock device (`boot --vsock-uds`; absent without it).
+pub const VIRTIO_VSOCK_SLOT: u32 = 2;
+
 /// The MMIO devices the VMM may wire to an interrupt (each a
 /// level-triggered SPI; an absent device's line stays low).
-pub const IRQ_DEVICES: [MmioRegion; 3] = [
+pub const IRQ_DEVICES: [MmioRegion; 4] = [
     PL011,
     virtio_mmio(VIRTIO_BLK_SLOT),
     virtio_mmio(VIRTIO_NET_SLOT),
+    virtio_mmio(VIRTIO_VSOCK_SLOT),
 ];
 
 /// The VM generation ID's notification: an edge-triggered SPI (the guest has
@@ -298,7 +302,7 @@ mod tests {
         for (base, _) in regions {
             assert!(base == GICD_BASE || base == GICR_BASE || base >= GIC_WINDOW_END);
         }
-        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 49, 34]);
+        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 49, 50, 34]);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::{
     BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VmExit,
+    VsockConfig,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -144,6 +145,23 @@ struct Args {
     /// Network device's MAC address [default: derived from --name (else the disk path), stable across starts; with --restore, the snapshot's]
     #[arg(long, value_name = "MAC", value_parser = parse_mac)]
     mac: Option<[u8; 6]>,
+    /// Add a vsock device: host programs connect to this Unix socket and send "CONNECT <port>\n"; a guest connection to host port P goes to PATH_P
+    #[arg(long, value_name = "PATH")]
+    vsock_uds: Option<PathBuf>,
+    /// The guest's vsock CID [default: 3; with --restore, the snapshot's]
+    #[arg(long, value_name = "CID", value_parser = parse_cid, requires = "vsock_uds")]
+    vsock_cid: Option<u64>,
+}
+
+fn parse_cid(s: &str) -> Result<u64, String> {
+    let cid: u64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if !ignition_vmm::devices::virtio::vsock::valid_guest_cid(cid) {
+        return Err(format!(
+            "{cid} is not a guest CID: 0-2 are reserved (2 is the host), and Linux's CIDs are 32-bit (at most {})",
+            u32::MAX - 1
+        ));
+    }
+    Ok(cid)
 }
 
 /// `--net`: no network device, or its host end.
@@ -230,6 +248,10 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             (None, None) => None,
             (Some(host), mac) => Some(NetConfig { host, mac }),
         },
+        vsock: args.vsock_uds.map(|uds| VsockConfig {
+            uds,
+            cid: args.vsock_cid,
+        }),
     };
     match backend {
         Backend::Emu => run_emu(&cfg),

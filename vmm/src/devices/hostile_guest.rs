@@ -15,6 +15,7 @@ use crate::devices::pl011::tests::TestIrq;
 use crate::devices::pl011::Pl011;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::net::{Net, NetBackend, MAX_FRAME_LEN, RX_BACKLOG_FRAMES};
+use crate::devices::virtio::vsock::{self, Vsock, VsockHost};
 use crate::devices::virtio::{VirtioDevice, VirtioMmio};
 use crate::devices::{MmioDevice, Persist};
 use crate::memory::GuestRam;
@@ -61,9 +62,14 @@ struct Machine {
     bus: MmioBus,
     blk: Arc<Mutex<VirtioMmio<Block>>>,
     net: Arc<Mutex<VirtioMmio<Net>>>,
+    vsock: Arc<Mutex<VirtioMmio<Vsock>>>,
     /// (base, size) of every region, for choosing addresses.
     regions: Vec<(u64, u64)>,
     _disk: tempfile::NamedTempFile,
+    /// The vsock host end's directory: `v.sock`, and a host program's
+    /// `v.sock_5000` that never accepts.
+    vsock_dir: tempfile::TempDir,
+    _vsock_listener: std::os::unix::net::UnixListener,
 }
 
 fn machine(ram: &Arc<GuestRam>) -> Machine {
@@ -115,12 +121,29 @@ fn machine(ram: &Arc<GuestRam>) -> Machine {
     ));
     let region = layout::virtio_mmio(layout::VIRTIO_NET_SLOT);
     add("virtio-net", region.base, region.size, net.clone());
+    let vsock_dir = tempfile::tempdir().unwrap();
+    let host = VsockHost::bind(&vsock_dir.path().join("v.sock")).unwrap();
+    let listener =
+        std::os::unix::net::UnixListener::bind(vsock_dir.path().join("v.sock_5000")).unwrap();
+    let vsock = Arc::new(Mutex::new(
+        VirtioMmio::new(
+            Vsock::new(3, host),
+            ram.clone(),
+            Arc::new(TestIrq::default()),
+        )
+        .unwrap(),
+    ));
+    let region = layout::virtio_mmio(layout::VIRTIO_VSOCK_SLOT);
+    add("virtio-vsock", region.base, region.size, vsock.clone());
     Machine {
         bus,
         blk,
         net,
+        vsock,
         regions,
         _disk: disk,
+        vsock_dir,
+        _vsock_listener: listener,
     }
 }
 
@@ -213,10 +236,48 @@ fn random_gic_system_registers_never_panic_the_host() {
     Gicv3::restore(VCPUS, &state).unwrap();
 }
 
+/// A virtio-blk request header: type IN, OUT, FLUSH, GET_ID or junk; sector.
+fn blk_header(rng: &mut Rng) -> Vec<u8> {
+    let kind = [0u32, 1, 4, 8, rng.next() as u32][rng.below(5) as usize];
+    let mut h = vec![0u8; 16];
+    h[..4].copy_from_slice(&kind.to_le_bytes());
+    h[8..].copy_from_slice(&rng.below(200).to_le_bytes());
+    h
+}
+
+/// A vsock packet header (virtio 1.2 §5.10.6) that is mostly plausible:
+/// the guest's and host's CIDs, a few ports (5000 has a host listener),
+/// any operation, length, flags and credit.
+fn vsock_header(rng: &mut Rng) -> Vec<u8> {
+    use vsock::packet::{Header, HOST_CID};
+    let pick = |rng: &mut Rng, usual: u64| if rng.below(8) == 0 { rng.next() } else { usual };
+    let h = Header {
+        src_cid: pick(rng, 3),
+        dst_cid: pick(rng, HOST_CID),
+        src_port: 1000 + rng.below(8) as u32,
+        dst_port: [5000, 5001, rng.next() as u32][rng.below(3) as usize],
+        len: [0, 0, 0, 5, 4096, 65537, rng.next() as u32][rng.below(7) as usize],
+        kind: pick(rng, 1) as u16,
+        // Mostly REQUEST and RW, so that connections are made and used.
+        op: [1, 1, 5, 5, rng.below(9)][rng.below(5) as usize] as u16,
+        flags: rng.below(4) as u32,
+        buf_alloc: pick(rng, 256 << 10) as u32,
+        fwd_cnt: rng.next() as u32,
+    };
+    h.to_bytes().to_vec()
+}
+
 /// Writes a plausible but hostile request at `desc`/`avail` (both in RAM):
 /// a chain of up to 4 descriptors with random lengths, flags, addresses and
-/// request header, published as avail entry 0.
-fn plant_request(ram: &GuestRam, rng: &mut Rng, desc: u64, avail: u64, qsize: u16) {
+/// (from `header`) request header, published as avail entry 0.
+fn plant_request(
+    ram: &GuestRam,
+    rng: &mut Rng,
+    desc: u64,
+    avail: u64,
+    qsize: u16,
+    header: fn(&mut Rng) -> Vec<u8>,
+) {
     let mem = ram.memory();
     let n = 1 + rng.below(4) as u16;
     for i in 0..n {
@@ -225,8 +286,15 @@ fn plant_request(ram: &GuestRam, rng: &mut Rng, desc: u64, avail: u64, qsize: u1
         } else {
             RAM_BASE + rng.below(RAM_SIZE)
         };
-        let len = [16u32, 1, 512, 4096, 0, rng.next() as u32][rng.below(6) as usize];
-        let mut flags: u16 = if rng.below(3) == 0 { 2 } else { 0 }; // WRITE
+        // Half the chains start with a plausible header; half of those in a
+        // descriptor that holds it (and some payload), device-readable.
+        let planted = (i == 0 && rng.below(2) == 0).then(|| header(rng));
+        let fits = planted.is_some() && rng.below(2) == 0;
+        let len = match &planted {
+            Some(h) if fits => h.len() as u32 + rng.below(4097) as u32,
+            _ => [16u32, 1, 512, 4096, 0, rng.next() as u32][rng.below(6) as usize],
+        };
+        let mut flags: u16 = if !fits && rng.below(3) == 0 { 2 } else { 0 }; // WRITE
         let mut next = i + 1;
         if i + 1 < n {
             flags |= 1; // NEXT
@@ -241,12 +309,7 @@ fn plant_request(ram: &GuestRam, rng: &mut Rng, desc: u64, avail: u64, qsize: u1
         d[12..14].copy_from_slice(&flags.to_le_bytes());
         d[14..16].copy_from_slice(&next.to_le_bytes());
         let _ = mem.write_slice(&d, GuestAddress(desc + 16 * u64::from(i)));
-        if i == 0 && rng.below(2) == 0 {
-            // A request header: type IN, OUT, FLUSH, GET_ID or junk; sector.
-            let kind = [0u32, 1, 4, 8, rng.next() as u32][rng.below(5) as usize];
-            let mut h = [0u8; 16];
-            h[..4].copy_from_slice(&kind.to_le_bytes());
-            h[8..].copy_from_slice(&rng.below(200).to_le_bytes());
+        if let Some(h) = planted {
             let _ = mem.write_slice(&h, GuestAddress(addr));
         }
     }
@@ -273,6 +336,7 @@ fn hostile_queue<D: VirtioDevice>(
     rng: &mut Rng,
     dev: &Mutex<VirtioMmio<D>>,
     queue: u32,
+    header: fn(&mut Rng) -> Vec<u8>,
 ) -> Option<u64> {
     use crate::devices::virtio::mmio::tests::w;
     fill_ram(ram, rng);
@@ -289,7 +353,7 @@ fn hostile_queue<D: VirtioDevice>(
     if (RAM_BASE..RAM_BASE + RAM_SIZE - 64).contains(&desc)
         && (RAM_BASE..RAM_BASE + RAM_SIZE - 8).contains(&avail)
     {
-        plant_request(ram, rng, desc, avail, qsize);
+        plant_request(ram, rng, desc, avail, qsize, header);
     }
     if used_in_ram {
         ram.memory()
@@ -349,7 +413,7 @@ fn virtqueues_at_random_addresses_over_random_memory_never_panic_the_host() {
     // Requests the device completed (the used index it published moved).
     let mut completed = 0u32;
     for _ in 0..300 {
-        let used = hostile_queue(&ram, &mut rng, &m.blk, 0);
+        let used = hostile_queue(&ram, &mut rng, &m.blk, 0, blk_header);
         completed += u32::from(notify_with_noise(
             &m,
             &mut rng,
@@ -375,7 +439,7 @@ fn a_hostile_network_driver_and_host_end_never_panic_or_grow_the_host() {
     let mut completed = [0u32; 2];
     for round in 0..400 {
         let queue = round % 2;
-        let used = hostile_queue(&ram, &mut rng, &m.net, queue);
+        let used = hostile_queue(&ram, &mut rng, &m.net, queue, blk_header);
         // The host end floods the device with frames of any size, far more
         // than the backlog holds.
         {
@@ -403,6 +467,71 @@ fn a_hostile_network_driver_and_host_end_never_panic_or_grow_the_host() {
     let c = m.net.lock().unwrap().device().counters();
     assert!(
         c.rx_frames > 0 && c.rx_dropped > 0 && c.tx_dropped > 0,
+        "{c:?}"
+    );
+}
+
+#[test]
+fn a_hostile_vsock_driver_and_host_programs_never_panic_or_grow_the_host() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let ram = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
+    let m = machine(&ram);
+    let mut rng = Rng(0x7650_c4ee_0000_0019);
+    let uds = m.vsock_dir.path().join("v.sock");
+    let mut programs = Vec::new();
+    let mut completed = [0u32; 3];
+    for round in 0..1200 {
+        let queue = round % 3;
+        let used = hostile_queue(&ram, &mut rng, &m.vsock, queue, vsock_header);
+        // Host programs: good and bad CONNECT lines, then floods of data
+        // (each receive-queue round has a request for the guest).
+        if (queue == 0 || rng.below(4) == 0) && programs.len() < 2 * vsock::MAX_CONNECTIONS {
+            if let Ok(mut s) = UnixStream::connect(&uds) {
+                let line: &[u8] = match if queue == 0 { 0 } else { rng.below(4) } {
+                    0 => b"CONNECT 1000\n",
+                    1 => b"CONNECT x\n",
+                    2 => &[b'7'; 64],
+                    _ => b"CONNECT 1001\nand data at once",
+                };
+                let _ = s.set_nonblocking(true);
+                let _ = s.write(line);
+                let _ = s.write(&vec![0x5a; rng.below(1 << 18) as usize]);
+                programs.push(s);
+            }
+        }
+        {
+            let mut d = m.vsock.lock().unwrap();
+            // Accept, read the lines, move data.
+            for _ in 0..3 {
+                vsock::tests::pump_for(d.device_mut(), 0);
+            }
+            let v = d.device();
+            assert!(v.connections() <= vsock::MAX_CONNECTIONS);
+            assert!(
+                v.host_buffered_bytes()
+                    <= vsock::MAX_CONNECTIONS * (vsock::CONN_BUF_SIZE as usize + 32),
+                "{} bytes buffered",
+                v.host_buffered_bytes()
+            );
+            assert!(v.pending_control_packets() <= vsock::MAX_CONTROL);
+        }
+        completed[queue as usize] += u32::from(notify_with_noise(
+            &m,
+            &mut rng,
+            layout::VIRTIO_VSOCK_SLOT,
+            queue,
+            used,
+            &ram,
+        ));
+    }
+    assert!(
+        completed[..2].iter().all(|&c| c > 10),
+        "rounds that used a buffer: {completed:?}"
+    );
+    let c = m.vsock.lock().unwrap().device().counters();
+    assert!(
+        c.connections > 0 && c.bad_packets > 0 && c.resets > 0,
         "{c:?}"
     );
 }

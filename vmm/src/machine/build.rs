@@ -5,12 +5,13 @@
 use super::clock::Clock;
 use super::config::{host_random, Plan, PlanDisk, Start};
 use super::control::Control;
-use super::devices::{DeviceArgs, Devices, NetDeviceArgs, SpiLine};
+use super::devices::{DeviceArgs, Devices, NetDeviceArgs, SpiLine, VsockDeviceArgs};
 use super::irqchip::{Irqchip, PendingKernelGicState};
 use super::restore::{CopyingDisk, Stages};
 use super::{vcpu, Shared};
 use crate::devices::virtio::block::BackingFile;
 use crate::devices::virtio::net::host_end;
+use crate::devices::virtio::vsock::VsockHost;
 use crate::devices::MmioBus;
 use crate::devices::Persist;
 use crate::hv::{Hypervisor, VcpuId, Vm};
@@ -77,6 +78,11 @@ where
         .as_ref()
         .map(|n| host_end::open(&n.host).map(|end| NetDeviceArgs { end, mac: n.mac }))
         .transpose()?;
+    let vsock = plan
+        .vsock
+        .as_ref()
+        .map(|v| VsockHost::bind(&v.uds).map(|host| VsockDeviceArgs { host, cid: v.cid }))
+        .transpose()?;
     let (chip, ctl) = (irqchip.clone(), control.clone());
     let args = DeviceArgs {
         ram: plan.ram.clone(),
@@ -87,6 +93,7 @@ where
         disk_len,
         generation_id: host_random()?,
         net,
+        vsock,
     };
     let devices = match saved {
         None => Devices::new(args)?,

@@ -85,7 +85,24 @@ pub struct MachineConfig {
     pub control: Option<PathBuf>,
     /// The network device (`boot --net`); `None`: no network device.
     pub net: Option<NetConfig>,
+    /// The vsock device (`boot --vsock-uds`); `None`: no vsock device.
+    pub vsock: Option<VsockConfig>,
 }
+
+/// The vsock device (`boot --vsock-uds`, `--vsock-cid`).
+#[derive(Debug, Clone)]
+pub struct VsockConfig {
+    /// The Unix socket host programs connect to; a guest connection to host
+    /// port P goes to `<uds>_P`.
+    pub uds: PathBuf,
+    /// The guest's CID. `None`: [`DEFAULT_GUEST_CID`] for a fresh boot, the
+    /// snapshot's for a restore (a different one reaches the guest with the
+    /// transport reset).
+    pub cid: Option<u64>,
+}
+
+/// The guest CID without `--vsock-cid`: 3, the first one not reserved.
+pub const DEFAULT_GUEST_CID: u64 = 3;
 
 /// The network device (`boot --net`, `--mac`).
 #[derive(Debug, Clone)]
@@ -127,6 +144,8 @@ pub(super) struct Plan {
     pub(super) parent: Option<snapshot_store::Layer>,
     /// The network device (its MAC resolved for a fresh boot).
     pub(super) net: Option<NetConfig>,
+    /// The vsock device (its CID resolved for a fresh boot).
+    pub(super) vsock: Option<VsockConfig>,
 }
 
 /// The VM's disk image.
@@ -179,18 +198,28 @@ pub(super) fn plan<H: Hypervisor>(
                 n.mac.get_or_insert_with(|| default_mac(&name));
                 n
             });
-            plan_fresh(f, gic, net)
+            let vsock = cfg.vsock.clone().map(|mut v| {
+                v.cid.get_or_insert(DEFAULT_GUEST_CID);
+                v
+            });
+            plan_fresh(f, gic, net, vsock)
         }
         BootSource::Restore { spec } => {
             let mut plan = restore::plan(hv, spec, cfg.gic, &cfg.snapshots, t0, stages)?;
             plan.net = cfg.net.clone();
+            plan.vsock = cfg.vsock.clone();
             Ok(plan)
         }
     }
 }
 
 /// Loads the kernel and device tree into fresh RAM.
-fn plan_fresh(f: &FreshBoot, gic: GicMode, net: Option<NetConfig>) -> anyhow::Result<Plan> {
+fn plan_fresh(
+    f: &FreshBoot,
+    gic: GicMode,
+    net: Option<NetConfig>,
+    vsock: Option<VsockConfig>,
+) -> anyhow::Result<Plan> {
     if f.cpus == 0 || f.cpus > layout::MAX_VCPUS {
         bail!(
             "--cpus {} is out of range: this VMM supports 1 to {} vCPUs",
@@ -215,7 +244,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode, net: Option<NetConfig>) -> anyhow::Re
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
         rng_seed: Some(host_random()?),
-        virtio_slots: Devices::virtio_slots(net.is_some()),
+        virtio_slots: Devices::virtio_slots(net.is_some(), vsock.is_some()),
     })?;
     let dtb_gpa = image::dtb_address(load, loaded.image_end, dtb.len() as u64)?;
     ram.memory()
@@ -240,6 +269,7 @@ fn plan_fresh(f: &FreshBoot, gic: GicMode, net: Option<NetConfig>) -> anyhow::Re
         saved: None,
         parent: None,
         net,
+        vsock,
     })
 }
 

@@ -22,6 +22,7 @@ use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
 use crate::devices::virtio::net::host_end::{self, OpenedFrames, OpenedHostEnd};
 use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, TX_QUEUE};
+use crate::devices::virtio::vsock::{self, Vsock, VsockArgs, VsockHost, VsockState};
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
@@ -36,6 +37,8 @@ use std::time::{Duration, Instant};
 const BLK: MmioRegion = layout::virtio_mmio(layout::VIRTIO_BLK_SLOT);
 /// The network device's region.
 const NET: MmioRegion = layout::virtio_mmio(layout::VIRTIO_NET_SLOT);
+/// The vsock device's region.
+const VSOCK: MmioRegion = layout::virtio_mmio(layout::VIRTIO_VSOCK_SLOT);
 
 /// The root disk's serial number (virtio-blk GET_ID).
 const ROOT_DISK_SERIAL: &str = "ignition-vda";
@@ -63,6 +66,32 @@ pub(super) struct DeviceArgs {
     pub(super) generation_id: [u8; 16],
     /// The network device, if the VM has one.
     pub(super) net: Option<NetDeviceArgs>,
+    /// The vsock device, if the VM has one.
+    pub(super) vsock: Option<VsockDeviceArgs>,
+}
+
+/// The vsock device's construction arguments.
+pub(super) struct VsockDeviceArgs {
+    /// Its host end, listening.
+    pub(super) host: VsockHost,
+    /// The guest's CID; `None` in a restore keeps the snapshot's (a fresh
+    /// boot always has one).
+    pub(super) cid: Option<u64>,
+}
+
+/// The vsock device and the thread that serves its host sockets.
+struct VsockSlot {
+    dev: Arc<Mutex<VirtioMmio<Vsock>>>,
+    _io: HostIo,
+}
+
+impl VsockSlot {
+    fn start(dev: VirtioMmio<Vsock>) -> anyhow::Result<Self> {
+        let dev = Arc::new(Mutex::new(dev));
+        let io = vsock::host_end::spawn_host_thread(dev.clone())
+            .context("cannot start the vsock device's host I/O thread")?;
+        Ok(VsockSlot { dev, _io: io })
+    }
 }
 
 /// The network device's construction arguments.
@@ -104,6 +133,8 @@ pub(super) struct Devices {
     vmgenid: Option<VmGenId>,
     /// The network device (`boot --net`).
     net: Option<NetSlot>,
+    /// The vsock device (`boot --vsock-uds`).
+    vsock: Option<VsockSlot>,
 }
 
 /// The devices' saved states. [`super::state::MachineState`] flattens it:
@@ -122,16 +153,22 @@ pub struct DevicesState {
     /// The network device and its transport, if the VM has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_net: Option<VirtioMmioState<NetState>>,
+    /// The vsock device and its transport, if the VM has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtio_vsock: Option<VirtioMmioState<VsockState>>,
 }
 
 impl Devices {
     /// The virtio-mmio slots that hold a device, for the device tree (which
     /// is written before the devices exist): the root disk's, and the
-    /// network device's if there is one.
-    pub(super) fn virtio_slots(net: bool) -> Vec<u32> {
+    /// network and vsock devices' if there are.
+    pub(super) fn virtio_slots(net: bool, vsock: bool) -> Vec<u32> {
         let mut slots = vec![layout::VIRTIO_BLK_SLOT];
         if net {
             slots.push(layout::VIRTIO_NET_SLOT);
+        }
+        if vsock {
+            slots.push(layout::VIRTIO_VSOCK_SLOT);
         }
         slots
     }
@@ -156,6 +193,15 @@ impl Devices {
                 Some(NetSlot::start(dev, frames)?)
             }
         };
+        let vsock = match p.vsock {
+            None => None,
+            Some((args, ram, irq)) => {
+                let cid = args.cid.context("a fresh vsock device needs a CID")?;
+                let dev = VirtioMmio::new(Vsock::new(cid, args.host), ram, irq)
+                    .expect("a fresh virtio-vsock transport is valid");
+                Some(VsockSlot::start(dev)?)
+            }
+        };
         Ok(Devices {
             uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
             boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
@@ -164,6 +210,7 @@ impl Devices {
             )),
             vmgenid: Some(VmGenId::new(p.vmgenid)?),
             net,
+            vsock,
         })
     }
 
@@ -180,6 +227,10 @@ impl Devices {
             let dev: Arc<Mutex<dyn MmioDevice>> = n.dev.clone();
             at("virtio-net", NET, dev)
         }))
+        .chain(self.vsock.as_ref().map(|v| {
+            let dev: Arc<Mutex<dyn MmioDevice>> = v.dev.clone();
+            at("virtio-vsock", VSOCK, dev)
+        }))
         .collect()
     }
 
@@ -190,8 +241,8 @@ impl Devices {
     }
 
     /// Waits until no device has a request in flight, and holds the
-    /// network device (it writes nothing into guest RAM, though frames keep
-    /// arriving from its host end), before a snapshot; [`Devices::release`]
+    /// network and vsock devices (they write nothing into guest RAM, though
+    /// their host ends go on), before a snapshot; [`Devices::release`]
     /// ends the hold.
     pub(super) fn quiesce(&self) -> anyhow::Result<()> {
         self.blk
@@ -201,17 +252,27 @@ impl Devices {
         if let Some(n) = &self.net {
             n.dev.locked().device_mut().hold(true);
         }
+        if let Some(v) = &self.vsock {
+            v.dev.locked().device_mut().hold(true);
+        }
         Ok(())
     }
 
-    /// Ends what [`Devices::quiesce`] held: frames that arrived meanwhile
-    /// go to the guest.
+    /// Ends what [`Devices::quiesce`] held: frames and bytes that arrived
+    /// meanwhile go to the guest.
     pub(super) fn release(&self) {
         if let Some(n) = &self.net {
             let mut m = n.dev.locked();
             m.device_mut().hold(false);
             m.kick(RX_QUEUE);
             m.kick(TX_QUEUE);
+        }
+        if let Some(v) = &self.vsock {
+            let mut m = v.dev.locked();
+            m.device_mut().hold(false);
+            for q in [vsock::RX_QUEUE, vsock::TX_QUEUE, vsock::EVENT_QUEUE] {
+                m.kick(q);
+            }
         }
     }
 
@@ -228,6 +289,7 @@ impl Devices {
         RamWritersHeld {
             _blk: self.blk.locked(),
             _net: self.net.as_ref().map(|n| n.dev.locked()),
+            _vsock: self.vsock.as_ref().map(|v| v.dev.locked()),
         }
     }
 }
@@ -236,6 +298,7 @@ impl Devices {
 pub(super) struct RamWritersHeld<'a> {
     _blk: MutexGuard<'a, VirtioMmio<Block>>,
     _net: Option<MutexGuard<'a, VirtioMmio<Net>>>,
+    _vsock: Option<MutexGuard<'a, VirtioMmio<Vsock>>>,
 }
 
 impl Persist for Devices {
@@ -252,6 +315,7 @@ impl Persist for Devices {
             virtio_blk: self.blk.locked().save(),
             vmgenid: self.vmgenid.as_ref().map(VmGenId::save),
             virtio_net: self.net.as_ref().map(|n| n.dev.locked().save()),
+            virtio_vsock: self.vsock.as_ref().map(|v| v.dev.locked().save()),
         }
     }
 
@@ -286,6 +350,28 @@ impl Persist for Devices {
                 "the snapshot's VM has no network device: a restore cannot add one (drop --net)"
             ),
         };
+        let vsock = match (p.vsock, &state.virtio_vsock) {
+            (None, None) => None,
+            (Some((args, ram, irq)), Some(saved)) => {
+                let args = VsockArgs {
+                    cid: args.cid,
+                    host: args.host,
+                };
+                let dev = VirtioMmio::restore((args, ram, irq), saved)
+                    .context("cannot restore virtio-vsock")?;
+                let slot = VsockSlot::start(dev)?;
+                // The guest's connections are gone: tell it (§5.10.6.6).
+                slot.dev.locked().kick(vsock::EVENT_QUEUE);
+                Some(slot)
+            }
+            (None, Some(saved)) => anyhow::bail!(
+                "the snapshot's VM has a vsock device (CID {}) and the command line none: pass --vsock-uds PATH to restore it",
+                saved.device.cid
+            ),
+            (Some(_), None) => anyhow::bail!(
+                "the snapshot's VM has no vsock device: a restore cannot add one (drop --vsock-uds)"
+            ),
+        };
         // Last: it raises its interrupt.
         let vmgenid = state
             .vmgenid
@@ -298,6 +384,7 @@ impl Persist for Devices {
             blk: Arc::new(Mutex::new(blk)),
             vmgenid,
             net,
+            vsock,
         })
     }
 }
@@ -309,6 +396,7 @@ struct Parts {
     blk: <VirtioMmio<Block> as Persist>::Args,
     vmgenid: VmGenIdArgs,
     net: Option<(NetDeviceArgs, Arc<GuestRam>, Arc<dyn IrqLine>)>,
+    vsock: Option<(VsockDeviceArgs, Arc<GuestRam>, Arc<dyn IrqLine>)>,
 }
 
 impl DeviceArgs {
@@ -335,6 +423,13 @@ impl DeviceArgs {
                     n,
                     self.ram.clone(),
                     spi(NET, "virtio slots have interrupts"),
+                )
+            }),
+            vsock: self.vsock.map(|v| {
+                (
+                    v,
+                    self.ram.clone(),
+                    spi(VSOCK, "virtio slots have interrupts"),
                 )
             }),
             blk: (disk, self.ram, spi(BLK, "virtio slots have interrupts")),
@@ -397,6 +492,7 @@ mod tests {
             disk_len,
             generation_id: [disk_len as u8; 16],
             net: None,
+            vsock: None,
         }
     }
 
@@ -418,7 +514,7 @@ mod tests {
             ]
         );
         // Every virtio region is a slot the device tree lists, and back.
-        let slots: Vec<u32> = Devices::virtio_slots(false);
+        let slots: Vec<u32> = Devices::virtio_slots(false, false);
         let virtio: Vec<u32> = regions
             .iter()
             .filter(|r| r.1 >= layout::VIRTIO_MMIO_BASE)

@@ -43,7 +43,10 @@ pub mod state;
 mod take;
 mod vcpu;
 
-pub use config::{BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions};
+pub use config::{
+    BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VsockConfig,
+    DEFAULT_GUEST_CID,
+};
 
 /// How a VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

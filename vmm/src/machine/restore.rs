@@ -274,8 +274,9 @@ pub(super) fn plan<H: Hypervisor>(
         power,
         saved: Some(Box::new(state)),
         parent: Some(chain.top().clone()),
-        // The caller's: the command line names the host end.
+        // The caller's: the command line names the host ends.
         net: None,
+        vsock: None,
     })
 }
 

@@ -410,6 +410,7 @@ mod tests {
     use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
     use crate::devices::virtio::net::{Net, NetArgs, NetBackend};
+    use crate::devices::virtio::vsock::{Vsock, VsockArgs, VsockHost};
     use crate::devices::vmgenid::VmGenIdState;
     use crate::devices::{IrqLine, Persist};
     use crate::hv::gic::ICC_STATE_REGS;
@@ -471,7 +472,15 @@ mod tests {
             Arc::new(NoIrq),
         )
         .unwrap();
-        let net = VirtioMmio::new(Net::new(MAC, Box::new(Discard)), ram, Arc::new(NoIrq)).unwrap();
+        let net = VirtioMmio::new(
+            Net::new(MAC, Box::new(Discard)),
+            ram.clone(),
+            Arc::new(NoIrq),
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let host = VsockHost::bind(&dir.path().join("v.sock")).unwrap();
+        let vsock = VirtioMmio::new(Vsock::new(3, host), ram, Arc::new(NoIrq)).unwrap();
         MachineState {
             version: MACHINE_STATE_VERSION,
             backend: "hvf".into(),
@@ -499,6 +508,7 @@ mod tests {
                     id: [0x5a; 16],
                 }),
                 virtio_net: Some(net.save()),
+                virtio_vsock: Some(vsock.save()),
             },
         }
     }
@@ -552,6 +562,7 @@ mod tests {
             "virtio_blk",
             "vmgenid",
             "virtio_net",
+            "virtio_vsock",
         ];
         let mut sorted = keys.clone();
         sorted.sort_unstable();
@@ -561,7 +572,7 @@ mod tests {
         let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
         assert!(at("gic") < at("pl011") && at("pl011") < at("boot_timer"));
         assert!(at("boot_timer") < at("virtio_blk") && at("virtio_blk") < at("vmgenid"));
-        assert!(at("vmgenid") < at("virtio_net"));
+        assert!(at("vmgenid") < at("virtio_net") && at("virtio_net") < at("virtio_vsock"));
         let extra = json.replacen('{', "{\"extra\":1,", 1);
         assert!(matches!(
             MachineState::decode(extra.as_bytes()),
@@ -811,6 +822,7 @@ mod tests {
         let mut paths = Vec::new();
         targets(&good, String::new(), &mut paths);
         let ram = Arc::new(GuestRam::new_anonymous(64 << 20).unwrap());
+        let dir = tempfile::tempdir().unwrap();
         let mut rng = 0x5eed_1234_abcd_ef01u64;
         let mut decoded = 0;
         for _ in 0..3000 {
@@ -845,6 +857,13 @@ mod tests {
                 };
                 let _ = VirtioMmio::<Net>::restore((args, ram.clone(), Arc::new(NoIrq)), net);
             }
+            if let Some(vsock) = &devices.virtio_vsock {
+                let args = VsockArgs {
+                    cid: None,
+                    host: VsockHost::bind(&dir.path().join("v.sock")).unwrap(),
+                };
+                let _ = VirtioMmio::<Vsock>::restore((args, ram.clone(), Arc::new(NoIrq)), vsock);
+            }
             // The whole set too (it stops at the first device it refuses).
             let args = DeviceArgs {
                 ram: ram.clone(),
@@ -855,6 +874,7 @@ mod tests {
                 disk_len: 1 << 20,
                 generation_id: [9; 16],
                 net: None,
+                vsock: None,
             };
             let _ = Devices::restore(args, devices);
         }

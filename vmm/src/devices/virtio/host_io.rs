@@ -1,7 +1,7 @@
 //! The host side of a device whose work arrives from the host (a network
 //! socket's frames, a vsock peer's bytes): one thread per device that
-//! waits, with `poll(2)`, on the host file descriptor and on a wake-up
-//! pipe, and calls the device's handler when either is ready.
+//! waits, with `poll(2)`, on the host file descriptors and on a wake-up
+//! pipe, and calls the device's handler when one is ready.
 //!
 //! Locking: the thread holds no lock while it waits. The handler takes the
 //! device's lock to move data between the host end and the virtqueues (the
@@ -12,12 +12,11 @@
 //! calls [`Waker::wake`].
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::time::Instant;
 
 /// What the handler wants to wait for next on the host descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +36,8 @@ pub struct Ready {
     pub writable: bool,
     /// [`Waker::wake`] was called.
     pub woken: bool,
+    /// The descriptor hung up or failed.
+    pub hung_up: bool,
 }
 
 /// Wakes a [`HostIo`] thread so that its handler runs again.
@@ -67,6 +68,27 @@ fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((rx, tx))
 }
 
+/// One host descriptor a [`HostIo`] thread waits on, and for what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watch {
+    /// The descriptor. The handler that names it keeps it open until its
+    /// next call (a closed one only reads as hung up).
+    pub fd: RawFd,
+    /// What to wait for.
+    pub interest: Interest,
+}
+
+/// What a handler wants to wait for next: descriptors, and a time at which
+/// to be called even if none is ready (with an empty event list).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wait {
+    /// The descriptors; one that hung up must not be named again (it would
+    /// be ready at once, for ever).
+    pub watches: Vec<Watch>,
+    /// When to call the handler anyway.
+    pub deadline: Option<Instant>,
+}
+
 /// A device's host I/O thread; stopped and joined on drop.
 pub struct HostIo {
     stop: Arc<AtomicBool>,
@@ -76,12 +98,55 @@ pub struct HostIo {
 
 impl HostIo {
     /// Starts thread `name` waiting on `fd` (which it owns) as `handler`
-    /// asks: first with `initial`, then with what each call returns.
+    /// asks: first with `initial`, then with what each call returns. Once
+    /// `fd` hangs up or fails (reported as readable), only wake-ups are
+    /// awaited.
     pub fn spawn(
         name: &str,
         fd: OwnedFd,
         initial: Interest,
         mut handler: impl FnMut(Ready) -> Interest + Send + 'static,
+    ) -> io::Result<Self> {
+        let raw = fd.as_raw_fd();
+        let mut dead = false;
+        let wait = move |want: Interest, dead: bool| Wait {
+            watches: if dead {
+                Vec::new()
+            } else {
+                vec![Watch {
+                    fd: raw,
+                    interest: want,
+                }]
+            },
+            deadline: None,
+        };
+        let first = wait(initial, false);
+        HostIo::spawn_set(name, first, move |events, woken| {
+            let _owned = &fd;
+            let mut ready = Ready {
+                woken,
+                ..Ready::default()
+            };
+            for &(_, r) in events {
+                ready.readable |= r.readable;
+                ready.writable |= r.writable;
+                dead |= r.hung_up;
+            }
+            let want = handler(ready);
+            wait(want, dead)
+        })
+    }
+
+    /// Starts thread `name` waiting on a set of descriptors: first those of
+    /// `initial`, then those each call of `handler` returns. The handler
+    /// gets the descriptors that are ready (with [`Ready::hung_up`] where
+    /// one hung up or failed, then also readable) and whether
+    /// [`Waker::wake`] was called; it runs when either happened or the
+    /// deadline passed.
+    pub fn spawn_set(
+        name: &str,
+        initial: Wait,
+        mut handler: impl FnMut(&[(RawFd, Ready)], bool) -> Wait + Send + 'static,
     ) -> io::Result<Self> {
         let (rx, tx) = wake_pipe()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -91,51 +156,68 @@ impl HostIo {
             .name(name.to_string())
             .spawn(move || {
                 let mut want = initial;
-                // The descriptor hung up or failed: the handler was told
-                // (as readable); from then on only wake-ups are awaited.
-                let mut dead = false;
                 let mut drain = [0u8; 64];
+                let mut fds: Vec<libc::pollfd> = Vec::new();
+                let mut events = Vec::new();
                 while !stopped.load(Ordering::Acquire) {
-                    let mut flags = PollFlags::empty();
-                    if want.read {
-                        flags |= PollFlags::POLLIN;
-                    }
-                    if want.write {
-                        flags |= PollFlags::POLLOUT;
-                    }
-                    let mut fds = [
-                        PollFd::new(rx.as_fd(), PollFlags::POLLIN),
-                        PollFd::new(fd.as_fd(), flags),
-                    ];
-                    let n = if dead { 1 } else { 2 };
-                    match poll(&mut fds[..n], PollTimeout::NONE) {
-                        Ok(_) => {}
-                        Err(nix::errno::Errno::EINTR) => continue,
-                        Err(e) => {
-                            tracing::error!("host I/O thread: poll failed: {e}; stopping");
-                            return;
+                    fds.clear();
+                    fds.push(pollfd(rx.as_raw_fd(), libc::POLLIN));
+                    for w in &want.watches {
+                        let mut flags = 0;
+                        if w.interest.read {
+                            flags |= libc::POLLIN;
                         }
+                        if w.interest.write {
+                            flags |= libc::POLLOUT;
+                        }
+                        fds.push(pollfd(w.fd, flags));
                     }
-                    let got = |i: usize, f: PollFlags| {
-                        i < n && fds[i].revents().is_some_and(|r| r.intersects(f))
-                    };
-                    let hangup = PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL;
-                    let failed = got(1, hangup);
-                    let ready = Ready {
-                        readable: failed || (want.read && got(1, PollFlags::POLLIN)),
-                        writable: want.write && got(1, PollFlags::POLLOUT),
-                        woken: got(0, PollFlags::POLLIN),
-                    };
-                    if ready.woken {
+                    let timeout = want.deadline.map_or(-1, |d| {
+                        let left = d.saturating_duration_since(Instant::now());
+                        // Rounded up, so that the deadline has passed.
+                        i32::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
+                    });
+                    // SAFETY: `fds` is a live, initialised array of
+                    // `fds.len()` pollfd structures that poll may write.
+                    // A descriptor closed meanwhile is reported POLLNVAL,
+                    // not touched.
+                    let n =
+                        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+                    if n < 0 {
+                        let e = io::Error::last_os_error();
+                        if e.kind() == io::ErrorKind::Interrupted {
+                            continue;
+                        }
+                        tracing::error!("host I/O thread: poll failed: {e}; stopping");
+                        return;
+                    }
+                    let woken = fds[0].revents & libc::POLLIN != 0;
+                    if woken {
                         while matches!(nix::unistd::read(rx.as_fd(), &mut drain), Ok(n) if n > 0) {}
                     }
                     if stopped.load(Ordering::Acquire) {
                         return;
                     }
-                    if ready != Ready::default() {
-                        want = handler(ready);
+                    events.clear();
+                    for p in &fds[1..] {
+                        let hung_up =
+                            p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+                        let r = Ready {
+                            readable: hung_up
+                                || (p.events & libc::POLLIN != 0 && p.revents & libc::POLLIN != 0),
+                            writable: p.events & libc::POLLOUT != 0
+                                && p.revents & libc::POLLOUT != 0,
+                            woken: false,
+                            hung_up,
+                        };
+                        if r.readable || r.writable {
+                            events.push((p.fd, r));
+                        }
                     }
-                    dead |= failed;
+                    let due = want.deadline.is_some_and(|d| Instant::now() >= d);
+                    if woken || due || !events.is_empty() {
+                        want = handler(&events, woken);
+                    }
                 }
             })?;
         Ok(HostIo {
@@ -148,6 +230,14 @@ impl HostIo {
     /// A waker for this thread.
     pub fn waker(&self) -> Waker {
         self.waker.clone()
+    }
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
     }
 }
 

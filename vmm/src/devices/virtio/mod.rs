@@ -7,6 +7,7 @@ pub mod block;
 pub mod host_io;
 pub mod mmio;
 pub mod net;
+pub mod vsock;
 
 pub use block::Block;
 pub use mmio::{VirtioMmio, VirtioMmioState, VirtqueueState};
