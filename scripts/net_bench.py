@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): guest<->host TCP throughput through passt, Ignition
-against QEMU TCG's virtio-net on the same passt, guest and machine, in one run.
+against QEMU TCG's virtio-net on the same passt, guest and machine, in one run;
+and Ignition's vsock throughput in the same run.
 
 Each VMM boots the built guest with a virtio-mmio network device on its own
 passt (QEMU: `-netdev stream`), takes its DHCP lease, then for each of N runs
@@ -12,6 +13,12 @@ bench-results/net.json.
 
 Both devices offer mergeable receive buffers, so both guests take passt's
 65520-byte MTU by DHCP (the JSON records each guest's MTU).
+
+vsock (Ignition only: QEMU's vsock needs the host kernel's vhost-vsock): to
+the guest, a host program sends the same size to `vsock sink` in the guest,
+timed until the guest's byte count comes back; to the host, the guest pipes
+zeros (`dd`) into `vsock connect 2 P`, timed on the host from the first byte to the
+end.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, net, paths, qemu, timeouts  # noqa: E402
+from ignition import console, host, net, paths, qemu, timeouts, vsock  # noqa: E402
 from ignition.guest import disk_copy  # noqa: E402
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
 from ignition.stats import sha256, stats  # noqa: E402
@@ -51,6 +58,26 @@ def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, 
         assert method == "POST" and got == size and answer[1] == str(size), answer
         up.append(size / secs / 1e6)
     return {"down_mb_s": stats(down), "up_mb_s": stats(up), "mtu": run("cat /sys/class/net/eth0/mtu", 30)}
+
+
+def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
+    """vsock MB/s to the guest and to the host over `runs` transfers of `mib` MiB each."""
+    size = mib << 20
+    to_guest, to_host = [], []
+    counter = vsock.TimedCount()
+    with vsock.PortServer(uds, 7001, counter) as server:
+        for i in range(runs):
+            vm.sh("vsock sink 7000 > /dev/null &")
+            to_guest.append(size / vsock.send_timed(uds, 7000, size) / 1e6)
+            # (dd: busybox head -c is slower than the transfer under TCG)
+            got = vm.sh(f"dd if=/dev/zero bs=65536 count={size >> 16} 2>/dev/null | vsock connect 2 7001",
+                        timeout=900)
+            assert got == str(size), got
+            n, secs = counter.transfers[i]
+            assert n == size
+            to_host.append(size / secs / 1e6)
+        assert not server.errors, server.errors
+    return {"to_guest_mb_s": stats(to_guest), "to_host_mb_s": stats(to_host)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,12 +114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     blob = os.urandom(args.mib << 20)
     with net.LoopbackHttp() as http:
         http.add("blob", blob)
+        uds = logs / "vsock.sock"
         with disk_copy(args.disk) as disk, net.Passt(logs, "ignition.sock") as passt:
-            with Vm.boot(cfg, disk=disk, mem=args.mem, extra=["--net", f"stream:{passt.socket}"],
+            with Vm.boot(cfg, disk=disk, mem=args.mem,
+                         extra=["--net", f"stream:{passt.socket}", "--vsock-uds", str(uds)],
                          log_path=logs / "ignition.log") as vm:
                 vm.login()
                 result["ignition"] = {"backend": args.backend,
                                       **measure(lambda c, t: vm.sh(c, timeout=t), http, args.mib, args.runs)}
+                result["ignition_vsock"] = measure_vsock(vm, uds, args.mib, args.runs)
                 vm.quit()
         if not args.no_qemu:
             qto = timeouts.for_backend("qemu")
@@ -106,8 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 finally:
                     console.terminate(child)
     ig = result["ignition"]
+    vs = result["ignition_vsock"]
     lines = [f"ignition ({args.backend}, MTU {ig['mtu']}): down {ig['down_mb_s']['median']} MB/s, "
-             f"up {ig['up_mb_s']['median']} MB/s"]
+             f"up {ig['up_mb_s']['median']} MB/s",
+             f"ignition vsock: to the guest {vs['to_guest_mb_s']['median']} MB/s, "
+             f"to the host {vs['to_host_mb_s']['median']} MB/s"]
     if "qemu_tcg" in result:
         q = result["qemu_tcg"]
         lines.append(f"qemu tcg (MTU {q['mtu']}): down {q['down_mb_s']['median']} MB/s, "

@@ -137,3 +137,44 @@ def count(conn: socket.socket) -> None:
             break
         n += len(b)
     conn.sendall(f"{n}\n".encode())
+
+
+def send_timed(uds: Path | str, port: int, size: int) -> float:
+    """Sends `size` zero bytes to the guest's `vsock sink PORT` and waits for
+    its byte count; returns the seconds from the first byte to the count."""
+    chunk = bytes(1 << 16)
+    with connect(uds, port, timeout=120) as s:
+        t = time.monotonic()
+        left = size
+        while left > 0:
+            left -= s.send(chunk[:min(left, len(chunk))])
+        s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            b = s.recv(64)
+            if not b:
+                break
+            answer += b
+        secs = time.monotonic() - t
+    assert answer.strip() == str(size).encode(), f"the guest counted {answer!r} of {size}"
+    return secs
+
+
+class TimedCount:
+    """A PortServer handler that counts each connection's bytes, answers the
+    count, and records (bytes, seconds from first byte to end)."""
+
+    def __init__(self):
+        self.transfers: list[tuple[int, float]] = []
+
+    def __call__(self, conn: socket.socket) -> None:
+        n, t = 0, None
+        while True:
+            b = conn.recv(1 << 16)
+            if not b:
+                break
+            if t is None:
+                t = time.monotonic()
+            n += len(b)
+        self.transfers.append((n, time.monotonic() - (t or time.monotonic())))
+        conn.sendall(f"{n}\n".encode())
