@@ -44,6 +44,14 @@ def guest_out() -> Path:
     return GUEST_OUT
 
 
+@pytest.fixture
+def guest_disk(guest_out, tmp_path) -> Path:
+    """A private copy of the guest's rootfs.ext4 in tmp_path (the guest writes its root disk)."""
+    disk = tmp_path / "rootfs.ext4"
+    shutil.copyfile(guest_out / "rootfs.ext4", disk)
+    return disk
+
+
 @pytest.fixture(scope="session")
 def boot_bin() -> Path:
     """Our `boot` binary: $IGNITION_BOOT, or target/release/boot."""

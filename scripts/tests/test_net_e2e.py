@@ -26,12 +26,6 @@ from ignition.vm import Vm
 MEM = 512
 BIG = 64 << 20
 
-def disk_copy(guest_out, tmp_path):
-    disk = tmp_path / "rootfs.ext4"
-    shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    return disk
-
-
 def wait_for_lease(vm: Vm) -> str:
     """Waits (bounded, generously) for eth0's DHCP lease; returns the gateway."""
     vm.sh(net.LEASE_WAIT_CMD, timeout=120)
@@ -40,13 +34,13 @@ def wait_for_lease(vm: Vm) -> str:
     return gw
 
 
-def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_out, cfg):
+def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_disk, cfg):
     page = os.urandom(100_000)
     big = os.urandom(BIG)
     with net.Passt(tmp_path) as passt, net.LoopbackHttp() as http:
         page_sum = http.add("page", page)
         big_sum = http.add("big", big)
-        with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM,
+        with Vm.boot(cfg, disk=guest_disk, mem=MEM,
                      extra=["--net", f"stream:{passt.socket}"],
                      log_path=tmp_path / "boot.log") as vm:
             vm.login()
@@ -65,13 +59,13 @@ def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_out, cfg):
             assert vm.quit() == 0
 
 
-def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_out, cfg):
+def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_disk, cfg):
     store = tmp_path / "store"
     page = os.urandom(50_000)
     with net.LoopbackHttp() as http:
         page_sum = http.add("page", page)
         with net.Passt(tmp_path, "a.sock") as a:
-            with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM, store=store,
+            with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
                          track_dirty=True, name="netbase",
                          extra=["--net", f"stream:{a.socket}"],
                          log_path=tmp_path / "boot.log") as vm:
@@ -106,9 +100,8 @@ def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_out, 
     assert f"MAC {mac}, the command line asks for 52:54:00:00:00:01" in r.stderr, r.stderr
 
 
-def test_host_end_errors_are_clear(tmp_path, guest_out, cfg):
-    disk = disk_copy(guest_out, tmp_path)
-    base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk))
+def test_host_end_errors_are_clear(tmp_path, guest_disk, cfg):
+    base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(guest_disk))
     r = subprocess.run([*base, "--net", f"stream:{tmp_path}/absent.sock"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
@@ -124,8 +117,8 @@ def test_host_end_errors_are_clear(tmp_path, guest_out, cfg):
     assert r.returncode == 2 and "multicast" in r.stderr, r.stderr
 
 
-def test_without_net_the_guest_has_no_network_device(tmp_path, guest_out, cfg):
-    with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=256,
+def test_without_net_the_guest_has_no_network_device(tmp_path, guest_disk, cfg):
+    with Vm.boot(cfg, disk=guest_disk, mem=256,
                  log_path=tmp_path / "boot.log") as vm:
         vm.login()
         assert vm.sh_status("test -e /sys/class/net/eth0")[0] != 0
@@ -151,7 +144,7 @@ def netns():
         subprocess.run(["ip", "netns", "delete", name], timeout=60)
 
 
-def test_tap_in_a_network_namespace(tmp_path, guest_out, cfg, netns):
+def test_tap_in_a_network_namespace(tmp_path, guest_disk, cfg, netns):
     # The TAP interface and a web server in the namespace; boot runs there too.
     in_netns(netns, "ip", "tuntap", "add", "tap0", "mode", "tap")
     in_netns(netns, "ip", "addr", "add", "10.0.2.1/24", "dev", "tap0")
@@ -167,7 +160,7 @@ def test_tap_in_a_network_namespace(tmp_path, guest_out, cfg, netns):
     wrapper.chmod(0o755)
     try:
         with Vm.boot(dataclasses.replace(cfg, boot=wrapper),
-                     disk=disk_copy(guest_out, tmp_path), mem=256,
+                     disk=guest_disk, mem=256,
                      extra=["--net", "tap:tap0", "--mac", "52:54:00:aa:bb:cc"],
                      log_path=tmp_path / "boot.log") as vm:
             vm.login()
@@ -182,7 +175,7 @@ def test_tap_in_a_network_namespace(tmp_path, guest_out, cfg, netns):
         server.wait(10)
 
 
-def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, guest_out, cfg):
+def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, guest_disk, cfg):
     """A background snapshot taken while 64 MiB arrive: the VM keeps receiving; a diff taken
     after holds every page received since (restored, the file is whole), and the first
     layer restores to a working network."""
@@ -191,7 +184,7 @@ def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, 
     with net.LoopbackHttp() as http:
         big_sum = http.add("big", big)
         with net.Passt(tmp_path, "a.sock") as a:
-            with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM, store=store,
+            with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
                          track_dirty=True, name="busy", extra=["--net", f"stream:{a.socket}"],
                          log_path=tmp_path / "boot.log") as vm:
                 vm.login()

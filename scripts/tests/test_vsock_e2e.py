@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -24,12 +23,6 @@ MEM = 512
 BIG = 16 << 20
 CONCURRENT = 32
 EACH = 256 << 10
-
-
-def disk_copy(guest_out, tmp_path):
-    disk = tmp_path / "rootfs.ext4"
-    shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    return disk
 
 
 def concurrent_echoes(uds, port: int) -> None:
@@ -53,9 +46,9 @@ def concurrent_echoes(uds, port: int) -> None:
     assert not errors, errors
 
 
-def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_out, cfg):
+def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
     uds = tmp_path / "v.sock"
-    with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM,
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM,
                  extra=["--vsock-uds", str(uds)], log_path=tmp_path / "boot.log") as vm:
         vm.login()
         assert vm.sh("vsock cid") == "3"
@@ -96,10 +89,10 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_out, cfg):
         assert vm.quit() == 0
 
 
-def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_out, cfg):
+def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cfg):
     store = tmp_path / "store"
     uds = tmp_path / "a.sock"
-    with Vm.boot(cfg, disk=disk_copy(guest_out, tmp_path), mem=MEM, store=store,
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
                  track_dirty=True, name="vbase", extra=["--vsock-uds", str(uds)],
                  log_path=tmp_path / "boot.log") as vm:
         vm.login()
@@ -141,9 +134,8 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_out, cfg
     assert "has a vsock device (CID 3)" in r.stderr and "--vsock-uds" in r.stderr, r.stderr
 
 
-def test_vsock_errors_are_clear(tmp_path, guest_out, cfg):
-    disk = disk_copy(guest_out, tmp_path)
-    base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk))
+def test_vsock_errors_are_clear(tmp_path, guest_disk, cfg):
+    base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(guest_disk))
     for cid in ["2", "0", "4294967295", "x"]:
         r = subprocess.run([*base, "--vsock-uds", str(tmp_path / "v.sock"), "--vsock-cid", cid],
                            capture_output=True, text=True, timeout=60)

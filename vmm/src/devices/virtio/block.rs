@@ -528,6 +528,10 @@ impl VirtioDevice for Block {
         VIRTIO_ID_BLOCK
     }
 
+    fn name(&self) -> &'static str {
+        "virtio-blk"
+    }
+
     fn features(&self) -> u64 {
         let mut f =
             (1 << VIRTIO_BLK_F_SEG_MAX) | (1 << VIRTIO_BLK_F_BLK_SIZE) | (1 << VIRTIO_BLK_F_FLUSH);
@@ -543,13 +547,6 @@ impl VirtioDevice for Block {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn write_config(&mut self, offset: u64, data: &[u8]) {
-        crate::warn_ratelimited!(
-            "virtio-blk: {}-byte write to read-only config offset {offset:#x} ignored",
-            data.len()
-        );
     }
 
     fn activate(&mut self, features: u64) -> Result<(), VirtioError> {

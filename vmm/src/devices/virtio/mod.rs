@@ -57,6 +57,9 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     /// Virtio device ID (virtio 1.2 §5, e.g. 2 for block).
     fn device_type(&self) -> u32;
 
+    /// The device's name in logs (`virtio-blk`, ...).
+    fn name(&self) -> &'static str;
+
     /// Device-specific feature bits offered; the transport adds
     /// [`TRANSPORT_FEATURES`].
     fn features(&self) -> u64;
@@ -70,8 +73,15 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     /// the device's configuration read as 0.
     fn read_config(&self, offset: u64, data: &mut [u8]);
 
-    /// A driver write to configuration space at `offset`.
-    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// A driver write to configuration space at `offset`. By default the
+    /// space is read-only: the write is ignored, with a warning.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        crate::warn_ratelimited!(
+            "{}: {}-byte write to read-only config offset {offset:#x} ignored",
+            self.name(),
+            data.len()
+        );
+    }
 
     /// The driver set DRIVER_OK with the negotiated `features` (all 64 bits,
     /// transport bits included).

@@ -395,6 +395,10 @@ impl VirtioDevice for Net {
         VIRTIO_ID_NET
     }
 
+    fn name(&self) -> &'static str {
+        "virtio-net"
+    }
+
     fn features(&self) -> u64 {
         (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MRG_RXBUF)
     }
@@ -405,13 +409,6 @@ impl VirtioDevice for Net {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn write_config(&mut self, offset: u64, data: &[u8]) {
-        crate::warn_ratelimited!(
-            "virtio-net: {}-byte write to read-only config offset {offset:#x} ignored",
-            data.len()
-        );
     }
 
     fn activate(&mut self, features: u64) -> Result<(), VirtioError> {

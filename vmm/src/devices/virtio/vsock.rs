@@ -1031,6 +1031,10 @@ impl VirtioDevice for Vsock {
         VIRTIO_ID_VSOCK
     }
 
+    fn name(&self) -> &'static str {
+        "virtio-vsock"
+    }
+
     fn features(&self) -> u64 {
         0
     }
@@ -1041,13 +1045,6 @@ impl VirtioDevice for Vsock {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn write_config(&mut self, offset: u64, data: &[u8]) {
-        crate::warn_ratelimited!(
-            "virtio-vsock: {}-byte write to read-only config offset {offset:#x} ignored",
-            data.len()
-        );
     }
 
     fn activate(&mut self, features: u64) -> Result<(), VirtioError> {

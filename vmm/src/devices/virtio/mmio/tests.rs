@@ -37,6 +37,10 @@ impl VirtioDevice for Sink {
     fn device_type(&self) -> u32 {
         42
     }
+
+    fn name(&self) -> &'static str {
+        "sink"
+    }
     fn features(&self) -> u64 {
         1 << 3
     }
