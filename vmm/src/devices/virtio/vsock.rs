@@ -732,8 +732,8 @@ impl Vsock {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => HostRead::Nothing,
                 Err(e) => {
+                    // (The caller takes `key` out of its turn.)
                     tracing::debug!("virtio-vsock: port {}: host socket: {e}", key.local);
-                    self.rx_ready.retain(|k| *k != key);
                     self.reset_conn(key);
                     HostRead::Nothing
                 }
