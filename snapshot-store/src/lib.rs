@@ -35,7 +35,8 @@
 //!
 //! Everything read from a store is untrusted: reads are bounded, lengths and
 //! offsets checked, versions compared, and every error names the file.
-//! Nothing here measures time; callers time the stages they care about.
+//! Nothing here measures time (callers time the stages they care about),
+//! except the registry transfers of [`oci`], whose reports give durations.
 
 // The modules in layers, bottom first, one group per layer. A module
 // imports only from modules of the groups above its own, and names the

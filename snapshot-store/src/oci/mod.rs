@@ -88,7 +88,7 @@ pub enum RegistryError {
     },
     /// A blob's bytes do not have the digest or size its descriptor gives:
     /// it was corrupted or truncated in the registry or on the way.
-    #[error("layer '{layer}': blob {digest} ({file}) is corrupted or truncated: received {received} bytes (descriptor: {size}) with sha256:{found}; nothing of '{layer}' was committed")]
+    #[error("layer '{layer}': blob {digest} ({file}) is corrupted or truncated: received {received} bytes (descriptor: {size}) with sha256:{found}; the pull stopped with nothing committed")]
     BlobDigest {
         /// The layer's snapshot name.
         layer: String,
@@ -105,7 +105,7 @@ pub enum RegistryError {
     },
     /// A blob could not be turned back into its file (bad zstd frame, or
     /// more or fewer bytes than the layer's manifest gives).
-    #[error("layer '{layer}': blob {digest} ({file}): {msg}; nothing of '{layer}' was committed")]
+    #[error("layer '{layer}': blob {digest} ({file}): {msg}; the pull stopped with nothing committed")]
     Blob {
         /// The layer's snapshot name.
         layer: String,

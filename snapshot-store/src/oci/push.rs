@@ -232,6 +232,14 @@ async fn push_layer(
         reg.push_blob_bytes(config.clone()).await?;
         BlobStatus::Sent
     };
+    let n = config.len() as u64;
+    if status == BlobStatus::Sent {
+        report.bytes_sent += n;
+    } else {
+        report.bytes_skipped += n;
+    }
+    report.file_bytes += n;
+    report.blob_bytes += n;
     blobs.push(PushedBlob {
         file: MANIFEST_FILE.to_string(),
         media_type: super::layout::CONFIG_MEDIA_TYPE.to_string(),
