@@ -112,7 +112,11 @@ impl LayerImport {
             if !files.iter().any(|f| n == *f) {
                 return Err(Error::corrupt(
                     entry.path(),
-                    format!("not a file of layer '{}' ({MANIFEST_FILE} lists {})", self.name, files.join(", ")),
+                    format!(
+                        "not a file of layer '{}' ({MANIFEST_FILE} lists {})",
+                        self.name,
+                        files.join(", ")
+                    ),
                 ));
             }
         }
@@ -163,5 +167,131 @@ impl Drop for LayerImport {
                 self.tmp.display()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::{hex, sha256};
+
+    fn meta(parent: Option<&Layer>) -> LayerMeta {
+        match parent {
+            Some(p) => p.child_meta("test"),
+            None => LayerMeta {
+                parent: None,
+                page_size: 4096,
+                ram_base_gpa: 0x4000_0000,
+                ram_size: 8 * 4096,
+                vcpus: 1,
+                backend: "emu".into(),
+                gic_mode: "userspace".into(),
+                creator: "test".into(),
+            },
+        }
+    }
+
+    /// A source store with `g` (full) and `d` (diff on g).
+    fn source() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::create(d.path().join("src")).unwrap();
+        let mut w = s.begin("g", meta(None)).unwrap();
+        let mut ram = vec![0u8; 8 * 4096];
+        ram[4096..8192].fill(7);
+        w.write_full_memory(&ram).unwrap();
+        w.write_state(b"state g").unwrap();
+        let g = w.commit().unwrap();
+        let mut w = s.begin("d", meta(Some(&g))).unwrap();
+        w.write_diff_memory([(3u64, &[9u8; 4096][..])]).unwrap();
+        w.write_state(b"state d").unwrap();
+        w.commit().unwrap();
+        (d, s)
+    }
+
+    /// Copy layer `name` of `src` into an import into `dst`.
+    fn copy_in(src: &Store, dst: &Store, name: &str) -> (LayerImport, String) {
+        let layer = src.layer(name).unwrap();
+        let imp = dst.begin_import(name).unwrap();
+        for f in listed_files(&layer.manifest) {
+            std::fs::copy(layer.dir.join(f), imp.work_dir().join(f)).unwrap();
+            let p = imp.work_dir().join(f);
+            let mut perm = std::fs::metadata(&p).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&p, perm).unwrap();
+        }
+        (imp, layer.content_sha256)
+    }
+
+    fn work_dirs(s: &Store) -> Vec<String> {
+        std::fs::read_dir(s.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect()
+    }
+
+    #[test]
+    fn an_imported_chain_is_committed_and_verifies() {
+        let (d, src) = source();
+        let dst = Store::create(d.path().join("dst")).unwrap();
+        let (imp, h) = copy_in(&src, &dst, "g");
+        let (g, rep) = imp.commit(&h, None).unwrap();
+        assert_eq!(
+            (g.name.as_str(), g.dir.clone()),
+            ("g", dst.root().join("g"))
+        );
+        assert_eq!(rep.layers, 1);
+        let (imp, h) = copy_in(&src, &dst, "d");
+        imp.commit(&h, None).unwrap();
+        let chain = dst.resolve("d").unwrap();
+        crate::verify::verify_chain(&chain).unwrap();
+        assert!(work_dirs(&dst).is_empty());
+        // Committed files are read-only, as a snapshot's.
+        let m = std::fs::metadata(dst.root().join("d/memory.bin")).unwrap();
+        assert!(m.permissions().readonly());
+        // The same name again is refused up front.
+        assert!(matches!(dst.begin_import("g"), Err(Error::Exists { .. })));
+    }
+
+    #[test]
+    fn a_damaged_import_is_refused_and_nothing_is_committed() {
+        let (d, src) = source();
+        let dst = Store::create(d.path().join("dst")).unwrap();
+        let (imp, h) = copy_in(&src, &dst, "g");
+        let mem = imp.work_dir().join(MEMORY_FILE);
+        let mut b = std::fs::read(&mem).unwrap();
+        b[4096] ^= 1;
+        std::fs::write(&mem, b).unwrap();
+        let e = imp.commit(&h, None).unwrap_err().to_string();
+        assert!(
+            e.contains("memory.bin") && e.contains("sha256 mismatch"),
+            "{e}"
+        );
+        assert!(!dst.contains("g") && work_dirs(&dst).is_empty());
+
+        // Another content hash than expected.
+        let (imp, _) = copy_in(&src, &dst, "g");
+        let e = imp
+            .commit(&hex(&sha256(b"other")), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("content hash"), "{e}");
+        assert!(!dst.contains("g"));
+
+        // A file the manifest does not list.
+        let (imp, h) = copy_in(&src, &dst, "g");
+        std::fs::write(imp.work_dir().join("extra"), b"x").unwrap();
+        let e = imp.commit(&h, None).unwrap_err().to_string();
+        assert!(
+            e.contains("extra") && e.contains("not a file of layer"),
+            "{e}"
+        );
+
+        // A diff whose parent is not in the store.
+        let (imp, h) = copy_in(&src, &dst, "d");
+        let e = imp.commit(&h, None).unwrap_err().to_string();
+        assert!(e.contains("'g' not found"), "{e}");
+        assert!(dst.layer_names().unwrap().is_empty() && work_dirs(&dst).is_empty());
     }
 }

@@ -543,7 +543,12 @@ pub(crate) fn verify_top_layer(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(std::slice::from_ref(chain.top()), false, progress, &SystemClock)
+    verify_chain_impl(
+        std::slice::from_ref(chain.top()),
+        false,
+        progress,
+        &SystemClock,
+    )
 }
 
 /// [`verify_chain`] (`use_cache` false) or [`verify_chain_cached`] of the
@@ -689,7 +694,12 @@ mod tests {
         let chain = s.resolve("g").unwrap();
         // Files changed just before the clock read: verified, but not
         // recorded (a change in the same clock tick would keep the ctime).
-        let r = verify_chain_impl(chain.layers(), false, None, &FakeClock::at(newest + 1_000_000));
+        let r = verify_chain_impl(
+            chain.layers(),
+            false,
+            None,
+            &FakeClock::at(newest + 1_000_000),
+        );
         assert_eq!(r.unwrap().files_hashed, 3);
         assert!(recorded(&s).is_empty());
         // A clock behind the files' ctimes (stepped back): not recorded.

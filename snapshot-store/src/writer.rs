@@ -538,7 +538,13 @@ impl SnapshotWriter {
                 VERIFIED_FILE
             );
         }
-        let dst = publish(&self.root, &self.tmp, &self.name, &self.meta, &mut self.finished)?;
+        let dst = publish(
+            &self.root,
+            &self.tmp,
+            &self.name,
+            &self.meta,
+            &mut self.finished,
+        )?;
         let files = files
             .iter()
             .map(|(f, h)| (f.to_string(), h.to_string()))

@@ -122,7 +122,8 @@ impl AuthFile {
             path: shown.clone(),
             msg,
         };
-        let form: FileForm = serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let form: FileForm =
+            serde_json::from_slice(bytes).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let mut entries = BTreeMap::new();
         for (key, e) in form.auths {
             let cred = if let Some(token) = e.registrytoken.filter(|t| !t.is_empty()) {
@@ -134,7 +135,9 @@ impl AuthFile {
                 let text = String::from_utf8(raw)
                     .map_err(|_| bad(format!("auths.{key:?}.auth is not UTF-8 once decoded")))?;
                 let Some((username, password)) = text.split_once(':') else {
-                    return Err(bad(format!("auths.{key:?}.auth does not decode to user:password")));
+                    return Err(bad(format!(
+                        "auths.{key:?}.auth does not decode to user:password"
+                    )));
                 };
                 Credential::Basic {
                     username: username.to_string(),
@@ -154,7 +157,11 @@ impl AuthFile {
         Ok(AuthFile {
             path: path.map(Path::to_path_buf),
             entries,
-            helpers: form.cred_helpers.into_iter().map(|(k, v)| (normalize_registry(&k), v)).collect(),
+            helpers: form
+                .cred_helpers
+                .into_iter()
+                .map(|(k, v)| (normalize_registry(&k), v))
+                .collect(),
             store: form.creds_store,
         })
     }
@@ -243,11 +250,29 @@ mod tests {
         let f = AuthFile::parse(text.as_bytes(), None).unwrap();
         assert_eq!(
             f.credential("127.0.0.1:5000"),
-            Credential::Basic { username: "alice".into(), password: "pa:ss".into() }
+            Credential::Basic {
+                username: "alice".into(),
+                password: "pa:ss".into()
+            }
         );
-        assert_eq!(f.credential("docker.io"), Credential::Basic { username: "bob".into(), password: "pw".into() });
-        assert_eq!(f.credential("GHCR.io"), Credential::Basic { username: "u".into(), password: "p".into() });
-        assert_eq!(f.credential("tok.example"), Credential::Bearer("T0K".into()));
+        assert_eq!(
+            f.credential("docker.io"),
+            Credential::Basic {
+                username: "bob".into(),
+                password: "pw".into()
+            }
+        );
+        assert_eq!(
+            f.credential("GHCR.io"),
+            Credential::Basic {
+                username: "u".into(),
+                password: "p".into()
+            }
+        );
+        assert_eq!(
+            f.credential("tok.example"),
+            Credential::Bearer("T0K".into())
+        );
         assert_eq!(f.credential("empty.example"), Credential::Anonymous);
         assert_eq!(f.credential("127.0.0.1:5001"), Credential::Anonymous);
         assert!(!format!("{:?}", f.credential("127.0.0.1:5000")).contains("pa:ss"));
@@ -258,19 +283,31 @@ mod tests {
         let p = Path::new("/x/auth.json");
         let e = AuthFile::parse(b"{", Some(p)).unwrap_err().to_string();
         assert!(e.contains("/x/auth.json") && e.contains("JSON"), "{e}");
-        let e = AuthFile::parse(br#"{"auths": {"r": {"auth": "!!"}}}"#, Some(p)).unwrap_err().to_string();
+        let e = AuthFile::parse(br#"{"auths": {"r": {"auth": "!!"}}}"#, Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"r\"") && e.contains("base64"), "{e}");
         let text = format!(r#"{{"auths": {{"r": {{"auth": "{}"}}}}}}"#, b64("nocolon"));
-        let e = AuthFile::parse(text.as_bytes(), Some(p)).unwrap_err().to_string();
+        let e = AuthFile::parse(text.as_bytes(), Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("user:password"), "{e}");
-        let e = AuthFile::parse(br#"{"auths": {"r": {"identitytoken": "x"}}}"#, Some(p)).unwrap_err().to_string();
+        let e = AuthFile::parse(br#"{"auths": {"r": {"identitytoken": "x"}}}"#, Some(p))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("identitytoken"), "{e}");
     }
 
     #[test]
     fn registry_keys_are_normalized() {
-        assert_eq!(normalize_registry("https://index.docker.io/v1/"), "docker.io");
-        assert_eq!(normalize_registry("http://LocalHost:5000/"), "localhost:5000");
+        assert_eq!(
+            normalize_registry("https://index.docker.io/v1/"),
+            "docker.io"
+        );
+        assert_eq!(
+            normalize_registry("http://LocalHost:5000/"),
+            "localhost:5000"
+        );
         assert_eq!(normalize_registry("quay.io"), "quay.io");
     }
 

@@ -56,41 +56,52 @@ pub(crate) fn file_stream(
 ) -> Result<impl Stream<Item = oci_client::errors::Result<Bytes>> + Send + 'static, RegistryError> {
     let f = File::open(&path).map_err(|e| io_err(&path, "open", e))?;
     let state = (f, path, 0u64, tag);
-    Ok(futures_util::stream::unfold(Some(state), move |st| async move {
-        let (mut f, path, done, tag) = st?;
-        if done == size {
-            let mut probe = [0u8; 1];
-            return match f.read(&mut probe) {
-                Ok(0) => None,
-                Ok(_) => Some((Err(grew(&path, size)), None)),
-                Err(e) => Some((Err(e.into()), None)),
-            };
-        }
-        let want = (size - done).min(CHUNK as u64) as usize;
-        let mut buf = vec![0u8; want];
-        let mut got = 0;
-        while got < want {
-            match f.read(&mut buf[got..]) {
-                Ok(0) => {
-                    let e = std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!("{} ended at byte {}, expected {size}", path.display(), done + got as u64),
-                    );
-                    return Some((Err(e.into()), None));
-                }
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Some((Err(e.into()), None)),
+    Ok(futures_util::stream::unfold(
+        Some(state),
+        move |st| async move {
+            let (mut f, path, done, tag) = st?;
+            if done == size {
+                let mut probe = [0u8; 1];
+                return match f.read(&mut probe) {
+                    Ok(0) => None,
+                    Ok(_) => Some((Err(grew(&path, size)), None)),
+                    Err(e) => Some((Err(e.into()), None)),
+                };
             }
-        }
-        let done = done + want as u64;
-        tag.report(done, size);
-        Some((Ok(Bytes::from(buf)), Some((f, path, done, tag))))
-    }))
+            let want = (size - done).min(CHUNK as u64) as usize;
+            let mut buf = vec![0u8; want];
+            let mut got = 0;
+            while got < want {
+                match f.read(&mut buf[got..]) {
+                    Ok(0) => {
+                        let e = std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "{} ended at byte {}, expected {size}",
+                                path.display(),
+                                done + got as u64
+                            ),
+                        );
+                        return Some((Err(e.into()), None));
+                    }
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Some((Err(e.into()), None)),
+                }
+            }
+            let done = done + want as u64;
+            tag.report(done, size);
+            Some((Ok(Bytes::from(buf)), Some((f, path, done, tag))))
+        },
+    ))
 }
 
 fn grew(path: &Path, size: u64) -> oci_client::errors::OciDistributionError {
-    std::io::Error::other(format!("{} grew beyond {size} bytes while being sent", path.display())).into()
+    std::io::Error::other(format!(
+        "{} grew beyond {size} bytes while being sent",
+        path.display()
+    ))
+    .into()
 }
 
 /// A writer that hashes and counts what passes through.
@@ -114,7 +125,11 @@ impl<W: Write> Write for Hashing<W> {
 
 /// Compress the file `src` (`size` bytes) into a new file `dst` as one zstd
 /// frame with its content size. Returns the blob's sha256 (hex) and size.
-pub(crate) fn compress_file(src: &Path, size: u64, dst: &Path) -> Result<(String, u64), RegistryError> {
+pub(crate) fn compress_file(
+    src: &Path,
+    size: u64,
+    dst: &Path,
+) -> Result<(String, u64), RegistryError> {
     let mut input = File::open(src).map_err(|e| io_err(src, "open", e))?;
     let out = OpenOptions::new()
         .write(true)
@@ -126,15 +141,22 @@ pub(crate) fn compress_file(src: &Path, size: u64, dst: &Path) -> Result<(String
         hasher: Sha256::new(),
         count: 0,
     };
-    let mut enc = zstd::stream::write::Encoder::new(sink, ZSTD_LEVEL).map_err(|e| io_err(dst, "start zstd", e))?;
-    enc.include_contentsize(true).map_err(|e| io_err(dst, "start zstd", e))?;
-    enc.set_pledged_src_size(Some(size)).map_err(|e| io_err(dst, "start zstd", e))?;
-    let copied = std::io::copy(&mut (&mut input).take(size), &mut enc).map_err(|e| io_err(src, "compress", e))?;
+    let mut enc = zstd::stream::write::Encoder::new(sink, ZSTD_LEVEL)
+        .map_err(|e| io_err(dst, "start zstd", e))?;
+    enc.include_contentsize(true)
+        .map_err(|e| io_err(dst, "start zstd", e))?;
+    enc.set_pledged_src_size(Some(size))
+        .map_err(|e| io_err(dst, "start zstd", e))?;
+    let copied = std::io::copy(&mut (&mut input).take(size), &mut enc)
+        .map_err(|e| io_err(src, "compress", e))?;
     if copied != size {
         return Err(io_err(
             src,
             "compress",
-            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{copied} bytes read, expected {size}")),
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{copied} bytes read, expected {size}"),
+            ),
         ));
     }
     let mut sink = enc.finish().map_err(|e| io_err(dst, "compress", e))?;
@@ -154,7 +176,11 @@ struct SparseFile {
 
 impl SparseFile {
     fn flush_blocks(&mut self, all: bool) -> std::io::Result<()> {
-        let keep = if all { 0 } else { self.pending.len() % HOLE_BLOCK };
+        let keep = if all {
+            0
+        } else {
+            self.pending.len() % HOLE_BLOCK
+        };
         let upto = self.pending.len() - keep;
         let mut at = 0;
         while at < upto {
@@ -233,7 +259,11 @@ pub(crate) struct Received {
 impl Receiver {
     /// Receive into the new file `path`, which may become at most
     /// `file_limit` bytes long.
-    pub(crate) fn create(path: &Path, compression: Compression, file_limit: u64) -> Result<Receiver, RegistryError> {
+    pub(crate) fn create(
+        path: &Path,
+        compression: Compression,
+        file_limit: u64,
+    ) -> Result<Receiver, RegistryError> {
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -249,7 +279,8 @@ impl Receiver {
         let sink = match compression {
             Compression::None => Sink::Plain(sparse),
             Compression::Zstd => Sink::Zstd(Box::new(
-                zstd::stream::write::Decoder::new(sparse).map_err(|e| io_err(path, "start zstd", e))?,
+                zstd::stream::write::Decoder::new(sparse)
+                    .map_err(|e| io_err(path, "start zstd", e))?,
             )),
         };
         Ok(Receiver {
@@ -315,10 +346,16 @@ mod tests {
             r.push(c).unwrap();
         }
         let got = r.finish().unwrap();
-        assert_eq!((got.received, got.file_size), (data.len() as u64, data.len() as u64));
+        assert_eq!(
+            (got.received, got.file_size),
+            (data.len() as u64, data.len() as u64)
+        );
         assert_eq!(got.sha256, hex(&crate::hash::sha256(&data)));
         assert_eq!(std::fs::read(&p).unwrap(), data);
-        assert!(std::fs::metadata(&p).unwrap().blocks() * 512 < 1 << 20, "zero blocks should be holes");
+        assert!(
+            std::fs::metadata(&p).unwrap().blocks() * 512 < 1 << 20,
+            "zero blocks should be holes"
+        );
     }
 
     #[test]
@@ -330,7 +367,10 @@ mod tests {
         let blob = d.path().join("blob");
         let (digest, size) = compress_file(&src, data.len() as u64, &blob).unwrap();
         let bytes = std::fs::read(&blob).unwrap();
-        assert_eq!((bytes.len() as u64, digest.clone()), (size, hex(&crate::hash::sha256(&bytes))));
+        assert_eq!(
+            (bytes.len() as u64, digest.clone()),
+            (size, hex(&crate::hash::sha256(&bytes)))
+        );
         assert!(size < data.len() as u64 / 10);
         let out = d.path().join("out");
         let mut r = Receiver::create(&out, Compression::Zstd, data.len() as u64).unwrap();
@@ -343,12 +383,20 @@ mod tests {
         // A file longer than the manifest allows is refused.
         let out2 = d.path().join("out2");
         let mut r = Receiver::create(&out2, Compression::Zstd, 1000).unwrap();
-        let e = bytes.chunks(4097).try_for_each(|c| r.push(c)).and_then(|_| r.finish().map(|_| ()));
-        assert!(e.unwrap_err().to_string().contains("more than the 1000 bytes"));
+        let e = bytes
+            .chunks(4097)
+            .try_for_each(|c| r.push(c))
+            .and_then(|_| r.finish().map(|_| ()));
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("more than the 1000 bytes"));
         // A corrupt frame is an error.
         let out3 = d.path().join("out3");
         let mut r = Receiver::create(&out3, Compression::Zstd, data.len() as u64).unwrap();
-        let e = r.push(b"not a zstd frame at all").and_then(|_| r.finish().map(|_| ()));
+        let e = r
+            .push(b"not a zstd frame at all")
+            .and_then(|_| r.finish().map(|_| ()));
         assert!(e.is_err());
     }
 
@@ -364,11 +412,16 @@ mod tests {
             file: "memory.bin",
             progress: None,
         };
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let got: Vec<u8> = rt.block_on(async {
             let s = file_stream(p.clone(), data.len() as u64, tag.clone()).unwrap();
             let parts: Vec<_> = s.collect().await;
-            parts.into_iter().flat_map(|b| b.unwrap().to_vec()).collect()
+            parts
+                .into_iter()
+                .flat_map(|b| b.unwrap().to_vec())
+                .collect()
         });
         assert_eq!(got, data);
         let short = rt.block_on(async {

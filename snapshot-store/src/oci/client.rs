@@ -32,17 +32,22 @@ pub(crate) fn parse_reference(reference: &str) -> Result<Reference, RegistryErro
         msg,
     };
     let first = reference.split('/').next().unwrap_or("");
-    if !reference.contains('/') || !(first.contains('.') || first.contains(':') || first == "localhost") {
+    if !reference.contains('/')
+        || !(first.contains('.') || first.contains(':') || first == "localhost")
+    {
         return Err(bad(
             "expected REGISTRY/REPOSITORY[:TAG], e.g. localhost:5000/sandboxes/py:v1 (the registry host is required)".into(),
         ));
     }
-    reference.parse::<Reference>().map_err(|e| bad(e.to_string()))
+    reference
+        .parse::<Reference>()
+        .map_err(|e| bad(e.to_string()))
 }
 
 fn is_auth_error(e: &OciDistributionError) -> bool {
     match e {
-        OciDistributionError::AuthenticationFailure(_) | OciDistributionError::UnauthorizedError { .. } => true,
+        OciDistributionError::AuthenticationFailure(_)
+        | OciDistributionError::UnauthorizedError { .. } => true,
         OciDistributionError::ServerError { code, .. } => *code == 401 || *code == 403,
         OciDistributionError::RegistryError { envelope, .. } => envelope
             .errors
@@ -81,7 +86,9 @@ impl Registry {
         tracing::debug!("{host}: {} credentials{from}", credential.kind());
         let auth = match &credential {
             Credential::Anonymous => RegistryAuth::Anonymous,
-            Credential::Basic { username, password } => RegistryAuth::Basic(username.clone(), password.clone()),
+            Credential::Basic { username, password } => {
+                RegistryAuth::Basic(username.clone(), password.clone())
+            }
             Credential::Bearer(t) => RegistryAuth::Bearer(t.clone()),
         };
         let client = Client::new(ClientConfig {
@@ -131,7 +138,11 @@ impl Registry {
 
     /// `registry/repository`, for messages.
     pub(crate) fn repository(&self) -> String {
-        format!("{}/{}", self.reference.resolve_registry(), self.reference.repository())
+        format!(
+            "{}/{}",
+            self.reference.resolve_registry(),
+            self.reference.repository()
+        )
     }
 
     /// Whether the repository has the blob `digest` (`HEAD`).
@@ -157,7 +168,12 @@ impl Registry {
 
     /// Upload a blob of `size` bytes from `stream` as `digest` (one
     /// monolithic `PUT`).
-    pub(crate) async fn push_blob_stream<S>(&self, stream: S, digest: &str, size: u64) -> Result<(), RegistryError>
+    pub(crate) async fn push_blob_stream<S>(
+        &self,
+        stream: S,
+        digest: &str,
+        size: u64,
+    ) -> Result<(), RegistryError>
     where
         S: Stream<Item = oci_client::errors::Result<bytes::Bytes>> + Send + 'static,
     {
@@ -180,18 +196,22 @@ impl Registry {
 
     /// `PUT` the OCI manifest `bytes` under `reference` (a tag or its
     /// digest).
-    pub(crate) async fn push_manifest(&self, reference: &Reference, bytes: Vec<u8>) -> Result<(), RegistryError> {
+    pub(crate) async fn push_manifest(
+        &self,
+        reference: &Reference,
+        bytes: Vec<u8>,
+    ) -> Result<(), RegistryError> {
         let op = format!("push manifest {reference}");
         self.client
             .push_manifest_raw(
                 reference,
                 bytes,
-                OCI_MANIFEST_MEDIA_TYPE
-                    .parse()
-                    .map_err(|e: http::header::InvalidHeaderValue| RegistryError::Registry {
+                OCI_MANIFEST_MEDIA_TYPE.parse().map_err(
+                    |e: http::header::InvalidHeaderValue| RegistryError::Registry {
                         op: op.clone(),
                         msg: e.to_string(),
-                    })?,
+                    },
+                )?,
             )
             .await
             .map(|_| ())
@@ -201,17 +221,27 @@ impl Registry {
     /// `GET` the OCI manifest `reference` (a tag or a digest): its bytes
     /// and digest. A manifest fetched by digest must hash to it (checked by
     /// the client and again here).
-    pub(crate) async fn pull_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String), RegistryError> {
+    pub(crate) async fn pull_manifest(
+        &self,
+        reference: &Reference,
+    ) -> Result<(Vec<u8>, String), RegistryError> {
         let op = format!("fetch manifest {reference}");
         let (body, digest) = self
             .client
-            .pull_manifest_raw(reference, &RegistryAuth::Anonymous, &[OCI_MANIFEST_MEDIA_TYPE])
+            .pull_manifest_raw(
+                reference,
+                &RegistryAuth::Anonymous,
+                &[OCI_MANIFEST_MEDIA_TYPE],
+            )
             .await
             .map_err(|e| self.error(&op, e))?;
         if body.len() > MAX_OCI_MANIFEST_BYTES {
             return Err(RegistryError::Artifact {
                 what: reference.to_string(),
-                msg: format!("manifest is {} bytes, more than {MAX_OCI_MANIFEST_BYTES}", body.len()),
+                msg: format!(
+                    "manifest is {} bytes, more than {MAX_OCI_MANIFEST_BYTES}",
+                    body.len()
+                ),
             });
         }
         let found = digest_of(&body);
@@ -226,7 +256,11 @@ impl Registry {
     }
 
     /// Start downloading the blob `digest` of `size` bytes.
-    pub(crate) async fn blob_stream(&self, digest: &str, size: u64) -> Result<SizedStream, RegistryError> {
+    pub(crate) async fn blob_stream(
+        &self,
+        digest: &str,
+        size: u64,
+    ) -> Result<SizedStream, RegistryError> {
         let desc = OciDescriptor {
             digest: digest.to_string(),
             size: size as i64,
@@ -235,7 +269,12 @@ impl Registry {
         self.client
             .pull_blob_stream(&self.reference, &desc)
             .await
-            .map_err(|e| self.error(&format!("fetch blob {digest} from {}", self.repository()), e))
+            .map_err(|e| {
+                self.error(
+                    &format!("fetch blob {digest} from {}", self.repository()),
+                    e,
+                )
+            })
     }
 }
 
@@ -246,7 +285,10 @@ mod tests {
     #[test]
     fn references_need_a_registry_host() {
         let r = parse_reference("localhost:5000/sandboxes/py:v1").unwrap();
-        assert_eq!((r.resolve_registry(), r.repository(), r.tag()), ("localhost:5000", "sandboxes/py", Some("v1")));
+        assert_eq!(
+            (r.resolve_registry(), r.repository(), r.tag()),
+            ("localhost:5000", "sandboxes/py", Some("v1"))
+        );
         let r = parse_reference("127.0.0.1:5000/a@sha256:0000000000000000000000000000000000000000000000000000000000000000").unwrap();
         assert!(r.digest().is_some());
         assert!(parse_reference("ghcr.io/o/r:t").is_ok());

@@ -232,7 +232,10 @@ impl ArtifactManifest {
     /// (if present) agrees, `memory.bin` and `state.bin` exactly once and
     /// the disk's two together or not at all. `what` names the manifest in
     /// errors. Fields this layout does not use are ignored.
-    pub fn parse(bytes: &[u8], what: &str) -> Result<(ArtifactManifest, Vec<FileBlob>), RegistryError> {
+    pub fn parse(
+        bytes: &[u8],
+        what: &str,
+    ) -> Result<(ArtifactManifest, Vec<FileBlob>), RegistryError> {
         let bad = |msg: String| RegistryError::Artifact {
             what: what.to_string(),
             msg,
@@ -249,7 +252,10 @@ impl ArtifactManifest {
             return Err(bad(format!("schemaVersion is {}, not 2", a.schema_version)));
         }
         if a.media_type != OCI_MANIFEST_MEDIA_TYPE {
-            return Err(bad(format!("mediaType is {:?}, not {OCI_MANIFEST_MEDIA_TYPE}", a.media_type)));
+            return Err(bad(format!(
+                "mediaType is {:?}, not {OCI_MANIFEST_MEDIA_TYPE}",
+                a.media_type
+            )));
         }
         if a.artifact_type != ARTIFACT_TYPE {
             return Err(bad(format!(
@@ -271,17 +277,26 @@ impl ArtifactManifest {
         }
         if let Some(s) = &a.subject {
             if s.media_type != OCI_MANIFEST_MEDIA_TYPE {
-                return Err(bad(format!("subject mediaType is {:?}, not {OCI_MANIFEST_MEDIA_TYPE}", s.media_type)));
+                return Err(bad(format!(
+                    "subject mediaType is {:?}, not {OCI_MANIFEST_MEDIA_TYPE}",
+                    s.media_type
+                )));
             }
         }
         let mut files: Vec<FileBlob> = Vec::new();
         for d in &a.layers {
             let Some((file, compression)) = parse_file_media_type(&d.media_type) else {
-                return Err(bad(format!("blob {} has unknown mediaType {:?}", d.digest, d.media_type)));
+                return Err(bad(format!(
+                    "blob {} has unknown mediaType {:?}",
+                    d.digest, d.media_type
+                )));
             };
             if let Some(t) = d.annotations.get(ANNOTATION_TITLE) {
                 if t != file {
-                    return Err(bad(format!("blob {} is titled {t:?} but its mediaType is that of {file}", d.digest)));
+                    return Err(bad(format!(
+                        "blob {} is titled {t:?} but its mediaType is that of {file}",
+                        d.digest
+                    )));
                 }
             }
             if files.iter().any(|f| f.file == file) {
@@ -300,7 +315,9 @@ impl ArtifactManifest {
             }
         }
         if has(DISK_FILE) != has(DISK_CHUNKS_FILE) {
-            return Err(bad(format!("{DISK_FILE} and {DISK_CHUNKS_FILE} must come together")));
+            return Err(bad(format!(
+                "{DISK_FILE} and {DISK_CHUNKS_FILE} must come together"
+            )));
         }
         Ok((a, files))
     }
@@ -329,7 +346,10 @@ mod tests {
             }
         }
         assert_eq!(file_media_type("manifest.json", Compression::None), None);
-        assert_eq!(parse_file_media_type("application/vnd.oci.image.layer.v1.tar"), None);
+        assert_eq!(
+            parse_file_media_type("application/vnd.oci.image.layer.v1.tar"),
+            None
+        );
         assert_eq!(
             file_media_type(MEMORY_FILE, Compression::Zstd).unwrap(),
             "application/vnd.ignition.layer.memory.v1+zstd"
@@ -343,7 +363,10 @@ mod tests {
     #[test]
     fn digests() {
         let d = digest_of(b"abc");
-        assert_eq!(d, "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            d,
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
         assert_eq!(digest_hex(&d).unwrap(), &d[7..]);
         assert!(digest_hex("sha512:00").unwrap_err().contains("sha256"));
         assert!(digest_hex(&d.to_uppercase().replace("SHA256", "sha256")).is_err());
@@ -352,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_manifest_of_a_full_layer_byte_for_byte() {
-        let mut m = Manifest::sample(LayerKind::Full);
+        let mut m = crate::manifest::tests::sample(LayerKind::Full);
         m.name = "golden".into();
         let config = b"{}\n";
         let a = ArtifactManifest::build(&m, config, &blobs(), None);
@@ -374,12 +397,15 @@ mod tests {
         assert_eq!(text, want);
         let (back, files) = ArtifactManifest::parse(text.as_bytes(), "t").unwrap();
         assert_eq!(back, a);
-        assert_eq!(files.iter().map(|f| f.file).collect::<Vec<_>>(), [MEMORY_FILE, STATE_FILE]);
+        assert_eq!(
+            files.iter().map(|f| f.file).collect::<Vec<_>>(),
+            [MEMORY_FILE, STATE_FILE]
+        );
     }
 
     #[test]
     fn a_diff_names_its_parent_manifest_in_subject() {
-        let m = Manifest::sample(LayerKind::Diff);
+        let m = crate::manifest::tests::sample(LayerKind::Diff);
         let parent = digest_of(b"parent manifest");
         let mut b = blobs();
         b[0].1 = Compression::Zstd;
@@ -396,24 +422,37 @@ mod tests {
 
     #[test]
     fn parse_refuses_what_is_not_a_layer() {
-        let m = Manifest::sample(LayerKind::Full);
+        let m = crate::manifest::tests::sample(LayerKind::Full);
         let good = ArtifactManifest::build(&m, b"{}", &blobs(), None);
         let check = |f: &dyn Fn(&mut ArtifactManifest), want: &str| {
             let mut a = good.clone();
             f(&mut a);
-            let e = ArtifactManifest::parse(&a.to_bytes(), "layer x").unwrap_err().to_string();
+            let e = ArtifactManifest::parse(&a.to_bytes(), "layer x")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("layer x") && e.contains(want), "{e}");
         };
-        check(&|a| a.artifact_type = "application/vnd.other".into(), "artifactType");
+        check(
+            &|a| a.artifact_type = "application/vnd.other".into(),
+            "artifactType",
+        );
         check(&|a| a.schema_version = 1, "schemaVersion");
-        check(&|a| a.config.media_type = "application/json".into(), "config mediaType");
+        check(
+            &|a| a.config.media_type = "application/json".into(),
+            "config mediaType",
+        );
         check(&|a| a.layers[0].digest = "sha256:zz".into(), "digest");
-        check(&|a| a.layers[1].media_type = "text/plain".into(), "unknown mediaType");
+        check(
+            &|a| a.layers[1].media_type = "text/plain".into(),
+            "unknown mediaType",
+        );
         check(&|a| a.layers.truncate(1), "no state.bin");
         check(&|a| a.layers.push(a.layers[0].clone()), "twice");
         check(
             &|a| {
-                a.layers[0].annotations.insert(ANNOTATION_TITLE.into(), "state.bin".into());
+                a.layers[0]
+                    .annotations
+                    .insert(ANNOTATION_TITLE.into(), "state.bin".into());
             },
             "titled",
         );
@@ -426,6 +465,9 @@ mod tests {
             },
             "together",
         );
-        assert!(ArtifactManifest::parse(b"[]", "y").unwrap_err().to_string().contains("not an OCI image manifest"));
+        assert!(ArtifactManifest::parse(b"[]", "y")
+            .unwrap_err()
+            .to_string()
+            .contains("not an OCI image manifest"));
     }
 }

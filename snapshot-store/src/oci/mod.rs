@@ -105,7 +105,9 @@ pub enum RegistryError {
     },
     /// A blob could not be turned back into its file (bad zstd frame, or
     /// more or fewer bytes than the layer's manifest gives).
-    #[error("layer '{layer}': blob {digest} ({file}): {msg}; the pull stopped with nothing committed")]
+    #[error(
+        "layer '{layer}': blob {digest} ({file}): {msg}; the pull stopped with nothing committed"
+    )]
     Blob {
         /// The layer's snapshot name.
         layer: String,
@@ -168,7 +170,11 @@ pub struct Connection {
 }
 
 /// `io::Error` with a path, as [`RegistryError::Io`].
-pub(crate) fn io_err(path: impl Into<PathBuf>, op: &'static str, err: std::io::Error) -> RegistryError {
+pub(crate) fn io_err(
+    path: impl Into<PathBuf>,
+    op: &'static str,
+    err: std::io::Error,
+) -> RegistryError {
     RegistryError::Io {
         path: path.into(),
         op,

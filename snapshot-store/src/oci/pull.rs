@@ -94,7 +94,11 @@ struct Remote {
 /// Blocking. On error nothing is committed, except that when the store's
 /// own checks refuse a layer after its blobs verified, the layers below it
 /// stay committed (each a valid chain).
-pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<PullReport, RegistryError> {
+pub fn pull(
+    store: &Store,
+    reference: &str,
+    opts: &PullOptions,
+) -> Result<PullReport, RegistryError> {
     let t0 = Instant::now();
     if let Some(n) = &opts.rename_top {
         validate_name(n)?;
@@ -104,7 +108,9 @@ pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<PullRe
         stage(opts, &format!("resolving {reference}"));
         let mut chain = fetch_chain(&reg).await?;
         if let Some(new) = &opts.rename_top {
-            let top = chain.last_mut().ok_or_else(|| RegistryError::Chain("empty chain".into()))?;
+            let top = chain
+                .last_mut()
+                .ok_or_else(|| RegistryError::Chain("empty chain".into()))?;
             if top.manifest.name != *new {
                 top.manifest.name = new.clone();
                 top.manifest.seal();
@@ -113,8 +119,14 @@ pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<PullRe
         }
         let mut report = PullReport {
             reference: reference.to_string(),
-            digest: chain.last().map(|r| r.manifest_digest.clone()).unwrap_or_default(),
-            name: chain.last().map(|r| r.manifest.name.clone()).unwrap_or_default(),
+            digest: chain
+                .last()
+                .map(|r| r.manifest_digest.clone())
+                .unwrap_or_default(),
+            name: chain
+                .last()
+                .map(|r| r.manifest.name.clone())
+                .unwrap_or_default(),
             layers: Vec::new(),
             bytes_received: 0,
             file_bytes: 0,
@@ -219,7 +231,14 @@ async fn fetch_chain(reg: &Registry) -> Result<Vec<Remote>, RegistryError> {
             (kind, _) => {
                 return Err(RegistryError::Artifact {
                     what,
-                    msg: format!("a {kind} layer {} a subject", if kind == LayerKind::Full { "with" } else { "without" }),
+                    msg: format!(
+                        "a {kind} layer {} a subject",
+                        if kind == LayerKind::Full {
+                            "with"
+                        } else {
+                            "without"
+                        }
+                    ),
                 })
             }
         }
@@ -252,10 +271,9 @@ fn file_size(m: &Manifest, file: &str) -> u64 {
         MEMORY_FILE => m.memory.size,
         STATE_FILE => m.state.size,
         DISK_FILE => m.disk.as_ref().map_or(0, |d| d.size),
-        DISK_CHUNKS_FILE => m
-            .disk
-            .as_ref()
-            .map_or(0, |d| disk_chunks_file_size(disk_chunk_count(d.size, d.chunk_size))),
+        DISK_CHUNKS_FILE => m.disk.as_ref().map_or(0, |d| {
+            disk_chunks_file_size(disk_chunk_count(d.size, d.chunk_size))
+        }),
         _ => 0,
     }
 }
@@ -297,13 +315,20 @@ fn check_files(m: &Manifest, files: &[FileBlob], what: &str) -> Result<(), Regis
 }
 
 /// Fetch a small blob (a config) into memory, checking size and digest.
-async fn fetch_small(reg: &Registry, digest: &str, size: u64, what: &str) -> Result<Vec<u8>, RegistryError> {
+async fn fetch_small(
+    reg: &Registry,
+    digest: &str,
+    size: u64,
+    what: &str,
+) -> Result<Vec<u8>, RegistryError> {
     let bad = |msg: String| RegistryError::Artifact {
         what: format!("{what}: config {digest}"),
         msg,
     };
     if size > MAX_MANIFEST_BYTES as u64 {
-        return Err(bad(format!("is {size} bytes, more than {MAX_MANIFEST_BYTES}")));
+        return Err(bad(format!(
+            "is {size} bytes, more than {MAX_MANIFEST_BYTES}"
+        )));
     }
     let mut s = reg.blob_stream(digest, size).await?;
     let mut out = Vec::new();
@@ -317,12 +342,20 @@ async fn fetch_small(reg: &Registry, digest: &str, size: u64, what: &str) -> Res
                     hex(&sha256(&out))
                 )))
             }
-            Err(e) => return Err(bad(format!("download failed after {} bytes: {e}", out.len()))),
+            Err(e) => {
+                return Err(bad(format!(
+                    "download failed after {} bytes: {e}",
+                    out.len()
+                )))
+            }
         }
     }
     let found = super::layout::digest_of(&out);
     if found != digest || out.len() as u64 != size {
-        return Err(bad(format!("is corrupted or truncated: {} bytes with {found}", out.len())));
+        return Err(bad(format!(
+            "is corrupted or truncated: {} bytes with {found}",
+            out.len()
+        )));
     }
     Ok(out)
 }

@@ -120,7 +120,9 @@ struct Scratch(Option<PathBuf>, PathBuf);
 impl Scratch {
     fn dir(&mut self) -> Result<&Path, RegistryError> {
         if self.0.is_none() {
-            let d = self.1.join(format!(".tmp-push-{}-{:016x}", std::process::id(), nonce()));
+            let d = self
+                .1
+                .join(format!(".tmp-push-{}-{:016x}", std::process::id(), nonce()));
             std::fs::create_dir(&d).map_err(|e| io_err(&d, "create work directory", e))?;
             self.0 = Some(d);
         }
@@ -140,7 +142,12 @@ impl Drop for Scratch {
 /// (`REGISTRY/REPOSITORY[:TAG]`, tag `latest` if none). The chain is
 /// verified first (files the layers' `verified.json` vouch for are not
 /// hashed again). Blocking.
-pub fn push(store: &Store, spec: &str, reference: &str, opts: &PushOptions) -> Result<PushReport, RegistryError> {
+pub fn push(
+    store: &Store,
+    spec: &str,
+    reference: &str,
+    opts: &PushOptions,
+) -> Result<PushReport, RegistryError> {
     let t0 = Instant::now();
     let chain = store.resolve(spec)?;
     let r = parse_reference(reference)?;
@@ -161,14 +168,21 @@ pub fn push(store: &Store, spec: &str, reference: &str, opts: &PushOptions) -> R
                 if src.resolve_registry() != reg.reference.resolve_registry() {
                     return Err(RegistryError::Reference {
                         reference: m.clone(),
-                        msg: format!("can only mount from the same registry, {}", reg.reference.resolve_registry()),
+                        msg: format!(
+                            "can only mount from the same registry, {}",
+                            reg.reference.resolve_registry()
+                        ),
                     });
                 }
                 Some(src)
             }
         };
         let mut report = PushReport {
-            reference: format!("{}:{}", reg.repository(), reg.reference.tag().unwrap_or("latest")),
+            reference: format!(
+                "{}:{}",
+                reg.repository(),
+                reg.reference.tag().unwrap_or("latest")
+            ),
             digest: String::new(),
             layers: Vec::new(),
             compression: opts.compression,
@@ -184,8 +198,16 @@ pub fn push(store: &Store, spec: &str, reference: &str, opts: &PushOptions) -> R
         let mut subject: Option<(String, u64)> = None;
         let mut top_bytes = Vec::new();
         for layer in chain.layers() {
-            let (pushed, bytes) =
-                push_layer(&reg, layer, subject.take(), mount_from.as_ref(), opts, &mut scratch, &mut report).await?;
+            let (pushed, bytes) = push_layer(
+                &reg,
+                layer,
+                subject.take(),
+                mount_from.as_ref(),
+                opts,
+                &mut scratch,
+                &mut report,
+            )
+            .await?;
             subject = Some((pushed.manifest_digest.clone(), pushed.manifest_size));
             report.layers.push(pushed);
             top_bytes = bytes;
@@ -251,12 +273,18 @@ async fn push_layer(
     let mut descriptors = Vec::new();
     for file in listed_files(&layer.manifest).into_iter().skip(1) {
         let path = layer.dir.join(file);
-        let file_size = std::fs::symlink_metadata(&path).map_err(|e| io_err(&path, "stat", e))?.len();
+        let file_size = std::fs::symlink_metadata(&path)
+            .map_err(|e| io_err(&path, "stat", e))?
+            .len();
         let (digest_hex, size, send_path) = match opts.compression {
             Compression::None => {
                 stage(opts, &format!("hashing {}/{file}", layer.name));
                 let f = std::fs::File::open(&path).map_err(|e| io_err(&path, "open", e))?;
-                (hex(&sha256_open_file(&f, &path, file_size, None)?), file_size, path.clone())
+                (
+                    hex(&sha256_open_file(&f, &path, file_size, None)?),
+                    file_size,
+                    path.clone(),
+                )
             }
             Compression::Zstd => {
                 stage(opts, &format!("compressing {}/{file}", layer.name));
@@ -302,7 +330,8 @@ async fn push_layer(
     let art = ArtifactManifest::build(&layer.manifest, &config, &descriptors, subject);
     let bytes = art.to_bytes();
     let manifest_digest = digest_of(&bytes);
-    reg.push_manifest(&reg.at(&manifest_digest), bytes.clone()).await?;
+    reg.push_manifest(&reg.at(&manifest_digest), bytes.clone())
+        .await?;
     tracing::info!("pushed layer '{}' as {manifest_digest}", layer.name);
     Ok((
         PushedLayer {

@@ -598,11 +598,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 plain_http,
                 credential: None,
             };
-            let compress = match compress.as_deref() {
-                Some("zstd") => Some(snapshot_store::oci::Compression::Zstd),
-                _ => None,
+            let opts = snapshot_store::oci::PushOptions {
+                connection: conn,
+                compression: match compress.as_deref() {
+                    Some("zstd") => snapshot_store::oci::Compression::Zstd,
+                    _ => snapshot_store::oci::Compression::None,
+                },
+                mount_from,
+                progress: None,
             };
-            registry::push(&store, &spec, &reference, conn, compress, mount_from, json, &mut out)?;
+            registry::push(&store, &spec, &reference, opts, json, &mut out)?;
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "registry")]

@@ -49,7 +49,12 @@ pub fn progress(verb: &'static str) -> Option<EventFn> {
         let now = Instant::now();
         let text = match e {
             Event::Stage(s) => format!("vmstore: {s}"),
-            Event::Bytes { layer, file, done, total } => {
+            Event::Bytes {
+                layer,
+                file,
+                done,
+                total,
+            } => {
                 let key = format!("{layer}/{file}");
                 if key != l.key {
                     l.key = key;
@@ -62,13 +67,21 @@ pub fn progress(verb: &'static str) -> Option<EventFn> {
                 }
                 let secs = (now - l.start).as_secs_f64().max(1e-3);
                 let rate = done as f64 / secs;
-                let left = if rate > 0.0 { (total - done.min(total)) as f64 / rate } else { f64::INFINITY };
+                let left = if rate > 0.0 {
+                    (total - done.min(total)) as f64 / rate
+                } else {
+                    f64::INFINITY
+                };
                 format!(
                     "vmstore: {verb} {}: {} of {} ({:.0}%), {}/s, ETA {}",
                     l.key,
                     mib(done),
                     mib(total),
-                    if total == 0 { 100.0 } else { 100.0 * done as f64 / total as f64 },
+                    if total == 0 {
+                        100.0
+                    } else {
+                        100.0 * done as f64 / total as f64
+                    },
                     mib(rate as u64),
                     eta(left)
                 )
@@ -78,7 +91,11 @@ pub fn progress(verb: &'static str) -> Option<EventFn> {
         let pad = l.width.saturating_sub(text.len());
         l.width = text.len();
         let mut err = std::io::stderr().lock();
-        let end = if matches!(e, Event::Stage(_)) { "\n" } else { "" };
+        let end = if matches!(e, Event::Stage(_)) {
+            "\n"
+        } else {
+            ""
+        };
         let _ = write!(err, "\r{text}{:pad$}{end}", "");
         if !end.is_empty() {
             l.width = 0;
@@ -99,23 +116,20 @@ pub fn push(
     store: &Store,
     spec: &str,
     reference: &str,
-    conn: Connection,
-    compress: Option<Compression>,
-    mount_from: Option<String>,
+    mut opts: oci::PushOptions,
     json: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let progress = progress("sending");
-    let opts = oci::PushOptions {
-        connection: conn,
-        compression: compress.unwrap_or_default(),
-        mount_from,
-        progress: progress.clone(),
-    };
+    opts.progress = progress.clone();
     let r = oci::push(store, spec, reference, &opts);
     end_line(&progress);
     let r = r?;
-    let ratio = if r.blob_bytes > 0 { r.file_bytes as f64 / r.blob_bytes as f64 } else { 1.0 };
+    let ratio = if r.blob_bytes > 0 {
+        r.file_bytes as f64 / r.blob_bytes as f64
+    } else {
+        1.0
+    };
     if json {
         let layers: Vec<serde_json::Value> = r
             .layers
@@ -143,11 +157,24 @@ pub fn push(
     }
     for l in &r.layers {
         for b in &l.blobs {
-            writeln!(out, "{:<8} {}/{:<12} {} {:>10}", b.status.to_string(), l.name, b.file, b.digest, mib(b.size))?;
+            writeln!(
+                out,
+                "{:<8} {}/{:<12} {} {:>10}",
+                b.status.to_string(),
+                l.name,
+                b.file,
+                b.digest,
+                mib(b.size)
+            )?;
         }
         writeln!(out, "layer    {:<15} {}", l.name, l.manifest_digest)?;
     }
-    let sent = r.layers.iter().flat_map(|l| &l.blobs).filter(|b| b.status == BlobStatus::Sent).count();
+    let sent = r
+        .layers
+        .iter()
+        .flat_map(|l| &l.blobs)
+        .filter(|b| b.status == BlobStatus::Sent)
+        .count();
     let skipped = r.layers.iter().flat_map(|l| &l.blobs).count() - sent;
     writeln!(
         out,
@@ -190,7 +217,11 @@ pub fn pull(
     let r = oci::pull(store, reference, &opts);
     end_line(&progress);
     let r = r?;
-    let ratio = if r.bytes_received > 0 { r.file_bytes as f64 / r.bytes_received as f64 } else { 1.0 };
+    let ratio = if r.bytes_received > 0 {
+        r.file_bytes as f64 / r.bytes_received as f64
+    } else {
+        1.0
+    };
     if json {
         let layers: Vec<serde_json::Value> = r
             .layers
