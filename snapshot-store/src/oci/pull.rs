@@ -336,7 +336,7 @@ async fn fetch_small(
         match chunk {
             Ok(b) if out.len() + b.len() <= size as usize => out.extend_from_slice(&b),
             Ok(_) => return Err(bad(format!("is longer than its descriptor's {size} bytes"))),
-            Err(e) if out.len() as u64 == size => {
+            Err(e) if out.len() as u64 == size || is_digest_error(&e) => {
                 return Err(bad(format!(
                     "is corrupted: sha256:{} ({e})",
                     hex(&sha256(&out))
@@ -358,6 +358,13 @@ async fn fetch_small(
         )));
     }
     Ok(out)
+}
+
+/// Whether a stream error is the client's digest verification failing.
+fn is_digest_error(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|x| x.downcast_ref::<oci_client::errors::DigestError>())
+        .is_some_and(|x| matches!(x, oci_client::errors::DigestError::VerificationError { .. }))
 }
 
 /// Download one file blob of layer `r` into the import's work directory.
@@ -404,9 +411,10 @@ async fn download(
                 rx.push(&b).map_err(|e| blob_err(e.to_string()))?;
                 tag.report(rx.received(), d.size);
             }
-            // The client checks the digest at the end of the stream: all
-            // bytes arrived and they do not match.
-            Err(_) if rx.received() == d.size => return Err(corrupt(&rx)),
+            // The client checks the digest at the end of the stream: the
+            // bytes that arrived (all of them, or fewer if the registry's
+            // copy is truncated) do not match.
+            Err(e) if rx.received() == d.size || is_digest_error(&e) => return Err(corrupt(&rx)),
             Err(e) => {
                 return Err(blob_err(format!(
                     "download failed after {} of {} bytes: {e}",

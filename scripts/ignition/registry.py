@@ -1,0 +1,134 @@
+"""A throwaway OCI registry on 127.0.0.1: Debian's `docker-registry` (CNCF
+distribution 2.8), with its storage in a directory of ours and, optionally,
+htpasswd basic auth. For the `vmstore push`/`pull` tests and benchmark.
+
+    with LocalRegistry(tmp / "reg") as reg:
+        vmstore(store, "push", "golden", f"{reg.host}/sandboxes/py:v1", "--plain-http")
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REGISTRY_BIN = Path("/usr/bin/docker-registry")
+"""Debian's `docker-registry` package (scripts/setup.sh installs it)."""
+START_TIMEOUT_S = 20.0
+"""How long the registry may take to answer its first request."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def htpasswd_line(user: str, password: str) -> str:
+    """One htpasswd line with a bcrypt hash (the only kind distribution accepts)."""
+    try:
+        import bcrypt
+        return f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()}"
+    except ImportError:
+        out = subprocess.run(["htpasswd", "-nbB", user, password], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+
+def auth_file(path: Path, host: str, user: str, password: str) -> Path:
+    """Writes a docker-style auth file (`auths` map, base64 `auth` field) for host; returns path."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    path.write_text(json.dumps({"auths": {host: {"auth": token}}}))
+    return path
+
+
+class LocalRegistry:
+    """`docker-registry serve CONFIG` on a free port of 127.0.0.1, storage under root/data.
+    With `users` ({name: password}), htpasswd basic auth. Stopped (and its process reaped) on exit."""
+
+    def __init__(self, root: Path, users: dict[str, str] | None = None):
+        self.root = Path(root)
+        self.users = users or {}
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def blobs(self) -> Path:
+        """Where distribution's filesystem driver keeps blobs: blobs/sha256/XX/HEX/data."""
+        return self.root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
+
+    def blob_path(self, digest: str) -> Path:
+        """The stored bytes of the blob `sha256:HEX`."""
+        hexd = digest.split(":", 1)[1]
+        return self.blobs / hexd[:2] / hexd / "data"
+
+    def start(self) -> LocalRegistry:
+        if not REGISTRY_BIN.is_file():
+            raise FileNotFoundError(f"{REGISTRY_BIN} missing: scripts/setup.sh installs Debian's docker-registry")
+        self.root.mkdir(parents=True, exist_ok=True)
+        lines = ["version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:",
+                 f"    rootdirectory: {self.root / 'data'}", "http:", f"  addr: {self.host}"]
+        if self.users:
+            pw = self.root / "htpasswd"
+            pw.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
+            lines += ["auth:", "  htpasswd:", "    realm: ignition-test", f"    path: {pw}"]
+        config = self.root / "config.yml"
+        config.write_text("\n".join(lines) + "\n")
+        log = open(self.root / "registry.log", "wb")
+        self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(config)], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2).close()
+                return self
+            except urllib.error.HTTPError as e:
+                if e.code == 401:
+                    return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"registry on {self.host} did not start: {(self.root / 'registry.log').read_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def wipe(self) -> None:
+        """Stops the registry and removes its storage."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> LocalRegistry:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def environ_with_auth(path: Path | None) -> dict:
+    """os.environ with REGISTRY_AUTH_FILE set to path (or removed), and no other auth file found."""
+    env = dict(os.environ)
+    env.pop("DOCKER_CONFIG", None)
+    if path is None:
+        env.pop("REGISTRY_AUTH_FILE", None)
+        env["HOME"] = "/nonexistent"
+    else:
+        env["REGISTRY_AUTH_FILE"] = str(path)
+    return env
