@@ -21,6 +21,7 @@
 mod auth;
 mod blobio;
 mod client;
+mod digests;
 pub mod layout;
 mod pull;
 mod push;
@@ -29,6 +30,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use auth::{auth_file_path, normalize_registry, AuthFile, Credential, MAX_AUTH_FILE_BYTES};
+pub use digests::OCI_BLOBS_FILE;
 pub use layout::{
     digest_hex, digest_of, file_media_type, parse_file_media_type, ArtifactManifest, Compression,
     Descriptor, FileBlob, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, MAX_OCI_MANIFEST_BYTES,

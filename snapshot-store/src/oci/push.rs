@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use oci_client::RegistryOperation;
 
+use crate::cache::Stamp;
 use crate::format::MANIFEST_FILE;
 use crate::fsutil::nonce;
 use crate::hash::{hex, sha256_open_file};
@@ -18,6 +19,7 @@ use crate::verify::verify_chain_cached;
 
 use super::blobio::{compress_file, file_stream, Tag};
 use super::client::{parse_reference, Registry};
+use super::digests::DigestCache;
 use super::layout::{digest_of, file_media_type, ArtifactManifest, Compression};
 use super::{block_on, io_err, Connection, Event, EventFn, RegistryError};
 
@@ -159,7 +161,9 @@ pub fn push(
     }
     stage(opts, &format!("verifying {}", chain.describe()));
     verify_chain_cached(&chain)?;
-    block_on(async {
+    let mut digests = DigestCache::load(store.root());
+    let cache = &mut digests;
+    let r = block_on(async {
         let reg = Registry::connect(reference, &opts.connection, RegistryOperation::Push).await?;
         let mount_from = match &opts.mount_from {
             None => None,
@@ -194,30 +198,31 @@ pub fn push(
             upload_seconds: 0.0,
             seconds: 0.0,
         };
-        let mut scratch = Scratch(None, store.root().to_path_buf());
+        let mut p = Pusher {
+            reg: &reg,
+            opts,
+            mount_from,
+            scratch: Scratch(None, store.root().to_path_buf()),
+            cache,
+            report: &mut report,
+        };
         let mut subject: Option<(String, u64)> = None;
         let mut top_bytes = Vec::new();
         for layer in chain.layers() {
-            let (pushed, bytes) = push_layer(
-                &reg,
-                layer,
-                subject.take(),
-                mount_from.as_ref(),
-                opts,
-                &mut scratch,
-                &mut report,
-            )
-            .await?;
+            let (pushed, bytes) = p.layer(layer, subject.take()).await?;
             subject = Some((pushed.manifest_digest.clone(), pushed.manifest_size));
-            report.layers.push(pushed);
+            p.report.layers.push(pushed);
             top_bytes = bytes;
         }
+        drop(p);
         stage(opts, &format!("tagging {}", report.reference));
         reg.push_manifest(&reg.reference, top_bytes).await?;
         report.digest = subject.map(|s| s.0).unwrap_or_default();
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
-    })
+    });
+    digests.save();
+    r
 }
 
 fn stage(opts: &PushOptions, s: &str) {
@@ -227,144 +232,201 @@ fn stage(opts: &PushOptions, s: &str) {
     }
 }
 
-/// Push one layer's blobs and its OCI manifest (by digest). Returns the
-/// report and the manifest bytes.
-async fn push_layer(
-    reg: &Registry,
-    layer: &Layer,
-    subject: Option<(String, u64)>,
-    mount_from: Option<&oci_client::Reference>,
-    opts: &PushOptions,
-    scratch: &mut Scratch,
-    report: &mut PushReport,
-) -> Result<(PushedLayer, Vec<u8>), RegistryError> {
-    let mpath = layer.manifest_path();
-    let config = std::fs::read(&mpath).map_err(|e| io_err(&mpath, "read", e))?;
-    let config_digest = digest_of(&config);
-    if config_digest != format!("sha256:{}", layer.content_sha256) {
-        return Err(RegistryError::Chain(format!(
-            "{} changed since the chain was verified",
-            mpath.display()
-        )));
+/// One push in progress: the registry, the options, and what it has done.
+struct Pusher<'a> {
+    reg: &'a Registry,
+    opts: &'a PushOptions,
+    mount_from: Option<oci_client::Reference>,
+    scratch: Scratch,
+    cache: &'a mut DigestCache,
+    report: &'a mut PushReport,
+}
+
+impl Pusher<'_> {
+    /// Push one layer's blobs and its OCI manifest (by digest). Returns the
+    /// report and the manifest bytes.
+    async fn layer(
+        &mut self,
+        layer: &Layer,
+        subject: Option<(String, u64)>,
+    ) -> Result<(PushedLayer, Vec<u8>), RegistryError> {
+        let reg = self.reg;
+        let opts = self.opts;
+        let mpath = layer.manifest_path();
+        let config = std::fs::read(&mpath).map_err(|e| io_err(&mpath, "read", e))?;
+        let config_digest = digest_of(&config);
+        if config_digest != format!("sha256:{}", layer.content_sha256) {
+            return Err(RegistryError::Chain(format!(
+                "{} changed since the chain was verified",
+                mpath.display()
+            )));
+        }
+        let mut blobs = Vec::new();
+        let status = if reg.has_blob(&config_digest).await? {
+            BlobStatus::Present
+        } else {
+            reg.push_blob_bytes(config.clone()).await?;
+            BlobStatus::Sent
+        };
+        let n = config.len() as u64;
+        if status == BlobStatus::Sent {
+            self.report.bytes_sent += n;
+        } else {
+            self.report.bytes_skipped += n;
+        }
+        self.report.file_bytes += n;
+        self.report.blob_bytes += n;
+        blobs.push(PushedBlob {
+            file: MANIFEST_FILE.to_string(),
+            media_type: super::layout::CONFIG_MEDIA_TYPE.to_string(),
+            digest: config_digest,
+            size: config.len() as u64,
+            file_size: config.len() as u64,
+            status,
+        });
+        let mut descriptors = Vec::new();
+        for file in listed_files(&layer.manifest).into_iter().skip(1) {
+            let path = layer.dir.join(file);
+            let file_size = std::fs::symlink_metadata(&path)
+                .map_err(|e| io_err(&path, "stat", e))?
+                .len();
+            let cached = self.cache.get(&layer.name, file, opts.compression, &path);
+            let known = match &cached {
+                Some((h, size)) => {
+                    let digest = format!("sha256:{h}");
+                    reg.has_blob(&digest).await?.then_some((digest, *size))
+                }
+                None => None,
+            };
+            let (digest, size, send_path, status) = match known {
+                Some((digest, size)) => (digest, size, path.clone(), BlobStatus::Present),
+                None => {
+                    let (digest, size, send_path) = self.blob_of(layer, file, &path, file_size)?;
+                    let status = if cached.is_none() && reg.has_blob(&digest).await? {
+                        BlobStatus::Present
+                    } else if self.mount(&digest).await {
+                        BlobStatus::Mounted
+                    } else {
+                        self.upload(layer, file, &send_path, &digest, size).await?
+                    };
+                    (digest, size, send_path, status)
+                }
+            };
+            if send_path != path {
+                let _ = std::fs::remove_file(&send_path);
+            }
+            if status == BlobStatus::Sent {
+                self.report.bytes_sent += size;
+            } else {
+                self.report.bytes_skipped += size;
+            }
+            self.report.file_bytes += file_size;
+            self.report.blob_bytes += size;
+            descriptors.push((file, opts.compression, digest.clone(), size));
+            blobs.push(PushedBlob {
+                file: file.to_string(),
+                media_type: file_media_type(file, opts.compression).unwrap_or_default(),
+                digest,
+                size,
+                file_size,
+                status,
+            });
+        }
+        let art = ArtifactManifest::build(&layer.manifest, &config, &descriptors, subject);
+        let bytes = art.to_bytes();
+        let manifest_digest = digest_of(&bytes);
+        reg.push_manifest(&reg.at(&manifest_digest), bytes.clone())
+            .await?;
+        tracing::info!("pushed layer '{}' as {manifest_digest}", layer.name);
+        Ok((
+            PushedLayer {
+                name: layer.name.clone(),
+                manifest_digest,
+                manifest_size: bytes.len() as u64,
+                blobs,
+            },
+            bytes,
+        ))
     }
-    let mut blobs = Vec::new();
-    let status = if reg.has_blob(&config_digest).await? {
-        BlobStatus::Present
-    } else {
-        reg.push_blob_bytes(config.clone()).await?;
-        BlobStatus::Sent
-    };
-    let n = config.len() as u64;
-    if status == BlobStatus::Sent {
-        report.bytes_sent += n;
-    } else {
-        report.bytes_skipped += n;
+
+    /// Mount `digest` from `--mount-from`, if given; `true` if the registry did.
+    async fn mount(&self, digest: &str) -> bool {
+        match &self.mount_from {
+            Some(m) => self.reg.mount(m, digest).await,
+            None => false,
+        }
     }
-    report.file_bytes += n;
-    report.blob_bytes += n;
-    blobs.push(PushedBlob {
-        file: MANIFEST_FILE.to_string(),
-        media_type: super::layout::CONFIG_MEDIA_TYPE.to_string(),
-        digest: config_digest,
-        size: config.len() as u64,
-        file_size: config.len() as u64,
-        status,
-    });
-    let mut descriptors = Vec::new();
-    for file in listed_files(&layer.manifest).into_iter().skip(1) {
-        let path = layer.dir.join(file);
-        let file_size = std::fs::symlink_metadata(&path)
-            .map_err(|e| io_err(&path, "stat", e))?
-            .len();
-        let (digest_hex, size, send_path) = match opts.compression {
+
+    /// The blob of `layer/file` (at `path`, `file_size` bytes): its digest,
+    /// size and the file to send (the layer file, or its compressed copy in
+    /// the scratch directory), recorded in the digest cache.
+    fn blob_of(
+        &mut self,
+        layer: &Layer,
+        file: &'static str,
+        path: &Path,
+        file_size: u64,
+    ) -> Result<(String, u64, PathBuf), RegistryError> {
+        let opts = self.opts;
+        let t0 = DigestCache::now_ns();
+        let stamp = |p: &Path| -> Result<Stamp, RegistryError> {
+            Ok(Stamp::of(
+                &std::fs::symlink_metadata(p).map_err(|e| io_err(p, "stat", e))?,
+            ))
+        };
+        let before = stamp(path)?;
+        let (hex_digest, size, send) = match opts.compression {
             Compression::None => {
                 stage(opts, &format!("hashing {}/{file}", layer.name));
-                let f = std::fs::File::open(&path).map_err(|e| io_err(&path, "open", e))?;
+                let f = std::fs::File::open(path).map_err(|e| io_err(path, "open", e))?;
                 (
-                    hex(&sha256_open_file(&f, &path, file_size, None)?),
+                    hex(&sha256_open_file(&f, path, file_size, None)?),
                     file_size,
-                    path.clone(),
+                    path.to_path_buf(),
                 )
             }
             Compression::Zstd => {
                 stage(opts, &format!("compressing {}/{file}", layer.name));
                 let t = Instant::now();
-                let dst = scratch.dir()?.join(format!("{}-{file}.zst", layer.name));
-                let (d, s) = compress_file(&path, file_size, &dst)?;
-                report.compress_seconds += t.elapsed().as_secs_f64();
+                let dst = self
+                    .scratch
+                    .dir()?
+                    .join(format!("{}-{file}.zst", layer.name));
+                let (d, s) = compress_file(path, file_size, &dst)?;
+                self.report.compress_seconds += t.elapsed().as_secs_f64();
                 (d, s, dst)
             }
         };
-        let digest = format!("sha256:{digest_hex}");
-        let status = if reg.has_blob(&digest).await? {
-            BlobStatus::Present
-        } else if let Some(m) = mount_from {
-            if reg.mount(m, &digest).await {
-                BlobStatus::Mounted
-            } else {
-                upload(reg, layer, file, &send_path, &digest, size, opts, report).await?
-            }
-        } else {
-            upload(reg, layer, file, &send_path, &digest, size, opts, report).await?
-        };
-        if send_path != path {
-            let _ = std::fs::remove_file(&send_path);
-        }
-        if status == BlobStatus::Sent {
-            report.bytes_sent += size;
-        } else {
-            report.bytes_skipped += size;
-        }
-        report.file_bytes += file_size;
-        report.blob_bytes += size;
-        descriptors.push((file, opts.compression, digest.clone(), size));
-        blobs.push(PushedBlob {
-            file: file.to_string(),
-            media_type: file_media_type(file, opts.compression).unwrap_or_default(),
-            digest,
-            size,
-            file_size,
-            status,
-        });
+        let after = stamp(path)?;
+        self.cache.put(
+            &layer.name,
+            file,
+            opts.compression,
+            (before, after, t0),
+            (&hex_digest, size),
+        );
+        Ok((format!("sha256:{hex_digest}"), size, send))
     }
-    let art = ArtifactManifest::build(&layer.manifest, &config, &descriptors, subject);
-    let bytes = art.to_bytes();
-    let manifest_digest = digest_of(&bytes);
-    reg.push_manifest(&reg.at(&manifest_digest), bytes.clone())
-        .await?;
-    tracing::info!("pushed layer '{}' as {manifest_digest}", layer.name);
-    Ok((
-        PushedLayer {
-            name: layer.name.clone(),
-            manifest_digest,
-            manifest_size: bytes.len() as u64,
-            blobs,
-        },
-        bytes,
-    ))
-}
 
-/// Upload one file blob from `path`.
-#[allow(clippy::too_many_arguments)]
-async fn upload(
-    reg: &Registry,
-    layer: &Layer,
-    file: &'static str,
-    path: &Path,
-    digest: &str,
-    size: u64,
-    opts: &PushOptions,
-    report: &mut PushReport,
-) -> Result<BlobStatus, RegistryError> {
-    let tag = Tag {
-        layer: Arc::from(layer.name.as_str()),
-        file,
-        progress: opts.progress.clone(),
-    };
-    tag.report(0, size);
-    let t = Instant::now();
-    let stream = file_stream(path.to_path_buf(), size, tag)?;
-    reg.push_blob_stream(stream, digest, size).await?;
-    report.upload_seconds += t.elapsed().as_secs_f64();
-    Ok(BlobStatus::Sent)
+    /// Upload one file blob from `path`.
+    async fn upload(
+        &mut self,
+        layer: &Layer,
+        file: &'static str,
+        path: &Path,
+        digest: &str,
+        size: u64,
+    ) -> Result<BlobStatus, RegistryError> {
+        let tag = Tag {
+            layer: Arc::from(layer.name.as_str()),
+            file,
+            progress: self.opts.progress.clone(),
+        };
+        tag.report(0, size);
+        let t = Instant::now();
+        let stream = file_stream(path.to_path_buf(), size, tag)?;
+        self.reg.push_blob_stream(stream, digest, size).await?;
+        self.report.upload_seconds += t.elapsed().as_secs_f64();
+        Ok(BlobStatus::Sent)
+    }
 }
