@@ -217,6 +217,17 @@ def test_zstd_transport_and_pull_as(chain, registry, tmp_path):
         assert (store / "mine" / f).read_bytes() == (store_a / "d1" / f).read_bytes()
 
 
+def test_mount_from_another_repository_sends_nothing(chain, pushed, registry):
+    store_a, _ = chain
+    src = pushed[0].rsplit(":", 1)[0]
+    rep = vmstore_json(store_a, "push", "d1", f"{registry.host}/other/py:v1", "--plain-http", "--mount-from", src)
+    assert rep["bytes_sent"] == 0 and blobs(rep, "sent") == []
+    assert blobs(rep, "mounted"), rep
+    r = vmstore(store_a, "push", "d1", f"{registry.host}/other/py:v1", "--plain-http", "--mount-from",
+                "127.0.0.2:1/x", check=False)
+    assert r.returncode == 1 and "same registry" in r.stderr, r.stderr
+
+
 def test_basic_auth_from_registry_auth_file(chain, tmp_path):
     store_a, _ = chain
     with LocalRegistry(tmp_path / "auth-reg", users={"alice": "s3cret"}) as reg:

@@ -264,6 +264,8 @@ impl Pusher<'_> {
         let mut blobs = Vec::new();
         let status = if reg.has_blob(&config_digest).await? {
             BlobStatus::Present
+        } else if self.mount(&config_digest).await {
+            BlobStatus::Mounted
         } else {
             reg.push_blob_bytes(config.clone()).await?;
             BlobStatus::Sent
