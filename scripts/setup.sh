@@ -16,9 +16,10 @@ fi
 SUDO=
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 
-# docker-registry (CNCF distribution) and skopeo: the registry push/pull tests
-# and scripts/oci_bench.py run a throwaway local registry.
-apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo)
+# docker-registry (CNCF distribution), skopeo and openssl: the registry
+# push/pull tests and scripts/oci_bench.py run throwaway local registries
+# (one over HTTPS with a throwaway CA).
+apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo openssl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -49,13 +50,32 @@ def auth_file(path: Path, host: str, user: str, password: str) -> Path:
     return path
 
 
+def make_tls(root: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for IP 127.0.0.1 signed by it (openssl);
+    returns (ca.pem, cert.pem, key.pem)."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ignition-test-ca")
+    ssl("req", *ec, "-keyout", "key.pem", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1")
+    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                                  "extendedKeyUsage=serverAuth\n")
+    ssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "cert.pem", "-days", "2", "-extfile", "ext.cnf")
+    return root / "ca.pem", root / "cert.pem", root / "key.pem"
+
+
 class LocalRegistry:
     """`docker-registry serve CONFIG` on a free port of 127.0.0.1, storage under root/data.
-    With `users` ({name: password}), htpasswd basic auth. Stopped (and its process reaped) on exit."""
+    With `users` ({name: password}), htpasswd basic auth; with `tls`, HTTPS with a certificate
+    from a throwaway CA (self.ca: trust it with SSL_CERT_FILE). Stopped (and its process reaped)
+    on exit."""
 
-    def __init__(self, root: Path, users: dict[str, str] | None = None):
+    def __init__(self, root: Path, users: dict[str, str] | None = None, tls: bool = False):
         self.root = Path(root)
         self.users = users or {}
+        self.tls = tls
+        self.ca: Path | None = None
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -76,10 +96,16 @@ class LocalRegistry:
         self.root.mkdir(parents=True, exist_ok=True)
         lines = ["version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:",
                  f"    rootdirectory: {self.root / 'data'}", "http:", f"  addr: {self.host}"]
+        if self.tls:
+            self.ca, cert, key = make_tls(self.root)
+            lines += ["  tls:", f"    certificate: {cert}", f"    key: {key}"]
         if self.users:
             pw = self.root / "htpasswd"
             pw.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             lines += ["auth:", "  htpasswd:", "    realm: ignition-test", f"    path: {pw}"]
+        scheme, context = "http", None
+        if self.tls:
+            scheme, context = "https", ssl.create_default_context(cafile=str(self.ca))
         config = self.root / "config.yml"
         config.write_text("\n".join(lines) + "\n")
         log = open(self.root / "registry.log", "wb")
@@ -89,7 +115,7 @@ class LocalRegistry:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2).close()
+                urllib.request.urlopen(f"{scheme}://{self.host}/v2/", timeout=2, context=context).close()
                 return self
             except urllib.error.HTTPError as e:
                 if e.code == 401:

@@ -246,3 +246,18 @@ def test_basic_auth_from_registry_auth_file(chain, tmp_path):
         assert r.returncode == 1 and "refused access" in r.stderr and ref in r.stderr, r.stderr
         got = vmstore_json(store, "pull", ref, "--plain-http", env=environ_with_auth(good))
         assert got["name"] == "d1" and layer_names(store) == ["d1", "golden"]
+
+
+def test_https_by_default(chain, tmp_path):
+    """A registry with a certificate from a throwaway CA: refused until the CA is trusted
+    (SSL_CERT_FILE), then push and pull over HTTPS without --plain-http."""
+    store_a, _ = chain
+    with LocalRegistry(tmp_path / "tls-reg", tls=True) as reg:
+        ref = f"{reg.host}/secure/py:v1"
+        r = vmstore(store_a, "push", "d1", ref, check=False)
+        assert r.returncode == 1 and "https://" in r.stderr and "certificate" in r.stderr, r.stderr
+        env = environ_with_auth(None)
+        env["SSL_CERT_FILE"] = str(reg.ca)
+        vmstore(store_a, "push", "d1", ref, env=env)
+        got = vmstore_json(tmp_path / "G", "pull", ref, env=env)
+        assert got["name"] == "d1" and [l["status"] for l in got["layers"]] == ["pulled", "pulled"]

@@ -44,6 +44,22 @@ pub(crate) fn parse_reference(reference: &str) -> Result<Reference, RegistryErro
         .map_err(|e| bad(e.to_string()))
 }
 
+/// `e` and its sources, `: `-separated (an HTTP client's "error sending
+/// request" says why only in its sources: refused connection, TLS).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let t = s.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        cur = s.source();
+    }
+    msg
+}
+
 fn is_auth_error(e: &OciDistributionError) -> bool {
     match e {
         OciDistributionError::AuthenticationFailure(_)
@@ -122,12 +138,12 @@ impl Registry {
                 op: op.to_string(),
                 credential: self.credential,
                 from: self.from.clone(),
-                msg: e.to_string(),
+                msg: chain(&e),
             };
         }
         RegistryError::Registry {
             op: op.to_string(),
-            msg: e.to_string(),
+            msg: chain(&e),
         }
     }
 

@@ -196,7 +196,11 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("VMSTORE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The TLS verifier logs the failure the error message
+                // already gives.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,rustls_platform_verifier=off")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();
