@@ -437,3 +437,70 @@ async fn download(
     }
     Ok((got.received, got.file_size))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests::sample;
+    use crate::manifest::DiskEntry;
+    use crate::oci::layout::{digest_of, Descriptor};
+
+    fn blob(file: &'static str, compression: Compression, size: u64) -> FileBlob {
+        FileBlob {
+            file,
+            compression,
+            descriptor: Descriptor {
+                media_type: String::new(),
+                digest: digest_of(file.as_bytes()),
+                size,
+                annotations: Default::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn the_blobs_must_be_the_files_the_manifest_lists() {
+        let mut m = sample(LayerKind::Full);
+        m.disk = None;
+        let (mem, state) = (m.memory.size, m.state.size);
+        let ok = [
+            blob(MEMORY_FILE, Compression::None, mem),
+            blob(STATE_FILE, Compression::None, state),
+        ];
+        check_files(&m, &ok, "x").unwrap();
+        // A compressed blob may have any size; an uncompressed one must be the file's.
+        check_files(
+            &m,
+            &[blob(MEMORY_FILE, Compression::Zstd, 7), ok[1].clone()],
+            "x",
+        )
+        .unwrap();
+        let e = check_files(
+            &m,
+            &[blob(MEMORY_FILE, Compression::None, mem - 1), ok[1].clone()],
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("memory.bin") && e.contains(&format!("gives {mem}")),
+            "{e}"
+        );
+        // The manifest lists a disk the artifact does not carry.
+        m.disk = Some(DiskEntry {
+            size: 1 << 20,
+            chunk_size: 1 << 18,
+            sha256: "00".repeat(32),
+        });
+        let e = check_files(&m, &ok, "layer@d").unwrap_err().to_string();
+        assert!(e.contains("layer@d") && e.contains("disk.img"), "{e}");
+        let with_disk = [
+            ok[0].clone(),
+            ok[1].clone(),
+            blob(DISK_FILE, Compression::None, 1 << 20),
+            blob(DISK_CHUNKS_FILE, Compression::None, 72 + 32 * 4),
+        ];
+        check_files(&m, &with_disk, "x").unwrap();
+        assert_eq!(file_size(&m, DISK_CHUNKS_FILE), 72 + 32 * 4);
+    }
+}
