@@ -212,6 +212,12 @@ def test_zstd_transport_and_pull_as(chain, registry, tmp_path):
     assert layer_names(store) == ["golden", "mine"]
     v = vmstore_json(store, "verify", "mine")
     assert v["ok"] is True and v["snapshots"][0]["chain"] == "golden -> mine"
+    # The same registry layers under the same name are found present; a name
+    # taken below the top is refused before anything is fetched.
+    again = vmstore_json(store, "pull", ref, "--plain-http", "--as", "mine")
+    assert [l["status"] for l in again["layers"]] == ["present", "present"]
+    r = vmstore(store, "pull", ref, "--plain-http", "--as", "golden", check=False)
+    assert r.returncode == 1 and "already has a layer 'golden' below its top" in r.stderr, r.stderr
     # Only the top layer's name changed; its files are d1's.
     for f in ("memory.bin", "state.bin"):
         assert (store / "mine" / f).read_bytes() == (store_a / "d1" / f).read_bytes()

@@ -108,9 +108,13 @@ pub fn pull(
         stage(opts, &format!("resolving {reference}"));
         let mut chain = fetch_chain(&reg).await?;
         if let Some(new) = &opts.rename_top {
-            let top = chain
-                .last_mut()
-                .ok_or_else(|| RegistryError::Chain("empty chain".into()))?;
+            let below = chain.len() - 1;
+            if chain[..below].iter().any(|r| r.manifest.name == *new) {
+                return Err(RegistryError::Chain(format!(
+                    "--as {new}: the chain at {reference} already has a layer '{new}' below its top"
+                )));
+            }
+            let top = &mut chain[below];
             if top.manifest.name != *new {
                 top.manifest.name = new.clone();
                 top.manifest.seal();
@@ -138,7 +142,7 @@ pub fn pull(
         // pull before anything is committed.
         let mut pending: Vec<(LayerImport, String)> = Vec::new();
         let t = Instant::now();
-        for r in &chain {
+        for (i, r) in chain.iter().enumerate() {
             let name = &r.manifest.name;
             let content = hex(&sha256(&r.config));
             let mut pl = PulledLayer {
@@ -157,8 +161,13 @@ pub fn pull(
                     report.layers.push(pl);
                     continue;
                 }
+                let hint = if i + 1 == chain.len() {
+                    "remove it, or pull the top layer under another name with --as"
+                } else {
+                    "remove it, or pull into another store (--store)"
+                };
                 return Err(RegistryError::Chain(format!(
-                    "snapshot '{name}' is already in store {} with other content (content hash {}, the registry's is {content}); remove it, or pull under another name with --as",
+                    "snapshot '{name}' is already in store {} with other content (content hash {}, the registry's is {content}); {hint}",
                     store.root().display(),
                     have.content_sha256
                 )));
