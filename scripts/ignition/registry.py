@@ -67,14 +67,17 @@ def make_tls(root: Path) -> tuple[Path, Path, Path]:
 
 class LocalRegistry:
     """`docker-registry serve CONFIG` on a free port of 127.0.0.1, storage under root/data.
-    With `users` ({name: password}), htpasswd basic auth; with `tls`, HTTPS with a certificate
+    With `users` ({name: password}), htpasswd basic auth; with `token` (a TokenServer), bearer
+    tokens from it; with `tls`, HTTPS with a certificate
     from a throwaway CA (self.ca: trust it with SSL_CERT_FILE). Stopped (and its process reaped)
     on exit."""
 
-    def __init__(self, root: Path, users: dict[str, str] | None = None, tls: bool = False):
+    def __init__(self, root: Path, users: dict[str, str] | None = None, tls: bool = False,
+                 token: TokenServer | None = None):
         self.root = Path(root)
         self.users = users or {}
         self.tls = tls
+        self.token = token
         self.ca: Path | None = None
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -103,6 +106,8 @@ class LocalRegistry:
             pw = self.root / "htpasswd"
             pw.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             lines += ["auth:", "  htpasswd:", "    realm: ignition-test", f"    path: {pw}"]
+        elif self.token:
+            lines += self.token.config_lines()
         scheme, context = "http", None
         if self.tls:
             scheme, context = "https", ssl.create_default_context(cafile=str(self.ca))
@@ -158,3 +163,102 @@ def environ_with_auth(path: Path | None) -> dict:
     else:
         env["REGISTRY_AUTH_FILE"] = str(path)
     return env
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _der_ecdsa_to_raw(der: bytes) -> bytes:
+    """An ECDSA signature from DER (SEQUENCE of two INTEGERs) to JWS's r || s, 32 bytes each."""
+    assert der[0] == 0x30
+    i = 2 if der[1] < 0x80 else 2 + (der[1] & 0x7F)
+    out = b""
+    for _ in range(2):
+        assert der[i] == 0x02
+        n = der[i + 1]
+        out += der[i + 2:i + 2 + n].lstrip(b"\0").rjust(32, b"\0")
+        i += 2 + n
+    return out
+
+
+class TokenServer:
+    """A token server for distribution's bearer-token authentication (distribution's
+    `token.md`): a client that presents `users`' basic credentials at GET /token gets a JWT
+    (ES256, signed with openssl, the signing certificate in its x5c header) granting what it
+    asked for. Serve it with LocalRegistry(token=server)."""
+
+    SERVICE = "ignition-test-registry"
+    ISSUER = "ignition-test-issuer"
+
+    def __init__(self, root: Path, users: dict[str, str]):
+        import http.server
+        import threading
+        import urllib.parse
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.users = users
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-keyout", "token.key", "-out", "token.pem", "-days", "2", "-subj",
+                        "/CN=ignition-test-token"], cwd=self.root, check=True, capture_output=True)
+        self.cert = self.root / "token.pem"
+        der = subprocess.run(["openssl", "x509", "-in", "token.pem", "-outform", "DER"], cwd=self.root,
+                             check=True, capture_output=True).stdout
+        self.x5c = base64.b64encode(der).decode()
+        self.issued: list[str] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urllib.parse.urlparse(self.path)
+                q = urllib.parse.parse_qs(url.query)
+                auth = self.headers.get("Authorization", "")
+                who = None
+                if auth.startswith("Basic "):
+                    user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
+                    if server.users.get(user) == pw:
+                        who = user
+                if url.path != "/token" or who is None:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                token = server.token(who, q.get("scope", []))
+                body = json.dumps({"token": token, "access_token": token, "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self.httpd.server_address[1]}/token"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def token(self, user: str, scopes: list[str]) -> str:
+        access = []
+        for scope in " ".join(scopes).split():
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "ES256", "x5c": [self.x5c]}
+        claims = {"iss": self.ISSUER, "sub": user, "aud": self.SERVICE, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": os.urandom(8).hex(), "access": access}
+        signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.root / "token.key")],
+                             input=signing_input.encode(), check=True, capture_output=True).stdout
+        self.issued.append(user)
+        return f"{signing_input}.{_b64url(_der_ecdsa_to_raw(der))}"
+
+    def config_lines(self) -> list[str]:
+        return ["auth:", "  token:", f"    realm: {self.realm}", f"    service: {self.SERVICE}",
+                f"    issuer: {self.ISSUER}", f"    rootcertbundle: {self.cert}"]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -9,8 +9,11 @@ and restored from there, and the guest's files are checked; then d4 is pushed
 and only d4's blobs are sent; a corrupted and a truncated blob in the
 registry's storage are refused naming digest and layer with nothing
 committed; a pull killed with SIGKILL while receiving leaves a store that
-verifies, and pulling again completes; zstd transport and --as; basic auth
-through REGISTRY_AUTH_FILE, and wrong or missing credentials refused clearly.
+verifies, and pulling again completes; zstd transport and --as;
+--mount-from; basic auth through REGISTRY_AUTH_FILE, with wrong or missing
+credentials refused clearly; bearer tokens from a token server
+(distribution's token authentication) and given directly; HTTPS by default
+against a registry whose certificate comes from a throwaway CA.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pexpect
 import pytest
 
 from ignition import paths
-from ignition.registry import REGISTRY_BIN, LocalRegistry, auth_file, environ_with_auth
+from ignition.registry import REGISTRY_BIN, LocalRegistry, TokenServer, auth_file, environ_with_auth
 from ignition.store import layer_names, work_entries
 from ignition.vm import Vm
 
@@ -252,6 +255,29 @@ def test_basic_auth_from_registry_auth_file(chain, tmp_path):
         assert r.returncode == 1 and "refused access" in r.stderr and ref in r.stderr, r.stderr
         got = vmstore_json(store, "pull", ref, "--plain-http", env=environ_with_auth(good))
         assert got["name"] == "d1" and layer_names(store) == ["d1", "golden"]
+
+
+def test_bearer_token_registry(chain, tmp_path):
+    """distribution's token authentication: the registry answers with a bearer challenge, the
+    user name and password from the auth file are exchanged for a JWT at the token server; a
+    bearer token given directly (`registrytoken`) works too; anonymous access is refused."""
+    store_a, _ = chain
+    tokens = TokenServer(tmp_path / "token", {"carol": "pw"})
+    try:
+        with LocalRegistry(tmp_path / "token-reg", token=tokens) as reg:
+            ref = f"{reg.host}/tok/py:v1"
+            creds = auth_file(tmp_path / "creds.json", reg.host, "carol", "pw")
+            vmstore(store_a, "push", "d1", ref, "--plain-http", env=environ_with_auth(creds))
+            assert "carol" in tokens.issued
+            r = vmstore(tmp_path / "H", "pull", ref, "--plain-http", env=environ_with_auth(None), check=False)
+            assert r.returncode == 1 and "refused access with anonymous credentials" in r.stderr, r.stderr
+            token = tokens.token("carol", ["repository:tok/py:pull"])
+            bearer = tmp_path / "bearer.json"
+            bearer.write_text(json.dumps({"auths": {reg.host: {"registrytoken": token}}}))
+            got = vmstore_json(tmp_path / "H", "pull", ref, "--plain-http", env=environ_with_auth(bearer))
+            assert got["name"] == "d1" and layer_names(tmp_path / "H") == ["d1", "golden"]
+    finally:
+        tokens.close()
 
 
 def test_https_by_default(chain, tmp_path):
