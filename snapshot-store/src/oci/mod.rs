@@ -184,10 +184,13 @@ pub(crate) fn io_err(
     }
 }
 
-/// Run `fut` to completion on a new tokio current-thread runtime.
+/// Run `fut` to completion on a new tokio current-thread runtime, with
+/// ring as the process's TLS crypto provider (unless one is installed).
 pub(crate) fn block_on<T>(
     fut: impl std::future::Future<Output = Result<T, RegistryError>>,
 ) -> Result<T, RegistryError> {
+    // Fails only if a provider is already installed, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
