@@ -16,7 +16,10 @@ fi
 SUDO=
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 
-apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt)
+# docker-registry (CNCF distribution), skopeo and openssl: the registry
+# push/pull tests and scripts/oci_bench.py run throwaway local registries
+# (one over HTTPS with a throwaway CA).
+apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo openssl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +33,8 @@ fi
 py_missing=()
 python3 -c 'import pytest' 2>/dev/null || py_missing+=(pytest)
 python3 -c 'import pexpect' 2>/dev/null || py_missing+=(pexpect)
+# bcrypt: the htpasswd line of the basic-auth registry in test_oci_e2e.py.
+python3 -c 'import bcrypt' 2>/dev/null || py_missing+=(bcrypt)
 # maturin builds the vmstore Python module (snapshot-store/python); pip's
 # isolated build fetches its own copy, this one is for `maturin develop`.
 command -v maturin >/dev/null || py_missing+=("maturin>=1.9,<2")

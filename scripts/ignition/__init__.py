@@ -8,6 +8,8 @@ Modules:
   loglines   the VMM's log lines: pexpect patterns and parsers to numbers
   timeouts   the one timeout policy, scaled by backend
   store      a snapshot store on disk: layers, work directories, `vmstore`, sizes
+  registry   a throwaway OCI registry on 127.0.0.1 (docker-registry), optional
+             htpasswd basic auth, auth files, for vmstore push/pull
   guest      the built guest: missing files, disk copies, in-guest probes
   qemu       the reference boot under qemu-system-aarch64
   conformance

@@ -114,6 +114,7 @@ RUN = [
     "scripts/conformance.py --groups sgi,vtimer -v",
     "guest/conformance/build.sh --out DIR",
     "scripts/net_bench.py --runs 1 --mib 8",
+    "scripts/oci_bench.py --full-mib 64 --runs 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -124,6 +125,12 @@ EXCEPTIONS = {
     "scripts/snapshot_bench.py": "the full benchmark (about 10 minutes); the same script runs with --mem 512 --runs 1",
     "scripts/conformance.py": "every group; the CI test runs them all (test_conformance.py) and this script "
                               "with two groups",
+    "vmstore push golden+3 localhost:5000/sandboxes/py:v1 --plain-http": "needs a registry at localhost:5000; "
+        "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
+    "vmstore --store vmstore pull localhost:5000/sandboxes/py:v1 --plain-http": "needs that registry; "
+        "test_oci_e2e.py pulls the same way from its own registry into an empty store",
+    "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
+    "scripts/oci_bench.py": "the full benchmark (a few minutes); the same script runs with --full-mib 64 --runs 1",
 }
 
 

@@ -285,6 +285,20 @@ pub struct LayerMeta {
 }
 
 impl LayerMeta {
+    /// The metadata a layer with manifest `m` was written with.
+    pub(crate) fn of_manifest(m: &Manifest) -> LayerMeta {
+        LayerMeta {
+            parent: m.parent.clone(),
+            page_size: m.page_size,
+            ram_base_gpa: m.ram_base_gpa,
+            ram_size: m.ram_size,
+            vcpus: m.vcpus,
+            backend: m.backend.clone(),
+            gic_mode: m.gic_mode.clone(),
+            creator: m.creator.clone(),
+        }
+    }
+
     /// Diff if there is a parent, full otherwise.
     fn kind(&self) -> LayerKind {
         if self.parent.is_some() {

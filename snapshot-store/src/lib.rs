@@ -35,7 +35,8 @@
 //!
 //! Everything read from a store is untrusted: reads are bounded, lengths and
 //! offsets checked, versions compared, and every error names the file.
-//! Nothing here measures time; callers time the stages they care about.
+//! Nothing here measures time (callers time the stages they care about),
+//! except the registry transfers of [`oci`], whose reports give durations.
 
 // The modules in layers, bottom first, one group per layer. A module
 // imports only from modules of the groups above its own, and names the
@@ -84,6 +85,13 @@ mod writer;
 // Squash: verify, map and write.
 mod squash;
 
+// Importing a layer made elsewhere: verify, then commit as a snapshot.
+mod import;
+
+// Layers as OCI artifacts in a registry: push and pull.
+#[cfg(feature = "registry")]
+pub mod oci;
+
 pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
 pub use chunks::{
     check_chunk_geometry, disk_chunk_count, disk_chunks_file_size, disk_digest, encode_disk_chunks,
@@ -105,6 +113,7 @@ pub use hash::{
     hex, memory_digest, sha256, MemoryDigest, Sha256Digest, MEMORY_CHUNK_SIZE, PROGRESS_MIN_BYTES,
     PROGRESS_STEP_BYTES,
 };
+pub use import::{listed_files, LayerImport};
 pub use layer::{Chain, Layer, LayerMeta};
 pub use manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,

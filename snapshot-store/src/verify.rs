@@ -503,7 +503,7 @@ pub fn verify_chain_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain, false, progress, &SystemClock)
+    verify_chain_impl(chain.layers(), false, progress, &SystemClock)
 }
 
 /// [`verify_chain`] for the restore path, at a cost that does not grow
@@ -532,19 +532,35 @@ pub fn verify_chain_cached_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain, true, progress, &SystemClock)
+    verify_chain_impl(chain.layers(), true, progress, &SystemClock)
 }
 
-/// [`verify_chain`] (`use_cache` false) or [`verify_chain_cached`], with
-/// the stamps that may be recorded judged by `clock`.
-fn verify_chain_impl(
+/// [`verify_chain`] of the top layer of `chain` only (a layer being
+/// imported, whose parents are already in the store): every check of its
+/// files, hashing all of them; its link to its parent was checked when the
+/// chain was built. Records its `verified.json`.
+pub(crate) fn verify_top_layer(
     chain: &Chain,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<VerifyReport> {
+    verify_chain_impl(
+        std::slice::from_ref(chain.top()),
+        false,
+        progress,
+        &SystemClock,
+    )
+}
+
+/// [`verify_chain`] (`use_cache` false) or [`verify_chain_cached`] of the
+/// layers of a chain, with the stamps that may be recorded judged by
+/// `clock`.
+fn verify_chain_impl(
+    layers: &[Layer],
     use_cache: bool,
     progress: Option<ProgressFn<'_>>,
     clock: &dyn Clock,
 ) -> Result<VerifyReport> {
     // Parent links were checked when the chain was built (`Chain::new`).
-    let layers = chain.layers();
     let mut jobs = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
         layer_checks(layer, i, &mut jobs)?;
@@ -678,22 +694,27 @@ mod tests {
         let chain = s.resolve("g").unwrap();
         // Files changed just before the clock read: verified, but not
         // recorded (a change in the same clock tick would keep the ctime).
-        let r = verify_chain_impl(&chain, false, None, &FakeClock::at(newest + 1_000_000));
+        let r = verify_chain_impl(
+            chain.layers(),
+            false,
+            None,
+            &FakeClock::at(newest + 1_000_000),
+        );
         assert_eq!(r.unwrap().files_hashed, 3);
         assert!(recorded(&s).is_empty());
         // A clock behind the files' ctimes (stepped back): not recorded.
         let behind = FakeClock::at(newest - 1_000_000_000);
-        verify_chain_impl(&chain, false, None, &behind).unwrap();
+        verify_chain_impl(chain.layers(), false, None, &behind).unwrap();
         assert!(recorded(&s).is_empty());
         // Settled: every file is recorded, and a cached verification then
         // hashes nothing.
         let later = FakeClock::at(newest + 3_000_000_000);
-        verify_chain_impl(&chain, false, None, &later).unwrap();
+        verify_chain_impl(chain.layers(), false, None, &later).unwrap();
         assert_eq!(recorded(&s), [MANIFEST_FILE, MEMORY_FILE, STATE_FILE]);
-        let r = verify_chain_impl(&chain, true, None, &later).unwrap();
+        let r = verify_chain_impl(chain.layers(), true, None, &later).unwrap();
         assert_eq!((r.files_cached, r.files_hashed), (3, 0), "{r:?}");
         // The full verification never trusts the cache.
-        let r = verify_chain_impl(&chain, false, None, &later).unwrap();
+        let r = verify_chain_impl(chain.layers(), false, None, &later).unwrap();
         assert_eq!((r.files_cached, r.files_hashed), (0, 3), "{r:?}");
     }
 }

@@ -113,18 +113,7 @@ impl Store {
                 store: self.root().to_path_buf(),
             });
         }
-        let pid = std::process::id();
-        let mut tries = 0;
-        let tmp = loop {
-            let tmp = self
-                .root()
-                .join(format!("{TMP_PREFIX}{name}-{pid}-{:016x}", nonce()));
-            match std::fs::create_dir(&tmp) {
-                Ok(()) => break tmp,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
-                Err(e) => return Err(Error::io(&tmp, "create work directory", e)),
-            }
-        };
+        let tmp = create_work_dir(self.root(), name)?;
         Ok(SnapshotWriter {
             root: self.root().to_path_buf(),
             name: name.to_string(),
@@ -136,6 +125,68 @@ impl Store {
             finished: false,
         })
     }
+}
+
+/// Create the work directory `.tmp-NAME-PID-NONCE` for the layer `name`
+/// in the store directory `root`.
+pub(crate) fn create_work_dir(root: &Path, name: &str) -> Result<PathBuf> {
+    let pid = std::process::id();
+    let mut tries = 0;
+    loop {
+        let tmp = root.join(format!("{TMP_PREFIX}{name}-{pid}-{:016x}", nonce()));
+        match std::fs::create_dir(&tmp) {
+            Ok(()) => return Ok(tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
+            Err(e) => return Err(Error::io(&tmp, "create work directory", e)),
+        }
+    }
+}
+
+/// The last steps of a commit (FORMAT.md, "Writing", steps 4 to 7), once
+/// every file of the layer `name` is in the work directory `tmp`, read-only
+/// and fsynced: fsync `tmp`, check that the parent named by `meta` is still
+/// in the store with its content hash, rename `tmp` to `NAME` without
+/// replacing anything, fsync the store directory (on failure the layer is
+/// taken back out). Sets `*renamed` once `tmp` is gone (renamed into place
+/// or taken back out). Returns the layer's directory.
+pub(crate) fn publish(
+    root: &Path,
+    tmp: &Path,
+    name: &str,
+    meta: &LayerMeta,
+    renamed: &mut bool,
+) -> Result<PathBuf> {
+    sync_dir(tmp)?;
+    // The parent may have been removed while we were writing.
+    let store = Store::open(root)?;
+    check_parent(&store, name, meta)?;
+
+    let dst = root.join(name);
+    match rename_noreplace(tmp, &dst) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::Exists {
+                name: name.to_string(),
+                store: root.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(Error::io(tmp, "rename into place", e)),
+    }
+    *renamed = true;
+    if let Err(e) = sync_dir(root) {
+        // Not known to be durable: take it back out rather than leave a
+        // layer that may vanish on power loss.
+        let doomed = root.join(format!(
+            "{DEL_PREFIX}{name}-{}-{:016x}",
+            std::process::id(),
+            nonce()
+        ));
+        if std::fs::rename(&dst, &doomed).is_ok() {
+            let _ = std::fs::remove_dir_all(&doomed);
+        }
+        return Err(e);
+    }
+    Ok(dst)
 }
 
 /// Write all of `bufs` with vectored writes.
@@ -487,38 +538,13 @@ impl SnapshotWriter {
                 VERIFIED_FILE
             );
         }
-        sync_dir(&self.tmp)?;
-
-        // The parent may have been removed while we were writing.
-        let store = Store::open(&self.root)?;
-        check_parent(&store, &self.name, &self.meta)?;
-
-        let dst = self.root.join(&self.name);
-        match rename_noreplace(&self.tmp, &dst) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(Error::Exists {
-                    name: self.name.clone(),
-                    store: self.root.clone(),
-                })
-            }
-            Err(e) => return Err(Error::io(&self.tmp, "rename into place", e)),
-        }
-        self.finished = true;
-        if let Err(e) = sync_dir(&self.root) {
-            // Not known to be durable: take it back out rather than leave a
-            // layer that may vanish on power loss.
-            let doomed = self.root.join(format!(
-                "{DEL_PREFIX}{}-{}-{:016x}",
-                self.name,
-                std::process::id(),
-                nonce()
-            ));
-            if std::fs::rename(&dst, &doomed).is_ok() {
-                let _ = std::fs::remove_dir_all(&doomed);
-            }
-            return Err(e);
-        }
+        let dst = publish(
+            &self.root,
+            &self.tmp,
+            &self.name,
+            &self.meta,
+            &mut self.finished,
+        )?;
         let files = files
             .iter()
             .map(|(f, h)| (f.to_string(), h.to_string()))

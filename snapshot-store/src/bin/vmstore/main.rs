@@ -1,6 +1,8 @@
 //! `vmstore`: manage an Ignition snapshot store.
 
 mod du;
+#[cfg(feature = "registry")]
+mod registry;
 mod tree;
 
 use std::io::Write;
@@ -127,9 +129,81 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Push a chain to an OCI registry: each layer one OCI artifact
+    /// (artifactType application/vnd.ignition.layer.v1; the layer's
+    /// manifest.json as config, each file a blob, a diff's parent as its
+    /// subject), base first, then REF tagged with the top layer. Blobs the
+    /// repository already has are not sent. The chain is verified first.
+    /// Credentials: the auths map of $REGISTRY_AUTH_FILE, else
+    /// $DOCKER_CONFIG/config.json, else ~/.docker/config.json. Progress on
+    /// stderr when it is a terminal.
+    #[cfg(feature = "registry")]
+    Push {
+        /// Snapshot spec (NAME or NAME+N): the chain to push.
+        spec: String,
+        /// Where: REGISTRY/REPOSITORY[:TAG] (tag latest if none), e.g.
+        /// localhost:5000/sandboxes/py:v1.
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// Compress each file blob (media type suffix +zstd; level 3).
+        #[arg(long, value_name = "ALGO", value_parser = ["zstd", "none"])]
+        compress: Option<String>,
+        /// Mount missing blobs from this repository of the same registry
+        /// (REGISTRY/REPOSITORY) before uploading them.
+        #[arg(long, value_name = "REPO")]
+        mount_from: Option<String>,
+        /// Plain HTTP instead of HTTPS (a local registry).
+        #[arg(long)]
+        plain_http: bool,
+        /// One JSON object instead of text: {reference, digest,
+        /// compression, layers: [{name, manifest_digest, manifest_size,
+        /// blobs: [{file, media_type, digest, size, file_size, status:
+        /// sent|present|mounted}]}], bytes_sent, bytes_skipped, file_bytes,
+        /// blob_bytes, compression_ratio, compress_seconds, upload_seconds,
+        /// seconds} (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pull a chain from an OCI registry into the store (created if
+    /// missing): follows each layer's subject down to its full layer, skips
+    /// the layers the store already has (same content hash), downloads the
+    /// others into work directories checking every blob's digest, then
+    /// verifies and commits each layer as a snapshot, base first. A blob
+    /// that fails its digest stops the pull with nothing committed.
+    #[cfg(feature = "registry")]
+    Pull {
+        /// REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:DIGEST.
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// Store the top layer under this name (its manifest.json is
+        /// rewritten with it, so its content hash changes).
+        #[arg(long = "as", value_name = "NAME")]
+        rename: Option<String>,
+        /// Plain HTTP instead of HTTPS (a local registry).
+        #[arg(long)]
+        plain_http: bool,
+        /// One JSON object instead of text: {reference, digest, name,
+        /// layers: [{name, manifest_digest, content_sha256, status:
+        /// pulled|present, bytes_received, file_bytes, compression}],
+        /// bytes_received, file_bytes, compression_ratio,
+        /// download_seconds, commit_seconds, seconds} (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VMSTORE_LOG")
+                // The TLS verifier logs the failure the error message
+                // already gives.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,rustls_platform_verifier=off")
+                }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -169,6 +243,23 @@ fn progress(p: Progress<'_>) {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "registry")]
+    if let Cmd::Pull {
+        reference,
+        rename,
+        plain_http,
+        json,
+    } = &cli.cmd
+    {
+        let store = Store::create(&cli.store)?;
+        let conn = snapshot_store::oci::Connection {
+            plain_http: *plain_http,
+            credential: None,
+        };
+        let mut out = std::io::stdout().lock();
+        registry::pull(&store, reference, rename.clone(), conn, *json, &mut out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let store = Store::open(&cli.store)?;
     let mut out = std::io::stdout().lock();
     match cli.cmd {
@@ -498,5 +589,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "registry")]
+        Cmd::Push {
+            spec,
+            reference,
+            compress,
+            mount_from,
+            plain_http,
+            json,
+        } => {
+            let conn = snapshot_store::oci::Connection {
+                plain_http,
+                credential: None,
+            };
+            let opts = snapshot_store::oci::PushOptions {
+                connection: conn,
+                compression: match compress.as_deref() {
+                    Some("zstd") => snapshot_store::oci::Compression::Zstd,
+                    _ => snapshot_store::oci::Compression::None,
+                },
+                mount_from,
+                progress: None,
+            };
+            registry::push(&store, &spec, &reference, opts, json, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "registry")]
+        Cmd::Pull { .. } => unreachable!("pull is handled before the store is opened"),
     }
 }

@@ -1,0 +1,269 @@
+//! `vmstore push` and `vmstore pull`: the progress line and the reports.
+
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use snapshot_store::oci::{self, BlobStatus, Compression, Connection, Event, EventFn};
+use snapshot_store::Store;
+
+use super::mib;
+
+/// Least time between two redraws of the progress line.
+const REDRAW: Duration = Duration::from_millis(100);
+
+struct Line {
+    start: Instant,
+    last: Option<Instant>,
+    key: String,
+    width: usize,
+}
+
+/// `"2.0 s"`, `"1 min 05 s"`.
+fn eta(secs: f64) -> String {
+    if !secs.is_finite() {
+        return "?".into();
+    }
+    let s = secs.round() as u64;
+    if s < 60 {
+        format!("{s} s")
+    } else {
+        format!("{} min {:02} s", s / 60, s % 60)
+    }
+}
+
+/// A progress callback drawing one line on stderr (bytes, rate, ETA) when
+/// stderr is a terminal, or `None` (quiet) when it is not.
+pub fn progress(verb: &'static str) -> Option<EventFn> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let line = Mutex::new(Line {
+        start: Instant::now(),
+        last: None,
+        key: String::new(),
+        width: 0,
+    });
+    Some(Arc::new(move |e: Event<'_>| {
+        let mut l = line.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let text = match e {
+            Event::Stage(s) => format!("vmstore: {s}"),
+            Event::Bytes {
+                layer,
+                file,
+                done,
+                total,
+            } => {
+                let key = format!("{layer}/{file}");
+                if key != l.key {
+                    l.key = key;
+                    l.start = now;
+                    l.last = None;
+                }
+                let redraw = l.last.is_none_or(|t| now - t >= REDRAW) || done == total;
+                if !redraw {
+                    return;
+                }
+                let secs = (now - l.start).as_secs_f64().max(1e-3);
+                let rate = done as f64 / secs;
+                let left = if rate > 0.0 {
+                    (total - done.min(total)) as f64 / rate
+                } else {
+                    f64::INFINITY
+                };
+                format!(
+                    "vmstore: {verb} {}: {} of {} ({:.0}%), {}/s, ETA {}",
+                    l.key,
+                    mib(done),
+                    mib(total),
+                    if total == 0 {
+                        100.0
+                    } else {
+                        100.0 * done as f64 / total as f64
+                    },
+                    mib(rate as u64),
+                    eta(left)
+                )
+            }
+        };
+        l.last = Some(now);
+        let pad = l.width.saturating_sub(text.len());
+        l.width = text.len();
+        let mut err = std::io::stderr().lock();
+        let end = if matches!(e, Event::Stage(_)) {
+            "\n"
+        } else {
+            ""
+        };
+        let _ = write!(err, "\r{text}{:pad$}{end}", "");
+        if !end.is_empty() {
+            l.width = 0;
+        }
+        let _ = err.flush();
+    }))
+}
+
+/// Ends the progress line, if one was drawn.
+fn end_line(p: &Option<EventFn>) {
+    if p.is_some() {
+        eprintln!();
+    }
+}
+
+/// `vmstore push`.
+pub fn push(
+    store: &Store,
+    spec: &str,
+    reference: &str,
+    mut opts: oci::PushOptions,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let progress = progress("sending");
+    opts.progress = progress.clone();
+    let r = oci::push(store, spec, reference, &opts);
+    end_line(&progress);
+    let r = r?;
+    let ratio = if r.blob_bytes > 0 {
+        r.file_bytes as f64 / r.blob_bytes as f64
+    } else {
+        1.0
+    };
+    if json {
+        let layers: Vec<serde_json::Value> = r
+            .layers
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "name": l.name,
+                    "manifest_digest": l.manifest_digest,
+                    "manifest_size": l.manifest_size,
+                    "blobs": l.blobs.iter().map(|b| serde_json::json!({
+                        "file": b.file, "media_type": b.media_type, "digest": b.digest,
+                        "size": b.size, "file_size": b.file_size, "status": b.status.to_string(),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "reference": r.reference, "digest": r.digest, "compression": r.compression.to_string(),
+            "layers": layers, "bytes_sent": r.bytes_sent, "bytes_skipped": r.bytes_skipped,
+            "file_bytes": r.file_bytes, "blob_bytes": r.blob_bytes, "compression_ratio": ratio,
+            "compress_seconds": r.compress_seconds, "upload_seconds": r.upload_seconds, "seconds": r.seconds,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for l in &r.layers {
+        for b in &l.blobs {
+            writeln!(
+                out,
+                "{:<8} {}/{:<12} {} {:>10}",
+                b.status.to_string(),
+                l.name,
+                b.file,
+                b.digest,
+                mib(b.size)
+            )?;
+        }
+        writeln!(out, "layer    {:<15} {}", l.name, l.manifest_digest)?;
+    }
+    let sent = r
+        .layers
+        .iter()
+        .flat_map(|l| &l.blobs)
+        .filter(|b| b.status == BlobStatus::Sent)
+        .count();
+    let skipped = r.layers.iter().flat_map(|l| &l.blobs).count() - sent;
+    writeln!(
+        out,
+        "pushed {} layer(s) to {} ({}): {sent} blob(s) sent ({}), {skipped} already there ({}), {:.1} s",
+        r.layers.len(),
+        r.reference,
+        r.digest,
+        mib(r.bytes_sent),
+        mib(r.bytes_skipped),
+        r.seconds
+    )?;
+    if r.compression != Compression::None {
+        writeln!(
+            out,
+            "compression {}: {} of files in {} of blobs (ratio {ratio:.2}), {:.1} s compressing",
+            r.compression,
+            mib(r.file_bytes),
+            mib(r.blob_bytes),
+            r.compress_seconds
+        )?;
+    }
+    Ok(())
+}
+
+/// `vmstore pull`.
+pub fn pull(
+    store: &Store,
+    reference: &str,
+    rename: Option<String>,
+    conn: Connection,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let progress = progress("receiving");
+    let opts = oci::PullOptions {
+        connection: conn,
+        rename_top: rename,
+        progress: progress.clone(),
+    };
+    let r = oci::pull(store, reference, &opts);
+    end_line(&progress);
+    let r = r?;
+    let ratio = if r.bytes_received > 0 {
+        r.file_bytes as f64 / r.bytes_received as f64
+    } else {
+        1.0
+    };
+    if json {
+        let layers: Vec<serde_json::Value> = r
+            .layers
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "name": l.name, "manifest_digest": l.manifest_digest,
+                    "content_sha256": l.content_sha256,
+                    "status": if l.pulled { "pulled" } else { "present" },
+                    "bytes_received": l.bytes_received, "file_bytes": l.file_bytes,
+                    "compression": l.compression.to_string(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "reference": r.reference, "digest": r.digest, "name": r.name, "layers": layers,
+            "bytes_received": r.bytes_received, "file_bytes": r.file_bytes,
+            "compression_ratio": ratio, "download_seconds": r.download_seconds,
+            "commit_seconds": r.commit_seconds, "seconds": r.seconds,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for l in &r.layers {
+        writeln!(
+            out,
+            "{:<8} {:<20} {} {:>10}",
+            if l.pulled { "pulled" } else { "present" },
+            l.name,
+            l.manifest_digest,
+            mib(l.bytes_received)
+        )?;
+    }
+    let pulled = r.layers.iter().filter(|l| l.pulled).count();
+    writeln!(
+        out,
+        "pulled {reference} as '{}': {pulled} layer(s) fetched ({} received, {} written), {} already in the store, {:.1} s",
+        r.name,
+        mib(r.bytes_received),
+        mib(r.file_bytes),
+        r.layers.len() - pulled,
+        r.seconds
+    )?;
+    Ok(())
+}
