@@ -185,18 +185,26 @@ static int cmd_connect(unsigned int cid, unsigned int port)
     }
 }
 
+/* Reads what the connection has (blocking); 0 at its end. */
+static size_t read_some(int fd, char *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n = read(fd, buf, len);
+        if (n >= 0)
+            return (size_t)n;
+        if (errno != EINTR)
+            die("reading the connection");
+    }
+}
+
 static void echo(int fd)
 {
     static char buf[BUF_SIZE];
     for (;;) {
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            die("reading the connection");
+        size_t n = read_some(fd, buf, sizeof buf);
         if (n == 0)
             break;
-        if (write_all(fd, buf, (size_t)n) < 0)
+        if (write_all(fd, buf, n) < 0)
             die("writing the connection");
     }
     close(fd);
@@ -230,14 +238,10 @@ static int cmd_sink(unsigned int port)
     int fd = accept_one(lfd);
     close(lfd);
     for (;;) {
-        ssize_t n = read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            die("reading the connection");
+        size_t n = read_some(fd, buf, sizeof buf);
         if (n == 0)
             break;
-        total += (unsigned long long)n;
+        total += n;
     }
     snprintf(line, sizeof line, "%llu\n", total);
     if (write_all(fd, line, strlen(line)) < 0)

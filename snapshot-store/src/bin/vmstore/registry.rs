@@ -125,11 +125,7 @@ pub fn push(
     let r = oci::push(store, spec, reference, &opts);
     end_line(&progress);
     let r = r?;
-    let ratio = if r.blob_bytes > 0 {
-        r.file_bytes as f64 / r.blob_bytes as f64
-    } else {
-        1.0
-    };
+    let ratio = compression_ratio(r.file_bytes, r.blob_bytes);
     if json {
         let layers: Vec<serde_json::Value> = r
             .layers
@@ -217,11 +213,7 @@ pub fn pull(
     let r = oci::pull(store, reference, &opts);
     end_line(&progress);
     let r = r?;
-    let ratio = if r.bytes_received > 0 {
-        r.file_bytes as f64 / r.bytes_received as f64
-    } else {
-        1.0
-    };
+    let ratio = compression_ratio(r.file_bytes, r.bytes_received);
     if json {
         let layers: Vec<serde_json::Value> = r
             .layers
@@ -266,4 +258,13 @@ pub fn pull(
         r.seconds
     )?;
     Ok(())
+}
+
+/// Layer-file bytes per byte on the wire (1.0 when nothing was sent).
+fn compression_ratio(file_bytes: u64, wire_bytes: u64) -> f64 {
+    if wire_bytes > 0 {
+        file_bytes as f64 / wire_bytes as f64
+    } else {
+        1.0
+    }
 }
