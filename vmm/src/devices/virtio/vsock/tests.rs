@@ -577,3 +577,72 @@ fn the_connection_count_is_bounded() {
     VirtioDevice::reset(&mut rig.dev);
     assert_eq!(rig.dev.connections(), 0);
 }
+
+#[test]
+fn a_stalled_connection_does_not_stall_another() {
+    let mut rig = Rig::new();
+    let ram = rig.ram.clone();
+    let (mut rx, mut tx) = (Q::new(&ram, 0), Q::new(&ram, 1));
+    let listener = rig.listen(5000);
+    // A: its host program never reads, and the guest gives it no credit.
+    let mut req = hdr(op::REQUEST, 1024, 5000, 0);
+    req.buf_alloc = 0;
+    send(&mut rig, &mut tx, req, &[]);
+    let (mut host_a, _) = listener.accept().unwrap();
+    // B: a guest that reads and a host program that reads.
+    send(&mut rig, &mut tx, hdr(op::REQUEST, 1025, 5000, 0), &[]);
+    let (mut host_b, _) = listener.accept().unwrap();
+    host_b.set_nonblocking(true).unwrap();
+    assert_eq!(receive(&mut rig, &mut rx, 2).len(), 2, "two responses");
+    // The guest fills A's buffer on the host side (the socket, then the
+    // device's 256 KiB); A's host program writes, but A has no credit.
+    let chunk = vec![0xa1u8; 4096];
+    let mut a_sent = 0;
+    while rig.dev.conns[&Key {
+        local: 5000,
+        peer: 1024,
+    }]
+        .out
+        .len()
+        + 4096
+        <= CONN_BUF_SIZE as usize
+    {
+        let mut h = hdr(op::RW, 1024, 5000, 4096);
+        h.buf_alloc = 0;
+        send(&mut rig, &mut tx, h, &chunk);
+        a_sent += 4096;
+    }
+    assert!(a_sent >= CONN_BUF_SIZE as usize);
+    host_a.write_all(&[0xa2; 1000]).unwrap();
+    // B still goes both ways.
+    for round in 0..8u8 {
+        send(
+            &mut rig,
+            &mut tx,
+            hdr(op::RW, 1025, 5000, 100),
+            &[round; 100],
+        );
+        let mut b = [0u8; 100];
+        let mut got = 0;
+        while got < 100 {
+            match host_b.read(&mut b[got..]) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(b, [round; 100]);
+        host_b.write_all(&[round; 50]).unwrap();
+        // (B may still be in turn for reading from the round before.)
+        pump_for(&mut rig.dev, 100);
+        let got = receive(&mut rig, &mut rx, 2);
+        let data: Vec<_> = got.iter().filter(|(h, _)| h.op == op::RW).collect();
+        assert_eq!(data.len(), 1, "{got:?}");
+        assert_eq!(
+            (data[0].0.dst_port, data[0].1.as_slice()),
+            (1025, &[round; 50][..])
+        );
+    }
+    assert_eq!(rig.dev.connections(), 2, "A stalled, not reset");
+    drop(host_a);
+}
