@@ -20,6 +20,17 @@ GUEST_TOOL = "vsock"
 HOST_CID = 2
 
 
+def read_line(sock: socket.socket, chunk: int = 64) -> bytes:
+    """Reads until a newline (or the end), `chunk` bytes at a time at most."""
+    line = b""
+    while not line.endswith(b"\n"):
+        b = sock.recv(chunk)
+        if not b:
+            break
+        line += b
+    return line
+
+
 def connect(uds: Path | str, port: int, timeout: float = 60.0) -> socket.socket:
     """A stream to guest port `port` through the VMM's socket `uds`.
 
@@ -31,12 +42,8 @@ def connect(uds: Path | str, port: int, timeout: float = 60.0) -> socket.socket:
         s.settimeout(timeout)
         s.connect(str(uds))
         s.sendall(f"CONNECT {port}\n".encode())
-        line = b""
-        while not line.endswith(b"\n"):
-            b = s.recv(1)
-            if not b:
-                break
-            line += b
+        # A byte at a time: what follows the line is the stream's.
+        line = read_line(s, 1)
         if line.startswith(b"OK ") and line[3:-1].isdigit():
             return s
         s.close()
@@ -149,12 +156,7 @@ def send_timed(uds: Path | str, port: int, size: int) -> float:
         while left > 0:
             left -= s.send(chunk[:min(left, len(chunk))])
         s.shutdown(socket.SHUT_WR)
-        answer = b""
-        while not answer.endswith(b"\n"):
-            b = s.recv(64)
-            if not b:
-                break
-            answer += b
+        answer = read_line(s)
         secs = time.monotonic() - t
     assert answer.strip() == str(size).encode(), f"the guest counted {answer!r} of {size}"
     return secs

@@ -108,16 +108,10 @@ impl Layer {
     /// Metadata for a diff layer on top of this one: same geometry,
     /// backend and GIC mode, this layer as parent, and `creator`.
     pub fn child_meta(&self, creator: &str) -> LayerMeta {
-        let m = &self.manifest;
         LayerMeta {
             parent: Some(self.parent_ref()),
-            page_size: m.page_size,
-            ram_base_gpa: m.ram_base_gpa,
-            ram_size: m.ram_size,
-            vcpus: m.vcpus,
-            backend: m.backend.clone(),
-            gic_mode: m.gic_mode.clone(),
             creator: creator.to_string(),
+            ..LayerMeta::of_manifest(&self.manifest)
         }
     }
 
