@@ -1,12 +1,12 @@
 //! What to run: the configuration from the command line, and the plan a
 //! fresh boot or a restore makes from it before the VM is built.
 
-use super::devices::Devices;
-use super::restore::{self, Stages};
-use super::state::{MachineState, VcpuPower, VcpuState};
 use crate::arch::{fdt, image, layout};
 use crate::devices::virtio::net::{default_mac, host_end::NetHost};
 use crate::hv::{GicMode, Hypervisor};
+use crate::machine::device_manager::Devices;
+use crate::machine::snapshot::restore::{self, Stages};
+use crate::machine::snapshot::state::{MachineState, VcpuPower, VcpuState};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -117,7 +117,7 @@ pub struct NetConfig {
 
 /// How the vCPUs start.
 #[derive(Clone)]
-pub(super) enum Start {
+pub(in crate::machine) enum Start {
     /// The boot CPU at the kernel entry; the others wait for PSCI CPU_ON.
     Boot(BootRegs),
     /// Every vCPU from a snapshot.
@@ -129,27 +129,27 @@ pub(super) enum Start {
 
 /// Everything a VM needs before it is built: guest RAM with the kernel or
 /// the snapshot's memory in it, and what to start the vCPUs and devices from.
-pub(super) struct Plan {
-    pub(super) ram: Arc<GuestRam>,
-    pub(super) cpus: usize,
-    pub(super) disk: PlanDisk,
-    pub(super) cmdline: String,
-    pub(super) gic: GicMode,
-    pub(super) start: Start,
-    pub(super) power: Vec<VcpuPower>,
+pub(in crate::machine) struct Plan {
+    pub(in crate::machine) ram: Arc<GuestRam>,
+    pub(in crate::machine) cpus: usize,
+    pub(in crate::machine) disk: PlanDisk,
+    pub(in crate::machine) cmdline: String,
+    pub(in crate::machine) gic: GicMode,
+    pub(in crate::machine) start: Start,
+    pub(in crate::machine) power: Vec<VcpuPower>,
     /// The snapshot's interrupt controller and device states (restore; its
     /// vCPU states are in `start`).
-    pub(super) saved: Option<Box<MachineState>>,
+    pub(in crate::machine) saved: Option<Box<MachineState>>,
     /// The layer the next snapshot is a child of (restore with tracking).
-    pub(super) parent: Option<snapshot_store::Layer>,
+    pub(in crate::machine) parent: Option<snapshot_store::Layer>,
     /// The network device (its MAC resolved for a fresh boot).
-    pub(super) net: Option<NetConfig>,
+    pub(in crate::machine) net: Option<NetConfig>,
     /// The vsock device (its CID resolved for a fresh boot).
-    pub(super) vsock: Option<VsockConfig>,
+    pub(in crate::machine) vsock: Option<VsockConfig>,
 }
 
 /// The VM's disk image.
-pub(super) enum PlanDisk {
+pub(in crate::machine) enum PlanDisk {
     /// The user's image, open read-write (a fresh boot).
     Open { file: std::fs::File, path: PathBuf },
     /// A restored VM's private copy of the snapshot's image, still being made.
@@ -158,7 +158,7 @@ pub(super) enum PlanDisk {
 
 /// Refuses a snapshot name (`--name`) that is invalid or already taken in
 /// the store, before anything runs.
-pub(super) fn check_snapshot_name(opts: &SnapshotOptions) -> anyhow::Result<()> {
+pub(in crate::machine) fn check_snapshot_name(opts: &SnapshotOptions) -> anyhow::Result<()> {
     if opts.mode == SnapshotMode::Background && !opts.track_dirty {
         bail!("background snapshots need --track-dirty (its write protection saves each page before the guest changes it); use --snapshot-mode stop without it");
     }
@@ -177,7 +177,7 @@ pub(super) fn check_snapshot_name(opts: &SnapshotOptions) -> anyhow::Result<()> 
 
 /// The plan for `cfg` on `hv`: a fresh boot's, or a restore's (whose
 /// stages are timed in `stages`, from `t0`).
-pub(super) fn plan<H: Hypervisor>(
+pub(in crate::machine) fn plan<H: Hypervisor>(
     hv: &H,
     cfg: &MachineConfig,
     t0: Instant,
@@ -276,14 +276,14 @@ fn plan_fresh(
 /// Where the boot CPU starts: the kernel entry point (PC) and the device
 /// tree's guest-physical address (X0).
 #[derive(Clone, Copy)]
-pub(super) struct BootRegs {
-    pub(super) entry: u64,
-    pub(super) dtb: u64,
+pub(in crate::machine) struct BootRegs {
+    pub(in crate::machine) entry: u64,
+    pub(in crate::machine) dtb: u64,
 }
 
 /// `N` bytes of host randomness (the OS's CSPRNG): the device tree's
 /// `/chosen/rng-seed`, the VM generation ID.
-pub(super) fn host_random<const N: usize>() -> anyhow::Result<[u8; N]> {
+pub(in crate::machine) fn host_random<const N: usize>() -> anyhow::Result<[u8; N]> {
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("cannot read host randomness: {e}"))?;
     Ok(bytes)

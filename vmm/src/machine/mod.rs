@@ -22,26 +22,21 @@ use crate::hv::Hypervisor;
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
-use control::Control;
-use devices::Devices;
-use irqchip::Irqchip;
+use device_manager::irqchip::Irqchip;
+use device_manager::Devices;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
+use vcpu::run_state::Control;
 
-pub mod api;
-mod build;
-mod clock;
 mod config;
-mod control;
-mod devices;
-mod input;
-mod irqchip;
-mod restore;
-pub mod state;
-mod take;
+mod console_input;
+pub mod control_socket;
+mod device_manager;
+pub mod snapshot;
 mod vcpu;
+mod vm;
 
 pub use config::{
     BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VsockConfig,
@@ -69,12 +64,12 @@ struct Shared {
     devices: Devices,
     control: Arc<Control>,
     /// The guest's clock and physical timers.
-    clock: clock::Clock,
+    clock: vcpu::clock::Clock,
     /// Threads recording snapshot layers' verified-file caches; joined at exit.
     cache_writers: Mutex<Vec<JoinHandle<()>>>,
     /// The thread writing a background snapshot layer; joined before the
     /// next snapshot and at exit.
-    snapshot_writer: Mutex<Option<take::BackgroundWriter>>,
+    snapshot_writer: Mutex<Option<snapshot::save::BackgroundWriter>>,
 }
 
 /// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
@@ -83,15 +78,15 @@ where
     H::Vm: 'static,
 {
     let t0 = Instant::now();
-    let mut stages = restore::Stages::default();
+    let mut stages = snapshot::restore::Stages::default();
     config::check_snapshot_name(&cfg.snapshots)?;
     let plan = config::plan(&hv, cfg, t0, &mut stages)?;
-    let m = build::build(&hv, plan, &mut stages)?;
+    let m = vm::build(&hv, plan, &mut stages)?;
     if cfg.snapshots.track_dirty {
-        build::start_dirty_tracking(&*m.vm)?;
+        vm::start_dirty_tracking(&*m.vm)?;
     }
     let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
-    let snapshotter = Arc::new(Mutex::new(take::Snapshotter::new(
+    let snapshotter = Arc::new(Mutex::new(snapshot::save::Snapshotter::new(
         m.vm.clone(),
         m.shared.clone(),
         &cfg.snapshots,
@@ -101,9 +96,9 @@ where
         H::NAME,
     )));
     let _socket = match &cfg.control {
-        Some(path) => Some(api::listen(
+        Some(path) => Some(control_socket::listen(
             path,
-            api::Api {
+            control_socket::Api {
                 shared: m.shared.clone(),
                 ops: snapshotter.clone(),
                 vcpus: m.groups.iter().map(Vec::len).sum(),
@@ -117,7 +112,7 @@ where
         )?),
         None => None,
     };
-    input::spawn(
+    console_input::spawn(
         m.shared.clone(),
         Box::new(move || snapshotter.locked().take()),
     );
@@ -154,7 +149,7 @@ fn wind_down(shared: &Shared, threads: Vec<JoinHandle<()>>) {
     for t in threads {
         let _ = t.join();
     }
-    let _ = take::finish_background(shared, false);
+    let _ = snapshot::save::finish_background(shared, false);
     let writers = std::mem::take(&mut *shared.cache_writers.locked());
     for w in writers {
         let _ = w.join();

@@ -3,20 +3,20 @@
 //! the devices and snapshots need. Nothing else in the machine knows which
 //! one it has.
 
-use super::devices::BusRegion;
-use super::state::IrqchipState;
 use crate::arch::layout::{PTIMER_INTID, VTIMER_INTID};
 use crate::arch::sysreg::SysReg;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
 use crate::devices::Persist;
 use crate::hv::{GicMode, KernelGic, VcpuId};
+use crate::machine::device_manager::BusRegion;
+use crate::machine::snapshot::state::IrqchipState;
 use crate::sync::Locked;
 use anyhow::{bail, Context};
 use std::sync::{Arc, Mutex};
 
 /// The interrupt controller of a running VM.
 #[derive(Clone)]
-pub(super) enum Irqchip {
+pub(in crate::machine) enum Irqchip {
     /// The userspace GICv3 model: distributor and redistributors on the MMIO
     /// bus, the CPU interface through trapped `ICC_*` registers, the vtimer
     /// PPI driven by the backend's [`crate::hv::VcpuIo::vtimer_level`].
@@ -29,15 +29,15 @@ pub(super) enum Irqchip {
 /// An in-kernel GIC's saved state, loaded once every vCPU exists and before
 /// any runs (each vCPU's CPU-interface registers go in after it: QEMU's
 /// order).
-pub(super) struct PendingKernelGicState {
+pub(in crate::machine) struct PendingKernelGicState {
     gic: Arc<dyn KernelGic>,
     blob: Vec<u8>,
 }
 
 impl PendingKernelGicState {
     /// Loads the state; call once every vCPU is created
-    /// ([`super::control::Control::wait_created`]) and before any runs.
-    pub(super) fn load(self) -> Result<(), String> {
+    /// ([`crate::machine::vcpu::run_state::Control::wait_created`]) and before any runs.
+    pub(in crate::machine) fn load(self) -> Result<(), String> {
         self.gic
             .restore(&self.blob)
             .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"))
@@ -49,7 +49,7 @@ impl Irqchip {
     /// userspace GIC, fresh or restored from `saved` (untrusted), or the
     /// VM's in-kernel GIC `kernel` (created with the VM by the `backend`),
     /// whose saved state is returned to be loaded once the vCPUs exist.
-    pub(super) fn build(
+    pub(in crate::machine) fn build(
         mode: GicMode,
         kernel: Option<Arc<dyn KernelGic>>,
         cpus: usize,
@@ -90,7 +90,7 @@ impl Irqchip {
     }
 
     /// The mode, as recorded in snapshots.
-    pub(super) fn mode(&self) -> GicMode {
+    pub(in crate::machine) fn mode(&self) -> GicMode {
         match self {
             Irqchip::Userspace(_) => GicMode::Userspace,
             Irqchip::Kernel(_) => GicMode::Hvf,
@@ -100,7 +100,7 @@ impl Irqchip {
     /// The MMIO regions the VMM must serve: the userspace GIC's distributor
     /// and `vcpus` redistributors; none for an in-kernel GIC (the hypervisor
     /// serves those addresses).
-    pub(super) fn mmio_regions(&self, vcpus: usize) -> Vec<BusRegion> {
+    pub(in crate::machine) fn mmio_regions(&self, vcpus: usize) -> Vec<BusRegion> {
         use crate::arch::layout::{GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE};
         match self {
             Irqchip::Userspace(gic) => vec![
@@ -122,7 +122,7 @@ impl Irqchip {
     }
 
     /// Sets a device's level-triggered SPI.
-    pub(super) fn set_spi(&self, intid: u32, level: bool) {
+    pub(in crate::machine) fn set_spi(&self, intid: u32, level: bool) {
         match self {
             Irqchip::Userspace(gic) => gic.locked().set_spi_level(intid, level),
             Irqchip::Kernel(k) => {
@@ -135,7 +135,7 @@ impl Irqchip {
 
     /// The vCPUs with an interrupt pending, if the VMM can know
     /// (userspace GIC); `None` for an in-kernel GIC.
-    pub(super) fn pending_vcpus(&self) -> Option<VcpuSet> {
+    pub(in crate::machine) fn pending_vcpus(&self) -> Option<VcpuSet> {
         match self {
             Irqchip::Userspace(gic) => Some(gic.locked().pending_vcpus()),
             Irqchip::Kernel(_) => None,
@@ -143,7 +143,7 @@ impl Irqchip {
     }
 
     /// Whether `vcpu`'s IRQ line is asserted, if the VMM can know.
-    pub(super) fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
+    pub(in crate::machine) fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
         match self {
             Irqchip::Userspace(gic) => Some(gic.locked().irq_pending(vcpu)),
             Irqchip::Kernel(_) => None,
@@ -152,7 +152,7 @@ impl Irqchip {
 
     /// A trapped `MRS` of a CPU-interface register. An in-kernel GIC's
     /// registers are not trapped, so there is nothing to answer: `None`.
-    pub(super) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+    pub(in crate::machine) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
         match self {
             Irqchip::Userspace(gic) => gic.locked().sysreg_read(vcpu, reg),
             Irqchip::Kernel(_) => None,
@@ -161,7 +161,12 @@ impl Irqchip {
 
     /// A trapped `MSR`: `None` if the register is not the GIC's (or the GIC
     /// is in-kernel), else the vCPUs whose pending state changed.
-    pub(super) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> Option<VcpuSet> {
+    pub(in crate::machine) fn sysreg_write(
+        &self,
+        vcpu: VcpuId,
+        reg: SysReg,
+        value: u64,
+    ) -> Option<VcpuSet> {
         match self {
             Irqchip::Userspace(gic) => gic.locked().sysreg_write(vcpu, reg, value),
             Irqchip::Kernel(_) => None,
@@ -170,16 +175,16 @@ impl Irqchip {
 
     /// The vCPU's virtual timer output changed. An in-kernel GIC gets the
     /// timer from the hypervisor, which does not report it.
-    pub(super) fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
+    pub(in crate::machine) fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
         if let Irqchip::Userspace(gic) = self {
             gic.locked().set_ppi_level(vcpu, VTIMER_INTID, level);
         }
     }
 
     /// The vCPU's EL1 physical timer output changed (the timer is the
-    /// VMM's, `super::clock`). Hypervisor.framework's in-kernel GIC has no
+    /// VMM's, `crate::machine::vcpu::clock`). Hypervisor.framework's in-kernel GIC has no
     /// call to drive a PPI, so it does not get it.
-    pub(super) fn ptimer_level(&self, vcpu: VcpuId, level: bool) {
+    pub(in crate::machine) fn ptimer_level(&self, vcpu: VcpuId, level: bool) {
         if let Irqchip::Userspace(gic) = self {
             gic.locked().set_ppi_level(vcpu, PTIMER_INTID, level);
         }
@@ -187,7 +192,7 @@ impl Irqchip {
 
     /// The GIC's state for a snapshot (every vCPU stopped). The per-vCPU
     /// registers of an in-kernel GIC are in each vCPU's state.
-    pub(super) fn save(&self) -> crate::hv::Result<IrqchipState> {
+    pub(in crate::machine) fn save(&self) -> crate::hv::Result<IrqchipState> {
         Ok(match self {
             Irqchip::Userspace(gic) => IrqchipState::Userspace(gic.locked().save()),
             Irqchip::Kernel(k) => IrqchipState::Hvf(k.save()?),

@@ -34,17 +34,17 @@
 //! the registers work but the interrupt is not delivered (Linux uses the
 //! virtual timer).
 
-use super::state::{ClockState, TimerState};
 use crate::arch::sysreg::{SysReg, CNTP_CTL_EL0, CNTP_CVAL_EL0, CNTP_TVAL_EL0};
 use crate::arch::timer::{ticks_to_ns, GenericTimer};
 use crate::hv::{VcpuId, Vm};
+use crate::machine::snapshot::state::{ClockState, TimerState};
 use crate::sync::{Locked, Waited};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// The VM's counter as the clock uses it; every [`Vm`] is one.
-pub(super) trait Counter: Send + Sync {
+pub(in crate::machine) trait Counter: Send + Sync {
     /// [`Vm::physical_count`].
     fn physical(&self) -> u64;
     /// [`Vm::counter_offset`].
@@ -72,11 +72,11 @@ impl<V: Vm> Counter for V {
 
 /// Sets vCPU `id`'s physical timer PPI to `level` (and wakes whoever the
 /// interrupt is for).
-pub(super) type TimerLine = Box<dyn Fn(VcpuId, bool) + Send + Sync>;
+pub(in crate::machine) type TimerLine = Box<dyn Fn(VcpuId, bool) + Send + Sync>;
 
 /// The VM's guest clock: its count, its pauses, and the vCPUs' physical
 /// timers. Dropping it stops its thread.
-pub(super) struct Clock {
+pub(in crate::machine) struct Clock {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
 }
@@ -107,7 +107,7 @@ impl Clock {
     /// clock (`saved`, of `cpus` timers): the VM's offset is set so its count
     /// continues from the saved one on every vCPU (call before any vCPU
     /// runs), and the timers are restored.
-    pub(super) fn new(
+    pub(in crate::machine) fn new(
         counter: Arc<dyn Counter>,
         cpus: usize,
         saved: Option<&ClockState>,
@@ -158,7 +158,7 @@ impl Clock {
     /// Stops the VM's count: call once every vCPU is parked. Until
     /// [`Clock::thaw`], [`Clock::now`] is the count at this call and no
     /// physical timer fires.
-    pub(super) fn freeze(&self) {
+    pub(in crate::machine) fn freeze(&self) {
         let mut st = self.inner.state.locked();
         if st.frozen.is_none() {
             st.frozen = Some(self.inner.live());
@@ -168,7 +168,7 @@ impl Clock {
     /// Restarts the count where [`Clock::freeze`] stopped it, by moving the
     /// VM's offset on by the paused interval; call before the vCPUs run
     /// again. Does nothing if the clock is not frozen.
-    pub(super) fn thaw(&self) {
+    pub(in crate::machine) fn thaw(&self) {
         let mut st = self.inner.state.locked();
         if let Some(count) = st.frozen.take() {
             let counter = &self.inner.counter;
@@ -178,7 +178,7 @@ impl Clock {
     }
 
     /// The clock's state for a snapshot (taken while frozen).
-    pub(super) fn save(&self) -> ClockState {
+    pub(in crate::machine) fn save(&self) -> ClockState {
         let st = self.inner.state.locked();
         ClockState {
             virtual_count: self.inner.now(&st),
@@ -195,7 +195,7 @@ impl Clock {
 
     /// A guest read of `reg` on vCPU `vcpu`, if it is a physical timer
     /// register (else `None`).
-    pub(super) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+    pub(in crate::machine) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
         let st = self.inner.state.locked();
         let t = st.ptimers.get(vcpu)?;
         let count = self.inner.now(&st);
@@ -209,7 +209,7 @@ impl Clock {
 
     /// A guest write of `reg` on vCPU `vcpu`: `true` if it is a physical
     /// timer register (the write is done, the output updated).
-    pub(super) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+    pub(in crate::machine) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
         let mut st = self.inner.state.locked();
         let count = self.inner.now(&st);
         let Some(t) = st.ptimers.get_mut(vcpu) else {
@@ -229,7 +229,7 @@ impl Clock {
     /// Puts vCPU `vcpu`'s physical timer in its power-on state (a new
     /// VM's: disabled, compare value 0), as the core's reset does (PSCI
     /// CPU_ON), and lowers its output.
-    pub(super) fn reset_timer(&self, vcpu: VcpuId) {
+    pub(in crate::machine) fn reset_timer(&self, vcpu: VcpuId) {
         let mut st = self.inner.state.locked();
         let count = self.inner.now(&st);
         if let Some(t) = st.ptimers.get_mut(vcpu) {

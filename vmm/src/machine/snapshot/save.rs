@@ -26,13 +26,13 @@
 //! Either way the clock goes on from where it stopped when the vCPUs
 //! resume, so the guest sees no time pass during the pause.
 
-use super::config::SnapshotMode;
-use super::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
-use super::Shared;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::devices::Persist;
 use crate::hv::Vm;
+use crate::machine::config::SnapshotMode;
+use crate::machine::snapshot::state::{MachineState, VcpuState, MACHINE_STATE_VERSION};
+use crate::machine::Shared;
 use crate::memory::{PageSave, Slots};
 use crate::sync::Locked;
 use anyhow::Context;
@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 /// tests can check that guest time stands still across a pause without
 /// depending on how fast this machine writes a layer
 /// (`scripts/tests/test_clock_e2e.py`).
-pub(super) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
+pub(in crate::machine) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
 
 /// Test hook: with `IGNITION_TEST_SNAPSHOT_GATE=PATH` in its environment,
 /// a background layer's writer waits, with the guest running, until `PATH`
@@ -55,7 +55,7 @@ pub(super) const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
 /// make the guest and the devices write pages that are still to be saved,
 /// or make the write fail, whatever this machine's speed
 /// (`scripts/tests/test_background_snapshot_e2e.py`).
-pub(super) const TEST_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_GATE";
+pub(in crate::machine) const TEST_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_GATE";
 
 /// What the next layer builds on; updated by a background layer's writer
 /// when it finishes.
@@ -73,7 +73,7 @@ struct Lineage {
 }
 
 /// Takes snapshots for one running VM.
-pub(super) struct Snapshotter<V: Vm> {
+pub(in crate::machine) struct Snapshotter<V: Vm> {
     vm: Arc<V>,
     shared: Arc<Shared>,
     store: PathBuf,
@@ -94,18 +94,18 @@ pub(super) struct Snapshotter<V: Vm> {
 
 /// A layer written, as the control socket reports it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub(super) struct Written {
+pub(in crate::machine) struct Written {
     /// The layer's name.
-    pub(super) name: String,
+    pub(in crate::machine) name: String,
     /// `full` or `diff`.
-    pub(super) kind: &'static str,
+    pub(in crate::machine) kind: &'static str,
     /// 16 KiB pages of memory it holds.
-    pub(super) pages: u64,
+    pub(in crate::machine) pages: u64,
     /// vCPUs stopped to running again, in us (0 if the VM was paused
     /// already).
-    pub(super) pause_us: u64,
+    pub(in crate::machine) pause_us: u64,
     /// `Snapshot-write-time`, in ms.
-    pub(super) write_ms: u64,
+    pub(in crate::machine) write_ms: u64,
 }
 
 /// A layer begun while the VM is paused: its writer with the disk done,
@@ -123,10 +123,10 @@ struct Begun {
 }
 
 impl<V: Vm> Snapshotter<V> {
-    pub(super) fn new(
+    pub(in crate::machine) fn new(
         vm: Arc<V>,
         shared: Arc<Shared>,
-        opts: &super::SnapshotOptions,
+        opts: &crate::machine::SnapshotOptions,
         parent: Option<Layer>,
         disk: PathBuf,
         cmdline: String,
@@ -168,7 +168,7 @@ impl<V: Vm> Snapshotter<V> {
 
     /// Handles Ctrl-A s: writes a snapshot, or says on the console why not.
     /// A background layer still being written is finished first.
-    pub(super) fn take(&mut self) {
+    pub(in crate::machine) fn take(&mut self) {
         // The console has the outcome (and the control socket is not asking).
         let _ = self.snapshot(None);
     }
@@ -179,7 +179,10 @@ impl<V: Vm> Snapshotter<V> {
     /// its background writer is still at work ([`finish_background`]
     /// returns the outcome). If the VM is paused ([`Snapshotter::pause`]),
     /// it stays paused and its parked state is used.
-    pub(super) fn snapshot(&mut self, name: Option<String>) -> Result<Option<Written>, String> {
+    pub(in crate::machine) fn snapshot(
+        &mut self,
+        name: Option<String>,
+    ) -> Result<Option<Written>, String> {
         // The previous layer's outcome was on the console already.
         let _ = finish_background(&self.shared, true);
         let Some(name) = name.or_else(|| self.next_name()) else {
@@ -268,7 +271,7 @@ impl<V: Vm> Snapshotter<V> {
 
     /// Pauses the VM (every vCPU parked, the guest's clock stopped) until
     /// [`Snapshotter::resume`]. Refused if it is paused already.
-    pub(super) fn pause(&mut self) -> Result<(), String> {
+    pub(in crate::machine) fn pause(&mut self) -> Result<(), String> {
         if self.held.is_some() {
             return Err("the VM is paused already".into());
         }
@@ -286,7 +289,7 @@ impl<V: Vm> Snapshotter<V> {
     }
 
     /// Resumes a VM paused by [`Snapshotter::pause`].
-    pub(super) fn resume(&mut self) -> Result<(), String> {
+    pub(in crate::machine) fn resume(&mut self) -> Result<(), String> {
         if self.held.take().is_none() {
             return Err("the VM is not paused".into());
         }
@@ -295,12 +298,12 @@ impl<V: Vm> Snapshotter<V> {
     }
 
     /// Whether the VM is paused by [`Snapshotter::pause`].
-    pub(super) fn paused(&self) -> bool {
+    pub(in crate::machine) fn paused(&self) -> bool {
         self.held.is_some()
     }
 
     /// The layer the next snapshot is a diff against, if any.
-    pub(super) fn parent_name(&self) -> Option<String> {
+    pub(in crate::machine) fn parent_name(&self) -> Option<String> {
         self.lineage
             .locked()
             .parent
@@ -309,7 +312,7 @@ impl<V: Vm> Snapshotter<V> {
     }
 
     /// Pages a diff written now would hold (0 without dirty tracking).
-    pub(super) fn dirty_pages_pending(&self) -> usize {
+    pub(in crate::machine) fn dirty_pages_pending(&self) -> usize {
         if !self.lineage.locked().track_dirty {
             return 0;
         }
@@ -591,7 +594,7 @@ impl<V: Vm> Snapshotter<V> {
 }
 
 /// A background layer's writer thread.
-pub(super) struct BackgroundWriter {
+pub(in crate::machine) struct BackgroundWriter {
     thread: std::thread::JoinHandle<Result<Written, String>>,
     /// The snapshot's pause, once it is over.
     pause_us: u64,
@@ -601,7 +604,10 @@ pub(super) struct BackgroundWriter {
 
 /// Waits for the background layer being written, if any (`say`: tells the
 /// console when that takes a while), and returns how it went.
-pub(super) fn finish_background(shared: &Shared, say: bool) -> Option<Result<Written, String>> {
+pub(in crate::machine) fn finish_background(
+    shared: &Shared,
+    say: bool,
+) -> Option<Result<Written, String>> {
     let mut w = shared.snapshot_writer.locked().take()?;
     w.go = None;
     if say && !w.thread.is_finished() {
@@ -618,7 +624,7 @@ pub(super) fn finish_background(shared: &Shared, say: bool) -> Option<Result<Wri
 }
 
 /// Whether a background layer is being written.
-pub(super) fn background_busy(shared: &Shared) -> bool {
+pub(in crate::machine) fn background_busy(shared: &Shared) -> bool {
     shared
         .snapshot_writer
         .locked()
@@ -684,7 +690,7 @@ fn creator() -> String {
     format!("ignition-vmm {}", env!("CARGO_PKG_VERSION"))
 }
 
-impl<V: Vm> super::api::Operations for Snapshotter<V> {
+impl<V: Vm> crate::machine::control_socket::Operations for Snapshotter<V> {
     fn snapshot(&mut self, name: Option<String>) -> Result<Written, String> {
         match Snapshotter::snapshot(self, name)? {
             Some(w) => Ok(w),

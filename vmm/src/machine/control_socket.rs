@@ -18,8 +18,8 @@
 //! away mid-request changes nothing but what the request did. The protocol
 //! is documented, with a schema, in the book's control-socket chapter.
 
-use super::take::Written;
-use super::{Shared, VmExit};
+use crate::machine::snapshot::save::Written;
+use crate::machine::{Shared, VmExit};
 use crate::sync::Locked;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -33,7 +33,7 @@ use std::time::Instant;
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// What the control socket can do to the VM (the snapshotter implements it).
-pub(super) trait Operations: Send {
+pub(in crate::machine) trait Operations: Send {
     /// Writes a snapshot and returns it once it is in the store.
     fn snapshot(&mut self, name: Option<String>) -> Result<Written, String>;
     /// Pauses the VM.
@@ -104,17 +104,17 @@ struct Status {
 }
 
 /// What the control socket serves from.
-pub(super) struct Api {
-    pub(super) shared: Arc<Shared>,
-    pub(super) ops: Arc<Mutex<dyn Operations>>,
-    pub(super) vcpus: usize,
-    pub(super) backend: &'static str,
-    pub(super) started: Instant,
-    pub(super) restored_from: Option<String>,
+pub(in crate::machine) struct Api {
+    pub(in crate::machine) shared: Arc<Shared>,
+    pub(in crate::machine) ops: Arc<Mutex<dyn Operations>>,
+    pub(in crate::machine) vcpus: usize,
+    pub(in crate::machine) backend: &'static str,
+    pub(in crate::machine) started: Instant,
+    pub(in crate::machine) restored_from: Option<String>,
 }
 
 /// The socket file, removed when dropped.
-pub(super) struct Socket {
+pub(in crate::machine) struct Socket {
     path: PathBuf,
 }
 
@@ -126,7 +126,7 @@ impl Drop for Socket {
 
 /// Listens on `path` (replacing a stale socket there, refusing a live one
 /// or any other file) and serves `api` on a thread per client.
-pub(super) fn listen(path: &Path, api: Api) -> anyhow::Result<Socket> {
+pub(in crate::machine) fn listen(path: &Path, api: Api) -> anyhow::Result<Socket> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if UnixStream::connect(path).is_ok() {

@@ -11,8 +11,8 @@
 //! [`Devices::regions`] and, for a virtio device, its slot in
 //! [`Devices::VIRTIO_SLOTS`].
 
-use super::control::Control;
-use super::irqchip::Irqchip;
+pub mod irqchip;
+
 use crate::arch::layout::{self, MmioRegion};
 use crate::console;
 use crate::devices::boot_timer::{BootTimer, BootTimerState};
@@ -25,6 +25,8 @@ use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, 
 use crate::devices::virtio::vsock::{self, Vsock, VsockArgs, VsockHost, VsockState};
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
+use crate::machine::device_manager::irqchip::Irqchip;
+use crate::machine::vcpu::run_state::Control;
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
@@ -45,38 +47,38 @@ const ROOT_DISK_SERIAL: &str = "ignition-vda";
 
 /// A region of the MMIO bus: (name, base, size, device). The name is the
 /// one the bus's warnings give.
-pub(super) type BusRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
+pub(in crate::machine) type BusRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
 
 /// What the devices are made from, besides a saved state.
-pub(super) struct DeviceArgs {
+pub(in crate::machine) struct DeviceArgs {
     /// Guest RAM, which the virtio devices' queues live in.
-    pub(super) ram: Arc<GuestRam>,
+    pub(in crate::machine) ram: Arc<GuestRam>,
     /// The line of SPI `intid` ([`SpiLine`] in a running VM).
-    pub(super) irq: Box<dyn Fn(u32) -> Arc<dyn IrqLine>>,
+    pub(in crate::machine) irq: Box<dyn Fn(u32) -> Arc<dyn IrqLine>>,
     /// Where the console UART's output goes.
-    pub(super) console: Box<dyn Write + Send>,
+    pub(in crate::machine) console: Box<dyn Write + Send>,
     /// When the VM started: the boot timer reports the time since.
-    pub(super) start: Instant,
+    pub(in crate::machine) start: Instant,
     /// The root disk's file (open, or still being copied).
-    pub(super) disk: BackingFile,
+    pub(in crate::machine) disk: BackingFile,
     /// The root disk's length in bytes.
-    pub(super) disk_len: u64,
+    pub(in crate::machine) disk_len: u64,
     /// The VM generation ID to publish: fresh host randomness, on every
     /// boot and every restore.
-    pub(super) generation_id: [u8; 16],
+    pub(in crate::machine) generation_id: [u8; 16],
     /// The network device, if the VM has one.
-    pub(super) net: Option<NetDeviceArgs>,
+    pub(in crate::machine) net: Option<NetDeviceArgs>,
     /// The vsock device, if the VM has one.
-    pub(super) vsock: Option<VsockDeviceArgs>,
+    pub(in crate::machine) vsock: Option<VsockDeviceArgs>,
 }
 
 /// The vsock device's construction arguments.
-pub(super) struct VsockDeviceArgs {
+pub(in crate::machine) struct VsockDeviceArgs {
     /// Its host end, listening.
-    pub(super) host: VsockHost,
+    pub(in crate::machine) host: VsockHost,
     /// The guest's CID; `None` in a restore keeps the snapshot's (a fresh
     /// boot always has one).
-    pub(super) cid: Option<u64>,
+    pub(in crate::machine) cid: Option<u64>,
 }
 
 /// The vsock device and the thread that serves its host sockets.
@@ -95,12 +97,12 @@ impl VsockSlot {
 }
 
 /// The network device's construction arguments.
-pub(super) struct NetDeviceArgs {
+pub(in crate::machine) struct NetDeviceArgs {
     /// Its host end, opened.
-    pub(super) end: OpenedHostEnd,
+    pub(in crate::machine) end: OpenedHostEnd,
     /// Its MAC address; `None` in a restore keeps the snapshot's (a fresh
     /// boot always has one).
-    pub(super) mac: Option<[u8; 6]>,
+    pub(in crate::machine) mac: Option<[u8; 6]>,
 }
 
 /// The network device and the thread that feeds it from its host end.
@@ -120,8 +122,8 @@ impl NetSlot {
 }
 
 /// The devices of a VM (the interrupt controller aside: see
-/// [`super::irqchip`]).
-pub(super) struct Devices {
+/// [`crate::machine::device_manager::irqchip`]).
+pub(in crate::machine) struct Devices {
     /// The console UART, fed by the console input thread.
     uart: Arc<Mutex<Pl011>>,
     boot_timer: Arc<Mutex<BootTimer>>,
@@ -137,7 +139,7 @@ pub(super) struct Devices {
     vsock: Option<VsockSlot>,
 }
 
-/// The devices' saved states. [`super::state::MachineState`] flattens it:
+/// The devices' saved states. [`crate::machine::snapshot::state::MachineState`] flattens it:
 /// each field is a top-level key of the state file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DevicesState {
@@ -162,7 +164,7 @@ impl Devices {
     /// The virtio-mmio slots that hold a device, for the device tree (which
     /// is written before the devices exist): the root disk's, and the
     /// network and vsock devices' if there are.
-    pub(super) fn virtio_slots(net: bool, vsock: bool) -> Vec<u32> {
+    pub(in crate::machine) fn virtio_slots(net: bool, vsock: bool) -> Vec<u32> {
         let mut slots = vec![layout::VIRTIO_BLK_SLOT];
         if net {
             slots.push(layout::VIRTIO_NET_SLOT);
@@ -174,7 +176,7 @@ impl Devices {
     }
 
     /// The devices of a fresh boot, in their reset states.
-    pub(super) fn new(args: DeviceArgs) -> anyhow::Result<Self> {
+    pub(in crate::machine) fn new(args: DeviceArgs) -> anyhow::Result<Self> {
         let p = args.split();
         let (out, irq) = p.uart;
         let (start, report) = p.boot_timer;
@@ -215,7 +217,7 @@ impl Devices {
     }
 
     /// The devices' MMIO regions, at their places in the layout.
-    pub(super) fn regions(&self) -> Vec<BusRegion> {
+    pub(in crate::machine) fn regions(&self) -> Vec<BusRegion> {
         let at = |name, r: MmioRegion, dev: Arc<Mutex<dyn MmioDevice>>| (name, r.base, r.size, dev);
         vec![
             at("pl011", layout::PL011, self.uart.clone()),
@@ -236,7 +238,7 @@ impl Devices {
 
     /// Hands console input to the UART; returns how many leading bytes it
     /// took (see [`Pl011::enqueue_rx`]).
-    pub(super) fn console_input(&self, bytes: &[u8]) -> usize {
+    pub(in crate::machine) fn console_input(&self, bytes: &[u8]) -> usize {
         self.uart.locked().enqueue_rx(bytes)
     }
 
@@ -244,7 +246,7 @@ impl Devices {
     /// network and vsock devices (they write nothing into guest RAM, though
     /// their host ends go on), before a snapshot; [`Devices::release`]
     /// ends the hold.
-    pub(super) fn quiesce(&self) -> anyhow::Result<()> {
+    pub(in crate::machine) fn quiesce(&self) -> anyhow::Result<()> {
         self.blk
             .locked()
             .quiesce()
@@ -260,7 +262,7 @@ impl Devices {
 
     /// Ends what [`Devices::quiesce`] held: frames and bytes that arrived
     /// meanwhile go to the guest.
-    pub(super) fn release(&self) {
+    pub(in crate::machine) fn release(&self) {
         if let Some(n) = &self.net {
             let mut m = n.dev.locked();
             m.device_mut().hold(false);
@@ -277,14 +279,14 @@ impl Devices {
     }
 
     /// The root block device, whose disk image a snapshot captures.
-    pub(super) fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
+    pub(in crate::machine) fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
         self.blk.locked()
     }
 
     /// Holds every device that writes guest RAM (its DMA: virtqueue
     /// buffers and used rings) until the result is dropped; a vCPU or host
     /// thread that reaches one meanwhile waits.
-    pub(super) fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
+    pub(in crate::machine) fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
         // Always in this order (no other path holds two device locks).
         RamWritersHeld {
             _blk: self.blk.locked(),
@@ -295,7 +297,7 @@ impl Devices {
 }
 
 /// The devices that write guest RAM, held ([`Devices::hold_ram_writers`]).
-pub(super) struct RamWritersHeld<'a> {
+pub(in crate::machine) struct RamWritersHeld<'a> {
     _blk: MutexGuard<'a, VirtioMmio<Block>>,
     _net: Option<MutexGuard<'a, VirtioMmio<Net>>>,
     _vsock: Option<MutexGuard<'a, VirtioMmio<Vsock>>>,
@@ -444,7 +446,7 @@ fn report_boot_time(elapsed: Duration) {
 
 /// A device's level-triggered SPI: drives the interrupt controller's input
 /// and, when raised, wakes the vCPUs the interrupt may be for.
-pub(super) struct SpiLine {
+pub(in crate::machine) struct SpiLine {
     intid: u32,
     irqchip: Irqchip,
     control: Arc<Control>,
@@ -452,7 +454,11 @@ pub(super) struct SpiLine {
 
 impl SpiLine {
     /// The line of SPI `intid` at `irqchip`, waking vCPUs through `control`.
-    pub(super) fn connect(intid: u32, irqchip: Irqchip, control: Arc<Control>) -> Arc<dyn IrqLine> {
+    pub(in crate::machine) fn connect(
+        intid: u32,
+        irqchip: Irqchip,
+        control: Arc<Control>,
+    ) -> Arc<dyn IrqLine> {
         Arc::new(SpiLine {
             intid,
             irqchip,

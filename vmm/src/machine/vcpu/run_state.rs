@@ -9,25 +9,25 @@
 //! ([`Kick`]) out of [`crate::hv::Vcpu::run`] and sees the change on its way
 //! round the loop.
 
-use super::clock::Clock;
-use super::irqchip::Irqchip;
-use super::state::{VcpuPower, VcpuState};
-use super::VmExit;
 use crate::hv::{Kick, VcpuId};
+use crate::machine::device_manager::irqchip::Irqchip;
+use crate::machine::snapshot::state::{VcpuPower, VcpuState};
+use crate::machine::vcpu::clock::Clock;
+use crate::machine::VmExit;
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// What [`Control`]'s mutex guards.
-pub(super) struct RunState {
+pub(in crate::machine) struct RunState {
     /// The wake-up generation: bumped whenever a waiting vCPU may have to
     /// run (an interrupt, CPU_ON, the pause, the end).
-    pub(super) generation: u64,
+    pub(in crate::machine) generation: u64,
     /// Per vCPU, index order.
-    pub(super) power: Vec<VcpuPower>,
+    pub(in crate::machine) power: Vec<VcpuPower>,
     /// Why the VM ended, once it has.
-    pub(super) exit: Option<VmExit>,
+    pub(in crate::machine) exit: Option<VmExit>,
     /// A snapshot wants every vCPU thread parked.
     pause: bool,
     /// vCPU threads parked for `pause`.
@@ -45,7 +45,7 @@ pub(super) struct RunState {
 
 impl RunState {
     /// Whether a snapshot wants this thread parked.
-    pub(super) fn pause_requested(&self) -> bool {
+    pub(in crate::machine) fn pause_requested(&self) -> bool {
         self.pause
     }
 }
@@ -57,7 +57,7 @@ impl RunState {
 /// the next turn and the running one is kicked, so that the interrupt waits
 /// for a block boundary instead of a time slice.
 #[derive(Debug)]
-pub(super) struct Turns {
+pub(in crate::machine) struct Turns {
     /// The vCPU in `run`, or `NONE`.
     running: AtomicUsize,
     /// vCPUs (bit `id`) that get the next turns, lowest first.
@@ -78,18 +78,18 @@ impl Turns {
     }
 
     /// Records the vCPU in `run` (`None` between runs).
-    pub(super) fn set_running(&self, vcpu: Option<VcpuId>) {
+    pub(in crate::machine) fn set_running(&self, vcpu: Option<VcpuId>) {
         self.running
             .store(vcpu.unwrap_or(Self::NONE), Ordering::SeqCst);
     }
 
     /// The vCPU in `run`, if any.
-    pub(super) fn running(&self) -> Option<VcpuId> {
+    pub(in crate::machine) fn running(&self) -> Option<VcpuId> {
         Some(self.running.load(Ordering::SeqCst)).filter(|&v| v != Self::NONE)
     }
 
     /// Takes the lowest vCPU of `ids` that wants a turn: its index in `ids`.
-    pub(super) fn take_urgent(&self, ids: &[VcpuId]) -> Option<usize> {
+    pub(in crate::machine) fn take_urgent(&self, ids: &[VcpuId]) -> Option<usize> {
         let mut cur = self.urgent.load(Ordering::SeqCst);
         loop {
             let slot = ids.iter().position(|&id| cur & (1 << id) != 0)?;
@@ -105,7 +105,7 @@ impl Turns {
     }
 
     /// Whether a vCPU wants a turn.
-    pub(super) fn any_urgent(&self) -> bool {
+    pub(in crate::machine) fn any_urgent(&self) -> bool {
         self.urgent.load(Ordering::SeqCst) != 0
     }
 
@@ -116,7 +116,7 @@ impl Turns {
 }
 
 /// The shared control block of a running VM.
-pub(super) struct Control {
+pub(in crate::machine) struct Control {
     state: Mutex<RunState>,
     wake: Condvar,
     kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
@@ -131,7 +131,11 @@ pub(super) struct Control {
 impl Control {
     /// The control block of `power.len()` vCPUs on threads that run
     /// `groups` of them, with their initial power states.
-    pub(super) fn new(irqchip: Irqchip, power: Vec<VcpuPower>, groups: &[Vec<VcpuId>]) -> Self {
+    pub(in crate::machine) fn new(
+        irqchip: Irqchip,
+        power: Vec<VcpuPower>,
+        groups: &[Vec<VcpuId>],
+    ) -> Self {
         let cpus = power.len();
         assert!(cpus <= 64, "vCPU sets are 64-bit masks");
         let mut turns: Vec<Option<Arc<Turns>>> = vec![None; cpus];
@@ -166,22 +170,25 @@ impl Control {
     }
 
     /// The turns of `vcpu`'s thread.
-    pub(super) fn turns(&self, vcpu: VcpuId) -> Arc<Turns> {
+    pub(in crate::machine) fn turns(&self, vcpu: VcpuId) -> Arc<Turns> {
         self.turns[vcpu].clone()
     }
 
     /// Locks the run state.
-    pub(super) fn lock(&self) -> MutexGuard<'_, RunState> {
+    pub(in crate::machine) fn lock(&self) -> MutexGuard<'_, RunState> {
         self.state.locked()
     }
 
     /// Releases `guard` and waits for a change (or a spurious wake-up).
-    pub(super) fn wait<'a>(&self, guard: MutexGuard<'a, RunState>) -> MutexGuard<'a, RunState> {
+    pub(in crate::machine) fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, RunState>,
+    ) -> MutexGuard<'a, RunState> {
         self.wake.waited(guard)
     }
 
     /// As [`Control::wait`], for at most `timeout`.
-    pub(super) fn wait_for<'a>(
+    pub(in crate::machine) fn wait_for<'a>(
         &self,
         guard: MutexGuard<'a, RunState>,
         timeout: Duration,
@@ -190,7 +197,7 @@ impl Control {
     }
 
     /// Wakes every waiter after a change to the run state.
-    pub(super) fn notify(&self) {
+    pub(in crate::machine) fn notify(&self) {
         self.wake.notify_all();
     }
 
@@ -204,12 +211,12 @@ impl Control {
     }
 
     /// Registers how to kick vCPU `id` out of guest code.
-    pub(super) fn set_kicker(&self, id: VcpuId, kick: Arc<dyn Kick>) {
+    pub(in crate::machine) fn set_kicker(&self, id: VcpuId, kick: Arc<dyn Kick>) {
         self.kicks.locked()[id] = Some(kick);
     }
 
     /// Kicks the vCPUs `which` selects.
-    pub(super) fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
+    pub(in crate::machine) fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
         let kicks = self.kicks.locked();
         for (id, k) in kicks.iter().enumerate() {
             if let (true, Some(k)) = (which(id), k) {
@@ -219,7 +226,7 @@ impl Control {
     }
 
     /// Ends the VM (the first reason wins) and stops every vCPU.
-    pub(super) fn finish(&self, why: VmExit) {
+    pub(in crate::machine) fn finish(&self, why: VmExit) {
         {
             let mut c = self.lock();
             if c.exit.is_none() {
@@ -232,12 +239,12 @@ impl Control {
     }
 
     /// Whether the VM has ended.
-    pub(super) fn finished(&self) -> bool {
+    pub(in crate::machine) fn finished(&self) -> bool {
         self.lock().exit.is_some()
     }
 
     /// Waits for the VM to end and says why.
-    pub(super) fn wait_exit(&self) -> VmExit {
+    pub(in crate::machine) fn wait_exit(&self) -> VmExit {
         let c = self.wait_until(|_| false);
         c.exit
             .clone()
@@ -250,7 +257,7 @@ impl Control {
     /// ([`Control::run_soon`]); with an in-kernel GIC (which delivers to
     /// running vCPUs itself) wakes the vCPUs sleeping in WFI, which cannot
     /// tell whether it was for them.
-    pub(super) fn interrupts_changed(&self) {
+    pub(in crate::machine) fn interrupts_changed(&self) {
         match self.irqchip.pending_vcpus() {
             Some(pending) if pending.is_empty() => {}
             Some(pending) => {
@@ -272,7 +279,7 @@ impl Control {
     /// ([`Kick::irq_line_changed`]); if another vCPU of its thread is
     /// running, `vcpu` gets the next turn and the running one is kicked
     /// (once per turn wanted). Called from any thread.
-    pub(super) fn run_soon(&self, vcpu: VcpuId, irq: bool) {
+    pub(in crate::machine) fn run_soon(&self, vcpu: VcpuId, irq: bool) {
         let Some(turns) = self.turns.get(vcpu) else {
             return;
         };
@@ -313,7 +320,7 @@ impl Control {
     /// A vCPU thread has created its vCPUs. Waits until the VM's thread
     /// releases them: `Ok(true)` to run, `Ok(false)` if the VM ended first,
     /// the error if the start failed.
-    pub(super) fn created_wait_release(&self) -> Result<bool, String> {
+    pub(in crate::machine) fn created_wait_release(&self) -> Result<bool, String> {
         let mut c = self.lock();
         c.created += 1;
         self.notify();
@@ -330,25 +337,25 @@ impl Control {
 
     /// Waits until every vCPU thread has created its vCPUs (or the VM has
     /// ended).
-    pub(super) fn wait_created(&self) {
+    pub(in crate::machine) fn wait_created(&self) {
         drop(self.wait_until(|c| c.created >= self.threads));
     }
 
     /// Lets the vCPU threads waiting in [`Control::created_wait_release`] go
     /// on (`Ok`), or end the VM with the error.
-    pub(super) fn release(&self, result: Result<(), String>) {
+    pub(in crate::machine) fn release(&self, result: Result<(), String>) {
         self.lock().released = Some(result);
         self.notify();
     }
 
     /// A vCPU thread's vCPUs are ready to run.
-    pub(super) fn thread_ready(&self) {
+    pub(in crate::machine) fn thread_ready(&self) {
         self.lock().ready += 1;
         self.notify();
     }
 
     /// Waits until every vCPU thread is ready (or the VM has ended).
-    pub(super) fn wait_ready(&self) {
+    pub(in crate::machine) fn wait_ready(&self) {
         drop(self.wait_until(|c| c.ready >= self.threads));
     }
 
@@ -358,7 +365,7 @@ impl Control {
     /// from the moment all are parked, [`Clock::freeze`]) and returns the
     /// vCPUs' states; call [`Control::resume`] afterwards whatever the
     /// result.
-    pub(super) fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
+    pub(in crate::machine) fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
         {
             let mut c = self.lock();
             if c.exit.is_some() {
@@ -392,7 +399,7 @@ impl Control {
     /// Restarts `clock` where [`Control::pause`] stopped it (the paused
     /// interval is added to the VM's counter offset, [`Clock::thaw`]) and
     /// lets the parked vCPU threads run again.
-    pub(super) fn resume(&self, clock: &Clock) {
+    pub(in crate::machine) fn resume(&self, clock: &Clock) {
         clock.thaw();
         self.lock().pause = false;
         self.notify();
@@ -401,7 +408,7 @@ impl Control {
     /// A vCPU thread's side of [`Control::pause`]: hands in the states of its
     /// vCPUs (captured on this thread, as HVF requires) and waits until the
     /// snapshot is done.
-    pub(super) fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
+    pub(in crate::machine) fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
         let mut c = self.lock();
         for (id, st) in states {
             c.captured[id] = Some(st);
@@ -416,7 +423,7 @@ impl Control {
 }
 
 /// Ends the VM with an error if dropped while its thread panics.
-pub(super) struct EndOnPanic<'a>(pub(super) &'a Control);
+pub(in crate::machine) struct EndOnPanic<'a>(pub(in crate::machine) &'a Control);
 
 impl Drop for EndOnPanic<'_> {
     fn drop(&mut self) {

@@ -2,10 +2,9 @@
 //! running them, PSCI, WFI sleeping, the MMIO and system-register exits
 //! ([`VcpuIo`]), and the thread's side of the snapshot pause.
 
-use super::config::Start;
-use super::control::{Control, EndOnPanic, Turns};
-use super::state::{self, VcpuPower};
-use super::{Shared, VmExit};
+pub mod clock;
+pub mod run_state;
+
 use crate::arch::layout;
 use crate::arch::psci::{
     self, PowerState, PsciAction, PsciCall, PsciCpus, PSTATE_AT_START, RESET_TIMER, START_ZEROED_X,
@@ -14,6 +13,10 @@ use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, MPIDR_EL1};
 use crate::arch::timer::deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Reg, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::machine::config::Start;
+use crate::machine::snapshot::state::{self, VcpuPower};
+use crate::machine::vcpu::run_state::{Control, EndOnPanic, Turns};
+use crate::machine::{Shared, VmExit};
 use anyhow::{bail, Context};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -192,7 +195,7 @@ struct WfiWait {
 /// The vCPUs of each vCPU thread: one thread per vCPU, or one for all of
 /// them, round-robin, when the backend asks for it
 /// ([`crate::hv::Hypervisor::ROUND_ROBIN`]).
-pub(super) fn thread_groups(cpus: usize, round_robin: bool) -> Vec<Vec<VcpuId>> {
+pub(in crate::machine) fn thread_groups(cpus: usize, round_robin: bool) -> Vec<Vec<VcpuId>> {
     if round_robin {
         vec![(0..cpus).collect()]
     } else {
@@ -202,7 +205,7 @@ pub(super) fn thread_groups(cpus: usize, round_robin: bool) -> Vec<Vec<VcpuId>> 
 
 /// Starts a thread per group of [`thread_groups`]; each runs its vCPUs from
 /// `start` until the VM ends, and ends the VM if it fails (or panics).
-pub(super) fn spawn_threads<V: Vm + 'static>(
+pub(in crate::machine) fn spawn_threads<V: Vm + 'static>(
     vm: &Arc<V>,
     shared: &Arc<Shared>,
     groups: Vec<Vec<VcpuId>>,
@@ -583,7 +586,7 @@ mod tests {
     use crate::devices::gicv3::Gicv3;
     use crate::hv::fake::{FakeVcpu, FakeVm};
     use crate::machine::config::BootRegs;
-    use crate::machine::irqchip::Irqchip;
+    use crate::machine::device_manager::irqchip::Irqchip;
     use std::sync::Mutex;
     use std::time::Duration;
 

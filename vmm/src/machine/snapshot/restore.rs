@@ -3,11 +3,11 @@
 //! disk. The build turns the state back into the interrupt controller and
 //! devices, the vCPU threads into vCPUs.
 
-use super::config::{Plan, PlanDisk, SnapshotOptions, Start};
-use super::state::MachineState;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
+use crate::machine::config::{Plan, PlanDisk, SnapshotOptions, Start};
+use crate::machine::snapshot::state::MachineState;
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
 use snapshot_store::{
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Time spent in each restore stage, for the `Restore-time` breakdown.
 #[derive(Debug, Default)]
-pub(super) struct Stages {
+pub(in crate::machine) struct Stages {
     pub resolve: Duration,
     /// Verification, on its own thread alongside map base, overlay and state.
     pub verify: Duration,
@@ -40,7 +40,7 @@ impl Stages {
     /// base, overlay and state: its own time is shown in parentheses and only
     /// the wait for it is a stage. The working-disk copy is not a stage
     /// either: it reports itself (`Restore-disk-copy`).
-    pub(super) fn report(&self, total: Duration) {
+    pub(in crate::machine) fn report(&self, total: Duration) {
         console::message(&format!("Restore-time = {} ms", total.as_millis()));
         let us = |d: Duration| d.as_micros();
         console::message(&format!(
@@ -64,7 +64,7 @@ impl Stages {
 /// `.tmp-run-PID-NONCE` directory of the store (removed on drop; `vmstore
 /// gc` removes it if the process died). The store's own files are never
 /// opened for writing.
-pub(super) struct WorkDir(PathBuf);
+pub(in crate::machine) struct WorkDir(PathBuf);
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
@@ -79,7 +79,7 @@ const COPY_WAIT_ON_ERROR: Duration = Duration::from_secs(2);
 /// copied from the snapshot on a background thread: the guest starts without
 /// waiting for it, and its first disk request (or a snapshot) waits for the
 /// copy ([`crate::devices::virtio::block::BackingFile::pending`]).
-pub(super) struct CopyingDisk {
+pub(in crate::machine) struct CopyingDisk {
     /// The working disk's path.
     pub path: PathBuf,
     /// Its length in bytes (the snapshot image's).
@@ -136,7 +136,7 @@ impl CopyingDisk {
 
     /// The copy's result, for the block device: a closure that waits for
     /// the thread.
-    pub(super) fn take_wait(
+    pub(in crate::machine) fn take_wait(
         &mut self,
     ) -> impl FnOnce() -> std::io::Result<std::fs::File> + Send + 'static {
         let copy = self.copy.take();
@@ -173,7 +173,7 @@ impl Drop for CopyingDisk {
 /// records (`manifest_mode`), which must be one this build knows and, if
 /// `boot --gic` was given (`requested`), the same. The GIC's state does not
 /// move between modes.
-pub(super) fn restore_gic_mode(
+pub(in crate::machine) fn restore_gic_mode(
     name: &str,
     manifest_mode: &str,
     requested: Option<GicMode>,
@@ -193,7 +193,7 @@ pub(super) fn restore_gic_mode(
 /// Resolves `spec`, verifies the chain, maps its memory and decodes its state.
 /// The snapshot's backend and GIC mode are checked against `hv` and
 /// `requested` (`boot --gic`) before anything is mapped or created.
-pub(super) fn plan<H: Hypervisor>(
+pub(in crate::machine) fn plan<H: Hypervisor>(
     hv: &H,
     spec: &str,
     requested: Option<GicMode>,

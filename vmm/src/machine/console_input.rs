@@ -1,7 +1,7 @@
 //! The console input thread: host stdin, the escape keys, and the guest UART.
 
-use super::{Shared, VmExit};
 use crate::console::{self, EscapeParser, Key};
+use crate::machine::{Shared, VmExit};
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 /// Reads the host's stdin, handles the escape keys, and feeds the guest UART
 /// at the pace its RX FIFO drains. `Ctrl-A s` calls `snapshot` after the
 /// input typed before it has reached the guest.
-pub(super) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
+pub(in crate::machine) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
     let spawned = std::thread::Builder::new()
         .name("console".into())
         .spawn(move || {

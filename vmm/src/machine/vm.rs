@@ -2,48 +2,50 @@
 //! controller, the devices on the MMIO bus, and the state the VM's threads
 //! share.
 
-use super::clock::Clock;
-use super::config::{host_random, Plan, PlanDisk, Start};
-use super::control::Control;
-use super::devices::{DeviceArgs, Devices, NetDeviceArgs, SpiLine, VsockDeviceArgs};
-use super::irqchip::{Irqchip, PendingKernelGicState};
-use super::restore::{CopyingDisk, Stages};
-use super::{vcpu, Shared};
 use crate::devices::virtio::block::BackingFile;
 use crate::devices::virtio::net::host_end;
 use crate::devices::virtio::vsock::VsockHost;
 use crate::devices::MmioBus;
 use crate::devices::Persist;
 use crate::hv::{Hypervisor, VcpuId, Vm};
+use crate::machine::config::{host_random, Plan, PlanDisk, Start};
+use crate::machine::device_manager::irqchip::{Irqchip, PendingKernelGicState};
+use crate::machine::device_manager::{
+    DeviceArgs, Devices, NetDeviceArgs, SpiLine, VsockDeviceArgs,
+};
+use crate::machine::snapshot::restore::{CopyingDisk, Stages};
+use crate::machine::vcpu::clock::Clock;
+use crate::machine::vcpu::run_state::Control;
+use crate::machine::{vcpu, Shared};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// A VM built from a [`Plan`], ready for its vCPU threads.
-pub(super) struct Machine<V> {
-    pub(super) vm: Arc<V>,
-    pub(super) shared: Arc<Shared>,
+pub(in crate::machine) struct Machine<V> {
+    pub(in crate::machine) vm: Arc<V>,
+    pub(in crate::machine) shared: Arc<Shared>,
     /// The vCPUs of each vCPU thread.
-    pub(super) groups: Vec<Vec<VcpuId>>,
+    pub(in crate::machine) groups: Vec<Vec<VcpuId>>,
     /// How the vCPUs start.
-    pub(super) start: Start,
+    pub(in crate::machine) start: Start,
     /// An in-kernel GIC's saved state (restore), loaded once the vCPUs exist.
-    pub(super) kernel_gic_state: Option<PendingKernelGicState>,
+    pub(in crate::machine) kernel_gic_state: Option<PendingKernelGicState>,
     /// The VM's disk image, which snapshots clone.
-    pub(super) disk_path: PathBuf,
+    pub(in crate::machine) disk_path: PathBuf,
     /// The kernel command line, which snapshots record.
-    pub(super) cmdline: String,
+    pub(in crate::machine) cmdline: String,
     /// The layer the next snapshot is a child of (restore).
-    pub(super) parent: Option<snapshot_store::Layer>,
+    pub(in crate::machine) parent: Option<snapshot_store::Layer>,
     /// A restored VM's working disk, still being copied when the VM starts:
     /// the block device waits for it on first use. Kept for as long as the
     /// VM runs; dropping it removes its work directory.
-    pub(super) _work_disk: Option<CopyingDisk>,
+    pub(in crate::machine) _work_disk: Option<CopyingDisk>,
 }
 
 /// Builds the VM `plan` describes on `hv`, timing its stages in `stages`.
-pub(super) fn build<H: Hypervisor>(
+pub(in crate::machine) fn build<H: Hypervisor>(
     hv: &H,
     plan: Plan,
     stages: &mut Stages,
@@ -182,7 +184,7 @@ fn bus(irqchip: &Irqchip, devices: &Devices, cpus: usize) -> MmioBus {
 /// RAM that was zero; a restored VM's new generation ID) stays marked: a
 /// fresh VM's first (full) layer then holds exactly the pages ever written,
 /// and a restored VM's first diff holds what changed since its layer.
-pub(super) fn start_dirty_tracking<V: Vm>(vm: &V) -> anyhow::Result<()> {
+pub(in crate::machine) fn start_dirty_tracking<V: Vm>(vm: &V) -> anyhow::Result<()> {
     vm.rearm_dirty_tracking()
         .context("cannot start dirty tracking")
 }

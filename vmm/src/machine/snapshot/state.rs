@@ -13,7 +13,7 @@ use crate::hv::gic::check_icc_state;
 use crate::hv::{self, GicMode, Reg, Vcpu};
 use serde::{Deserialize, Serialize};
 
-pub use super::devices::DevicesState;
+pub use crate::machine::device_manager::DevicesState;
 
 /// Version of the machine-state encoding; bump on incompatible changes.
 ///
@@ -211,11 +211,16 @@ impl IrqchipState {
 mod hex_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    pub(in crate::machine) fn serialize<S: Serializer>(
+        bytes: &[u8],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.serialize_str(&snapshot_store::hex(bytes))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub(in crate::machine) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<u8>, D::Error> {
         let hex = String::deserialize(d)?;
         if hex.len() % 2 != 0 {
             return Err(serde::de::Error::custom("hex string of odd length"));
@@ -414,7 +419,7 @@ mod tests {
     use crate::devices::vmgenid::VmGenIdState;
     use crate::devices::{IrqLine, Persist};
     use crate::hv::gic::ICC_STATE_REGS;
-    use crate::machine::devices::{DeviceArgs, Devices};
+    use crate::machine::device_manager::{DeviceArgs, Devices};
     use crate::memory::GuestRam;
     use std::sync::Arc;
     use std::time::Instant;
