@@ -14,7 +14,25 @@
 //! | `memory`  | `arch`                                                       |
 //! | `devices` | `arch`, `memory`                                             |
 //! | `hv`      | `arch`, `memory`, and `devices::bus::MmioFault` only in `hv/mod.rs` (its re-export) |
-//! | others    | anything (`machine`, `snapshot`, `console`, `lib.rs`, `bin/`) |
+//! | others    | anything (`machine`, `console`, `lib.rs`, `bin/`)            |
+//!
+//! Inside `machine`, its wings import one way too (`machine/mod.rs`, which
+//! runs the VM and serves its verbs, may use them all):
+//!
+//! ```text
+//! {config, ops, device_manager, vcpu} <- {plan, console_input, control_socket}
+//!     <- vm <- snapshot <- mod.rs
+//! ```
+//!
+//! | wing              | may use (of `machine`)                                   |
+//! |-------------------|----------------------------------------------------------|
+//! | `config`, `ops`   | itself                                                   |
+//! | `device_manager`  | itself                                                   |
+//! | `vcpu`            | itself                                                   |
+//! | `console_input`, `control_socket` | itself, `ops`                            |
+//! | `plan`            | itself, `config`, `device_manager`, `vcpu`               |
+//! | `vm`              | the above but the front-ends                             |
+//! | `snapshot`        | the above, `vm`                                          |
 //!
 //! The crate-level utilities `sync`, `logging` and the `warn_ratelimited!`
 //! macro may be used from every layer. External crates are not checked.
@@ -38,6 +56,31 @@ fn allowed(layer: &str) -> Option<&'static [&'static str]> {
         "memory" => Some(&["arch", "memory"]),
         "devices" => Some(&["arch", "memory", "devices"]),
         "hv" => Some(&["arch", "memory", "hv"]),
+        _ => None,
+    }
+}
+
+/// The wings of `machine` a file of wing `wing` may reach, or `None` if it
+/// is unconstrained (`machine/mod.rs`).
+fn machine_allowed(wing: &str) -> Option<&'static [&'static str]> {
+    match wing {
+        "config" => Some(&["config"]),
+        "ops" => Some(&["ops"]),
+        "device_manager" => Some(&["device_manager"]),
+        "vcpu" => Some(&["vcpu"]),
+        "console_input" => Some(&["console_input", "ops"]),
+        "control_socket" => Some(&["control_socket", "ops"]),
+        "plan" => Some(&["config", "device_manager", "vcpu", "plan"]),
+        "vm" => Some(&["config", "ops", "device_manager", "vcpu", "plan", "vm"]),
+        "snapshot" => Some(&[
+            "config",
+            "ops",
+            "device_manager",
+            "vcpu",
+            "plan",
+            "vm",
+            "snapshot",
+        ]),
         _ => None,
     }
 }
@@ -271,6 +314,9 @@ fn crate_paths(rel: &str, src: &str) -> Vec<(Vec<String>, usize)> {
 /// source `src`, as messages.
 fn violations(rel: &str, src: &str) -> Vec<String> {
     let layer = module_path(rel).first().cloned().unwrap_or_default();
+    if layer == "machine" {
+        return wing_violations(rel, src);
+    }
     let Some(ok) = allowed(&layer) else {
         return Vec::new();
     };
@@ -287,6 +333,32 @@ fn violations(rel: &str, src: &str) -> Vec<String> {
         .map(|(path, line)| {
             format!(
                 "src/{rel}:{line}: `crate::{}`: the `{layer}` layer may use only {ok:?} (and {UTILITIES:?})",
+                path.join("::")
+            )
+        })
+        .collect()
+}
+
+/// The violations of a file of `machine`: a path into a wing its own wing
+/// may not use.
+fn wing_violations(rel: &str, src: &str) -> Vec<String> {
+    let Some(wing) = module_path(rel).get(1).cloned() else {
+        return Vec::new();
+    };
+    let Some(ok) = machine_allowed(&wing) else {
+        return Vec::new();
+    };
+    crate_paths(rel, src)
+        .into_iter()
+        .filter(|(path, _)| {
+            path.first().map(String::as_str) == Some("machine")
+                && path.get(1).is_some_and(|w| {
+                    machine_allowed(w).is_some() && !ok.contains(&w.as_str())
+                })
+        })
+        .map(|(path, line)| {
+            format!(
+                "src/{rel}:{line}: `crate::{}`: the `machine::{wing}` wing may use only {ok:?} of `machine`",
                 path.join("::")
             )
         })
@@ -404,4 +476,31 @@ fn the_checker_sees_what_it_must() {
         0
     );
     assert_eq!(v("bin/boot.rs", "use crate::machine;"), 0);
+    // The wings of `machine`: downwards only, and `super` counts.
+    assert_eq!(v("machine/vm.rs", "use crate::machine::vcpu::Start;"), 0);
+    assert_eq!(
+        v("machine/vm.rs", "use super::snapshot::save::Snapshots;"),
+        1
+    );
+    assert_eq!(
+        v("machine/vcpu/mod.rs", "use super::run_state::RunState;"),
+        0
+    );
+    assert_eq!(v("machine/vcpu/psci.rs", "use super::super::vm::Vmm;"), 1);
+    assert_eq!(
+        v(
+            "machine/device_manager/mod.rs",
+            "use crate::machine::vcpu::X;"
+        ),
+        1
+    );
+    assert_eq!(
+        v("machine/control_socket.rs", "use crate::machine::vm::Vmm;"),
+        1
+    );
+    assert_eq!(
+        v("machine/snapshot/save.rs", "use crate::machine::vm::Vmm;"),
+        0
+    );
+    assert_eq!(v("machine/mod.rs", "use snapshot::save::Snapshots;"), 0);
 }

@@ -261,7 +261,10 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
 
 #[cfg(feature = "emu")]
 fn run_emu(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
-    ignition_vmm::machine::run(ignition_vmm::hv::emu::EmuHypervisor::new(), cfg)
+    Ok(ignition_vmm::machine::run(
+        ignition_vmm::hv::emu::EmuHypervisor::new(),
+        cfg,
+    )?)
 }
 
 #[cfg(not(feature = "emu"))]
@@ -271,7 +274,10 @@ fn run_emu(_: &MachineConfig) -> anyhow::Result<VmExit> {
 
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
-    ignition_vmm::machine::run(ignition_vmm::hv::hvf::HvfHypervisor::new()?, cfg)
+    Ok(ignition_vmm::machine::run(
+        ignition_vmm::hv::hvf::HvfHypervisor::new()?,
+        cfg,
+    )?)
 }
 
 #[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]

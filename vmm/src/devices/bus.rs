@@ -35,6 +35,10 @@ pub struct OverlapError {
     other: &'static str,
 }
 
+/// A device's place on the bus, as [`MmioBus::insert`] takes it: its name
+/// (in the bus's warnings), base GPA, size in bytes, and the device.
+pub type BusRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
+
 /// Guest-physical ranges mapped to devices; lookups by binary search.
 #[derive(Default)]
 pub struct MmioBus {

@@ -1,22 +1,34 @@
-//! The console input thread: host stdin, the escape keys, and the guest UART.
+//! The console front-end: the host's stdin, its escape keys (each a verb,
+//! [`crate::machine::ops`]), and the guest UART it feeds.
 
 use crate::console::{self, EscapeParser, Key};
-use crate::machine::{Shared, VmExit};
+use crate::machine::ops::{Op, SnapshotWait, Verbs};
+use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Reads the host's stdin, handles the escape keys, and feeds the guest UART
-/// at the pace its RX FIFO drains. `Ctrl-A s` calls `snapshot` after the
-/// input typed before it has reached the guest.
-pub(in crate::machine) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut() + Send>) {
+/// The guest's console UART as the input thread feeds it.
+pub trait Uart: Send {
+    /// Hands input to the UART's receive FIFO; returns how many leading
+    /// bytes it took.
+    fn input(&self, bytes: &[u8]) -> usize;
+    /// Whether the VM has ended (nothing more is fed).
+    fn ended(&self) -> bool;
+}
+
+/// Reads the host's stdin on a thread, turns the escape keys into verbs on
+/// `verbs`, and feeds the rest to `uart` at the pace its receive FIFO
+/// drains. `Ctrl-A s` snapshots after the input typed before it has reached
+/// the guest, and goes on once the guest runs again.
+pub fn spawn(verbs: Arc<dyn Verbs>, uart: Box<dyn Uart>) {
     let spawned = std::thread::Builder::new()
         .name("console".into())
         .spawn(move || {
             let mut parser = EscapeParser::default();
             let mut stdin = std::io::stdin().lock();
             let mut buf = [0u8; 256];
-            let mut pending = std::collections::VecDeque::new();
+            let mut pending = VecDeque::new();
             loop {
                 let n = match stdin.read(&mut buf) {
                     Ok(0) | Err(_) => return,
@@ -26,18 +38,22 @@ pub(in crate::machine) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut
                     match parser.feed(b) {
                         Key::Guest(b) => pending.push_back(b),
                         Key::Quit => {
-                            shared.control.finish(VmExit::Quit);
+                            let _ = verbs.execute(Op::Quit);
                             return;
                         }
                         Key::Help => console::message(console::ESCAPE_HELP.trim_end()),
                         Key::Snapshot => {
-                            feed_uart(&shared, &mut pending);
-                            snapshot();
+                            feed(&*uart, &mut pending);
+                            // The console has the outcome.
+                            let _ = verbs.execute(Op::Snapshot {
+                                name: None,
+                                wait: SnapshotWait::Resumed,
+                            });
                         }
                         Key::None => {}
                     }
                 }
-                feed_uart(&shared, &mut pending);
+                feed(&*uart, &mut pending);
             }
         });
     if let Err(e) = spawned {
@@ -45,11 +61,11 @@ pub(in crate::machine) fn spawn(shared: Arc<Shared>, mut snapshot: Box<dyn FnMut
     }
 }
 
-/// Moves `pending` input into the console UART's RX FIFO as space frees up.
-fn feed_uart(shared: &Shared, pending: &mut std::collections::VecDeque<u8>) {
-    while !pending.is_empty() && !shared.control.finished() {
+/// Moves `pending` input into the UART's receive FIFO as space frees up.
+fn feed(uart: &dyn Uart, pending: &mut VecDeque<u8>) {
+    while !pending.is_empty() && !uart.ended() {
         let bytes = pending.make_contiguous();
-        let taken = shared.devices.console_input(bytes);
+        let taken = uart.input(bytes);
         pending.drain(..taken);
         if !pending.is_empty() {
             std::thread::sleep(Duration::from_millis(1));

@@ -14,41 +14,24 @@
 //! {"code": CODE, "message": "..."}}` with CODE one of [`ErrorCode`]'s. A
 //! request line is at most [`MAX_REQUEST_BYTES`]; a longer, malformed or
 //! unknown request gets an error and changes nothing. Several clients may be
-//! connected; their requests are served one at a time. A client that goes
-//! away mid-request changes nothing but what the request did. The protocol
-//! is documented, with a schema, in the book's control-socket chapter.
+//! connected, each served on its own thread: one client's long request (a
+//! snapshot) holds back only requests that must wait for it, never another
+//! client's `status`. A client that goes away mid-request changes nothing
+//! but what the request did. The protocol is documented, with a schema, in
+//! the book's control-socket chapter.
+//!
+//! This is a front-end: each request is a verb ([`crate::machine::ops`]).
 
-use crate::machine::snapshot::save::Written;
-use crate::machine::{Shared, VmExit};
-use crate::sync::Locked;
+use crate::machine::ops::{Op, OpError, SnapshotWait, Verbs};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Longest request line, in bytes (newline included).
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
-
-/// What the control socket can do to the VM (the snapshotter implements it).
-pub(in crate::machine) trait Operations: Send {
-    /// Writes a snapshot and returns it once it is in the store.
-    fn snapshot(&mut self, name: Option<String>) -> Result<Written, String>;
-    /// Pauses the VM.
-    fn pause(&mut self) -> Result<(), String>;
-    /// Resumes a paused VM.
-    fn resume(&mut self) -> Result<(), String>;
-    /// Whether the VM is paused.
-    fn paused(&self) -> bool;
-    /// The layer the next snapshot is a diff against.
-    fn parent(&self) -> Option<String>;
-    /// Pages a diff written now would hold.
-    fn dirty_pages(&self) -> usize;
-    /// Whether a background layer is being written.
-    fn writing(&self) -> bool;
-}
 
 /// Error codes of the control socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -67,6 +50,16 @@ pub enum ErrorCode {
     SnapshotFailed,
 }
 
+impl ErrorCode {
+    /// The code of a verb's error.
+    fn of(e: &OpError) -> Self {
+        match e {
+            OpError::Pause(_) => ErrorCode::Refused,
+            OpError::Snapshot(_) => ErrorCode::SnapshotFailed,
+        }
+    }
+}
+
 /// A request.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
@@ -81,41 +74,46 @@ enum Request {
     Quit,
 }
 
+impl From<Request> for Op {
+    fn from(r: Request) -> Op {
+        match r {
+            Request::Snapshot { name } => Op::Snapshot {
+                name,
+                wait: SnapshotWait::Committed,
+            },
+            Request::Pause => Op::Pause,
+            Request::Resume => Op::Resume,
+            Request::Status => Op::Status,
+            Request::Quit => Op::Quit,
+        }
+    }
+}
+
 const COMMANDS: [&str; 5] = ["snapshot", "pause", "resume", "status", "quit"];
 
-/// The result of `status`.
-#[derive(Debug, Serialize)]
-struct Status {
-    /// `running` or `paused`.
-    state: &'static str,
-    vcpus: usize,
-    backend: &'static str,
-    /// Since `boot` started the VM, in ms.
-    uptime_ms: u64,
-    /// The `--restore` spec, if the VM was restored.
-    restored_from: Option<String>,
-    /// The layer the next snapshot is a diff against (`null`: it is a full
-    /// one).
-    parent: Option<String>,
-    /// 16 KiB pages a diff written now would hold.
-    dirty_pages: usize,
-    /// A background layer is being written.
-    snapshot_in_progress: bool,
+/// Requests being answered, counted so that the VM's end waits for their
+/// answers.
+#[derive(Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    done: Condvar,
 }
 
-/// What the control socket serves from.
-pub(in crate::machine) struct Api {
-    pub(in crate::machine) shared: Arc<Shared>,
-    pub(in crate::machine) ops: Arc<Mutex<dyn Operations>>,
-    pub(in crate::machine) vcpus: usize,
-    pub(in crate::machine) backend: &'static str,
-    pub(in crate::machine) started: Instant,
-    pub(in crate::machine) restored_from: Option<String>,
-}
-
-/// The socket file, removed when dropped.
-pub(in crate::machine) struct Socket {
+/// The socket file (removed when dropped) and the requests in flight on it.
+pub struct Socket {
     path: PathBuf,
+    in_flight: Arc<InFlight>,
+}
+
+impl Socket {
+    /// Waits until every request being answered has its answer written
+    /// (the VM has ended: verbs still arriving are refused at once).
+    pub fn drain(&self) {
+        let mut n = crate::sync::Locked::locked(&self.in_flight.count);
+        while *n > 0 {
+            n = crate::sync::Waited::waited(&self.in_flight.done, n);
+        }
+    }
 }
 
 impl Drop for Socket {
@@ -125,8 +123,8 @@ impl Drop for Socket {
 }
 
 /// Listens on `path` (replacing a stale socket there, refusing a live one
-/// or any other file) and serves `api` on a thread per client.
-pub(in crate::machine) fn listen(path: &Path, api: Api) -> anyhow::Result<Socket> {
+/// or any other file) and serves `verbs` on a thread per client.
+pub fn listen(path: &Path, verbs: Arc<dyn Verbs>) -> anyhow::Result<Socket> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if UnixStream::connect(path).is_ok() {
@@ -151,45 +149,50 @@ pub(in crate::machine) fn listen(path: &Path, api: Api) -> anyhow::Result<Socket
     nix::sys::stat::umask(old);
     let listener =
         bound.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-    let api = Arc::new(api);
+    let in_flight = Arc::new(InFlight::default());
+    let flights = in_flight.clone();
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let api = api.clone();
+                let (verbs, flights) = (verbs.clone(), flights.clone());
                 let _ = std::thread::Builder::new()
                     .name("control-client".into())
-                    .spawn(move || serve(&api, stream));
+                    .spawn(move || serve(&*verbs, &flights, stream));
             }
         })?;
     Ok(Socket {
         path: path.to_path_buf(),
+        in_flight,
     })
 }
 
-/// Serves one client until it disconnects (or the VM ends).
-fn serve(api: &Api, stream: UnixStream) {
+/// Serves one client until it disconnects.
+fn serve(verbs: &dyn Verbs, in_flight: &InFlight, stream: UnixStream) {
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
     let mut input = BufReader::new(stream);
     loop {
-        let (line, quit) = match read_line(&mut input) {
+        let line = match read_line(&mut input) {
             Line::Eof => return,
-            Line::TooLarge => (
-                error(
-                    ErrorCode::TooLarge,
-                    format!("request longer than {MAX_REQUEST_BYTES} bytes"),
-                ),
-                false,
+            Line::TooLarge => error(
+                ErrorCode::TooLarge,
+                format!("request longer than {MAX_REQUEST_BYTES} bytes"),
             ),
-            Line::Request(bytes) => handle(api, &bytes),
+            Line::Request(bytes) => {
+                *crate::sync::Locked::locked(&in_flight.count) += 1;
+                let answer = handle(verbs, &bytes);
+                let written = writeln!(out, "{answer}");
+                *crate::sync::Locked::locked(&in_flight.count) -= 1;
+                in_flight.done.notify_all();
+                if written.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         if writeln!(out, "{line}").is_err() {
-            return;
-        }
-        if quit {
-            api.shared.control.finish(VmExit::Quit);
             return;
         }
     }
@@ -236,50 +239,15 @@ fn read_line(input: &mut impl BufRead) -> Line {
     }
 }
 
-/// Answers one request line; whether the VM must quit after the answer.
-fn handle(api: &Api, bytes: &[u8]) -> (String, bool) {
+/// Answers one request line.
+fn handle(verbs: &dyn Verbs, bytes: &[u8]) -> String {
     let req = match parse(bytes) {
         Ok(r) => r,
-        Err((code, message)) => return (error(code, message), false),
+        Err((code, message)) => return error(code, message),
     };
-    let quit = matches!(req, Request::Quit);
-    let result = match req {
-        Request::Snapshot { name } => api
-            .ops
-            .locked()
-            .snapshot(name)
-            .map(|w| serde_json::to_value(w).expect("serialisable"))
-            .map_err(|e| (ErrorCode::SnapshotFailed, e)),
-        Request::Pause => unit(api.ops.locked().pause()),
-        Request::Resume => unit(api.ops.locked().resume()),
-        Request::Status => Ok(serde_json::to_value(status(api)).expect("serialisable")),
-        Request::Quit => Ok(serde_json::json!({})),
-    };
-    match result {
-        Ok(v) => (
-            serde_json::json!({"ok": true, "result": v}).to_string(),
-            quit,
-        ),
-        Err((code, message)) => (error(code, message), false),
-    }
-}
-
-fn unit(r: Result<(), String>) -> Result<serde_json::Value, (ErrorCode, String)> {
-    r.map(|()| serde_json::json!({}))
-        .map_err(|e| (ErrorCode::Refused, e))
-}
-
-fn status(api: &Api) -> Status {
-    let ops = api.ops.locked();
-    Status {
-        state: if ops.paused() { "paused" } else { "running" },
-        vcpus: api.vcpus,
-        backend: api.backend,
-        uptime_ms: api.started.elapsed().as_millis() as u64,
-        restored_from: api.restored_from.clone(),
-        parent: ops.parent(),
-        dirty_pages: ops.dirty_pages(),
-        snapshot_in_progress: ops.writing(),
+    match verbs.execute(req.into()) {
+        Ok(reply) => serde_json::json!({"ok": true, "result": reply}).to_string(),
+        Err(e) => error(ErrorCode::of(&e), e.to_string()),
     }
 }
 

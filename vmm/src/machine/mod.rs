@@ -1,40 +1,49 @@
-//! Building a VM from a configuration and running it.
+//! Building a VM from a configuration, running it, and serving its verbs.
 //!
-//! [`run`] goes through these steps, each in its own module: the plan
-//! (`config`: a fresh boot loads the kernel and device tree; `restore` maps
-//! a snapshot chain and decodes its [`state`]), the build (`build`: the
-//! hypervisor's VM, the `irqchip`, the `devices` on the MMIO bus), the
-//! console input thread (`input`, whose Ctrl-A s takes a snapshot: `take`),
-//! and the vCPU threads (`vcpu`: the run loop, PSCI, WFI, MMIO and
-//! system-register exits), which share a `control` block and the guest's
-//! `clock` (one count per VM, the physical timers).
+//! The parts, one module or wing each, lower ones first (each uses only
+//! those before it):
+//!
+//! - [`config`]: what to run, from the command line; [`ops`]: the verbs a
+//!   front-end may ask of a running VM, their results and errors.
+//! - `device_manager/`: the device set, the interrupt controller, the root
+//!   disk; `vcpu/`: the vCPU threads and their run loop, the run state
+//!   every thread shares, the guest's clock, a vCPU's state.
+//! - `console_input` and [`control_socket`]: the two front-ends, each
+//!   turning its input into verbs.
+//! - `plan`: what gets built (a fresh boot's plan).
+//! - `vm`: the running VM ([`vm::Vmm`]): built from a plan, it owns RAM,
+//!   the bus, the interrupt controller, the devices, the run state and the
+//!   clock, and pauses and resumes the vCPUs.
+//! - `snapshot/`: writing a layer (calling the VM's stop, capture and
+//!   restart), restoring a chain (a restore's plan), the machine state's
+//!   encoding.
+//! - here: [`run`], and the VM's [`ops::Verbs`].
 //!
 //! Threads: one per vCPU, or one for all vCPUs round-robin when the backend
-//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
-//! clock's physical timer thread; and the caller's thread, which waits for
-//! the VM to end. Lock order: a device lock (the clock's counts as one), then
-//! the GIC lock (interrupt lines), then the control block's; never the
+//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; a
+//! thread per control-socket client; the clock's physical timer thread; a
+//! background snapshot's writer; and the caller's thread, which waits for
+//! the VM to end. Lock order: a device lock (the clock's counts as one),
+//! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
 use crate::console;
-use crate::devices::MmioBus;
-use crate::hv::Hypervisor;
-use crate::memory::GuestRam;
-use crate::sync::Locked;
+use crate::hv::{Hypervisor, Vm};
 use anyhow::Context;
-use device_manager::irqchip::Irqchip;
-use device_manager::Devices;
+use snapshot::restore::Stages;
+use snapshot::save::Snapshots;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::Instant;
-use vcpu::run_state::Control;
+use vm::Vmm;
 
-mod config;
+pub mod config;
 mod console_input;
 pub mod control_socket;
 mod device_manager;
-pub mod snapshot;
+pub mod ops;
+mod plan;
+mod snapshot;
 mod vcpu;
 mod vm;
 
@@ -42,117 +51,174 @@ pub use config::{
     BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VsockConfig,
     DEFAULT_GUEST_CID,
 };
+pub use snapshot::state::MACHINE_STATE_VERSION;
+pub use vcpu::run_state::VmExit;
 
-/// How a VM ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VmExit {
-    /// The guest called PSCI SYSTEM_OFF.
-    PowerOff,
-    /// The guest called PSCI SYSTEM_RESET (the VMM exits rather than reboots).
-    Reset,
-    /// The user pressed Ctrl-A x.
-    Quit,
-    /// A vCPU hit something the VMM cannot handle.
-    Error(String),
+/// Why a VM could not be started. Each message is the failing step's, with
+/// its causes.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The options are refused before anything runs (a snapshot name
+    /// taken, an interrupt controller this backend lacks, ...).
+    #[error("{0:#}")]
+    Options(anyhow::Error),
+    /// A fresh boot's kernel, disk or guest RAM cannot be set up.
+    #[error("{0:#}")]
+    Boot(anyhow::Error),
+    /// The snapshot chain cannot be restored.
+    #[error("{0:#}")]
+    Restore(anyhow::Error),
+    /// The VM, its interrupt controller or its devices cannot be built.
+    #[error("{0:#}")]
+    Build(anyhow::Error),
+    /// The console, the control socket or the vCPU threads cannot start.
+    #[error("{0:#}")]
+    Start(anyhow::Error),
 }
 
-/// State shared by every thread of a running VM.
-struct Shared {
-    ram: Arc<GuestRam>,
-    bus: MmioBus,
-    irqchip: Irqchip,
-    devices: Devices,
-    control: Arc<Control>,
-    /// The guest's clock and physical timers.
-    clock: vcpu::clock::Clock,
-    /// Threads recording snapshot layers' verified-file caches; joined at exit.
-    cache_writers: Mutex<Vec<JoinHandle<()>>>,
-    /// The thread writing a background snapshot layer; joined before the
-    /// next snapshot and at exit.
-    snapshot_writer: Mutex<Option<snapshot::save::BackgroundWriter>>,
+/// A running VM and what its front-ends ask of it.
+struct Machine<V: Vm> {
+    vmm: Vmm<V>,
+    snapshots: Snapshots,
+    backend: &'static str,
+    started: Instant,
+    restored_from: Option<String>,
+}
+
+impl<V: Vm + 'static> ops::Verbs for Machine<V> {
+    fn execute(&self, op: ops::Op) -> Result<ops::Reply, ops::OpError> {
+        use ops::{Op, Reply, SnapshotWait};
+        match op {
+            Op::Snapshot { name, wait } => {
+                let wait = wait == SnapshotWait::Committed;
+                Ok(match self.snapshots.take(&self.vmm, name, wait)? {
+                    Some(w) => Reply::Snapshot(w),
+                    None => Reply::Done {},
+                })
+            }
+            Op::Pause => {
+                self.vmm.pause()?;
+                Ok(Reply::Done {})
+            }
+            Op::Resume => {
+                self.vmm.resume()?;
+                Ok(Reply::Done {})
+            }
+            Op::Status => Ok(Reply::Status(self.status())),
+            Op::Quit => {
+                self.vmm.finish(VmExit::Quit);
+                Ok(Reply::Done {})
+            }
+        }
+    }
+}
+
+impl<V: Vm + 'static> Machine<V> {
+    fn status(&self) -> ops::Status {
+        ops::Status {
+            state: if self.vmm.paused() {
+                "paused"
+            } else {
+                "running"
+            },
+            vcpus: self.vmm.vcpus(),
+            backend: self.backend,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            restored_from: self.restored_from.clone(),
+            parent: self.snapshots.parent_name(),
+            dirty_pages: self.snapshots.dirty_pages_pending(&self.vmm),
+            snapshot_in_progress: self.snapshots.writing(),
+        }
+    }
+}
+
+impl<V: Vm + 'static> console_input::Uart for Arc<Machine<V>> {
+    fn input(&self, bytes: &[u8]) -> usize {
+        self.vmm.console_input(bytes)
+    }
+
+    fn ended(&self) -> bool {
+        self.vmm.finished()
+    }
 }
 
 /// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
-pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> anyhow::Result<VmExit>
+/// Before it returns, a snapshot being taken is committed or cleanly
+/// failed, and every control-socket request has its answer.
+pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> Result<VmExit, StartError>
 where
     H::Vm: 'static,
 {
     let t0 = Instant::now();
-    let mut stages = snapshot::restore::Stages::default();
-    config::check_snapshot_name(&cfg.snapshots)?;
-    let plan = config::plan(&hv, cfg, t0, &mut stages)?;
-    let m = vm::build(&hv, plan, &mut stages)?;
-    if cfg.snapshots.track_dirty {
-        vm::start_dirty_tracking(&*m.vm)?;
-    }
-    let _raw = console::RawTerminal::enter().context("cannot put the terminal into raw mode")?;
-    let snapshotter = Arc::new(Mutex::new(snapshot::save::Snapshotter::new(
-        m.vm.clone(),
-        m.shared.clone(),
-        &cfg.snapshots,
-        m.parent,
-        m.disk_path,
-        m.cmdline,
-        H::NAME,
-    )));
-    let _socket = match &cfg.control {
-        Some(path) => Some(control_socket::listen(
-            path,
-            control_socket::Api {
-                shared: m.shared.clone(),
-                ops: snapshotter.clone(),
-                vcpus: m.groups.iter().map(Vec::len).sum(),
-                backend: H::NAME,
-                started: t0,
-                restored_from: match &cfg.source {
-                    BootSource::Restore { spec } => Some(spec.clone()),
-                    BootSource::Fresh(_) => None,
-                },
-            },
-        )?),
-        None => None,
+    let mut stages = Stages::default();
+    cfg.snapshots.check().map_err(StartError::Options)?;
+    let plan = match &cfg.source {
+        BootSource::Fresh(f) => {
+            let gic = cfg.gic.unwrap_or_default();
+            hv.check_gic_mode(gic)
+                .map_err(|e| StartError::Options(e.into()))?;
+            let name = cfg.snapshots.name.as_deref();
+            plan::fresh(f, gic, name, cfg.net.clone(), cfg.vsock.clone())
+                .map_err(StartError::Boot)?
+        }
+        BootSource::Restore { spec } => {
+            let devices = (cfg.net.clone(), cfg.vsock.clone());
+            let store = &cfg.snapshots.store;
+            snapshot::restore::plan(&hv, spec, cfg.gic, store, devices, t0, &mut stages)
+                .map_err(StartError::Restore)?
+        }
     };
-    console_input::spawn(
-        m.shared.clone(),
-        Box::new(move || snapshotter.locked().take()),
-    );
+    let (vmm, launch) = Vmm::build(&hv, plan).map_err(StartError::Build)?;
+    stages.vm_create = launch.times.vm_create;
+    stages.gic = launch.times.gic;
+    stages.devices = launch.times.devices;
+    let snapshots = Snapshots::new(&cfg.snapshots, launch.parent, H::NAME);
+    snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
+    let _raw = console::RawTerminal::enter()
+        .context("cannot put the terminal into raw mode")
+        .map_err(StartError::Start)?;
+    let machine = Arc::new(Machine {
+        vmm,
+        snapshots,
+        backend: H::NAME,
+        started: t0,
+        restored_from: match &cfg.source {
+            BootSource::Restore { spec } => Some(spec.clone()),
+            BootSource::Fresh(_) => None,
+        },
+    });
+    let verbs: Arc<dyn ops::Verbs> = machine.clone();
+    let socket = cfg
+        .control
+        .as_deref()
+        .map(|path| control_socket::listen(path, verbs.clone()))
+        .transpose()
+        .map_err(StartError::Start)?;
+    console_input::spawn(verbs, Box::new(machine.clone()));
 
     let t = Instant::now();
-    let threads = vcpu::spawn_threads(&m.vm, &m.shared, m.groups, &m.start)?;
-    // Every vCPU exists before any runs; a restored in-kernel GIC's state
-    // goes in between.
-    let t_gic = Instant::now();
-    m.shared.control.wait_created();
-    let released = match m.kernel_gic_state {
-        Some(gic) => {
-            let loaded = gic.load();
-            stages.gic += t_gic.elapsed();
-            loaded
-        }
-        None => Ok(()),
-    };
-    m.shared.control.release(released);
+    let (threads, gic_load) = machine
+        .vmm
+        .start_vcpus(&launch.start, launch.kernel_gic_state)
+        .map_err(StartError::Start)?;
+    if let Some(d) = gic_load {
+        stages.gic += d;
+    }
     if let BootSource::Restore { .. } = cfg.source {
-        m.shared.control.wait_ready();
+        machine.vmm.wait_ready();
         stages.vcpus = t.elapsed();
         stages.report(t0.elapsed());
     }
-    let why = m.shared.control.wait_exit();
-    wind_down(&m.shared, threads);
-    Ok(why)
-}
-
-/// After the VM has ended: joins the vCPU threads, a background snapshot's
-/// writer (its layer is completed) and the snapshot cache writers, and
-/// flushes the console output.
-fn wind_down(shared: &Shared, threads: Vec<JoinHandle<()>>) {
+    let why = machine.vmm.wait_exit();
+    // Winding down: the vCPU threads end, a snapshot being taken or written
+    // completes, and the control socket's clients get their answers.
     for t in threads {
         let _ = t.join();
     }
-    let _ = snapshot::save::finish_background(shared, false);
-    let writers = std::mem::take(&mut *shared.cache_writers.locked());
-    for w in writers {
-        let _ = w.join();
+    machine.snapshots.finish();
+    if let Some(s) = &socket {
+        s.drain();
     }
     let _ = std::io::stdout().flush();
+    Ok(why)
 }

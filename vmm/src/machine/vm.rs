@@ -1,167 +1,488 @@
-//! Building a VM from its [`Plan`]: the hypervisor's VM, the interrupt
-//! controller, the devices on the MMIO bus, and the state the VM's threads
-//! share.
+//! The VMM core of one running VM ([`Vmm`]): it owns guest RAM, the MMIO
+//! bus, the interrupt controller, the devices, the run state and the
+//! guest's clock, is built from a [`Plan`], starts the vCPU threads, and
+//! pauses and resumes them. Snapshots and the front-ends use it through
+//! its methods; the vCPU threads see it as their [`VcpuEnv`].
 
-use crate::devices::virtio::block::BackingFile;
+use crate::arch::layout;
+use crate::arch::sysreg::SysReg;
 use crate::devices::virtio::net::host_end;
 use crate::devices::virtio::vsock::VsockHost;
-use crate::devices::MmioBus;
-use crate::devices::Persist;
-use crate::hv::{Hypervisor, VcpuId, Vm};
-use crate::machine::config::{host_random, Plan, PlanDisk, Start};
-use crate::machine::device_manager::irqchip::{Irqchip, PendingKernelGicState};
+use crate::devices::{IrqLine, MmioBus, Persist};
+use crate::hv::{Hypervisor, MmioFault, VcpuId, Vm};
+use crate::machine::device_manager::irqchip::{Irqchip, IrqchipState, PendingKernelGicState};
+use crate::machine::device_manager::root_disk::CopyingDisk;
 use crate::machine::device_manager::{
-    DeviceArgs, Devices, NetDeviceArgs, SpiLine, VsockDeviceArgs,
+    DeviceArgs, Devices, DevicesState, NetDeviceArgs, VsockDeviceArgs,
 };
-use crate::machine::snapshot::restore::{CopyingDisk, Stages};
-use crate::machine::vcpu::clock::Clock;
-use crate::machine::vcpu::run_state::Control;
-use crate::machine::{vcpu, Shared};
+use crate::machine::ops::PauseError;
+use crate::machine::plan::{host_random, Plan};
+use crate::machine::vcpu::clock::{Clock, ClockState};
+use crate::machine::vcpu::run_state::{RunState, VmExit};
+use crate::machine::vcpu::state::{VcpuPower, VcpuState};
+use crate::machine::vcpu::{self, Start, VcpuEnv};
+use crate::memory::GuestRam;
+use crate::sync::Locked;
 use anyhow::Context;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// A VM built from a [`Plan`], ready for its vCPU threads.
-pub(in crate::machine) struct Machine<V> {
-    pub(in crate::machine) vm: Arc<V>,
-    pub(in crate::machine) shared: Arc<Shared>,
+/// What the vCPU threads and the device interrupt lines share.
+struct Core {
+    ram: Arc<GuestRam>,
+    bus: MmioBus,
+    irqchip: Irqchip,
+    devices: Devices,
+    run_state: Arc<RunState>,
+    clock: Clock,
+}
+
+/// A running VM.
+pub struct Vmm<V: Vm> {
+    vm: Arc<V>,
+    core: Arc<Core>,
     /// The vCPUs of each vCPU thread.
-    pub(in crate::machine) groups: Vec<Vec<VcpuId>>,
-    /// How the vCPUs start.
-    pub(in crate::machine) start: Start,
-    /// An in-kernel GIC's saved state (restore), loaded once the vCPUs exist.
-    pub(in crate::machine) kernel_gic_state: Option<PendingKernelGicState>,
+    groups: Vec<Vec<VcpuId>>,
+    /// Serialises pausing and resuming (the pause verb's and snapshots').
+    pausing: Mutex<()>,
+    /// The vCPUs' states while the pause verb holds the VM paused.
+    held: Mutex<Option<Vec<VcpuState>>>,
     /// The VM's disk image, which snapshots clone.
-    pub(in crate::machine) disk_path: PathBuf,
+    disk_path: PathBuf,
     /// The kernel command line, which snapshots record.
-    pub(in crate::machine) cmdline: String,
-    /// The layer the next snapshot is a child of (restore).
-    pub(in crate::machine) parent: Option<snapshot_store::Layer>,
+    cmdline: String,
     /// A restored VM's working disk, still being copied when the VM starts:
     /// the block device waits for it on first use. Kept for as long as the
     /// VM runs; dropping it removes its work directory.
-    pub(in crate::machine) _work_disk: Option<CopyingDisk>,
+    _work_disk: Option<CopyingDisk>,
 }
 
-/// Builds the VM `plan` describes on `hv`, timing its stages in `stages`.
-pub(in crate::machine) fn build<H: Hypervisor>(
-    hv: &H,
-    plan: Plan,
-    stages: &mut Stages,
-) -> anyhow::Result<Machine<H::Vm>>
-where
-    H::Vm: 'static,
-{
-    tracing::info!("GIC mode: {}", plan.gic);
-    // The VM first: it maps RAM and, for an in-kernel GIC, creates the GIC
-    // (before any vCPU, as Hypervisor.framework requires).
-    let t = Instant::now();
-    let vm = Arc::new(hv.create_vm(plan.ram.clone(), plan.cpus, plan.gic)?);
-    stages.vm_create = t.elapsed();
-
-    let t = Instant::now();
-    let saved = plan.saved.as_deref();
-    let (irqchip, kernel_gic_state) = Irqchip::build(
-        plan.gic,
-        vm.kernel_gic(),
-        plan.cpus,
-        saved.map(|s| &s.gic),
-        H::NAME,
-    )?;
-    stages.gic = t.elapsed();
-
-    let t = Instant::now();
-    let (disk, disk_len, disk_path, work_disk) = open_disk(plan.disk)?;
-    let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
-    let control = Arc::new(Control::new(irqchip.clone(), plan.power, &groups));
-    let net = plan
-        .net
-        .as_ref()
-        .map(|n| host_end::open(&n.host).map(|end| NetDeviceArgs { end, mac: n.mac }))
-        .transpose()?;
-    let vsock = plan
-        .vsock
-        .as_ref()
-        .map(|v| VsockHost::bind(&v.uds).map(|host| VsockDeviceArgs { host, cid: v.cid }))
-        .transpose()?;
-    let (chip, ctl) = (irqchip.clone(), control.clone());
-    let args = DeviceArgs {
-        ram: plan.ram.clone(),
-        irq: Box::new(move |intid| SpiLine::connect(intid, chip.clone(), ctl.clone())),
-        console: Box::new(std::io::stdout()),
-        start: Instant::now(),
-        disk,
-        disk_len,
-        generation_id: host_random()?,
-        net,
-        vsock,
-    };
-    let devices = match saved {
-        None => Devices::new(args)?,
-        Some(st) => Devices::restore(args, &st.devices)?,
-    };
-    // The guest's clock last, just before the vCPUs: a restore's count
-    // continues from here.
-    let (chip, ctl) = (irqchip.clone(), control.clone());
-    let clock = Clock::new(
-        vm.clone(),
-        plan.cpus,
-        saved.map(|s| &s.clock),
-        Box::new(move |vcpu, level| {
-            chip.ptimer_level(vcpu, level);
-            ctl.interrupts_changed();
-        }),
-    )
-    .context("cannot start the physical timer thread")?;
-    // A round-robin backend's timer asks for its vCPU's turn (and the
-    // control block is dropped with the machine, so hold it weakly).
-    let ctl = Arc::downgrade(&control);
-    vm.set_run_request(Arc::new(move |vcpu| {
-        if let Some(c) = ctl.upgrade() {
-            c.run_soon(vcpu, false);
-        }
-    }));
-    let shared = Arc::new(Shared {
-        bus: bus(&irqchip, &devices, plan.cpus),
-        ram: plan.ram,
-        irqchip,
-        devices,
-        control,
-        clock,
-        cache_writers: Mutex::new(Vec::new()),
-        snapshot_writer: Mutex::new(None),
-    });
-    stages.devices = t.elapsed();
-    Ok(Machine {
-        vm,
-        shared,
-        groups,
-        start: plan.start,
-        kernel_gic_state,
-        disk_path,
-        cmdline: plan.cmdline,
-        parent: plan.parent,
-        _work_disk: work_disk,
-    })
+/// How long each part of [`Vmm::build`] took (a restore reports them).
+#[derive(Debug, Default)]
+pub struct BuildTimes {
+    /// Creating the hypervisor's VM (it maps RAM).
+    pub vm_create: Duration,
+    /// The interrupt controller.
+    pub gic: Duration,
+    /// The devices, the bus and the clock.
+    pub devices: Duration,
 }
 
-/// The root disk: its file, length and path, and for a restore the working
-/// copy still being made.
-fn open_disk(disk: PlanDisk) -> anyhow::Result<(BackingFile, u64, PathBuf, Option<CopyingDisk>)> {
-    Ok(match disk {
-        PlanDisk::Open { file, path } => {
-            let len = file
-                .metadata()
-                .with_context(|| format!("cannot use disk image {}", path.display()))?
-                .len();
-            (BackingFile::ready(file), len, path, None)
+/// What [`Vmm::build`] hands on besides the VM: how its vCPUs start.
+pub struct Launch {
+    /// How the vCPUs start.
+    pub start: Start,
+    /// An in-kernel GIC's saved state (a restore), loaded once every vCPU
+    /// exists and before any runs.
+    pub kernel_gic_state: Option<PendingKernelGicState>,
+    /// The layer the next snapshot is a child of (a restore).
+    pub parent: Option<snapshot_store::Layer>,
+    /// How long the build took, by part.
+    pub times: BuildTimes,
+}
+
+/// The stopped VM's state for a snapshot, but for the vCPUs' registers
+/// ([`Stopped::vcpus`]), RAM and the disk.
+pub struct Captured {
+    /// Each vCPU's PSCI power state, index order.
+    pub power: Vec<VcpuPower>,
+    /// The guest's clock (frozen at the stop).
+    pub clock: ClockState,
+    /// The interrupt controller.
+    pub gic: IrqchipState,
+    /// The devices.
+    pub devices: DevicesState,
+}
+
+/// Every vCPU parked at an instruction boundary and the guest's clock
+/// stopped ([`Vmm::stop`]) until [`Vmm::restart`]; meanwhile the pause
+/// verbs wait.
+pub struct Stopped<'a> {
+    /// The vCPUs' states, index order.
+    pub vcpus: Vec<VcpuState>,
+    /// The VM was paused by the pause verb already, and stays so.
+    pub was_paused: bool,
+    _pausing: MutexGuard<'a, ()>,
+}
+
+impl<V: Vm + 'static> Vmm<V> {
+    /// Builds the VM `plan` describes on `hv`: the hypervisor's VM, the
+    /// interrupt controller, the devices on the bus and the clock; a
+    /// restore's from its saved state.
+    pub fn build<H: Hypervisor<Vm = V>>(hv: &H, plan: Plan) -> anyhow::Result<(Self, Launch)> {
+        tracing::info!("GIC mode: {}", plan.gic);
+        let mut times = BuildTimes::default();
+        // The VM first: it maps RAM and, for an in-kernel GIC, creates the
+        // GIC (before any vCPU, as Hypervisor.framework requires).
+        let t = Instant::now();
+        let vm = Arc::new(hv.create_vm(plan.ram.clone(), plan.cpus, plan.gic)?);
+        times.vm_create = t.elapsed();
+
+        let t = Instant::now();
+        let saved = plan.saved.as_ref();
+        let (irqchip, kernel_gic_state) = Irqchip::build(
+            plan.gic,
+            vm.kernel_gic(),
+            plan.cpus,
+            saved.map(|s| &s.gic),
+            H::NAME,
+        )?;
+        times.gic = t.elapsed();
+
+        let t = Instant::now();
+        let disk = plan.disk.open()?;
+        let groups = vcpu::thread_groups(plan.cpus, H::ROUND_ROBIN);
+        let run_state = Arc::new(RunState::new(plan.power, &groups));
+        let net = plan
+            .net
+            .as_ref()
+            .map(|n| host_end::open(&n.host).map(|end| NetDeviceArgs { end, mac: n.mac }))
+            .transpose()?;
+        let vsock = plan
+            .vsock
+            .as_ref()
+            .map(|v| VsockHost::bind(&v.uds).map(|host| VsockDeviceArgs { host, cid: v.cid }))
+            .transpose()?;
+        let (chip, rs) = (irqchip.clone(), run_state.clone());
+        let args = DeviceArgs {
+            ram: plan.ram.clone(),
+            irq: Box::new(move |intid| SpiLine::connect(intid, chip.clone(), rs.clone())),
+            console: Box::new(std::io::stdout()),
+            start: Instant::now(),
+            disk: disk.file,
+            disk_len: disk.len,
+            generation_id: host_random()?,
+            net,
+            vsock,
+        };
+        let devices = match saved {
+            None => Devices::new(args)?,
+            Some(s) => Devices::restore(args, &s.devices)?,
+        };
+        // The guest's clock last, just before the vCPUs: a restore's count
+        // continues from here.
+        let (chip, rs) = (irqchip.clone(), run_state.clone());
+        let clock = Clock::new(
+            vm.clone(),
+            plan.cpus,
+            saved.map(|s| &s.clock),
+            Box::new(move |vcpu, level| {
+                chip.ptimer_level(vcpu, level);
+                rs.interrupts_changed(chip.pending_vcpus());
+            }),
+        )
+        .context("cannot start the physical timer thread")?;
+        // A round-robin backend's timer asks for its vCPU's turn (and the
+        // run state is dropped with the VM, so hold it weakly).
+        let rs = Arc::downgrade(&run_state);
+        vm.set_run_request(Arc::new(move |vcpu| {
+            if let Some(r) = rs.upgrade() {
+                r.run_soon(vcpu, false);
+            }
+        }));
+        let core = Arc::new(Core {
+            bus: bus(&irqchip, &devices, plan.cpus),
+            ram: plan.ram,
+            irqchip,
+            devices,
+            run_state,
+            clock,
+        });
+        times.devices = t.elapsed();
+        let vmm = Vmm {
+            vm,
+            core,
+            groups,
+            pausing: Mutex::new(()),
+            held: Mutex::new(None),
+            disk_path: disk.path,
+            cmdline: plan.cmdline,
+            _work_disk: disk.work,
+        };
+        let launch = Launch {
+            start: plan.start,
+            kernel_gic_state,
+            parent: plan.parent,
+            times,
+        };
+        Ok((vmm, launch))
+    }
+
+    /// Starts the vCPU threads, each group's vCPUs from `start`, and lets
+    /// them run once every vCPU exists, a restored in-kernel GIC's state
+    /// (`kernel_gic_state`) loaded in between. Returns the threads, and how
+    /// long the wait for the vCPUs and the GIC's load took if there was one.
+    pub fn start_vcpus(
+        &self,
+        start: &Start,
+        kernel_gic_state: Option<PendingKernelGicState>,
+    ) -> anyhow::Result<(Vec<JoinHandle<()>>, Option<Duration>)> {
+        let env: Arc<dyn VcpuEnv> = self.core.clone();
+        let rs = &self.core.run_state;
+        let threads = vcpu::spawn_threads(&self.vm, &env, rs, self.groups.clone(), start)
+            .context("cannot spawn a vCPU thread")?;
+        let t = Instant::now();
+        rs.wait_created();
+        let (released, gic) = match kernel_gic_state {
+            Some(gic) => (gic.load(), Some(t.elapsed())),
+            None => (Ok(()), None),
+        };
+        rs.release(released);
+        Ok((threads, gic))
+    }
+}
+
+impl<V: Vm> Vmm<V> {
+    /// The hypervisor's VM.
+    pub fn hv_vm(&self) -> &V {
+        &self.vm
+    }
+
+    /// Guest RAM.
+    pub fn ram(&self) -> &Arc<GuestRam> {
+        &self.core.ram
+    }
+
+    /// The devices.
+    pub fn devices(&self) -> &Devices {
+        &self.core.devices
+    }
+
+    /// The interrupt controller.
+    pub fn irqchip(&self) -> &Irqchip {
+        &self.core.irqchip
+    }
+
+    /// Number of vCPUs.
+    pub fn vcpus(&self) -> usize {
+        self.groups.iter().map(Vec::len).sum()
+    }
+
+    /// The VM's disk image, which snapshots clone.
+    pub fn disk_path(&self) -> &std::path::Path {
+        &self.disk_path
+    }
+
+    /// The kernel command line the guest booted with.
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
+    }
+
+    /// Waits until every vCPU thread is ready to run (or the VM ended).
+    pub fn wait_ready(&self) {
+        self.core.run_state.wait_ready();
+    }
+
+    /// Ends the VM (the first reason wins) and stops every vCPU.
+    pub fn finish(&self, why: VmExit) {
+        self.core.run_state.finish(why);
+    }
+
+    /// Whether the VM has ended.
+    pub fn finished(&self) -> bool {
+        self.core.run_state.finished()
+    }
+
+    /// Waits for the VM to end and says why.
+    pub fn wait_exit(&self) -> VmExit {
+        self.core.run_state.wait_exit()
+    }
+
+    /// The pause verb: parks every vCPU and stops the guest's clock until
+    /// [`Vmm::resume`].
+    pub fn pause(&self) -> Result<(), PauseError> {
+        let _p = self.pausing.locked();
+        if self.held.locked().is_some() {
+            return Err(PauseError::AlreadyPaused);
         }
-        PlanDisk::Copying(mut copy) => {
-            let file = BackingFile::pending(copy.take_wait());
-            (file, copy.len, copy.path.clone(), Some(copy))
+        let states = self.park()?;
+        *self.held.locked() = Some(states);
+        Ok(())
+    }
+
+    /// The resume verb: ends what [`Vmm::pause`] began.
+    pub fn resume(&self) -> Result<(), PauseError> {
+        let _p = self.pausing.locked();
+        if self.held.locked().take().is_none() {
+            return Err(PauseError::NotPaused);
         }
-    })
+        self.unpark();
+        Ok(())
+    }
+
+    /// Whether the pause verb holds the VM paused.
+    pub fn paused(&self) -> bool {
+        self.held.locked().is_some()
+    }
+
+    /// Stops the VM for a snapshot: every vCPU parked at an instruction
+    /// boundary and the clock stopped, or, if the pause verb holds it
+    /// paused, its held states.
+    pub fn stop(&self) -> Result<Stopped<'_>, PauseError> {
+        let pausing = self.pausing.locked();
+        let held = self.held.locked().clone();
+        let (vcpus, was_paused) = match held {
+            Some(states) => (states, true),
+            None => (self.park()?, false),
+        };
+        Ok(Stopped {
+            vcpus,
+            was_paused,
+            _pausing: pausing,
+        })
+    }
+
+    /// Lets the vCPUs that [`Vmm::stop`] parked run again; a VM the pause
+    /// verb holds stays paused.
+    pub fn restart(&self, stopped: Stopped<'_>) {
+        if !stopped.was_paused {
+            self.unpark();
+        }
+    }
+
+    /// Parks every vCPU thread and stops the clock; the clock goes on and
+    /// the vCPUs run again if that fails.
+    fn park(&self) -> Result<Vec<VcpuState>, PauseError> {
+        let c = &self.core;
+        c.run_state.pause(&c.clock).map_err(|e| {
+            c.run_state.resume(&c.clock);
+            if self.finished() {
+                PauseError::ShuttingDown
+            } else {
+                PauseError::Capture(e)
+            }
+        })
+    }
+
+    fn unpark(&self) {
+        self.core.run_state.resume(&self.core.clock);
+    }
+
+    /// What a snapshot records of the VM `stopped` (its devices prepared,
+    /// [`Devices::prepare_save`]) besides the vCPUs' registers, RAM and the
+    /// disk.
+    pub fn capture(&self, _stopped: &Stopped<'_>) -> crate::hv::Result<Captured> {
+        let c = &self.core;
+        Ok(Captured {
+            power: c.run_state.lock().power.clone(),
+            clock: c.clock.save(),
+            gic: c.irqchip.save()?,
+            devices: c.devices.save(),
+        })
+    }
+
+    /// Hands console input to the UART; returns how many leading bytes it
+    /// took.
+    pub fn console_input(&self, bytes: &[u8]) -> usize {
+        self.core.devices.console_input(bytes)
+    }
+}
+
+impl VcpuEnv for Core {
+    fn mmio_read(&self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
+        let r = self.bus.read(vcpu, gpa, data);
+        if let Err(e) = &r {
+            crate::warn_ratelimited!("vCPU {vcpu}: {e}");
+        }
+        r
+    }
+
+    fn mmio_write(&self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
+        let r = self.bus.write(vcpu, gpa, data);
+        match &r {
+            Err(e) => crate::warn_ratelimited!("vCPU {vcpu}: {e}"),
+            // A distributor or redistributor write (enable, pending, routing,
+            // wake) can make an interrupt pending on another vCPU, which may
+            // be waiting in WFI.
+            Ok(()) if (layout::GICD_BASE..layout::GIC_WINDOW_END).contains(&gpa) => {
+                self.interrupts_changed();
+            }
+            Ok(()) => {}
+        }
+        r
+    }
+
+    fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+        if let Some(v) = self.clock.sysreg_read(vcpu, reg) {
+            return Some(v);
+        }
+        let v = self.irqchip.sysreg_read(vcpu, reg);
+        if v.is_none() {
+            crate::warn_ratelimited!("vCPU {vcpu}: read of unimplemented system register {reg}");
+        }
+        v
+    }
+
+    fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+        if self.clock.sysreg_write(vcpu, reg, value) {
+            return true;
+        }
+        let Some(targets) = self.irqchip.sysreg_write(vcpu, reg, value) else {
+            crate::warn_ratelimited!("vCPU {vcpu}: write of unimplemented system register {reg}");
+            return false;
+        };
+        if !targets.is_empty() {
+            self.interrupts_changed();
+        }
+        true
+    }
+
+    fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
+        self.irqchip.irq_pending(vcpu)
+    }
+
+    fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
+        self.irqchip.vtimer_level(vcpu, level);
+    }
+
+    fn is_ram(&self, gpa: u64, len: u64) -> bool {
+        self.ram.contains(gpa, len)
+    }
+
+    fn reset_vcpu(&self, vcpu: VcpuId) {
+        self.clock.reset_timer(vcpu);
+    }
+}
+
+impl Core {
+    /// The GIC's pending state may have changed for other vCPUs: wakes and
+    /// kicks those it concerns.
+    fn interrupts_changed(&self) {
+        self.run_state
+            .interrupts_changed(self.irqchip.pending_vcpus());
+    }
+}
+
+/// A device's level-triggered SPI: drives the interrupt controller's input
+/// and, when raised, wakes the vCPUs the interrupt may be for.
+struct SpiLine {
+    intid: u32,
+    irqchip: Irqchip,
+    run_state: Arc<RunState>,
+}
+
+impl SpiLine {
+    /// The line of SPI `intid` at `irqchip`, waking vCPUs through
+    /// `run_state`.
+    fn connect(intid: u32, irqchip: Irqchip, run_state: Arc<RunState>) -> Arc<dyn IrqLine> {
+        Arc::new(SpiLine {
+            intid,
+            irqchip,
+            run_state,
+        })
+    }
+}
+
+impl IrqLine for SpiLine {
+    fn set_level(&self, level: bool) {
+        self.irqchip.set_spi(self.intid, level);
+        if level {
+            self.run_state
+                .interrupts_changed(self.irqchip.pending_vcpus());
+        }
+    }
 }
 
 /// The MMIO bus: the interrupt controller's frames (a userspace GIC's) and
@@ -177,14 +498,4 @@ fn bus(irqchip: &Irqchip, devices: &Devices, cpus: usize) -> MmioBus {
             .expect("the layout table has no overlapping regions");
     }
     bus
-}
-
-/// Starts tracking guest-RAM writes (`--track-dirty`). What the VMM wrote
-/// into RAM before (a fresh VM's kernel, device tree and initrd, loaded into
-/// RAM that was zero; a restored VM's new generation ID) stays marked: a
-/// fresh VM's first (full) layer then holds exactly the pages ever written,
-/// and a restored VM's first diff holds what changed since its layer.
-pub(in crate::machine) fn start_dirty_tracking<V: Vm>(vm: &V) -> anyhow::Result<()> {
-    vm.rearm_dirty_tracking()
-        .context("cannot start dirty tracking")
 }

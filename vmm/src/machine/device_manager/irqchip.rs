@@ -5,18 +5,64 @@
 
 use crate::arch::layout::{PTIMER_INTID, VTIMER_INTID};
 use crate::arch::sysreg::SysReg;
-use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3, VcpuSet};
+use crate::devices::bus::BusRegion;
+use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, GicState, Gicv3, VcpuSet};
 use crate::devices::Persist;
 use crate::hv::{GicMode, KernelGic, VcpuId};
-use crate::machine::device_manager::BusRegion;
-use crate::machine::snapshot::state::IrqchipState;
 use crate::sync::Locked;
 use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
+
+/// The interrupt controller's state, by [`GicMode`]. Serialised as
+/// `{"userspace": {...}}` or `{"hvf": "<hex>"}` (the mode names).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IrqchipState {
+    /// The userspace GICv3 model's state.
+    Userspace(GicState),
+    /// Hypervisor.framework's in-kernel GIC: its opaque, versioned
+    /// `hv_gic_state` blob ([`hv::KernelGic::save`]).
+    Hvf(#[serde(with = "hex_bytes")] Vec<u8>),
+}
+
+impl IrqchipState {
+    /// The mode this state belongs to.
+    pub fn mode(&self) -> GicMode {
+        match self {
+            IrqchipState::Userspace(_) => GicMode::Userspace,
+            IrqchipState::Hvf(_) => GicMode::Hvf,
+        }
+    }
+}
+
+/// Bytes as a lowercase hex string (compact in JSON, unlike an array).
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&snapshot_store::hex(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let hex = String::deserialize(d)?;
+        if hex.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("hex string of odd length"));
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| {
+                hex.get(i..i + 2)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
+            })
+            .collect()
+    }
+}
 
 /// The interrupt controller of a running VM.
 #[derive(Clone)]
-pub(in crate::machine) enum Irqchip {
+pub enum Irqchip {
     /// The userspace GICv3 model: distributor and redistributors on the MMIO
     /// bus, the CPU interface through trapped `ICC_*` registers, the vtimer
     /// PPI driven by the backend's [`crate::hv::VcpuIo::vtimer_level`].
@@ -29,7 +75,7 @@ pub(in crate::machine) enum Irqchip {
 /// An in-kernel GIC's saved state, loaded once every vCPU exists and before
 /// any runs (each vCPU's CPU-interface registers go in after it: QEMU's
 /// order).
-pub(in crate::machine) struct PendingKernelGicState {
+pub struct PendingKernelGicState {
     gic: Arc<dyn KernelGic>,
     blob: Vec<u8>,
 }
@@ -37,7 +83,7 @@ pub(in crate::machine) struct PendingKernelGicState {
 impl PendingKernelGicState {
     /// Loads the state; call once every vCPU is created
     /// ([`crate::machine::vcpu::run_state::Control::wait_created`]) and before any runs.
-    pub(in crate::machine) fn load(self) -> Result<(), String> {
+    pub fn load(self) -> Result<(), String> {
         self.gic
             .restore(&self.blob)
             .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"))
@@ -49,7 +95,7 @@ impl Irqchip {
     /// userspace GIC, fresh or restored from `saved` (untrusted), or the
     /// VM's in-kernel GIC `kernel` (created with the VM by the `backend`),
     /// whose saved state is returned to be loaded once the vCPUs exist.
-    pub(in crate::machine) fn build(
+    pub fn build(
         mode: GicMode,
         kernel: Option<Arc<dyn KernelGic>>,
         cpus: usize,
@@ -90,7 +136,7 @@ impl Irqchip {
     }
 
     /// The mode, as recorded in snapshots.
-    pub(in crate::machine) fn mode(&self) -> GicMode {
+    pub fn mode(&self) -> GicMode {
         match self {
             Irqchip::Userspace(_) => GicMode::Userspace,
             Irqchip::Kernel(_) => GicMode::Hvf,
@@ -100,7 +146,7 @@ impl Irqchip {
     /// The MMIO regions the VMM must serve: the userspace GIC's distributor
     /// and `vcpus` redistributors; none for an in-kernel GIC (the hypervisor
     /// serves those addresses).
-    pub(in crate::machine) fn mmio_regions(&self, vcpus: usize) -> Vec<BusRegion> {
+    pub fn mmio_regions(&self, vcpus: usize) -> Vec<BusRegion> {
         use crate::arch::layout::{GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE};
         match self {
             Irqchip::Userspace(gic) => vec![
@@ -122,7 +168,7 @@ impl Irqchip {
     }
 
     /// Sets a device's level-triggered SPI.
-    pub(in crate::machine) fn set_spi(&self, intid: u32, level: bool) {
+    pub fn set_spi(&self, intid: u32, level: bool) {
         match self {
             Irqchip::Userspace(gic) => gic.locked().set_spi_level(intid, level),
             Irqchip::Kernel(k) => {
@@ -135,7 +181,7 @@ impl Irqchip {
 
     /// The vCPUs with an interrupt pending, if the VMM can know
     /// (userspace GIC); `None` for an in-kernel GIC.
-    pub(in crate::machine) fn pending_vcpus(&self) -> Option<VcpuSet> {
+    pub fn pending_vcpus(&self) -> Option<VcpuSet> {
         match self {
             Irqchip::Userspace(gic) => Some(gic.locked().pending_vcpus()),
             Irqchip::Kernel(_) => None,
@@ -143,7 +189,7 @@ impl Irqchip {
     }
 
     /// Whether `vcpu`'s IRQ line is asserted, if the VMM can know.
-    pub(in crate::machine) fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
+    pub fn irq_pending(&self, vcpu: VcpuId) -> Option<bool> {
         match self {
             Irqchip::Userspace(gic) => Some(gic.locked().irq_pending(vcpu)),
             Irqchip::Kernel(_) => None,
@@ -152,7 +198,7 @@ impl Irqchip {
 
     /// A trapped `MRS` of a CPU-interface register. An in-kernel GIC's
     /// registers are not trapped, so there is nothing to answer: `None`.
-    pub(in crate::machine) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+    pub fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
         match self {
             Irqchip::Userspace(gic) => gic.locked().sysreg_read(vcpu, reg),
             Irqchip::Kernel(_) => None,
@@ -161,12 +207,7 @@ impl Irqchip {
 
     /// A trapped `MSR`: `None` if the register is not the GIC's (or the GIC
     /// is in-kernel), else the vCPUs whose pending state changed.
-    pub(in crate::machine) fn sysreg_write(
-        &self,
-        vcpu: VcpuId,
-        reg: SysReg,
-        value: u64,
-    ) -> Option<VcpuSet> {
+    pub fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> Option<VcpuSet> {
         match self {
             Irqchip::Userspace(gic) => gic.locked().sysreg_write(vcpu, reg, value),
             Irqchip::Kernel(_) => None,
@@ -175,7 +216,7 @@ impl Irqchip {
 
     /// The vCPU's virtual timer output changed. An in-kernel GIC gets the
     /// timer from the hypervisor, which does not report it.
-    pub(in crate::machine) fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
+    pub fn vtimer_level(&self, vcpu: VcpuId, level: bool) {
         if let Irqchip::Userspace(gic) = self {
             gic.locked().set_ppi_level(vcpu, VTIMER_INTID, level);
         }
@@ -184,7 +225,7 @@ impl Irqchip {
     /// The vCPU's EL1 physical timer output changed (the timer is the
     /// VMM's, `crate::machine::vcpu::clock`). Hypervisor.framework's in-kernel GIC has no
     /// call to drive a PPI, so it does not get it.
-    pub(in crate::machine) fn ptimer_level(&self, vcpu: VcpuId, level: bool) {
+    pub fn ptimer_level(&self, vcpu: VcpuId, level: bool) {
         if let Irqchip::Userspace(gic) = self {
             gic.locked().set_ppi_level(vcpu, PTIMER_INTID, level);
         }
@@ -192,7 +233,7 @@ impl Irqchip {
 
     /// The GIC's state for a snapshot (every vCPU stopped). The per-vCPU
     /// registers of an in-kernel GIC are in each vCPU's state.
-    pub(in crate::machine) fn save(&self) -> crate::hv::Result<IrqchipState> {
+    pub fn save(&self) -> crate::hv::Result<IrqchipState> {
         Ok(match self {
             Irqchip::Userspace(gic) => IrqchipState::Userspace(gic.locked().save()),
             Irqchip::Kernel(k) => IrqchipState::Hvf(k.save()?),

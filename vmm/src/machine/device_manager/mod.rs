@@ -1,32 +1,35 @@
-//! The machine's device set: the console UART, the boot timer and the virtio
-//! devices, each at its region of the memory map ([`crate::arch::layout`])
-//! with its interrupt wired to the interrupt controller. The set gives the
+//! The machine's device set: the console UART, the boot timer, the VM
+//! generation ID and the virtio devices, each at its region of the memory
+//! map ([`crate::arch::layout`]) with its interrupt line. The set gives the
 //! MMIO bus its regions, the device tree its virtio-mmio slots, and a
-//! snapshot the devices' state ([`DevicesState`]).
+//! snapshot the devices' state ([`DevicesState`]). The wing also holds the
+//! interrupt controller ([`irqchip`]) and the root disk's file
+//! ([`root_disk`]).
 //!
 //! A new device takes its region (and SPI) in the layout, its model in
 //! [`crate::devices`], and here: a field of [`Devices`], of
 //! [`DevicesState`] and of `Parts` (its construction arguments), its
-//! construction in [`Devices::new`] and in the restore, its entry in
-//! [`Devices::regions`] and, for a virtio device, its slot in
-//! [`Devices::VIRTIO_SLOTS`].
+//! construction in [`Devices::new`] and in the restore, and its entry in
+//! [`Devices::regions`]; a virtio device also its slot in
+//! [`Devices::virtio_slots`].
 
 pub mod irqchip;
+pub mod root_disk;
 
 use crate::arch::layout::{self, MmioRegion};
 use crate::console;
 use crate::devices::boot_timer::{BootTimer, BootTimerState};
+use crate::devices::bus::BusRegion;
 use crate::devices::pl011::{Pl011, Pl011State};
 use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
-use crate::devices::virtio::net::host_end::{self, OpenedFrames, OpenedHostEnd};
+use crate::devices::virtio::net::host_end::{self, OpenedHostEnd};
 use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::vsock::{self, Vsock, VsockArgs, VsockHost, VsockState};
+use crate::devices::virtio::VirtioDevice;
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
-use crate::machine::device_manager::irqchip::Irqchip;
-use crate::machine::vcpu::run_state::Control;
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
@@ -45,101 +48,102 @@ const VSOCK: MmioRegion = layout::virtio_mmio(layout::VIRTIO_VSOCK_SLOT);
 /// The root disk's serial number (virtio-blk GET_ID).
 const ROOT_DISK_SERIAL: &str = "ignition-vda";
 
-/// A region of the MMIO bus: (name, base, size, device). The name is the
-/// one the bus's warnings give.
-pub(in crate::machine) type BusRegion = (&'static str, u64, u64, Arc<Mutex<dyn MmioDevice>>);
-
 /// What the devices are made from, besides a saved state.
-pub(in crate::machine) struct DeviceArgs {
+pub struct DeviceArgs {
     /// Guest RAM, which the virtio devices' queues live in.
-    pub(in crate::machine) ram: Arc<GuestRam>,
-    /// The line of SPI `intid` ([`SpiLine`] in a running VM).
-    pub(in crate::machine) irq: Box<dyn Fn(u32) -> Arc<dyn IrqLine>>,
+    pub ram: Arc<GuestRam>,
+    /// The line of SPI `intid` (a running VM's drives the interrupt
+    /// controller and wakes the vCPUs).
+    pub irq: Box<dyn Fn(u32) -> Arc<dyn IrqLine>>,
     /// Where the console UART's output goes.
-    pub(in crate::machine) console: Box<dyn Write + Send>,
+    pub console: Box<dyn Write + Send>,
     /// When the VM started: the boot timer reports the time since.
-    pub(in crate::machine) start: Instant,
+    pub start: Instant,
     /// The root disk's file (open, or still being copied).
-    pub(in crate::machine) disk: BackingFile,
+    pub disk: BackingFile,
     /// The root disk's length in bytes.
-    pub(in crate::machine) disk_len: u64,
+    pub disk_len: u64,
     /// The VM generation ID to publish: fresh host randomness, on every
     /// boot and every restore.
-    pub(in crate::machine) generation_id: [u8; 16],
+    pub generation_id: [u8; 16],
     /// The network device, if the VM has one.
-    pub(in crate::machine) net: Option<NetDeviceArgs>,
+    pub net: Option<NetDeviceArgs>,
     /// The vsock device, if the VM has one.
-    pub(in crate::machine) vsock: Option<VsockDeviceArgs>,
+    pub vsock: Option<VsockDeviceArgs>,
 }
 
 /// The vsock device's construction arguments.
-pub(in crate::machine) struct VsockDeviceArgs {
+pub struct VsockDeviceArgs {
     /// Its host end, listening.
-    pub(in crate::machine) host: VsockHost,
+    pub host: VsockHost,
     /// The guest's CID; `None` in a restore keeps the snapshot's (a fresh
     /// boot always has one).
-    pub(in crate::machine) cid: Option<u64>,
-}
-
-/// The vsock device and the thread that serves its host sockets.
-struct VsockSlot {
-    dev: Arc<Mutex<VirtioMmio<Vsock>>>,
-    _io: HostIo,
-}
-
-impl VsockSlot {
-    fn start(dev: VirtioMmio<Vsock>) -> anyhow::Result<Self> {
-        let dev = Arc::new(Mutex::new(dev));
-        let io = vsock::host_end::spawn_host_thread(dev.clone())
-            .context("cannot start the vsock device's host I/O thread")?;
-        Ok(VsockSlot { dev, _io: io })
-    }
+    pub cid: Option<u64>,
 }
 
 /// The network device's construction arguments.
-pub(in crate::machine) struct NetDeviceArgs {
+pub struct NetDeviceArgs {
     /// Its host end, opened.
-    pub(in crate::machine) end: OpenedHostEnd,
+    pub end: OpenedHostEnd,
     /// Its MAC address; `None` in a restore keeps the snapshot's (a fresh
     /// boot always has one).
-    pub(in crate::machine) mac: Option<[u8; 6]>,
+    pub mac: Option<[u8; 6]>,
 }
 
-/// The network device and the thread that feeds it from its host end.
-struct NetSlot {
-    dev: Arc<Mutex<VirtioMmio<Net>>>,
-    _io: HostIo,
+/// A virtio device on its MMIO transport, with the host I/O thread that
+/// serves its host end, if it has one (stopped when the slot is dropped).
+struct VirtioSlot<D: VirtioDevice> {
+    dev: Arc<Mutex<VirtioMmio<D>>>,
+    _io: Option<HostIo>,
 }
 
-impl NetSlot {
-    /// Starts the receiver thread of `dev`, whose frames come from `end`.
-    fn start(dev: VirtioMmio<Net>, frames: OpenedFrames) -> anyhow::Result<Self> {
+impl<D: VirtioDevice + 'static> VirtioSlot<D> {
+    /// `dev` in a slot, with the host I/O thread `io` starts for it.
+    fn start(
+        dev: VirtioMmio<D>,
+        io: impl FnOnce(Arc<Mutex<VirtioMmio<D>>>) -> std::io::Result<HostIo>,
+    ) -> anyhow::Result<Self> {
+        let name = dev.device().name();
         let dev = Arc::new(Mutex::new(dev));
-        let io = host_end::spawn_receiver(dev.clone(), frames)
-            .context("cannot start the network device's host I/O thread")?;
-        Ok(NetSlot { dev, _io: io })
+        let io = io(dev.clone())
+            .with_context(|| format!("cannot start the {name} device's host I/O thread"))?;
+        Ok(VirtioSlot { dev, _io: Some(io) })
+    }
+
+    /// `dev` in a slot, without a host I/O thread.
+    fn without_io(dev: VirtioMmio<D>) -> Self {
+        VirtioSlot {
+            dev: Arc::new(Mutex::new(dev)),
+            _io: None,
+        }
+    }
+
+    /// Its bus region at `r`, named as the device names itself.
+    fn region(&self, r: MmioRegion) -> BusRegion {
+        let name = self.dev.locked().device().name();
+        let dev: Arc<Mutex<dyn MmioDevice>> = self.dev.clone();
+        (name, r.base, r.size, dev)
     }
 }
 
-/// The devices of a VM (the interrupt controller aside: see
-/// [`crate::machine::device_manager::irqchip`]).
-pub(in crate::machine) struct Devices {
+/// The devices of a VM (the interrupt controller aside: see [`irqchip`]).
+pub struct Devices {
     /// The console UART, fed by the console input thread.
     uart: Arc<Mutex<Pl011>>,
     boot_timer: Arc<Mutex<BootTimer>>,
     /// The root block device, whose disk snapshots capture.
-    blk: Arc<Mutex<VirtioMmio<Block>>>,
+    blk: VirtioSlot<Block>,
     /// The VM generation ID; absent in a VM restored from a snapshot taken
     /// before Ignition had one (that guest's device tree lacks it, and its
     /// last RAM page is ordinary memory).
     vmgenid: Option<VmGenId>,
     /// The network device (`boot --net`).
-    net: Option<NetSlot>,
+    net: Option<VirtioSlot<Net>>,
     /// The vsock device (`boot --vsock-uds`).
-    vsock: Option<VsockSlot>,
+    vsock: Option<VirtioSlot<Vsock>>,
 }
 
-/// The devices' saved states. [`crate::machine::snapshot::state::MachineState`] flattens it:
+/// The devices' saved states. The snapshot's machine state flattens it:
 /// each field is a top-level key of the state file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DevicesState {
@@ -160,11 +164,89 @@ pub struct DevicesState {
     pub virtio_vsock: Option<VirtioMmioState<VsockState>>,
 }
 
+/// The network device on `args`' host end, fresh or from `saved`, its
+/// receiver thread started.
+fn start_net(
+    args: NetDeviceArgs,
+    saved: Option<&VirtioMmioState<NetState>>,
+    ram: Arc<GuestRam>,
+    irq: Arc<dyn IrqLine>,
+) -> anyhow::Result<VirtioSlot<Net>> {
+    let NetDeviceArgs {
+        end: OpenedHostEnd { backend, frames },
+        mac,
+    } = args;
+    let dev = match saved {
+        None => {
+            let mac = mac.context("a fresh network device needs a MAC")?;
+            VirtioMmio::new(Net::new(mac, backend), ram, irq)
+                .expect("a fresh virtio-net transport is valid")
+        }
+        Some(saved) => {
+            let args = NetArgs {
+                mac: mac.unwrap_or(saved.device.mac),
+                backend,
+            };
+            VirtioMmio::restore((args, ram, irq), saved).context("cannot restore virtio-net")?
+        }
+    };
+    VirtioSlot::start(dev, |dev| host_end::spawn_receiver(dev, frames))
+}
+
+/// The vsock device on `args`' host end, fresh or from `saved`, its host
+/// I/O thread started; a restored one tells the guest that its
+/// connections are gone (virtio 1.2 §5.10.6.6).
+fn start_vsock(
+    args: VsockDeviceArgs,
+    saved: Option<&VirtioMmioState<VsockState>>,
+    ram: Arc<GuestRam>,
+    irq: Arc<dyn IrqLine>,
+) -> anyhow::Result<VirtioSlot<Vsock>> {
+    let dev = match saved {
+        None => {
+            let cid = args.cid.context("a fresh vsock device needs a CID")?;
+            VirtioMmio::new(Vsock::new(cid, args.host), ram, irq)
+                .expect("a fresh virtio-vsock transport is valid")
+        }
+        Some(saved) => {
+            let args = VsockArgs {
+                cid: args.cid,
+                host: args.host,
+            };
+            VirtioMmio::restore((args, ram, irq), saved).context("cannot restore virtio-vsock")?
+        }
+    };
+    let slot = VirtioSlot::start(dev, vsock::host_end::spawn_host_thread)?;
+    if saved.is_some() {
+        slot.dev.locked().kick(vsock::EVENT_QUEUE);
+    }
+    Ok(slot)
+}
+
+/// An optional device of a restore: started from its saved state when the
+/// snapshot has it and the command line names it (`args`), absent when
+/// neither does, and refused when only one does: `missing_args` says what
+/// to pass, `missing_saved` what to drop.
+fn restore_optional<A, S, T>(
+    args: Option<A>,
+    saved: Option<&S>,
+    start: impl FnOnce(A, &S) -> anyhow::Result<T>,
+    missing_args: impl FnOnce(&S) -> String,
+    missing_saved: &str,
+) -> anyhow::Result<Option<T>> {
+    match (args, saved) {
+        (None, None) => Ok(None),
+        (Some(a), Some(s)) => start(a, s).map(Some),
+        (None, Some(s)) => anyhow::bail!("{}", missing_args(s)),
+        (Some(_), None) => anyhow::bail!("{missing_saved}"),
+    }
+}
+
 impl Devices {
     /// The virtio-mmio slots that hold a device, for the device tree (which
     /// is written before the devices exist): the root disk's, and the
     /// network and vsock devices' if there are.
-    pub(in crate::machine) fn virtio_slots(net: bool, vsock: bool) -> Vec<u32> {
+    pub fn virtio_slots(net: bool, vsock: bool) -> Vec<u32> {
         let mut slots = vec![layout::VIRTIO_BLK_SLOT];
         if net {
             slots.push(layout::VIRTIO_NET_SLOT);
@@ -176,40 +258,26 @@ impl Devices {
     }
 
     /// The devices of a fresh boot, in their reset states.
-    pub(in crate::machine) fn new(args: DeviceArgs) -> anyhow::Result<Self> {
+    pub fn new(args: DeviceArgs) -> anyhow::Result<Self> {
         let p = args.split();
         let (out, irq) = p.uart;
         let (start, report) = p.boot_timer;
         let (disk, ram, irq_blk) = p.blk;
         let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
-        let net = match p.net {
-            None => None,
-            Some((args, ram, irq)) => {
-                let NetDeviceArgs {
-                    end: OpenedHostEnd { backend, frames },
-                    mac,
-                } = args;
-                let mac = mac.context("a fresh network device needs a MAC")?;
-                let dev = VirtioMmio::new(Net::new(mac, backend), ram, irq)
-                    .expect("a fresh virtio-net transport is valid");
-                Some(NetSlot::start(dev, frames)?)
-            }
-        };
-        let vsock = match p.vsock {
-            None => None,
-            Some((args, ram, irq)) => {
-                let cid = args.cid.context("a fresh vsock device needs a CID")?;
-                let dev = VirtioMmio::new(Vsock::new(cid, args.host), ram, irq)
-                    .expect("a fresh virtio-vsock transport is valid");
-                Some(VsockSlot::start(dev)?)
-            }
-        };
+        let net = p
+            .net
+            .map(|(args, ram, irq)| start_net(args, None, ram, irq))
+            .transpose()?;
+        let vsock = p
+            .vsock
+            .map(|(args, ram, irq)| start_vsock(args, None, ram, irq))
+            .transpose()?;
         Ok(Devices {
             uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
             boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
-            blk: Arc::new(Mutex::new(
+            blk: VirtioSlot::without_io(
                 VirtioMmio::new(disk, ram, irq_blk).expect("a fresh virtio-blk transport is valid"),
-            )),
+            ),
             vmgenid: Some(VmGenId::new(p.vmgenid)?),
             net,
             vsock,
@@ -217,37 +285,33 @@ impl Devices {
     }
 
     /// The devices' MMIO regions, at their places in the layout.
-    pub(in crate::machine) fn regions(&self) -> Vec<BusRegion> {
-        let at = |name, r: MmioRegion, dev: Arc<Mutex<dyn MmioDevice>>| (name, r.base, r.size, dev);
+    pub fn regions(&self) -> Vec<BusRegion> {
+        let uart: Arc<Mutex<dyn MmioDevice>> = self.uart.clone();
+        let timer: Arc<Mutex<dyn MmioDevice>> = self.boot_timer.clone();
+        let at = |name, r: MmioRegion, dev| (name, r.base, r.size, dev);
         vec![
-            at("pl011", layout::PL011, self.uart.clone()),
-            at("boot-timer", layout::BOOT_TIMER, self.boot_timer.clone()),
-            at("virtio-blk", BLK, self.blk.clone()),
+            at("pl011", layout::PL011, uart),
+            at("boot-timer", layout::BOOT_TIMER, timer),
+            self.blk.region(BLK),
         ]
         .into_iter()
-        .chain(self.net.as_ref().map(|n| {
-            let dev: Arc<Mutex<dyn MmioDevice>> = n.dev.clone();
-            at("virtio-net", NET, dev)
-        }))
-        .chain(self.vsock.as_ref().map(|v| {
-            let dev: Arc<Mutex<dyn MmioDevice>> = v.dev.clone();
-            at("virtio-vsock", VSOCK, dev)
-        }))
+        .chain(self.net.as_ref().map(|n| n.region(NET)))
+        .chain(self.vsock.as_ref().map(|v| v.region(VSOCK)))
         .collect()
     }
 
     /// Hands console input to the UART; returns how many leading bytes it
     /// took (see [`Pl011::enqueue_rx`]).
-    pub(in crate::machine) fn console_input(&self, bytes: &[u8]) -> usize {
+    pub fn console_input(&self, bytes: &[u8]) -> usize {
         self.uart.locked().enqueue_rx(bytes)
     }
 
-    /// Waits until no device has a request in flight, and holds the
-    /// network and vsock devices (they write nothing into guest RAM, though
-    /// their host ends go on), before a snapshot; [`Devices::release`]
-    /// ends the hold.
-    pub(in crate::machine) fn quiesce(&self) -> anyhow::Result<()> {
+    /// Before a snapshot: waits until no device has a request in flight,
+    /// and holds the devices that write guest RAM on their own (their host
+    /// ends go on within their bounds); [`Devices::after_save`] ends it.
+    pub fn prepare_save(&self) -> anyhow::Result<()> {
         self.blk
+            .dev
             .locked()
             .quiesce()
             .context("cannot quiesce the block device")?;
@@ -260,9 +324,9 @@ impl Devices {
         Ok(())
     }
 
-    /// Ends what [`Devices::quiesce`] held: frames and bytes that arrived
-    /// meanwhile go to the guest.
-    pub(in crate::machine) fn release(&self) {
+    /// Ends what [`Devices::prepare_save`] held: frames and bytes that
+    /// arrived meanwhile go to the guest.
+    pub fn after_save(&self) {
         if let Some(n) = &self.net {
             let mut m = n.dev.locked();
             m.device_mut().hold(false);
@@ -279,17 +343,17 @@ impl Devices {
     }
 
     /// The root block device, whose disk image a snapshot captures.
-    pub(in crate::machine) fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
-        self.blk.locked()
+    pub fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
+        self.blk.dev.locked()
     }
 
     /// Holds every device that writes guest RAM (its DMA: virtqueue
     /// buffers and used rings) until the result is dropped; a vCPU or host
     /// thread that reaches one meanwhile waits.
-    pub(in crate::machine) fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
+    pub fn hold_ram_writers(&self) -> RamWritersHeld<'_> {
         // Always in this order (no other path holds two device locks).
         RamWritersHeld {
-            _blk: self.blk.locked(),
+            _blk: self.blk.dev.locked(),
             _net: self.net.as_ref().map(|n| n.dev.locked()),
             _vsock: self.vsock.as_ref().map(|v| v.dev.locked()),
         }
@@ -297,7 +361,7 @@ impl Devices {
 }
 
 /// The devices that write guest RAM, held ([`Devices::hold_ram_writers`]).
-pub(in crate::machine) struct RamWritersHeld<'a> {
+pub struct RamWritersHeld<'a> {
     _blk: MutexGuard<'a, VirtioMmio<Block>>,
     _net: Option<MutexGuard<'a, VirtioMmio<Net>>>,
     _vsock: Option<MutexGuard<'a, VirtioMmio<Vsock>>>,
@@ -309,12 +373,12 @@ impl Persist for Devices {
     type Error = anyhow::Error;
 
     /// The devices' state, for a snapshot (every vCPU parked, devices
-    /// quiesced).
+    /// prepared).
     fn save(&self) -> DevicesState {
         DevicesState {
             pl011: self.uart.locked().save(),
             boot_timer: self.boot_timer.locked().save(),
-            virtio_blk: self.blk.locked().save(),
+            virtio_blk: self.blk.dev.locked().save(),
             vmgenid: self.vmgenid.as_ref().map(VmGenId::save),
             virtio_net: self.net.as_ref().map(|n| n.dev.locked().save()),
             virtio_vsock: self.vsock.as_ref().map(|v| v.dev.locked().save()),
@@ -329,51 +393,30 @@ impl Persist for Devices {
         let boot_timer = BootTimer::restore(p.boot_timer, &state.boot_timer)?;
         let blk =
             VirtioMmio::restore(p.blk, &state.virtio_blk).context("cannot restore virtio-blk")?;
-        let net = match (p.net, &state.virtio_net) {
-            (None, None) => None,
-            (Some((args, ram, irq)), Some(saved)) => {
-                let NetDeviceArgs {
-                    end: OpenedHostEnd { backend, frames },
-                    mac,
-                } = args;
-                let args = NetArgs {
-                    mac: mac.unwrap_or(saved.device.mac),
-                    backend,
-                };
-                let dev = VirtioMmio::restore((args, ram, irq), saved)
-                    .context("cannot restore virtio-net")?;
-                Some(NetSlot::start(dev, frames)?)
-            }
-            (None, Some(saved)) => anyhow::bail!(
-                "the snapshot's VM has a network device (MAC {}) and the command line none: pass --net (stream:PATH or tap:NAME) to restore it",
-                format_mac(&saved.device.mac)
-            ),
-            (Some(_), None) => anyhow::bail!(
-                "the snapshot's VM has no network device: a restore cannot add one (drop --net)"
-            ),
-        };
-        let vsock = match (p.vsock, &state.virtio_vsock) {
-            (None, None) => None,
-            (Some((args, ram, irq)), Some(saved)) => {
-                let args = VsockArgs {
-                    cid: args.cid,
-                    host: args.host,
-                };
-                let dev = VirtioMmio::restore((args, ram, irq), saved)
-                    .context("cannot restore virtio-vsock")?;
-                let slot = VsockSlot::start(dev)?;
-                // The guest's connections are gone: tell it (§5.10.6.6).
-                slot.dev.locked().kick(vsock::EVENT_QUEUE);
-                Some(slot)
-            }
-            (None, Some(saved)) => anyhow::bail!(
-                "the snapshot's VM has a vsock device (CID {}) and the command line none: pass --vsock-uds PATH to restore it",
-                saved.device.cid
-            ),
-            (Some(_), None) => anyhow::bail!(
-                "the snapshot's VM has no vsock device: a restore cannot add one (drop --vsock-uds)"
-            ),
-        };
+        let net = restore_optional(
+            p.net,
+            state.virtio_net.as_ref(),
+            |(args, ram, irq), saved| start_net(args, Some(saved), ram, irq),
+            |saved| {
+                format!(
+                    "the snapshot's VM has a network device (MAC {}) and the command line none: pass --net (stream:PATH or tap:NAME) to restore it",
+                    format_mac(&saved.device.mac)
+                )
+            },
+            "the snapshot's VM has no network device: a restore cannot add one (drop --net)",
+        )?;
+        let vsock = restore_optional(
+            p.vsock,
+            state.virtio_vsock.as_ref(),
+            |(args, ram, irq), saved| start_vsock(args, Some(saved), ram, irq),
+            |saved| {
+                format!(
+                    "the snapshot's VM has a vsock device (CID {}) and the command line none: pass --vsock-uds PATH to restore it",
+                    saved.device.cid
+                )
+            },
+            "the snapshot's VM has no vsock device: a restore cannot add one (drop --vsock-uds)",
+        )?;
         // Last: it raises its interrupt.
         let vmgenid = state
             .vmgenid
@@ -383,7 +426,7 @@ impl Persist for Devices {
         Ok(Devices {
             uart: Arc::new(Mutex::new(uart)),
             boot_timer: Arc::new(Mutex::new(boot_timer)),
-            blk: Arc::new(Mutex::new(blk)),
+            blk: VirtioSlot::without_io(blk),
             vmgenid,
             net,
             vsock,
@@ -442,38 +485,6 @@ impl DeviceArgs {
 /// The boot timer's report: `Guest-boot-time = N ms` on the console.
 fn report_boot_time(elapsed: Duration) {
     console::message(&BootTimer::message(elapsed));
-}
-
-/// A device's level-triggered SPI: drives the interrupt controller's input
-/// and, when raised, wakes the vCPUs the interrupt may be for.
-pub(in crate::machine) struct SpiLine {
-    intid: u32,
-    irqchip: Irqchip,
-    control: Arc<Control>,
-}
-
-impl SpiLine {
-    /// The line of SPI `intid` at `irqchip`, waking vCPUs through `control`.
-    pub(in crate::machine) fn connect(
-        intid: u32,
-        irqchip: Irqchip,
-        control: Arc<Control>,
-    ) -> Arc<dyn IrqLine> {
-        Arc::new(SpiLine {
-            intid,
-            irqchip,
-            control,
-        })
-    }
-}
-
-impl IrqLine for SpiLine {
-    fn set_level(&self, level: bool) {
-        self.irqchip.set_spi(self.intid, level);
-        if level {
-            self.control.interrupts_changed();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,3 +4,4 @@
 pub mod restore;
 pub mod save;
 pub mod state;
+mod writer;

@@ -1,36 +1,47 @@
-//! `boot --restore SPEC`: resolving and verifying a chain, mapping its memory,
-//! decoding its machine state, and the restored VM's working copy of the
-//! disk. The build turns the state back into the interrupt controller and
-//! devices, the vCPU threads into vCPUs.
+//! `boot --restore SPEC`: resolving and verifying a chain, mapping its
+//! memory, decoding its machine state, and starting the restored VM's
+//! working copy of the disk: the restore's [`Plan`]. The build
+//! ([`crate::machine::vm::Vmm::build`]) turns the state back into the
+//! interrupt controller, the clock and the devices, the vCPU threads into
+//! vCPUs.
 
+use super::state::MachineState;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
-use crate::machine::config::{Plan, PlanDisk, SnapshotOptions, Start};
-use crate::machine::snapshot::state::MachineState;
+use crate::machine::config::{NetConfig, VsockConfig};
+use crate::machine::device_manager::root_disk::{CopyingDisk, RootDisk};
+use crate::machine::plan::{Plan, Saved};
+use crate::machine::vcpu::Start;
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
-use snapshot_store::{
-    clone_file, map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store,
-};
-use std::path::PathBuf;
+use snapshot_store::{map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Time spent in each restore stage, for the `Restore-time` breakdown.
 #[derive(Debug, Default)]
-pub(in crate::machine) struct Stages {
+pub struct Stages {
+    /// Opening the store, resolving the spec, the checks before mapping.
     pub resolve: Duration,
     /// Verification, on its own thread alongside map base, overlay and state.
     pub verify: Duration,
     /// How long the main thread then waited for verification.
     pub verify_wait: Duration,
+    /// Mapping the base layer's memory copy-on-write.
     pub map_base: Duration,
+    /// Overlaying the diffs' pages.
     pub overlay: Duration,
+    /// Reading and decoding the machine state.
     pub state: Duration,
+    /// Creating the hypervisor's VM.
     pub vm_create: Duration,
+    /// The interrupt controller.
     pub gic: Duration,
+    /// The devices, the bus and the clock.
     pub devices: Duration,
+    /// Creating the vCPUs and starting them from their states.
     pub vcpus: Duration,
 }
 
@@ -40,7 +51,7 @@ impl Stages {
     /// base, overlay and state: its own time is shown in parentheses and only
     /// the wait for it is a stage. The working-disk copy is not a stage
     /// either: it reports itself (`Restore-disk-copy`).
-    pub(in crate::machine) fn report(&self, total: Duration) {
+    pub fn report(&self, total: Duration) {
         console::message(&format!("Restore-time = {} ms", total.as_millis()));
         let us = |d: Duration| d.as_micros();
         console::message(&format!(
@@ -60,120 +71,11 @@ impl Stages {
     }
 }
 
-/// The directory of a restored VM's working copy of its disk, a
-/// `.tmp-run-PID-NONCE` directory of the store (removed on drop; `vmstore
-/// gc` removes it if the process died). The store's own files are never
-/// opened for writing.
-pub(in crate::machine) struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// How long a failed restore waits for its working-disk copy to end.
-const COPY_WAIT_ON_ERROR: Duration = Duration::from_secs(2);
-
-/// A restored VM's working disk, `disk.img` in a new [`WorkDir`], being
-/// copied from the snapshot on a background thread: the guest starts without
-/// waiting for it, and its first disk request (or a snapshot) waits for the
-/// copy ([`crate::devices::virtio::block::BackingFile::pending`]).
-pub(in crate::machine) struct CopyingDisk {
-    /// The working disk's path.
-    pub path: PathBuf,
-    /// Its length in bytes (the snapshot image's).
-    pub len: u64,
-    /// The work directory, removed when this is dropped.
-    _dir: WorkDir,
-    copy: Option<std::thread::JoinHandle<std::io::Result<std::fs::File>>>,
-}
-
-impl CopyingDisk {
-    /// Starts copying the snapshot disk `src` (`len` bytes, as its manifest
-    /// says; verification checks the file against that) into a new work
-    /// directory of `store`. When done, the thread logs `Restore-disk-copy
-    /// = N us (METHOD); ready M us after restore start` (from `t0`).
-    fn start(store: &Store, src: PathBuf, len: u64, t0: Instant) -> anyhow::Result<Self> {
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let dir = store
-            .root()
-            .join(format!(".tmp-run-{}-{nonce:016x}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let dir = WorkDir(dir);
-        let path = dir.0.join("disk.img");
-        let dst = path.clone();
-        let copy = std::thread::Builder::new()
-            .name("restore-disk".into())
-            .spawn(move || {
-                let t = Instant::now();
-                let method = clone_file(&src, &dst).map_err(std::io::Error::other)?;
-                let mut perms = std::fs::metadata(&dst)?.permissions();
-                #[allow(clippy::permissions_set_readonly_false)]
-                perms.set_readonly(false);
-                std::fs::set_permissions(&dst, perms)?;
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&dst)?;
-                console::message(&format!(
-                    "Restore-disk-copy = {} us ({method}); ready {} us after restore start",
-                    t.elapsed().as_micros(),
-                    t0.elapsed().as_micros()
-                ));
-                Ok(file)
-            })
-            .context("cannot spawn the disk copy thread")?;
-        Ok(Self {
-            path,
-            len,
-            _dir: dir,
-            copy: Some(copy),
-        })
-    }
-
-    /// The copy's result, for the block device: a closure that waits for
-    /// the thread.
-    pub(in crate::machine) fn take_wait(
-        &mut self,
-    ) -> impl FnOnce() -> std::io::Result<std::fs::File> + Send + 'static {
-        let copy = self.copy.take();
-        move || match copy {
-            Some(h) => h
-                .join()
-                .map_err(|_| std::io::Error::other("the disk copy thread panicked"))?,
-            None => Err(std::io::Error::other("the disk copy was already taken")),
-        }
-    }
-}
-
-impl Drop for CopyingDisk {
-    /// Only reached with the copy still owned, on an error path (the
-    /// restore failed): waits up to [`COPY_WAIT_ON_ERROR`] for the copy to
-    /// end, so that its directory is removed whole; a copy of a large image
-    /// that is still running then is left to the exiting process, so the
-    /// error is not delayed by it (its file is unlinked with the directory;
-    /// `vmstore gc` removes anything left once this process has exited).
-    fn drop(&mut self) {
-        if let Some(h) = self.copy.take() {
-            let t = Instant::now();
-            while !h.is_finished() && t.elapsed() < COPY_WAIT_ON_ERROR {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if h.is_finished() {
-                let _ = h.join();
-            }
-        }
-    }
-}
-
 /// The GIC mode to restore snapshot `name` with: the mode its manifest
 /// records (`manifest_mode`), which must be one this build knows and, if
 /// `boot --gic` was given (`requested`), the same. The GIC's state does not
 /// move between modes.
-pub(in crate::machine) fn restore_gic_mode(
+pub fn restore_gic_mode(
     name: &str,
     manifest_mode: &str,
     requested: Option<GicMode>,
@@ -193,17 +95,18 @@ pub(in crate::machine) fn restore_gic_mode(
 /// Resolves `spec`, verifies the chain, maps its memory and decodes its state.
 /// The snapshot's backend and GIC mode are checked against `hv` and
 /// `requested` (`boot --gic`) before anything is mapped or created.
-pub(in crate::machine) fn plan<H: Hypervisor>(
+pub fn plan<H: Hypervisor>(
     hv: &H,
     spec: &str,
     requested: Option<GicMode>,
-    opts: &SnapshotOptions,
+    store: &Path,
+    devices: (Option<NetConfig>, Option<VsockConfig>),
     t0: Instant,
     stages: &mut Stages,
 ) -> anyhow::Result<Plan> {
     let t = Instant::now();
-    let store = Store::open(&opts.store)
-        .with_context(|| format!("cannot open the snapshot store {}", opts.store.display()))?;
+    let store = Store::open(store)
+        .with_context(|| format!("cannot open the snapshot store {}", store.display()))?;
     let chain = store.resolve(spec)?;
     let top = chain.top();
     let m = &top.manifest;
@@ -257,26 +160,29 @@ pub(in crate::machine) fn plan<H: Hypervisor>(
     let (report, took) = verified?;
     stages.verify = took;
     report?;
-    let (ram, mut state) = work?;
+    let (ram, state) = work?;
     let cpus = state.vcpus.len();
-
-    let power = state.power.clone();
+    let (net, vsock) = devices;
     Ok(Plan {
         ram,
         cpus,
-        disk: PlanDisk::Copying(disk),
-        cmdline: state.cmdline.clone(),
+        disk: RootDisk::Copying(disk),
+        cmdline: state.cmdline,
         gic,
-        // The vCPU states go to the vCPU threads; the rest to the devices.
+        // The vCPU states go to the vCPU threads; the rest to the build.
         start: Start::Restore {
-            states: Arc::new(std::mem::take(&mut state.vcpus)),
+            states: Arc::new(state.vcpus),
         },
-        power,
-        saved: Some(Box::new(state)),
+        power: state.power,
+        saved: Some(Saved {
+            gic: state.gic,
+            clock: state.clock,
+            devices: state.devices,
+        }),
         parent: Some(chain.top().clone()),
-        // The caller's: the command line names the host ends.
-        net: None,
-        vsock: None,
+        // The command line names the host ends (they may be new ones).
+        net,
+        vsock,
     })
 }
 

@@ -7,158 +7,26 @@
 //! device's restore ([`crate::devices::Persist`]) validates its own fields.
 
 use crate::arch::exception::{current_el, PSTATE_NRW};
-use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0, DEBUG_SYSREGS, OSLSR_EL1};
-use crate::devices::gicv3::GicState;
+use crate::arch::sysreg::{DEBUG_SYSREGS, OSLSR_EL1};
 use crate::hv::gic::check_icc_state;
-use crate::hv::{self, GicMode, Reg, Vcpu};
+use crate::hv::GicMode;
+use crate::machine::device_manager::irqchip::IrqchipState;
+use crate::machine::device_manager::DevicesState;
+use crate::machine::vcpu::clock::{ClockState, TimerState};
+use crate::machine::vcpu::state::{VcpuPower, VcpuState};
 use serde::{Deserialize, Serialize};
 
-pub use crate::machine::device_manager::DevicesState;
-
 /// Version of the machine-state encoding; bump on incompatible changes.
+/// Older versions are still read: [`MachineState::decode`] upgrades them.
 ///
-/// Version 3 records the guest's clock once for the VM ([`ClockState`]: one
-/// count, and each vCPU's EL1 physical timer) instead of a count per vCPU.
-/// Version 2 records the GIC by mode ([`IrqchipState`]) and each vCPU's
-/// in-kernel GIC CPU-interface registers ([`VcpuState::gic_cpu`]). Versions
-/// 1 (userspace GIC only) and 2 are still read: [`MachineState::decode`]
-/// upgrades them.
+/// - 4: each vCPU's debug registers ([`DEBUG_SYSREGS`]: the OS lock,
+///   breakpoints and watchpoints).
+/// - 3: the guest's clock once for the VM ([`ClockState`]: one count, and
+///   each vCPU's EL1 physical timer) instead of a count per vCPU.
+/// - 2: the GIC by mode ([`IrqchipState`]) and each vCPU's in-kernel GIC
+///   CPU-interface registers ([`VcpuState::gic_cpu`]).
+/// - 1: the userspace GIC only.
 pub const MACHINE_STATE_VERSION: u32 = 4;
-
-/// One vCPU's architectural state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VcpuState {
-    /// X0..X30.
-    pub x: Vec<u64>,
-    /// Program counter.
-    pub pc: u64,
-    /// PSTATE in SPSR format.
-    pub pstate: u64,
-    /// V0..V31 as (low, high) 64-bit halves.
-    pub v: Vec<(u64, u64)>,
-    /// System registers held by the backend ([`Vcpu::state_sysregs`]),
-    /// excluding the virtual timer.
-    pub sysregs: Vec<(SysReg, u64)>,
-    /// CNTV_CTL_EL0.
-    pub cntv_ctl: u64,
-    /// CNTV_CVAL_EL0 (guest ticks).
-    pub cntv_cval: u64,
-    /// GIC CPU-interface registers held by an in-kernel GIC
-    /// ([`Vcpu::gic_cpu_state`], `ICC_*_EL1` in
-    /// [`crate::hv::gic::ICC_STATE_REGS`] order); empty with the userspace
-    /// GIC, whose CPU interface is in [`IrqchipState::Userspace`].
-    #[serde(default)]
-    pub gic_cpu: Vec<(SysReg, u64)>,
-}
-
-/// Captures a vCPU's state. Call on the vCPU's own thread while it is
-/// stopped at an instruction boundary. The guest's count is the VM's, saved
-/// once in [`ClockState`].
-pub fn capture_vcpu<V: Vcpu>(vcpu: &mut V) -> hv::Result<VcpuState> {
-    let x = (0..31)
-        .map(|n| vcpu.reg(Reg::X(n)))
-        .collect::<hv::Result<_>>()?;
-    let v = (0..32)
-        .map(|n| vcpu.vreg(n).map(|q| (q as u64, (q >> 64) as u64)))
-        .collect::<hv::Result<_>>()?;
-    let sysregs = vcpu
-        .state_sysregs()
-        .iter()
-        .map(|&r| vcpu.sysreg(r).map(|v| (r, v)))
-        .collect::<hv::Result<_>>()?;
-    Ok(VcpuState {
-        x,
-        pc: vcpu.reg(Reg::Pc)?,
-        pstate: vcpu.reg(Reg::Pstate)?,
-        v,
-        sysregs,
-        cntv_ctl: vcpu.sysreg(CNTV_CTL_EL0)?,
-        cntv_cval: vcpu.sysreg(CNTV_CVAL_EL0)?,
-        gic_cpu: vcpu.gic_cpu_state()?,
-    })
-}
-
-/// Applies a captured state to a freshly created vCPU (on its own thread).
-/// The VM's counter offset is set before any vCPU is created (the clock), so
-/// the timer registers are interpreted in the restored guest's time. The
-/// in-kernel GIC's CPU-interface registers are not applied here but by
-/// [`apply_vcpu_gic`], after the GIC's own state.
-pub fn apply_vcpu<V: Vcpu>(vcpu: &mut V, s: &VcpuState) -> hv::Result<()> {
-    if s.x.len() != 31 || s.v.len() != 32 {
-        return Err(hv::HvError::Guest(format!(
-            "vCPU state has {} general and {} vector registers (expected 31 and 32)",
-            s.x.len(),
-            s.v.len()
-        )));
-    }
-    let wanted = vcpu.state_sysregs();
-    if s.sysregs.len() != wanted.len() || s.sysregs.iter().any(|(r, _)| !wanted.contains(r)) {
-        return Err(hv::HvError::Guest(
-            "vCPU state's system-register set does not match this backend's".into(),
-        ));
-    }
-    for (n, &val) in (0u8..).zip(&s.x) {
-        vcpu.set_reg(Reg::X(n), val)?;
-    }
-    for (n, &(lo, hi)) in (0u8..).zip(&s.v) {
-        vcpu.set_vreg(n, u128::from(lo) | u128::from(hi) << 64)?;
-    }
-    for &(r, val) in &s.sysregs {
-        vcpu.set_sysreg(r, val)?;
-    }
-    vcpu.set_sysreg(CNTV_CVAL_EL0, s.cntv_cval)?;
-    vcpu.set_sysreg(CNTV_CTL_EL0, s.cntv_ctl)?;
-    vcpu.set_reg(Reg::Pstate, s.pstate)?;
-    vcpu.set_reg(Reg::Pc, s.pc)
-}
-
-/// Applies a captured vCPU's in-kernel GIC CPU-interface registers (on the
-/// vCPU's thread), after [`apply_vcpu`] and after the in-kernel GIC's state
-/// ([`hv::KernelGic::restore`]); a no-op list for the userspace GIC.
-pub fn apply_vcpu_gic<V: Vcpu>(vcpu: &mut V, s: &VcpuState) -> hv::Result<()> {
-    vcpu.set_gic_cpu_state(&s.gic_cpu)
-}
-
-/// PSCI power state of a vCPU, as the run loop keeps it and a snapshot
-/// saves it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum VcpuPower {
-    /// Off (never started, or CPU_OFF).
-    Off,
-    /// CPU_ON accepted, not yet started.
-    OnPending {
-        /// Entry point (guest-physical).
-        entry: u64,
-        /// X0 at entry.
-        context: u64,
-    },
-    /// Running.
-    On,
-}
-
-/// The guest's clock (the machine's `clock` module): one count for the VM
-/// and each vCPU's EL1 physical timer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClockState {
-    /// The VM's count (CNTVCT_EL0, and CNTPCT_EL0, of every vCPU; guest
-    /// ticks) with every vCPU parked. Restore sets the VM's counter offset
-    /// so the count continues from here.
-    pub virtual_count: u64,
-    /// Per vCPU, index order: the EL1 physical timer.
-    pub ptimers: Vec<TimerState>,
-}
-
-/// An EL1 timer's registers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimerState {
-    /// CTL's ENABLE (bit 0) and IMASK (bit 1); other bits are ignored.
-    pub ctl: u64,
-    /// CVAL, in guest ticks.
-    pub cval: u64,
-}
 
 /// Everything but RAM and the disk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -183,57 +51,6 @@ pub struct MachineState {
     /// The devices (each a top-level key: `pl011`, `boot_timer`, ...).
     #[serde(flatten)]
     pub devices: DevicesState,
-}
-
-/// The interrupt controller's state, by [`GicMode`]. Serialised as
-/// `{"userspace": {...}}` or `{"hvf": "<hex>"}` (the mode names).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IrqchipState {
-    /// The userspace GICv3 model's state.
-    Userspace(GicState),
-    /// Hypervisor.framework's in-kernel GIC: its opaque, versioned
-    /// `hv_gic_state` blob ([`hv::KernelGic::save`]).
-    Hvf(#[serde(with = "hex_bytes")] Vec<u8>),
-}
-
-impl IrqchipState {
-    /// The mode this state belongs to.
-    pub fn mode(&self) -> GicMode {
-        match self {
-            IrqchipState::Userspace(_) => GicMode::Userspace,
-            IrqchipState::Hvf(_) => GicMode::Hvf,
-        }
-    }
-}
-
-/// Bytes as a lowercase hex string (compact in JSON, unlike an array).
-mod hex_bytes {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(in crate::machine) fn serialize<S: Serializer>(
-        bytes: &[u8],
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&snapshot_store::hex(bytes))
-    }
-
-    pub(in crate::machine) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Vec<u8>, D::Error> {
-        let hex = String::deserialize(d)?;
-        if hex.len() % 2 != 0 {
-            return Err(serde::de::Error::custom("hex string of odd length"));
-        }
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| {
-                hex.get(i..i + 2)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| serde::de::Error::custom("invalid hex digit"))
-            })
-            .collect()
-    }
 }
 
 /// Errors decoding a machine state.
@@ -408,7 +225,7 @@ fn upgrade_v3(v: &mut serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::sysreg::{ICC_CTLR_EL1, SCTLR_EL1};
+    use crate::arch::sysreg::{SysReg, ICC_CTLR_EL1, SCTLR_EL1};
     use crate::devices::boot_timer::BootTimer;
     use crate::devices::gicv3::Gicv3;
     use crate::devices::pl011::Pl011;

@@ -37,14 +37,37 @@
 use crate::arch::sysreg::{SysReg, CNTP_CTL_EL0, CNTP_CVAL_EL0, CNTP_TVAL_EL0};
 use crate::arch::timer::{ticks_to_ns, GenericTimer};
 use crate::hv::{VcpuId, Vm};
-use crate::machine::snapshot::state::{ClockState, TimerState};
 use crate::sync::{Locked, Waited};
+use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The guest's clock as a snapshot holds it: one count for the VM and each
+/// vCPU's EL1 physical timer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockState {
+    /// The VM's count (CNTVCT_EL0, and CNTPCT_EL0, of every vCPU; guest
+    /// ticks) with every vCPU parked. Restore sets the VM's counter offset
+    /// so the count continues from here.
+    pub virtual_count: u64,
+    /// Per vCPU, index order: the EL1 physical timer.
+    pub ptimers: Vec<TimerState>,
+}
+
+/// An EL1 timer's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerState {
+    /// CTL's ENABLE (bit 0) and IMASK (bit 1); other bits are ignored.
+    pub ctl: u64,
+    /// CVAL, in guest ticks.
+    pub cval: u64,
+}
+
 /// The VM's counter as the clock uses it; every [`Vm`] is one.
-pub(in crate::machine) trait Counter: Send + Sync {
+pub trait Counter: Send + Sync {
     /// [`Vm::physical_count`].
     fn physical(&self) -> u64;
     /// [`Vm::counter_offset`].
@@ -72,11 +95,11 @@ impl<V: Vm> Counter for V {
 
 /// Sets vCPU `id`'s physical timer PPI to `level` (and wakes whoever the
 /// interrupt is for).
-pub(in crate::machine) type TimerLine = Box<dyn Fn(VcpuId, bool) + Send + Sync>;
+pub type TimerLine = Box<dyn Fn(VcpuId, bool) + Send + Sync>;
 
 /// The VM's guest clock: its count, its pauses, and the vCPUs' physical
 /// timers. Dropping it stops its thread.
-pub(in crate::machine) struct Clock {
+pub struct Clock {
     inner: Arc<Inner>,
     thread: Option<JoinHandle<()>>,
 }
@@ -107,7 +130,7 @@ impl Clock {
     /// clock (`saved`, of `cpus` timers): the VM's offset is set so its count
     /// continues from the saved one on every vCPU (call before any vCPU
     /// runs), and the timers are restored.
-    pub(in crate::machine) fn new(
+    pub fn new(
         counter: Arc<dyn Counter>,
         cpus: usize,
         saved: Option<&ClockState>,
@@ -158,7 +181,7 @@ impl Clock {
     /// Stops the VM's count: call once every vCPU is parked. Until
     /// [`Clock::thaw`], [`Clock::now`] is the count at this call and no
     /// physical timer fires.
-    pub(in crate::machine) fn freeze(&self) {
+    pub fn freeze(&self) {
         let mut st = self.inner.state.locked();
         if st.frozen.is_none() {
             st.frozen = Some(self.inner.live());
@@ -168,7 +191,7 @@ impl Clock {
     /// Restarts the count where [`Clock::freeze`] stopped it, by moving the
     /// VM's offset on by the paused interval; call before the vCPUs run
     /// again. Does nothing if the clock is not frozen.
-    pub(in crate::machine) fn thaw(&self) {
+    pub fn thaw(&self) {
         let mut st = self.inner.state.locked();
         if let Some(count) = st.frozen.take() {
             let counter = &self.inner.counter;
@@ -178,7 +201,7 @@ impl Clock {
     }
 
     /// The clock's state for a snapshot (taken while frozen).
-    pub(in crate::machine) fn save(&self) -> ClockState {
+    pub fn save(&self) -> ClockState {
         let st = self.inner.state.locked();
         ClockState {
             virtual_count: self.inner.now(&st),
@@ -195,7 +218,7 @@ impl Clock {
 
     /// A guest read of `reg` on vCPU `vcpu`, if it is a physical timer
     /// register (else `None`).
-    pub(in crate::machine) fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
+    pub fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
         let st = self.inner.state.locked();
         let t = st.ptimers.get(vcpu)?;
         let count = self.inner.now(&st);
@@ -209,7 +232,7 @@ impl Clock {
 
     /// A guest write of `reg` on vCPU `vcpu`: `true` if it is a physical
     /// timer register (the write is done, the output updated).
-    pub(in crate::machine) fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
+    pub fn sysreg_write(&self, vcpu: VcpuId, reg: SysReg, value: u64) -> bool {
         let mut st = self.inner.state.locked();
         let count = self.inner.now(&st);
         let Some(t) = st.ptimers.get_mut(vcpu) else {
@@ -229,7 +252,7 @@ impl Clock {
     /// Puts vCPU `vcpu`'s physical timer in its power-on state (a new
     /// VM's: disabled, compare value 0), as the core's reset does (PSCI
     /// CPU_ON), and lowers its output.
-    pub(in crate::machine) fn reset_timer(&self, vcpu: VcpuId) {
+    pub fn reset_timer(&self, vcpu: VcpuId) {
         let mut st = self.inner.state.locked();
         let count = self.inner.now(&st);
         if let Some(t) = st.ptimers.get_mut(vcpu) {

@@ -1,33 +1,45 @@
-//! The control block every thread of a running VM shares: wake-ups, vCPU
-//! power states, the VM's end, the vCPU threads' start-up, and the snapshot
-//! handshake (pause: every vCPU thread parks and captures its vCPUs, and the
-//! guest's clock stops; resume: the clock goes on from where it stopped, and
-//! the vCPUs run again).
+//! The run state every thread of a running VM shares: wake-ups, vCPU power
+//! states, the VM's end, the vCPU threads' start-up, and the pause handshake
+//! (pause: every vCPU thread parks and captures its vCPUs, and the guest's
+//! clock stops; resume: the clock goes on from where it stopped, and the
+//! vCPUs run again).
 //!
-//! One mutex guards [`RunState`]; its condition variable wakes waiters on
-//! any change. A vCPU running guest code does not wait on it: it is kicked
+//! One mutex guards [`State`]; its condition variable wakes waiters on any
+//! change. A vCPU running guest code does not wait on it: it is kicked
 //! ([`Kick`]) out of [`crate::hv::Vcpu::run`] and sees the change on its way
 //! round the loop.
 
+use super::clock::Clock;
+use super::state::{VcpuPower, VcpuState};
+use crate::devices::gicv3::VcpuSet;
 use crate::hv::{Kick, VcpuId};
-use crate::machine::device_manager::irqchip::Irqchip;
-use crate::machine::snapshot::state::{VcpuPower, VcpuState};
-use crate::machine::vcpu::clock::Clock;
-use crate::machine::VmExit;
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// What [`Control`]'s mutex guards.
-pub(in crate::machine) struct RunState {
+/// How a VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest called PSCI SYSTEM_OFF.
+    PowerOff,
+    /// The guest called PSCI SYSTEM_RESET (the VMM exits rather than reboots).
+    Reset,
+    /// A front-end asked (`Ctrl-A x`, the control socket's `quit`).
+    Quit,
+    /// A vCPU hit something the VMM cannot handle.
+    Error(String),
+}
+
+/// What [`RunState`]'s mutex guards.
+pub struct State {
     /// The wake-up generation: bumped whenever a waiting vCPU may have to
     /// run (an interrupt, CPU_ON, the pause, the end).
-    pub(in crate::machine) generation: u64,
+    pub generation: u64,
     /// Per vCPU, index order.
-    pub(in crate::machine) power: Vec<VcpuPower>,
+    pub power: Vec<VcpuPower>,
     /// Why the VM ended, once it has.
-    pub(in crate::machine) exit: Option<VmExit>,
+    pub exit: Option<VmExit>,
     /// A snapshot wants every vCPU thread parked.
     pause: bool,
     /// vCPU threads parked for `pause`.
@@ -43,9 +55,9 @@ pub(in crate::machine) struct RunState {
     released: Option<Result<(), String>>,
 }
 
-impl RunState {
-    /// Whether a snapshot wants this thread parked.
-    pub(in crate::machine) fn pause_requested(&self) -> bool {
+impl State {
+    /// Whether a pause wants this thread parked.
+    pub fn pause_requested(&self) -> bool {
         self.pause
     }
 }
@@ -57,7 +69,7 @@ impl RunState {
 /// the next turn and the running one is kicked, so that the interrupt waits
 /// for a block boundary instead of a time slice.
 #[derive(Debug)]
-pub(in crate::machine) struct Turns {
+pub struct Turns {
     /// The vCPU in `run`, or `NONE`.
     running: AtomicUsize,
     /// vCPUs (bit `id`) that get the next turns, lowest first.
@@ -78,18 +90,18 @@ impl Turns {
     }
 
     /// Records the vCPU in `run` (`None` between runs).
-    pub(in crate::machine) fn set_running(&self, vcpu: Option<VcpuId>) {
+    pub fn set_running(&self, vcpu: Option<VcpuId>) {
         self.running
             .store(vcpu.unwrap_or(Self::NONE), Ordering::SeqCst);
     }
 
     /// The vCPU in `run`, if any.
-    pub(in crate::machine) fn running(&self) -> Option<VcpuId> {
+    pub fn running(&self) -> Option<VcpuId> {
         Some(self.running.load(Ordering::SeqCst)).filter(|&v| v != Self::NONE)
     }
 
     /// Takes the lowest vCPU of `ids` that wants a turn: its index in `ids`.
-    pub(in crate::machine) fn take_urgent(&self, ids: &[VcpuId]) -> Option<usize> {
+    pub fn take_urgent(&self, ids: &[VcpuId]) -> Option<usize> {
         let mut cur = self.urgent.load(Ordering::SeqCst);
         loop {
             let slot = ids.iter().position(|&id| cur & (1 << id) != 0)?;
@@ -105,7 +117,7 @@ impl Turns {
     }
 
     /// Whether a vCPU wants a turn.
-    pub(in crate::machine) fn any_urgent(&self) -> bool {
+    pub fn any_urgent(&self) -> bool {
         self.urgent.load(Ordering::SeqCst) != 0
     }
 
@@ -115,27 +127,21 @@ impl Turns {
     }
 }
 
-/// The shared control block of a running VM.
-pub(in crate::machine) struct Control {
-    state: Mutex<RunState>,
+/// The run state of a running VM, shared by all its threads.
+pub struct RunState {
+    state: Mutex<State>,
     wake: Condvar,
     kicks: Mutex<Vec<Option<Arc<dyn Kick>>>>,
-    /// Which vCPUs an interrupt is for ([`Control::interrupts_changed`]).
-    irqchip: Irqchip,
     /// Number of vCPU threads.
     threads: usize,
     /// Per vCPU, the turns of its thread.
     turns: Vec<Arc<Turns>>,
 }
 
-impl Control {
-    /// The control block of `power.len()` vCPUs on threads that run
-    /// `groups` of them, with their initial power states.
-    pub(in crate::machine) fn new(
-        irqchip: Irqchip,
-        power: Vec<VcpuPower>,
-        groups: &[Vec<VcpuId>],
-    ) -> Self {
+impl RunState {
+    /// The run state of `power.len()` vCPUs on threads that run `groups` of
+    /// them, with their initial power states.
+    pub fn new(power: Vec<VcpuPower>, groups: &[Vec<VcpuId>]) -> Self {
         let cpus = power.len();
         assert!(cpus <= 64, "vCPU sets are 64-bit masks");
         let mut turns: Vec<Option<Arc<Turns>>> = vec![None; cpus];
@@ -149,8 +155,8 @@ impl Control {
             .into_iter()
             .map(|t| t.expect("every vCPU is in a thread group"))
             .collect();
-        Control {
-            state: Mutex::new(RunState {
+        RunState {
+            state: Mutex::new(State {
                 generation: 0,
                 power,
                 exit: None,
@@ -163,46 +169,42 @@ impl Control {
             }),
             wake: Condvar::new(),
             kicks: Mutex::new(vec![None; cpus]),
-            irqchip,
             threads: groups.len(),
             turns,
         }
     }
 
     /// The turns of `vcpu`'s thread.
-    pub(in crate::machine) fn turns(&self, vcpu: VcpuId) -> Arc<Turns> {
+    pub fn turns(&self, vcpu: VcpuId) -> Arc<Turns> {
         self.turns[vcpu].clone()
     }
 
     /// Locks the run state.
-    pub(in crate::machine) fn lock(&self) -> MutexGuard<'_, RunState> {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.locked()
     }
 
     /// Releases `guard` and waits for a change (or a spurious wake-up).
-    pub(in crate::machine) fn wait<'a>(
-        &self,
-        guard: MutexGuard<'a, RunState>,
-    ) -> MutexGuard<'a, RunState> {
+    pub fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.wake.waited(guard)
     }
 
-    /// As [`Control::wait`], for at most `timeout`.
-    pub(in crate::machine) fn wait_for<'a>(
+    /// As [`RunState::wait`], for at most `timeout`.
+    pub fn wait_for<'a>(
         &self,
-        guard: MutexGuard<'a, RunState>,
+        guard: MutexGuard<'a, State>,
         timeout: Duration,
-    ) -> MutexGuard<'a, RunState> {
+    ) -> MutexGuard<'a, State> {
         self.wake.waited_for(guard, timeout)
     }
 
     /// Wakes every waiter after a change to the run state.
-    pub(in crate::machine) fn notify(&self) {
+    pub fn notify(&self) {
         self.wake.notify_all();
     }
 
     /// Waits until `done` holds or the VM has ended; returns the guard.
-    fn wait_until(&self, done: impl Fn(&RunState) -> bool) -> MutexGuard<'_, RunState> {
+    fn wait_until(&self, done: impl Fn(&State) -> bool) -> MutexGuard<'_, State> {
         let mut c = self.lock();
         while !done(&c) && c.exit.is_none() {
             c = self.wait(c);
@@ -211,12 +213,12 @@ impl Control {
     }
 
     /// Registers how to kick vCPU `id` out of guest code.
-    pub(in crate::machine) fn set_kicker(&self, id: VcpuId, kick: Arc<dyn Kick>) {
+    pub fn set_kicker(&self, id: VcpuId, kick: Arc<dyn Kick>) {
         self.kicks.locked()[id] = Some(kick);
     }
 
     /// Kicks the vCPUs `which` selects.
-    pub(in crate::machine) fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
+    pub fn kick_where(&self, which: impl Fn(VcpuId) -> bool) {
         let kicks = self.kicks.locked();
         for (id, k) in kicks.iter().enumerate() {
             if let (true, Some(k)) = (which(id), k) {
@@ -226,7 +228,7 @@ impl Control {
     }
 
     /// Ends the VM (the first reason wins) and stops every vCPU.
-    pub(in crate::machine) fn finish(&self, why: VmExit) {
+    pub fn finish(&self, why: VmExit) {
         {
             let mut c = self.lock();
             if c.exit.is_none() {
@@ -239,12 +241,12 @@ impl Control {
     }
 
     /// Whether the VM has ended.
-    pub(in crate::machine) fn finished(&self) -> bool {
+    pub fn finished(&self) -> bool {
         self.lock().exit.is_some()
     }
 
     /// Waits for the VM to end and says why.
-    pub(in crate::machine) fn wait_exit(&self) -> VmExit {
+    pub fn wait_exit(&self) -> VmExit {
         let c = self.wait_until(|_| false);
         c.exit
             .clone()
@@ -252,13 +254,14 @@ impl Control {
     }
 
     /// Called after the GIC's pending state may have changed for other
-    /// vCPUs. With the userspace GIC, wakes the vCPUs sleeping in WFI and
-    /// brings the interrupt to each vCPU that now has one pending
-    /// ([`Control::run_soon`]); with an in-kernel GIC (which delivers to
-    /// running vCPUs itself) wakes the vCPUs sleeping in WFI, which cannot
-    /// tell whether it was for them.
-    pub(in crate::machine) fn interrupts_changed(&self) {
-        match self.irqchip.pending_vcpus() {
+    /// vCPUs, with the vCPUs that have an interrupt pending now (`pending`,
+    /// `None` if the VMM cannot know: an in-kernel GIC). With a known set,
+    /// wakes the vCPUs sleeping in WFI and brings the interrupt to each vCPU
+    /// that has one pending ([`RunState::run_soon`]); with an in-kernel GIC
+    /// (which delivers to running vCPUs itself) wakes the vCPUs sleeping in
+    /// WFI, which cannot tell whether it was for them.
+    pub fn interrupts_changed(&self, pending: Option<VcpuSet>) {
+        match pending {
             Some(pending) if pending.is_empty() => {}
             Some(pending) => {
                 self.lock().generation += 1;
@@ -279,7 +282,7 @@ impl Control {
     /// ([`Kick::irq_line_changed`]); if another vCPU of its thread is
     /// running, `vcpu` gets the next turn and the running one is kicked
     /// (once per turn wanted). Called from any thread.
-    pub(in crate::machine) fn run_soon(&self, vcpu: VcpuId, irq: bool) {
+    pub fn run_soon(&self, vcpu: VcpuId, irq: bool) {
         let Some(turns) = self.turns.get(vcpu) else {
             return;
         };
@@ -320,7 +323,7 @@ impl Control {
     /// A vCPU thread has created its vCPUs. Waits until the VM's thread
     /// releases them: `Ok(true)` to run, `Ok(false)` if the VM ended first,
     /// the error if the start failed.
-    pub(in crate::machine) fn created_wait_release(&self) -> Result<bool, String> {
+    pub fn created_wait_release(&self) -> Result<bool, String> {
         let mut c = self.lock();
         c.created += 1;
         self.notify();
@@ -337,25 +340,25 @@ impl Control {
 
     /// Waits until every vCPU thread has created its vCPUs (or the VM has
     /// ended).
-    pub(in crate::machine) fn wait_created(&self) {
+    pub fn wait_created(&self) {
         drop(self.wait_until(|c| c.created >= self.threads));
     }
 
-    /// Lets the vCPU threads waiting in [`Control::created_wait_release`] go
+    /// Lets the vCPU threads waiting in [`RunState::created_wait_release`] go
     /// on (`Ok`), or end the VM with the error.
-    pub(in crate::machine) fn release(&self, result: Result<(), String>) {
+    pub fn release(&self, result: Result<(), String>) {
         self.lock().released = Some(result);
         self.notify();
     }
 
     /// A vCPU thread's vCPUs are ready to run.
-    pub(in crate::machine) fn thread_ready(&self) {
+    pub fn thread_ready(&self) {
         self.lock().ready += 1;
         self.notify();
     }
 
     /// Waits until every vCPU thread is ready (or the VM has ended).
-    pub(in crate::machine) fn wait_ready(&self) {
+    pub fn wait_ready(&self) {
         drop(self.wait_until(|c| c.ready >= self.threads));
     }
 
@@ -363,9 +366,9 @@ impl Control {
 
     /// Parks every vCPU thread, stops `clock` (the guest's time stands still
     /// from the moment all are parked, [`Clock::freeze`]) and returns the
-    /// vCPUs' states; call [`Control::resume`] afterwards whatever the
+    /// vCPUs' states; call [`RunState::resume`] afterwards whatever the
     /// result.
-    pub(in crate::machine) fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
+    pub fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
         {
             let mut c = self.lock();
             if c.exit.is_some() {
@@ -396,19 +399,19 @@ impl Control {
         states
     }
 
-    /// Restarts `clock` where [`Control::pause`] stopped it (the paused
+    /// Restarts `clock` where [`RunState::pause`] stopped it (the paused
     /// interval is added to the VM's counter offset, [`Clock::thaw`]) and
     /// lets the parked vCPU threads run again.
-    pub(in crate::machine) fn resume(&self, clock: &Clock) {
+    pub fn resume(&self, clock: &Clock) {
         clock.thaw();
         self.lock().pause = false;
         self.notify();
     }
 
-    /// A vCPU thread's side of [`Control::pause`]: hands in the states of its
+    /// A vCPU thread's side of [`RunState::pause`]: hands in the states of its
     /// vCPUs (captured on this thread, as HVF requires) and waits until the
     /// snapshot is done.
-    pub(in crate::machine) fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
+    pub fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
         let mut c = self.lock();
         for (id, st) in states {
             c.captured[id] = Some(st);
@@ -423,7 +426,7 @@ impl Control {
 }
 
 /// Ends the VM with an error if dropped while its thread panics.
-pub(in crate::machine) struct EndOnPanic<'a>(pub(in crate::machine) &'a Control);
+pub struct EndOnPanic<'a>(pub &'a RunState);
 
 impl Drop for EndOnPanic<'_> {
     fn drop(&mut self) {
@@ -438,7 +441,6 @@ impl Drop for EndOnPanic<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::gicv3::Gicv3;
 
     /// Counts kicks and line re-evaluations.
     #[derive(Default)]
@@ -456,14 +458,10 @@ mod tests {
         }
     }
 
-    /// A control block of `groups` with a counting kicker per vCPU.
-    fn control(groups: &[Vec<VcpuId>]) -> (Control, Vec<Arc<Counting>>) {
+    /// A run state of `groups` with a counting kicker per vCPU.
+    fn run_state(groups: &[Vec<VcpuId>]) -> (RunState, Vec<Arc<Counting>>) {
         let cpus = groups.iter().map(Vec::len).sum();
-        let c = Control::new(
-            Irqchip::Userspace(Arc::new(Mutex::new(Gicv3::new(cpus)))),
-            vec![VcpuPower::On; cpus],
-            groups,
-        );
+        let c = RunState::new(vec![VcpuPower::On; cpus], groups);
         let kicks: Vec<Arc<Counting>> = (0..cpus).map(|_| Arc::default()).collect();
         for (id, k) in kicks.iter().enumerate() {
             c.set_kicker(id, k.clone());
@@ -480,7 +478,7 @@ mod tests {
 
     #[test]
     fn the_running_vcpu_re_evaluates_its_line_without_leaving_run() {
-        let (c, k) = control(&[vec![0, 1, 2]]);
+        let (c, k) = run_state(&[vec![0, 1, 2]]);
         c.turns(0).set_running(Some(1));
         c.run_soon(1, true);
         assert_eq!(counts(&k[1]), (0, 1));
@@ -492,7 +490,7 @@ mod tests {
 
     #[test]
     fn another_vcpu_of_the_thread_gets_the_next_turn_and_the_running_one_is_kicked_once() {
-        let (c, k) = control(&[vec![0, 1, 2, 3]]);
+        let (c, k) = run_state(&[vec![0, 1, 2, 3]]);
         let t = c.turns(0);
         t.set_running(Some(0));
         c.run_soon(3, true);
@@ -511,7 +509,7 @@ mod tests {
 
     #[test]
     fn a_thread_between_runs_finds_the_request() {
-        let (c, k) = control(&[vec![0, 1]]);
+        let (c, k) = run_state(&[vec![0, 1]]);
         c.run_soon(1, true);
         assert!(c.turns(0).any_urgent());
         assert_eq!(c.turns(0).take_urgent(&[0, 1]), Some(1));
@@ -520,7 +518,7 @@ mod tests {
 
     #[test]
     fn threads_of_one_vcpu_never_queue_turns() {
-        let (c, k) = control(&[vec![0], vec![1]]);
+        let (c, k) = run_state(&[vec![0], vec![1]]);
         c.turns(1).set_running(Some(1));
         c.run_soon(0, true);
         c.run_soon(1, true);
@@ -532,7 +530,7 @@ mod tests {
 
     #[test]
     fn take_urgent_only_takes_the_threads_own_vcpus() {
-        let (c, _) = control(&[vec![0, 1], vec![2, 3]]);
+        let (c, _) = run_state(&[vec![0, 1], vec![2, 3]]);
         c.turns(2).set_running(Some(2));
         c.run_soon(3, true);
         assert_eq!(c.turns(0).take_urgent(&[0, 1]), None);

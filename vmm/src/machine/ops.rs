@@ -1,0 +1,153 @@
+//! The verbs a front-end may ask of a running VM, their results and their
+//! errors. The console's escape keys and the control socket are two
+//! front-ends over this one list: each turns its input into an [`Op`] and
+//! hands it to the VM's [`Verbs`].
+//!
+//! [`Verbs::execute`] may be called from several threads at once: a verb
+//! that takes long (a snapshot's write in the stop mode) holds back only
+//! verbs that must wait for it (another snapshot), never `status`, `pause`
+//! or `quit`.
+
+use serde::Serialize;
+
+/// A verb.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Writes a snapshot layer (`name`, default: the next of `--name`'s
+    /// NAME, NAME.2, ...). A paused VM stays paused.
+    Snapshot {
+        /// The layer's name.
+        name: Option<String>,
+        /// When to answer.
+        wait: SnapshotWait,
+    },
+    /// Parks every vCPU and stops the guest's clock until [`Op::Resume`].
+    Pause,
+    /// Lets a VM paused by [`Op::Pause`] run again.
+    Resume,
+    /// The VM's [`Status`].
+    Status,
+    /// Ends the VM, as the guest's power-off would (a snapshot being
+    /// written is finished first).
+    Quit,
+}
+
+/// When [`Op::Snapshot`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotWait {
+    /// Once the layer is in the store, with [`Reply::Snapshot`].
+    Committed,
+    /// Once the guest runs again (a background layer is still being
+    /// written; the console reports how it ends), with [`Reply::Done`].
+    Resumed,
+}
+
+/// A verb's result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Reply {
+    /// [`Op::Snapshot`]: the layer written.
+    Snapshot(Written),
+    /// [`Op::Status`].
+    Status(Status),
+    /// [`Op::Pause`], [`Op::Resume`], [`Op::Quit`], and a snapshot
+    /// answered once the guest runs again: done.
+    Done {},
+}
+
+/// A layer written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Written {
+    /// The layer's name.
+    pub name: String,
+    /// `full` or `diff`.
+    pub kind: &'static str,
+    /// 16 KiB pages of memory it holds.
+    pub pages: u64,
+    /// vCPUs stopped to running again, in µs (0 if the VM was paused
+    /// already).
+    pub pause_us: u64,
+    /// `Snapshot-write-time`, in ms.
+    pub write_ms: u64,
+}
+
+/// What [`Op::Status`] reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Status {
+    /// `running` or `paused`.
+    pub state: &'static str,
+    /// Number of vCPUs.
+    pub vcpus: usize,
+    /// The backend's name (`emu`, `hvf`).
+    pub backend: &'static str,
+    /// Since `boot` started the VM, in ms.
+    pub uptime_ms: u64,
+    /// The `--restore` spec, if the VM was restored.
+    pub restored_from: Option<String>,
+    /// The layer the next snapshot is a diff against (`None`: it is a full
+    /// one).
+    pub parent: Option<String>,
+    /// 16 KiB pages a diff written now would hold.
+    pub dirty_pages: usize,
+    /// A background layer is being written.
+    pub snapshot_in_progress: bool,
+}
+
+/// Why a verb was refused or failed. The VM is as it was before the verb.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// [`Op::Pause`] or [`Op::Resume`] refused.
+    #[error(transparent)]
+    Pause(#[from] PauseError),
+    /// A snapshot was not written; nothing of it is in the store (the
+    /// pages and disk chunks it would have held go into the next one).
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+}
+
+/// Why the VM could not be paused or resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    /// Pause while paused.
+    #[error("the VM is paused already")]
+    AlreadyPaused,
+    /// Resume while running.
+    #[error("the VM is not paused")]
+    NotPaused,
+    /// The VM is ending.
+    #[error("the VM is shutting down")]
+    ShuttingDown,
+    /// A vCPU did not stop or its state could not be read; the VM runs on.
+    #[error("cannot capture {0:#}")]
+    Capture(anyhow::Error),
+}
+
+/// Why a snapshot was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Neither the request nor `boot --name` names the layer.
+    #[error("no snapshot name (start boot with --name NAME)")]
+    NoName,
+    /// The VM is ending.
+    #[error("'{name}' failed: the VM is shutting down")]
+    ShuttingDown {
+        /// The layer's name.
+        name: String,
+    },
+    /// Capturing or writing the layer failed (the store's error, a vCPU's
+    /// state, the disk's copy, ...).
+    #[error("'{name}' failed, nothing was written: {reason:#}")]
+    Failed {
+        /// The layer's name.
+        name: String,
+        /// What failed, with its causes.
+        reason: anyhow::Error,
+    },
+}
+
+/// A running VM's verbs, for its front-ends.
+pub trait Verbs: Send + Sync {
+    /// Does `op` and returns its result, or why not. Callable from any
+    /// thread, several at once (see the module's doc).
+    fn execute(&self, op: Op) -> Result<Reply, OpError>;
+}
