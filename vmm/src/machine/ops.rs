@@ -118,7 +118,7 @@ pub enum PauseError {
     #[error("the VM is shutting down")]
     ShuttingDown,
     /// A vCPU did not stop or its state could not be read; the VM runs on.
-    #[error("cannot capture {0:#}")]
+    #[error("{0:#}")]
     Capture(anyhow::Error),
 }
 

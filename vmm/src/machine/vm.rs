@@ -18,7 +18,7 @@ use crate::machine::device_manager::{
 use crate::machine::ops::PauseError;
 use crate::machine::plan::{host_random, Plan};
 use crate::machine::vcpu::clock::{Clock, ClockState};
-use crate::machine::vcpu::run_state::{RunState, VmExit};
+use crate::machine::vcpu::run_state::{ParkError, RunState, VmExit};
 use crate::machine::vcpu::state::{VcpuPower, VcpuState};
 use crate::machine::vcpu::{self, Start, VcpuEnv};
 use crate::memory::GuestRam;
@@ -226,7 +226,7 @@ impl<V: Vm + 'static> Vmm<V> {
         let t = Instant::now();
         rs.wait_created();
         let (released, gic) = match kernel_gic_state {
-            Some(gic) => (gic.load(), Some(t.elapsed())),
+            Some(gic) => (gic.load().map_err(Arc::new), Some(t.elapsed())),
             None => (Ok(()), None),
         };
         rs.release(released);
@@ -348,10 +348,9 @@ impl<V: Vm> Vmm<V> {
         let c = &self.core;
         c.run_state.pause(&c.clock).map_err(|e| {
             c.run_state.resume(&c.clock);
-            if self.finished() {
-                PauseError::ShuttingDown
-            } else {
-                PauseError::Capture(e)
+            match e {
+                ParkError::ShuttingDown => PauseError::ShuttingDown,
+                e => PauseError::Capture(e.into()),
             }
         })
     }

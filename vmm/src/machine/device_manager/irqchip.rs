@@ -83,10 +83,8 @@ pub struct PendingKernelGicState {
 impl PendingKernelGicState {
     /// Loads the state; call once every vCPU is created
     /// ([`crate::machine::vcpu::run_state::Control::wait_created`]) and before any runs.
-    pub fn load(self) -> Result<(), String> {
-        self.gic
-            .restore(&self.blob)
-            .map_err(|e| format!("cannot restore the in-kernel GIC: {e}"))
+    pub fn load(self) -> crate::hv::Result<()> {
+        self.gic.restore(&self.blob)
     }
 }
 

@@ -400,7 +400,7 @@ fn start_up<V: Vm>(
     match run_state.created_wait_release() {
         Ok(true) => {}
         Ok(false) => return Ok(None),
-        Err(e) => bail!("{e}"),
+        Err(e) => bail!("cannot restore the in-kernel GIC: {e}"),
     }
     if let Start::Restore { states } = start {
         for rv in &mut vcpus {
@@ -423,8 +423,7 @@ fn park<V: Vcpu>(run_state: &RunState, vcpus: &mut [RunVcpu<V>]) {
         .iter_mut()
         .map(|rv| {
             let id = rv.vcpu.id();
-            let st = state::capture_vcpu(&mut rv.vcpu).map_err(|e| format!("vCPU {id}: {e}"));
-            (id, st)
+            (id, state::capture_vcpu(&mut rv.vcpu))
         })
         .collect();
     run_state.park(states);

@@ -12,7 +12,7 @@
 use super::clock::Clock;
 use super::state::{VcpuPower, VcpuState};
 use crate::devices::gicv3::VcpuSet;
-use crate::hv::{Kick, VcpuId};
+use crate::hv::{self, Kick, VcpuId};
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -31,6 +31,25 @@ pub enum VmExit {
     Error(String),
 }
 
+/// Why [`RunState::pause`] could not park every vCPU.
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    /// The VM ended first.
+    #[error("the VM is shutting down")]
+    ShuttingDown,
+    /// A vCPU's state could not be read.
+    #[error("cannot capture vCPU {vcpu}: {error}")]
+    Capture {
+        /// The vCPU.
+        vcpu: VcpuId,
+        /// The backend's error.
+        error: hv::HvError,
+    },
+    /// A vCPU thread parked without its vCPU's state.
+    #[error("vCPU {0} did not stop")]
+    NotStopped(VcpuId),
+}
+
 /// What [`RunState`]'s mutex guards.
 pub struct State {
     /// The wake-up generation: bumped whenever a waiting vCPU may have to
@@ -45,14 +64,14 @@ pub struct State {
     /// vCPU threads parked for `pause`.
     parked: usize,
     /// Each vCPU's state, captured by its own thread when it parks.
-    captured: Vec<Option<Result<VcpuState, String>>>,
+    captured: Vec<Option<hv::Result<VcpuState>>>,
     /// vCPU threads whose vCPUs are created and ready to run.
     ready: usize,
     /// vCPU threads whose vCPUs are created.
     created: usize,
     /// The vCPUs may run (every one exists and a restored in-kernel GIC's
     /// state is loaded), or the VM's start failed.
-    released: Option<Result<(), String>>,
+    released: Option<Result<(), Arc<hv::HvError>>>,
 }
 
 impl State {
@@ -162,7 +181,7 @@ impl RunState {
                 exit: None,
                 pause: false,
                 parked: 0,
-                captured: vec![None; cpus],
+                captured: (0..cpus).map(|_| None).collect(),
                 ready: 0,
                 created: 0,
                 released: None,
@@ -323,7 +342,7 @@ impl RunState {
     /// A vCPU thread has created its vCPUs. Waits until the VM's thread
     /// releases them: `Ok(true)` to run, `Ok(false)` if the VM ended first,
     /// the error if the start failed.
-    pub fn created_wait_release(&self) -> Result<bool, String> {
+    pub fn created_wait_release(&self) -> Result<bool, Arc<hv::HvError>> {
         let mut c = self.lock();
         c.created += 1;
         self.notify();
@@ -346,7 +365,7 @@ impl RunState {
 
     /// Lets the vCPU threads waiting in [`RunState::created_wait_release`] go
     /// on (`Ok`), or end the VM with the error.
-    pub fn release(&self, result: Result<(), String>) {
+    pub fn release(&self, result: Result<(), Arc<hv::HvError>>) {
         self.lock().released = Some(result);
         self.notify();
     }
@@ -368,11 +387,11 @@ impl RunState {
     /// from the moment all are parked, [`Clock::freeze`]) and returns the
     /// vCPUs' states; call [`RunState::resume`] afterwards whatever the
     /// result.
-    pub fn pause(&self, clock: &Clock) -> anyhow::Result<Vec<VcpuState>> {
+    pub fn pause(&self, clock: &Clock) -> Result<Vec<VcpuState>, ParkError> {
         {
             let mut c = self.lock();
             if c.exit.is_some() {
-                anyhow::bail!("the VM is shutting down");
+                return Err(ParkError::ShuttingDown);
             }
             c.pause = true;
             c.captured.iter_mut().for_each(|s| *s = None);
@@ -382,16 +401,16 @@ impl RunState {
         self.kick_where(|_| true);
         let mut c = self.wait_until(|c| c.parked >= self.threads);
         if c.exit.is_some() {
-            anyhow::bail!("the VM is shutting down");
+            return Err(ParkError::ShuttingDown);
         }
         let states = c
             .captured
             .iter_mut()
             .enumerate()
-            .map(|(id, s)| match s.take() {
+            .map(|(vcpu, s)| match s.take() {
                 Some(Ok(st)) => Ok(st),
-                Some(Err(e)) => Err(anyhow::anyhow!("cannot capture {e}")),
-                None => Err(anyhow::anyhow!("vCPU {id} did not stop")),
+                Some(Err(error)) => Err(ParkError::Capture { vcpu, error }),
+                None => Err(ParkError::NotStopped(vcpu)),
             })
             .collect();
         drop(c);
@@ -411,7 +430,7 @@ impl RunState {
     /// A vCPU thread's side of [`RunState::pause`]: hands in the states of its
     /// vCPUs (captured on this thread, as HVF requires) and waits until the
     /// snapshot is done.
-    pub fn park(&self, states: Vec<(VcpuId, Result<VcpuState, String>)>) {
+    pub fn park(&self, states: Vec<(VcpuId, hv::Result<VcpuState>)>) {
         let mut c = self.lock();
         for (id, st) in states {
             c.captured[id] = Some(st);
