@@ -82,7 +82,7 @@ pub struct PendingKernelGicState {
 
 impl PendingKernelGicState {
     /// Loads the state; call once every vCPU is created
-    /// ([`crate::machine::vcpu::run_state::Control::wait_created`]) and before any runs.
+    /// ([`crate::machine::vcpu::run_state::RunState::wait_created`]) and before any runs.
     pub fn load(self) -> crate::hv::Result<()> {
         self.gic.restore(&self.blob)
     }
