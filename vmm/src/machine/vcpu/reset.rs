@@ -197,7 +197,7 @@ mod tests {
     #[test]
     fn a_reset_emu_vcpu_equals_a_cold_one() {
         use crate::hv::emu::EmuHypervisor;
-        use crate::hv::{GicMode, Hypervisor, MmioFault, VcpuExit, VcpuId, VcpuIo};
+        use crate::hv::{GicMode, Hypervisor, MmioFault, VcpuExit, VcpuId, VcpuIo, Vm};
         use crate::memory::GuestRam;
         use std::sync::Arc;
         use vm_memory::{Bytes, GuestAddress};
