@@ -8,10 +8,10 @@
 //! backends' [`PageBitmap`]s.
 
 mod bitmap;
-mod save;
+mod page_save;
 
 pub use bitmap::PageBitmap;
-pub use save::{PageSave, SaveCounts, SaveError, Slots};
+pub use page_save::{PageSave, SaveCounts, SaveError, Slots};
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
 use std::num::NonZeroUsize;
@@ -70,7 +70,7 @@ pub struct GuestRam {
     map: memmap2::MmapMut,
     region: Arc<MmapRegion<AtomicBitmap>>,
     mem: GuestMemory,
-    /// 1 + this mapping's slot in [`save`]'s fault-handler table, 0 if it
+    /// 1 + this mapping's slot in [`page_save`]'s fault-handler table, 0 if it
     /// has had no background save.
     slot: std::sync::atomic::AtomicUsize,
 }
