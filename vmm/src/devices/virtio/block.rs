@@ -17,7 +17,7 @@
 
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use snapshot_store::DISK_CHUNK_SIZE;
 use std::fs::File;
@@ -299,7 +299,7 @@ impl Block {
 
     /// Handles one request chain; returns the used length (bytes written
     /// into guest memory, status byte included).
-    fn handle(&mut self, chain: DescriptorChain<&GuestMemory>, mem: &GuestMemory) -> u32 {
+    fn handle(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
         let mut readable = 0u64;
         let mut writable = 0u64;
         let mut seen_writable = false;
@@ -344,8 +344,8 @@ impl Block {
     /// (header + OUT data) and `data_in` writable bytes before the status.
     fn execute(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         readable: u64,
         data_in: u64,
     ) -> Outcome {
@@ -423,8 +423,8 @@ impl Block {
 
     fn read_disk(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         sector: u64,
         len: u64,
     ) -> Outcome {
@@ -501,8 +501,8 @@ impl Block {
 
     fn get_id(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         len: u64,
     ) -> Outcome {
         let n = usize::try_from(len).map_or(ID_BYTES, |l| l.min(ID_BYTES));
@@ -558,7 +558,7 @@ impl VirtioDevice for Block {
         &mut self,
         _queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError> {
         let mut used = false;
         loop {

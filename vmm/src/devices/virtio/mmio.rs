@@ -20,7 +20,7 @@
 
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
 use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
-use crate::memory::{GuestMemory, GuestRam};
+use crate::memory::{GuestMemoryMmap, GuestRam};
 use serde::{Deserialize, Serialize};
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
@@ -631,7 +631,7 @@ fn run_queue<D: VirtioDevice>(
     device: &mut D,
     index: usize,
     queue: &mut Queue,
-    mem: &GuestMemory,
+    mem: &GuestMemoryMmap,
 ) -> Result<bool, VirtioError> {
     let before = Wrapping(queue.next_used());
     let mut used = false;
@@ -652,7 +652,7 @@ fn run_queue<D: VirtioDevice>(
 /// ([`super::publish_used`]) count too.
 fn needs_interrupt(
     queue: &Queue,
-    mem: &GuestMemory,
+    mem: &GuestMemoryMmap,
     before: Wrapping<u16>,
 ) -> Result<bool, VirtioError> {
     if !queue.event_idx_enabled() {

@@ -13,7 +13,7 @@ pub use block::Block;
 pub use mmio::{VirtioMmio, VirtioMmioState, VirtqueueState};
 
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
@@ -96,7 +96,7 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
         &mut self,
         queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError>;
 
     /// Device reset (status 0 written): drop negotiated state.
@@ -127,7 +127,7 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 /// together). Errors: a head out of range, or a used ring outside RAM.
 pub fn publish_used(
     queue: &mut Queue,
-    mem: &GuestMemory,
+    mem: &GuestMemoryMmap,
     used: &[(u16, u32)],
 ) -> Result<(), VirtioError> {
     use std::sync::atomic::Ordering;

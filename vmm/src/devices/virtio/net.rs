@@ -21,7 +21,7 @@
 use super::host_io::Waker;
 use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -225,7 +225,7 @@ impl Net {
     /// needs and waits until the driver has posted enough; without it, one
     /// buffer, and a frame that does not fit it is dropped. A frame's
     /// buffers are published together. Returns whether a buffer was used.
-    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
         let max_bufs = if self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
             usize::from(queue.size())
         } else {
@@ -321,7 +321,7 @@ impl Net {
     /// guest sends), the chain stays in the queue and transmit stops until
     /// the host end's thread has flushed ([`Net::tx_blocked`]): the guest's
     /// transmit waits, as on a real NIC, and nothing is dropped.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
         let mut used = false;
         if self.held {
             return Ok(false);
@@ -365,8 +365,8 @@ impl Net {
 
 /// Reads a transmit chain's header and frame into `buf` (the frame only).
 fn read_frame(
-    chain: DescriptorChain<&GuestMemory>,
-    mem: &GuestMemory,
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
     buf: &mut Vec<u8>,
 ) -> Result<(), String> {
     let mut reader = Reader::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
@@ -420,7 +420,7 @@ impl VirtioDevice for Net {
         &mut self,
         queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError> {
         match queue_index {
             RX_QUEUE => self.deliver(queue, mem),

@@ -27,7 +27,7 @@
 use super::host_io::{Interest, Ready, Wait, Waker, Watch};
 use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use packet::{op, Header, HDR_LEN, HOST_CID, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -642,7 +642,7 @@ impl Vsock {
     /// Fills receive buffers: control packets first, then data from the
     /// host sockets of ready connections, in turn, each within the guest's
     /// credit. Returns whether a buffer was used.
-    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
         let mut used = false;
         while !self.held && self.has_rx_work() {
             let start = queue.next_avail();
@@ -743,7 +743,7 @@ impl Vsock {
 
     /// Takes the guest's packets. Stops (leaving the rest in the queue)
     /// while the control queue is full.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
         let mut used = false;
         if self.held {
             return Ok(false);
@@ -932,7 +932,7 @@ impl Vsock {
     fn send_reset_event(
         &mut self,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError> {
         if !self.reset_event || self.held {
             return Ok(false);
@@ -1001,8 +1001,8 @@ fn write_packet(w: &mut impl Write, h: &Header, payload: &[u8]) -> io::Result<u3
 
 /// Reads a transmit chain: its header, and its payload into `buf`.
 fn read_packet(
-    chain: virtio_queue::DescriptorChain<&GuestMemory>,
-    mem: &GuestMemory,
+    chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
     buf: &mut Vec<u8>,
 ) -> Result<Header, String> {
     let mut r = Reader::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
@@ -1056,7 +1056,7 @@ impl VirtioDevice for Vsock {
         &mut self,
         queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError> {
         match queue_index {
             RX_QUEUE => self.deliver(queue, mem),

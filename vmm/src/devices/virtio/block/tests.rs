@@ -88,7 +88,7 @@ fn read_fills_guest_memory_and_marks_pages_dirty() {
 }
 
 /// A read of sector 2 into [`DATA`] (1 KiB), as request `idx`.
-fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemory>, idx: u16) {
+fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemoryMmap>, idx: u16) {
     header(ram, VIRTIO_BLK_T_IN, 2);
     add_chain(
         vq,

@@ -63,7 +63,7 @@ impl VirtioDevice for Sink {
         &mut self,
         _index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
     ) -> Result<bool, VirtioError> {
         let mut any = false;
         loop {
@@ -137,7 +137,7 @@ pub(crate) fn used_elem(ram: &GuestRam, i: u16) -> (u32, u32) {
 /// ring at [`USED_RING`]) and marks it ready.
 pub(crate) fn setup_queue<D: VirtioDevice>(
     d: &mut VirtioMmio<D>,
-    vq: &MockSplitQueue<'_, GuestMemory>,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     size: u16,
 ) {
     w(d, QUEUE_SEL, 0);
@@ -156,7 +156,7 @@ pub(crate) fn setup_queue<D: VirtioDevice>(
 pub(crate) const RUNNING: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
 
 /// Adds a one-descriptor chain at descriptor `index`.
-fn add_buffer(vq: &MockSplitQueue<'_, GuestMemory>, index: u16) {
+fn add_buffer(vq: &MockSplitQueue<'_, GuestMemoryMmap>, index: u16) {
     let desc = RawDescriptor::from(SplitDescriptor::new(RAM_BASE + 0x8000, 16, 0, 0));
     vq.add_desc_chains(&[desc], index).unwrap();
 }
@@ -493,7 +493,7 @@ fn restore_rejects_bad_state() {
 /// Adds a chain of `(address, length, device-writable)` buffers whose
 /// descriptors start at index `first`.
 pub(crate) fn add_chain(
-    vq: &MockSplitQueue<'_, GuestMemory>,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     first: u16,
     parts: &[(u64, u32, bool)],
 ) {
@@ -514,7 +514,7 @@ pub(crate) fn add_chain(
 
 /// A mock driver queue of 16 entries with its used ring at [`USED_RING`],
 /// and the device's view of it.
-pub(crate) fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
+pub(crate) fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemoryMmap>, Queue) {
     let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
     let mut q: Queue = vq.create_queue().unwrap();
     q.try_set_used_ring_address(GuestAddress(USED_RING))

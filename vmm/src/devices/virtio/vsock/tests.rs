@@ -21,7 +21,7 @@ const ENTRIES: u16 = 16;
 
 /// One mock driver queue and the device's view of it.
 struct Q<'a> {
-    vq: MockSplitQueue<'a, GuestMemory>,
+    vq: MockSplitQueue<'a, GuestMemoryMmap>,
     q: Queue,
     /// Where descriptor `i`'s buffer is.
     bufs: u64,
