@@ -28,9 +28,18 @@ struct Io<'a> {
     shared: &'a Shared,
 }
 
+/// The bus's fault as the backend takes it (an external abort).
+fn abort(f: crate::devices::bus::MmioFault) -> MmioFault {
+    MmioFault {
+        gpa: f.gpa,
+        len: f.len,
+        reason: f.reason,
+    }
+}
+
 impl VcpuIo for Io<'_> {
     fn mmio_read(&mut self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
-        let r = self.shared.bus.read(vcpu, gpa, data);
+        let r = self.shared.bus.read(vcpu, gpa, data).map_err(abort);
         if let Err(e) = &r {
             crate::warn_ratelimited!("vCPU {vcpu}: {e}");
         }
@@ -38,7 +47,7 @@ impl VcpuIo for Io<'_> {
     }
 
     fn mmio_write(&mut self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
-        let r = self.shared.bus.write(vcpu, gpa, data);
+        let r = self.shared.bus.write(vcpu, gpa, data).map_err(abort);
         match &r {
             Err(e) => crate::warn_ratelimited!("vCPU {vcpu}: {e}"),
             // A distributor or redistributor write (enable, pending, routing,
