@@ -31,10 +31,13 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
+mod backend;
 pub mod host_end;
 pub mod stream;
 #[cfg(target_os = "linux")]
 pub mod tap;
+
+pub use backend::{FrameSource, NetBackend, ReadOutcome};
 
 /// Index of the receive queue.
 pub const RX_QUEUE: usize = 0;
@@ -56,28 +59,6 @@ const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
 const CONFIG_LEN: usize = 8;
 /// Shortest frame passed on: an Ethernet header, bytes.
 pub const MIN_FRAME_LEN: usize = 14;
-
-/// Where transmitted frames go (the host end).
-pub trait NetBackend: Send {
-    /// Sends one Ethernet frame (without the virtio header). An error
-    /// drops the frame (counted), except `WouldBlock` while
-    /// [`NetBackend::pending`]: then the device keeps the frame in the
-    /// transmitq until the host end's thread has flushed.
-    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
-
-    /// Sends what earlier [`NetBackend::send`]s left buffered.
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-
-    /// Whether bytes are buffered, waiting for the host end to take them.
-    fn pending(&self) -> bool {
-        false
-    }
-
-    /// Who to wake when bytes stay buffered (the host end's thread).
-    fn set_waker(&mut self, _waker: Waker) {}
-}
 
 /// Frame counters, for the log and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,9 @@
 //! The network device's host ends (`boot --net`): what each is, how it is
 //! opened, and the thread that takes its frames into the device.
 
+use super::backend::{FrameSource, NetBackend, ReadOutcome};
 use super::stream::{StreamEnd, StreamSource};
-use super::{Net, NetBackend, RX_BACKLOG_FRAMES, RX_QUEUE, TX_QUEUE};
+use super::{Net, RX_BACKLOG_FRAMES, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::host_io::{HostIo, Interest};
 use crate::devices::virtio::VirtioMmio;
 use crate::sync::Locked;
@@ -55,26 +56,6 @@ impl fmt::Display for NetHost {
             NetHost::Tap(n) => write!(f, "tap:{n}"),
         }
     }
-}
-
-/// What one read of a host end gave.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ReadOutcome {
-    /// Bytes were read (whole frames went to the callback).
-    Data,
-    /// Nothing to read now.
-    WouldBlock,
-    /// The host end is gone.
-    Closed,
-}
-
-/// The receive side of a host end, read by the device's host I/O thread.
-pub trait FrameSource: Send + 'static {
-    /// Most frames one [`FrameSource::read_frames`] can yield.
-    fn max_frames_per_read(&self) -> usize;
-
-    /// Reads once (non-blocking), calling `frame` for each whole frame.
-    fn read_frames(&mut self, frame: &mut dyn FnMut(&[u8])) -> io::Result<ReadOutcome>;
 }
 
 /// An opened host end: the transmit side for the device, and the receive
