@@ -21,7 +21,7 @@ use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
 use crate::devices::virtio::net::host_end::{self, OpenedFrames, OpenedHostEnd};
-use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, TX_QUEUE};
+use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState};
 use crate::devices::virtio::vsock::{self, Vsock, VsockArgs, VsockHost, VsockState};
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
 use crate::devices::{IrqLine, MmioDevice, Persist};
@@ -247,13 +247,13 @@ impl Devices {
     pub(super) fn quiesce(&self) -> anyhow::Result<()> {
         self.blk
             .locked()
-            .quiesce()
+            .prepare_save()
             .context("cannot quiesce the block device")?;
         if let Some(n) = &self.net {
-            n.dev.locked().device_mut().hold(true);
+            n.dev.locked().prepare_save()?;
         }
         if let Some(v) = &self.vsock {
-            v.dev.locked().device_mut().hold(true);
+            v.dev.locked().prepare_save()?;
         }
         Ok(())
     }
@@ -261,18 +261,12 @@ impl Devices {
     /// Ends what [`Devices::quiesce`] held: frames and bytes that arrived
     /// meanwhile go to the guest.
     pub(super) fn release(&self) {
+        self.blk.locked().after_save();
         if let Some(n) = &self.net {
-            let mut m = n.dev.locked();
-            m.device_mut().hold(false);
-            m.kick(RX_QUEUE);
-            m.kick(TX_QUEUE);
+            n.dev.locked().after_save();
         }
         if let Some(v) = &self.vsock {
-            let mut m = v.dev.locked();
-            m.device_mut().hold(false);
-            for q in [vsock::RX_QUEUE, vsock::TX_QUEUE, vsock::EVENT_QUEUE] {
-                m.kick(q);
-            }
+            v.dev.locked().after_save();
         }
     }
 

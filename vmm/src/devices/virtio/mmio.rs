@@ -191,8 +191,7 @@ impl<D: VirtioDevice> VirtioMmio<D> {
     /// device writes are dirty-tracked); `irq` is the slot's SPI. Fails if
     /// the device reports an invalid queue size.
     pub fn new(device: D, ram: Arc<GuestRam>, irq: Arc<dyn IrqLine>) -> Result<Self, VirtioError> {
-        let queues = device
-            .queue_max_sizes()
+        let queues = D::QUEUE_MAX_SIZES
             .iter()
             .map(|&max| Queue::new(max))
             .collect::<Result<Vec<_>, _>>()?;
@@ -234,9 +233,22 @@ impl<D: VirtioDevice> VirtioMmio<D> {
         self.raise(INT_CONFIG);
     }
 
-    /// Waits until the device has no request in flight (before a snapshot).
-    pub fn quiesce(&mut self) -> std::io::Result<()> {
-        self.device.quiesce()
+    /// Before a snapshot: the device writes nothing into guest RAM until
+    /// [`VirtioMmio::after_save`] ([`VirtioDevice::prepare_save`]).
+    pub fn prepare_save(&mut self) -> std::io::Result<()> {
+        self.device.prepare_save()
+    }
+
+    /// After a snapshot: ends the device's hold and runs every ready queue,
+    /// as a notification would, so that what the host end buffered
+    /// meanwhile reaches the guest (if the driver is running).
+    pub fn after_save(&mut self) {
+        self.device.after_save();
+        for index in 0..self.queues.len() {
+            if self.queues[index].ready() {
+                self.kick(index);
+            }
+        }
     }
 
     fn offered_features(&self) -> u64 {
@@ -463,7 +475,7 @@ impl<D: VirtioDevice> VirtioMmio<D> {
             crate::warn_ratelimited!("virtio-mmio: absent or stopped queue {index}; not run");
             return;
         };
-        match run_queue(&mut self.device, index, queue, mem) {
+        match run_queue(&mut self.device, index, queue, mem, self.driver_features) {
             Ok(true) => self.raise(INT_VRING),
             Ok(false) => {}
             Err(e) => {
@@ -542,7 +554,8 @@ impl<D: VirtioDevice> Persist for VirtioMmio<D> {
     type Args = (D::Args, Arc<GuestRam>, Arc<dyn IrqLine>);
     type Error = VirtioError;
 
-    /// The current state, for a snapshot (call [`VirtioMmio::quiesce`] first).
+    /// The current state, for a snapshot (call [`VirtioMmio::prepare_save`]
+    /// first).
     fn save(&self) -> Self::State {
         VirtioMmioState {
             status: self.status,
@@ -580,7 +593,7 @@ impl<D: VirtioDevice> Persist for VirtioMmio<D> {
         if state.interrupt_status & !(INT_VRING | INT_CONFIG) != 0 {
             return bad(format!("interrupt status {:#x}", state.interrupt_status));
         }
-        let max_sizes = t.device.queue_max_sizes();
+        let max_sizes = D::QUEUE_MAX_SIZES;
         if state.queues.len() != max_sizes.len() {
             return bad(format!(
                 "{} queues, device has {}",
@@ -632,12 +645,13 @@ fn run_queue<D: VirtioDevice>(
     index: usize,
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
+    features: u64,
 ) -> Result<bool, VirtioError> {
     let before = Wrapping(queue.next_used());
     let mut used = false;
     for _ in 0..MAX_NOTIFY_ROUNDS {
         queue.disable_notification(mem)?;
-        used |= device.process_queue(index, queue, mem)?;
+        used |= device.process_queue(index, queue, mem, features)?;
         if !queue.enable_notification(mem)? {
             break;
         }

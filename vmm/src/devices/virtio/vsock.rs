@@ -76,7 +76,6 @@ pub const MAX_CONTROL: usize = 2 * MAX_CONNECTIONS + 64;
 /// A CREDIT_UPDATE goes out once this many forwarded bytes are unannounced.
 const CREDIT_UPDATE_THRESHOLD: u32 = CONN_BUF_SIZE / 4;
 
-const QUEUE_SIZES: [u16; 3] = [QUEUE_SIZE; 3];
 /// `struct virtio_vsock_config`: le64 guest_cid.
 const CONFIG_LEN: usize = 8;
 
@@ -227,7 +226,6 @@ pub struct Vsock {
     cid: u64,
     config: [u8; CONFIG_LEN],
     host: VsockHost,
-    acked_features: u64,
     conns: BTreeMap<Key, Conn>,
     handshakes: Vec<Handshake>,
     control: VecDeque<Control>,
@@ -245,14 +243,13 @@ pub struct Vsock {
     payload: Vec<u8>,
 }
 
-/// The saved state: the CID and the negotiated features (connections are
-/// host state and are not kept).
+/// The saved state: the CID (connections are host state and are not
+/// kept). The negotiated features are the transport's; a state from before
+/// that, which also holds them as `acked_features`, reads the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VsockState {
     /// The guest's CID.
     pub cid: u64,
-    /// Features the driver accepted.
-    pub acked_features: u64,
 }
 
 /// What a restored device is given.
@@ -278,7 +275,6 @@ impl Vsock {
             cid,
             config: cid.to_le_bytes(),
             host,
-            acked_features: 0,
             conns: BTreeMap::new(),
             handshakes: Vec::new(),
             control: VecDeque::new(),
@@ -326,30 +322,24 @@ impl Vsock {
         self.waker = Some(waker);
     }
 
-    /// Holds (`true`) or releases the device: while held it writes nothing
-    /// into guest RAM. On release the transport must run every queue.
-    pub fn hold(&mut self, held: bool) {
-        self.held = held;
-    }
-
-    /// Whether the device is held.
-    pub fn held(&self) -> bool {
-        self.held
+    /// Whether the transport should run queue `queue` for the host's sake
+    /// (after host events, or after a snapshot): the receive queue when
+    /// packets wait for the guest, the transmitq when it waited for room
+    /// that there now is, the event queue when the transport-reset event
+    /// is due. Never while the device is held for a snapshot.
+    pub fn has_work(&self, queue: usize) -> bool {
+        !self.held
+            && match queue {
+                RX_QUEUE => self.has_rx_work(),
+                TX_QUEUE => self.tx_stalled && self.control.len() < MAX_CONTROL,
+                EVENT_QUEUE => self.reset_event,
+                _ => false,
+            }
     }
 
     /// Whether the receive queue has something to deliver.
-    pub fn has_rx_work(&self) -> bool {
+    fn has_rx_work(&self) -> bool {
         !self.control.is_empty() || !self.rx_ready.is_empty()
-    }
-
-    /// Whether the transmitq waits for room (run it when there is).
-    pub fn tx_stalled(&self) -> bool {
-        self.tx_stalled && self.control.len() < MAX_CONTROL
-    }
-
-    /// Whether the transport-reset event waits for an event buffer.
-    pub fn reset_event_due(&self) -> bool {
-        self.reset_event
     }
 
     fn wake(&self) {
@@ -1027,6 +1017,8 @@ fn read_packet(
 }
 
 impl VirtioDevice for Vsock {
+    const QUEUE_MAX_SIZES: &'static [u16] = &[QUEUE_SIZE; 3];
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_VSOCK
     }
@@ -1039,17 +1031,8 @@ impl VirtioDevice for Vsock {
         0
     }
 
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn activate(&mut self, features: u64) -> Result<(), VirtioError> {
-        self.acked_features = features;
-        Ok(())
+    fn config_as_bytes(&self) -> &[u8] {
+        &self.config
     }
 
     fn process_queue(
@@ -1057,6 +1040,7 @@ impl VirtioDevice for Vsock {
         queue_index: usize,
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
+        _features: u64,
     ) -> Result<bool, VirtioError> {
         match queue_index {
             RX_QUEUE => self.deliver(queue, mem),
@@ -1067,15 +1051,21 @@ impl VirtioDevice for Vsock {
     }
 
     fn reset(&mut self) {
-        self.acked_features = 0;
         self.reset_event = false;
         self.drop_connections();
     }
 
-    /// Packets complete inside `process_queue`; nothing is in flight in
-    /// guest memory.
-    fn quiesce(&mut self) -> io::Result<()> {
+    /// Holds the device: it writes nothing into guest RAM (bytes from host
+    /// sockets wait in them, within each connection's credit; the
+    /// transmitq is left alone). Packets complete inside `process_queue`,
+    /// so nothing is in flight.
+    fn prepare_save(&mut self) -> io::Result<()> {
+        self.held = true;
         Ok(())
+    }
+
+    fn after_save(&mut self) {
+        self.held = false;
     }
 }
 
@@ -1085,14 +1075,11 @@ impl Persist for Vsock {
     type Error = VirtioError;
 
     fn save(&self) -> VsockState {
-        VsockState {
-            cid: self.cid,
-            acked_features: self.acked_features,
-        }
+        VsockState { cid: self.cid }
     }
 
-    /// The device with the command line's CID (or the saved one), the
-    /// saved features, no connections, and the transport-reset event due.
+    /// The device with the command line's CID (or the saved one), no
+    /// connections, and the transport-reset event due.
     fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VirtioError> {
         let cid = args.cid.unwrap_or(state.cid);
         if !valid_guest_cid(cid) {
@@ -1102,14 +1089,6 @@ impl Persist for Vsock {
             )));
         }
         let mut dev = Vsock::new(cid, args.host);
-        let offered = dev.features() | super::TRANSPORT_FEATURES;
-        if state.acked_features & !offered != 0 {
-            return Err(VirtioError::InvalidState(format!(
-                "vsock features {:#x} were not offered",
-                state.acked_features
-            )));
-        }
-        dev.acked_features = state.acked_features;
         dev.reset_event = true;
         Ok(dev)
     }

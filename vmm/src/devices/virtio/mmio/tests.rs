@@ -34,6 +34,8 @@ impl Persist for Sink {
 }
 
 impl VirtioDevice for Sink {
+    const QUEUE_MAX_SIZES: &'static [u16] = &[16];
+
     fn device_type(&self) -> u32 {
         42
     }
@@ -44,13 +46,8 @@ impl VirtioDevice for Sink {
     fn features(&self) -> u64 {
         1 << 3
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[16]
-    }
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = self.config.get(offset as usize + i).copied().unwrap_or(0);
-        }
+    fn config_as_bytes(&self) -> &[u8] {
+        &self.config
     }
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         self.config[offset as usize..][..data.len()].copy_from_slice(data);
@@ -64,6 +61,7 @@ impl VirtioDevice for Sink {
         _index: usize,
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
+        _features: u64,
     ) -> Result<bool, VirtioError> {
         let mut any = false;
         loop {
@@ -78,9 +76,6 @@ impl VirtioDevice for Sink {
     fn reset(&mut self) {
         self.activated = None;
         self.resets += 1;
-    }
-    fn quiesce(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::backend::{FrameSource, NetBackend, ReadOutcome};
 use super::stream::{StreamEnd, StreamSource};
-use super::{Net, RX_BACKLOG_FRAMES, RX_QUEUE, TX_QUEUE};
+use super::{Net, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::host_io::{HostIo, Interest};
 use crate::devices::virtio::VirtioMmio;
 use crate::sync::Locked;
@@ -136,11 +136,9 @@ pub fn spawn_receiver(
         },
         move |ready| {
             let mut m = d.locked();
-            let room =
-                |m: &VirtioMmio<Net>| m.device().backlog_len() + per_read <= RX_BACKLOG_FRAMES;
             if ready.readable && !closed {
                 for _ in 0..READS_PER_WAKE {
-                    if !room(&m) {
+                    if !m.device().has_room_for(per_read) {
                         break;
                     }
                     match source.read_frames(&mut |f| {
@@ -161,22 +159,14 @@ pub fn spawn_receiver(
                     }
                 }
             }
-            if m.device().has_backlog() && !m.device().held() {
+            let turn = m.device_mut().on_host_ready(per_read, !closed);
+            if turn.run_rx {
                 m.kick(RX_QUEUE);
             }
-            if let Err(e) = m.device_mut().backend_mut().flush() {
-                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
-            }
-            if m.device().tx_blocked()
-                && !m.device().held()
-                && !m.device_mut().backend_mut().pending()
-            {
+            if turn.run_tx {
                 m.kick(TX_QUEUE);
             }
-            Interest {
-                read: !closed && room(&m),
-                write: m.device_mut().backend_mut().pending(),
-            }
+            turn.interest
         },
     )?;
     dev.locked().device_mut().set_waker(io.waker());

@@ -136,15 +136,9 @@ pub fn spawn_host_thread(dev: Arc<Mutex<VirtioMmio<Vsock>>>) -> io::Result<HostI
     let io = HostIo::spawn_set("virtio-vsock", initial, move |events, _woken| {
         let mut m = d.locked();
         m.device_mut().host_events(events);
-        if !m.device().held() {
-            if m.device().has_rx_work() {
-                m.kick(RX_QUEUE);
-            }
-            if m.device().tx_stalled() {
-                m.kick(TX_QUEUE);
-            }
-            if m.device().reset_event_due() {
-                m.kick(EVENT_QUEUE);
+        for q in [RX_QUEUE, TX_QUEUE, EVENT_QUEUE] {
+            if m.device().has_work(q) {
+                m.kick(q);
             }
         }
         m.device().wait()
