@@ -1,14 +1,22 @@
+use super::connection::Key;
+use super::muxer::parse_connect_line;
+use super::packet::{op, Header, HDR_LEN, HOST_CID, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::*;
 use crate::arch::layout::RAM_BASE;
+use crate::devices::virtio::host_io::Ready;
 use crate::devices::virtio::mmio::tests::ram;
+use crate::devices::virtio::VirtioDevice;
+use crate::devices::Persist;
+use crate::memory::GuestMemoryMmap;
 use crate::memory::GuestRam;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
+use std::io::{self, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 const CID: u64 = 3;
@@ -332,7 +340,7 @@ fn a_host_program_connects_with_a_connect_line() {
             .wait()
             .watches
             .iter()
-            .all(|w| !w.interest.read || w.fd == rig.dev.host.listener_fd()),
+            .all(|w| !w.interest.read || w.fd == rig.dev.mux.host.listener_fd()),
         "no credit: the host socket is not read"
     );
     // The guest frees its buffer: 16 more.
@@ -598,7 +606,7 @@ fn a_stalled_connection_does_not_stall_another() {
     // device's 256 KiB); A's host program writes, but A has no credit.
     let chunk = vec![0xa1u8; 4096];
     let mut a_sent = 0;
-    while rig.dev.conns[&Key {
+    while rig.dev.mux.conns[&Key {
         local: 5000,
         peer: 1024,
     }]
