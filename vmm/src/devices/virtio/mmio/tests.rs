@@ -1,6 +1,7 @@
 use super::*;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::devices::pl011::tests::TestIrq;
+use crate::memory::GuestMemoryMmap;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
