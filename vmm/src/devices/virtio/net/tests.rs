@@ -407,3 +407,53 @@ fn a_mergeable_frame_spans_buffers_published_together() {
     assert_eq!(&got[NET_HDR_LEN..], &f[..]);
     assert_eq!(n.counters().rx_frames, 1);
 }
+
+#[test]
+fn the_transport_holds_a_snapshot_and_after_save_delivers_what_waited() {
+    use crate::devices::pl011::tests::TestIrq;
+    use crate::devices::virtio::mmio::tests::{negotiate, setup_queue, used_idx, w, RUNNING};
+    use crate::devices::virtio::VirtioMmio;
+
+    let ram = ram();
+    let irq = Arc::new(TestIrq::default());
+    let net = Net::new(MAC, Box::new(Sink::default()));
+    let mut d = VirtioMmio::new(net, ram.clone(), irq.clone()).unwrap();
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 64);
+    negotiate(&mut d, (1 << 32) | (1 << 5));
+    setup_queue(&mut d, &vq, 64);
+    w(&mut d, 0x070, RUNNING);
+    add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
+    d.prepare_save().unwrap();
+    assert!(d.device_mut().receive(&frame(100, 3)));
+    let turn = d.device_mut().on_host_ready(1, true);
+    assert!(!turn.run_rx, "held: the host thread runs no queue");
+    assert_eq!(used_idx(&ram), 0);
+    assert!(!irq.level());
+    d.after_save();
+    assert_eq!(used_idx(&ram), 1, "the frame that waited went to the guest");
+    assert_eq!(used_elem(&ram, 0), (0, 12 + 100));
+    assert!(irq.level());
+}
+
+#[test]
+fn the_host_thread_reads_only_while_a_read_fits_the_backlog() {
+    let (mut n, _) = net();
+    let turn = n.on_host_ready(16, true);
+    assert_eq!(
+        (
+            turn.run_rx,
+            turn.run_tx,
+            turn.interest.read,
+            turn.interest.write
+        ),
+        (false, false, true, false)
+    );
+    for i in 0..RX_BACKLOG_FRAMES - 15 {
+        assert!(n.receive(&frame(64, i as u8)));
+    }
+    let turn = n.on_host_ready(16, true);
+    assert!(turn.run_rx, "frames wait for the guest");
+    assert!(!turn.interest.read, "16 more would not fit");
+    assert!(n.on_host_ready(15, true).interest.read);
+    assert!(!n.on_host_ready(15, false).interest.read, "closed");
+}
