@@ -1,10 +1,10 @@
 //! virtio-blk (virtio 1.2 §5.2) backed by a regular host file.
 //!
 //! One request queue. Requests run synchronously in
-//! [`VirtioDevice::process_queue`] (so none is in flight when a snapshot
-//! is taken: [`VirtioDevice::prepare_save`] has nothing to wait for, and
-//! does not fsync the disk) with positioned I/O (`pread`/`pwrite`)
-//! through a bounce buffer; guest memory is only touched through vm-memory
+//! [`VirtioDevice::process_queue`] with positioned I/O (`pread`/`pwrite`)
+//! through a bounce buffer, so none is ever in flight: before a snapshot,
+//! [`VirtioDevice::prepare_save`] (the default) has nothing to wait for,
+//! and does not fsync the disk. Guest memory is only touched through vm-memory
 //! (virtio-queue's `Reader`/`Writer` and `write_obj`), so every byte the
 //! device writes is recorded in the dirty bitmap. Writes to the disk file
 //! mark the `DISK_CHUNK_SIZE` chunks they touch, for the next snapshot.

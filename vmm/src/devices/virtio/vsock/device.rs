@@ -1,6 +1,7 @@
 //! The virtio-vsock device itself: the [`VirtioDevice`] over the three
-//! queues (packets from the guest to the [`Muxer`], packets from it to the
-//! receive queue, the transport-reset event), and its saved state.
+//! queues (the guest's packets to the muxer, [`super::muxer`]; the muxer's
+//! packets into the receive queue; the transport-reset event), and its
+//! saved state.
 
 use super::connection::{HostRead, Key, CONN_BUF_SIZE};
 use super::muxer::{Muxer, VsockCounters, VsockHost};
