@@ -7,9 +7,12 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
+import time
 
 import pytest
 
+from ignition import store as vmstore
 from ignition.control import Control, ControlError
 from ignition.vm import Vm
 
@@ -138,3 +141,37 @@ def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
         assert vm.restored.restore_ms >= 0
         assert vm.sh("cat /root/m") == "via-control"
         assert vm.quit() == 0
+
+
+def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkeypatch):
+    """A `quit` on one connection while another's `snapshot` is being written: the layer is
+    committed and its client answered before `boot` exits (the writer is held at the test
+    hook's gate, so the quit always lands mid-write); meanwhile `status` is not held back."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_GATE", str(gate))
+    store = tmp_path / "store"
+    path = tmp_path / "ctl.sock"
+    vm = Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q",
+                 log_path=tmp_path / "q.log", extra=["--control", str(path)])
+    try:
+        vm.login()
+        answers: list[dict] = []
+        with vm.control(path) as c, vm.control(path) as other:
+            writer = threading.Thread(target=lambda: answers.append(c.raw(b'{"command": "snapshot"}')))
+            writer.start()
+            deadline = time.monotonic() + 120
+            while not other.status()["snapshot_in_progress"]:
+                assert time.monotonic() < deadline, "the snapshot never started"
+                time.sleep(0.05)
+            other.quit()
+            gate.write_text("")
+            writer.join(timeout=300)
+            assert not writer.is_alive()
+        assert vm.wait_exit() == 0
+    finally:
+        vm.terminate()
+    assert answers and answers[0]["ok"], answers
+    assert (answers[0]["result"]["name"], answers[0]["result"]["kind"]) == ("q", "full")
+    r = vmstore.vmstore(store, "verify", "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]

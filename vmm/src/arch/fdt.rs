@@ -144,11 +144,6 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_u32("#size-cells", 2)?;
     fdt.property_u32("interrupt-parent", GIC_PHANDLE)?;
 
-    let memory = fdt.begin_node(&format!("memory@{RAM_BASE:x}"))?;
-    fdt.property_string("device_type", "memory")?;
-    fdt.property_array_u64("reg", &[RAM_BASE, cfg.ram_size])?;
-    fdt.end_node(memory)?;
-
     // The VM generation ID's page: out of the kernel's memory, mapped by its
     // driver (Linux `drivers/virt/vmgenid.c`, binding
     // `devicetree/bindings/rng/microsoft,vmgenid.yaml`).
@@ -156,6 +151,31 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
         base: RAM_BASE,
         size: cfg.ram_size,
     });
+    memory_nodes(&mut fdt, cfg.ram_size, vmgenid)?;
+    cpu_nodes(&mut fdt, cfg.vcpus)?;
+    gic_node(&mut fdt, cfg.vcpus)?;
+    device_nodes(&mut fdt, cfg, vmgenid)?;
+
+    let chosen = fdt.begin_node("chosen")?;
+    fdt.property_string("bootargs", &cfg.cmdline)?;
+    fdt.property_string("stdout-path", &format!("/{}", pl011_node()))?;
+    if let Some(seed) = &cfg.rng_seed {
+        fdt.property("rng-seed", seed)?;
+    }
+    fdt.end_node(chosen)?;
+
+    fdt.end_node(root)?;
+    Ok(fdt.finish()?)
+}
+
+/// `/memory@40000000`, and `/reserved-memory` keeping the VM generation
+/// ID's page at `vmgenid` from the kernel.
+fn memory_nodes(fdt: &mut FdtWriter, ram_size: u64, vmgenid: u64) -> Result<(), FdtError> {
+    let memory = fdt.begin_node(&format!("memory@{RAM_BASE:x}"))?;
+    fdt.property_string("device_type", "memory")?;
+    fdt.property_array_u64("reg", &[RAM_BASE, ram_size])?;
+    fdt.end_node(memory)?;
+
     let reserved = fdt.begin_node("reserved-memory")?;
     fdt.property_u32("#address-cells", 2)?;
     fdt.property_u32("#size-cells", 2)?;
@@ -165,14 +185,19 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_null("no-map")?;
     fdt.end_node(page)?;
     fdt.end_node(reserved)?;
+    Ok(())
+}
 
+/// `/cpus/cpu@N` for `vcpus` vCPUs (PSCI enable method), `/psci` and
+/// `/timer`.
+fn cpu_nodes(fdt: &mut FdtWriter, vcpus: usize) -> Result<(), FdtError> {
     let cpus = fdt.begin_node("cpus")?;
     // Aff3 is always 0 for our vCPU counts, so one address cell holds
     // Aff2..Aff0.
     fdt.property_u32("#address-cells", 1)?;
     fdt.property_u32("#size-cells", 0)?;
-    for n in 0..cfg.vcpus {
-        let reg = u32::try_from(mpidr_affinity(n)).map_err(|_| FdtError::VcpuCount(cfg.vcpus))?;
+    for n in 0..vcpus {
+        let reg = u32::try_from(mpidr_affinity(n)).map_err(|_| FdtError::VcpuCount(vcpus))?;
         let cpu = fdt.begin_node(&format!("cpu@{reg:x}"))?;
         fdt.property_string("device_type", "cpu")?;
         fdt.property_string("compatible", "arm,arm-v8")?;
@@ -193,19 +218,28 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_array_u32("interrupts", &cells)?;
     fdt.property_null("always-on")?;
     fdt.end_node(timer)?;
+    Ok(())
+}
 
+/// `/intc@8000000`: the GICv3 with the redistributors of `vcpus` vCPUs.
+fn gic_node(fdt: &mut FdtWriter, vcpus: usize) -> Result<(), FdtError> {
     let intc = fdt.begin_node(&format!("intc@{GICD_BASE:x}"))?;
     fdt.property_string("compatible", "arm,gic-v3")?;
     fdt.property_u32("#interrupt-cells", 3)?;
     // No child nodes (no ITS); dtc's interrupt_provider check wants this.
     fdt.property_u32("#address-cells", 0)?;
     fdt.property_null("interrupt-controller")?;
-    let gicr_size = GICR_STRIDE * cfg.vcpus as u64;
+    let gicr_size = GICR_STRIDE * vcpus as u64;
     fdt.property_array_u64("reg", &[GICD_BASE, GICD_SIZE, GICR_BASE, gicr_size])?;
     fdt.property_u32("#redistributor-regions", 1)?;
     fdt.property_phandle(GIC_PHANDLE)?;
     fdt.end_node(intc)?;
+    Ok(())
+}
 
+/// The devices: `/apb-pclk`, `/pl011@9000000`, `/vmgenid@...` (at
+/// `vmgenid`) and a `/virtio_mmio@...` per slot of `cfg`.
+fn device_nodes(fdt: &mut FdtWriter, cfg: &FdtConfig, vmgenid: u64) -> Result<(), FdtError> {
     let clock = fdt.begin_node("apb-pclk")?;
     fdt.property_string("compatible", "fixed-clock")?;
     fdt.property_u32("#clock-cells", 0)?;
@@ -248,17 +282,7 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
         fdt.property_null("dma-coherent")?;
         fdt.end_node(node)?;
     }
-
-    let chosen = fdt.begin_node("chosen")?;
-    fdt.property_string("bootargs", &cfg.cmdline)?;
-    fdt.property_string("stdout-path", &format!("/{}", pl011_node()))?;
-    if let Some(seed) = &cfg.rng_seed {
-        fdt.property("rng-seed", seed)?;
-    }
-    fdt.end_node(chosen)?;
-
-    fdt.end_node(root)?;
-    Ok(fdt.finish()?)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The ID register values both backends advertise to the guest (issue 15:
-//! advertise exactly what both implement).
+//! The ID register values both backends advertise to the guest: exactly
+//! the features both of them implement.
 //!
 //! The `emu` backend answers the guest's `MRS` of these registers from
 //! [`ADVERTISED`]; the HVF backend writes them with `hv_vcpu_set_sys_reg`

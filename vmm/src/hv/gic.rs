@@ -391,7 +391,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_misfits_are_refused_with_the_reason() {
+    fn alignment_misfits_are_refused_with_the_reason() {
         let fit = |p: KernelGicParams, v| check_kernel_gic_fit(&p, v);
         let base = hvf_like();
         assert!(matches!(
@@ -440,6 +440,12 @@ mod tests {
             ),
             Err(GicFitError::BadAlignment { .. })
         ));
+    }
+
+    #[test]
+    fn size_and_range_misfits_are_refused_with_the_reason() {
+        let fit = |p: KernelGicParams, v| check_kernel_gic_fit(&p, v);
+        let base = hvf_like();
         assert_eq!(
             fit(
                 KernelGicParams {

@@ -16,8 +16,6 @@ use crate::arch::sysreg::SysReg;
 use crate::memory::GuestRam;
 use std::sync::Arc;
 
-/// The device bus's error, which [`VcpuIo`] passes back to the backend.
-pub use crate::devices::bus::MmioFault;
 pub use gic::{GicMode, KernelGic};
 
 #[cfg(feature = "emu")]
@@ -140,6 +138,23 @@ pub enum VcpuExit {
         /// PC of the faulting instruction.
         pc: u64,
     },
+}
+
+/// A guest MMIO access the VMM could not complete ([`VcpuIo::mmio_read`],
+/// [`VcpuIo::mmio_write`]): nothing at the address, or an access size or
+/// alignment the device cannot take. The backend turns it into a
+/// synchronous external abort where it can deliver one precisely (HVF
+/// always; `emu` on its trapped regions). An access a device only ignores
+/// (read-as-zero / write-ignored) is not a fault: it completes with `Ok`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MMIO fault at GPA {gpa:#x} ({len} bytes): {reason}")]
+pub struct MmioFault {
+    /// Guest-physical address of the access.
+    pub gpa: u64,
+    /// Access size in bytes.
+    pub len: usize,
+    /// What went wrong, for the log.
+    pub reason: &'static str,
 }
 
 /// The VMM's side of a vCPU exit that the backend completes in place. The

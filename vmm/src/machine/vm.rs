@@ -379,9 +379,18 @@ impl<V: Vm> Vmm<V> {
     }
 }
 
+/// The bus's fault as the backend takes it (an external abort).
+fn abort(f: crate::devices::bus::MmioFault) -> MmioFault {
+    MmioFault {
+        gpa: f.gpa,
+        len: f.len,
+        reason: f.reason,
+    }
+}
+
 impl VcpuEnv for Core {
     fn mmio_read(&self, vcpu: VcpuId, gpa: u64, data: &mut [u8]) -> Result<(), MmioFault> {
-        let r = self.bus.read(vcpu, gpa, data);
+        let r = self.bus.read(vcpu, gpa, data).map_err(abort);
         if let Err(e) = &r {
             crate::warn_ratelimited!("vCPU {vcpu}: {e}");
         }
@@ -389,7 +398,7 @@ impl VcpuEnv for Core {
     }
 
     fn mmio_write(&self, vcpu: VcpuId, gpa: u64, data: &[u8]) -> Result<(), MmioFault> {
-        let r = self.bus.write(vcpu, gpa, data);
+        let r = self.bus.write(vcpu, gpa, data).map_err(abort);
         match &r {
             Err(e) => crate::warn_ratelimited!("vCPU {vcpu}: {e}"),
             // A distributor or redistributor write (enable, pending, routing,

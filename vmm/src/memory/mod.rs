@@ -8,10 +8,10 @@
 //! backends' [`PageBitmap`]s.
 
 mod bitmap;
-mod save;
+mod page_save;
 
 pub use bitmap::PageBitmap;
-pub use save::{PageSave, SaveCounts, SaveError, Slots};
+pub use page_save::{PageSave, SaveCounts, SaveError, Slots};
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
 use std::num::NonZeroUsize;
@@ -40,7 +40,7 @@ pub fn marked_pages(bitmap: &AtomicBitmap) -> Vec<u64> {
 
 /// Guest memory as devices see it: vm-memory over the VMM's own mapping, with
 /// a 16 KiB-granular bitmap of pages the VMM wrote.
-pub type GuestMemory = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
 
 /// Errors creating guest RAM.
 #[derive(Debug, thiserror::Error)]
@@ -69,8 +69,8 @@ pub enum MemoryError {
 pub struct GuestRam {
     map: memmap2::MmapMut,
     region: Arc<MmapRegion<AtomicBitmap>>,
-    mem: GuestMemory,
-    /// 1 + this mapping's slot in [`save`]'s fault-handler table, 0 if it
+    mem: GuestMemoryMmap,
+    /// 1 + this mapping's slot in [`page_save`]'s fault-handler table, 0 if it
     /// has had no background save.
     slot: std::sync::atomic::AtomicUsize,
 }
@@ -115,7 +115,7 @@ impl GuestRam {
         let region = Arc::new(region);
         let guest_region = GuestRegionMmap::with_arc(region.clone(), GuestAddress(RAM_BASE))
             .ok_or_else(|| MemoryError::Region("region wraps the address space".into()))?;
-        let mem = GuestMemory::from_regions(vec![guest_region])
+        let mem = GuestMemoryMmap::from_regions(vec![guest_region])
             .map_err(|e| MemoryError::Region(e.to_string()))?;
         Ok(GuestRam {
             map,
@@ -178,7 +178,7 @@ impl GuestRam {
 
     /// vm-memory's view, used by devices. Writes through it are recorded in
     /// [`GuestRam::vmm_dirty`].
-    pub fn memory(&self) -> &GuestMemory {
+    pub fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
     }
 

@@ -2,7 +2,9 @@
 //!
 //! One request queue. Requests run synchronously in
 //! [`VirtioDevice::process_queue`] with positioned I/O (`pread`/`pwrite`)
-//! through a bounce buffer; guest memory is only touched through vm-memory
+//! through a bounce buffer, so none is ever in flight: before a snapshot,
+//! [`VirtioDevice::prepare_save`] (the default) has nothing to wait for,
+//! and does not fsync the disk. Guest memory is only touched through vm-memory
 //! (virtio-queue's `Reader`/`Writer` and `write_obj`), so every byte the
 //! device writes is recorded in the dirty bitmap. Writes to the disk file
 //! mark the `DISK_CHUNK_SIZE` chunks they touch, for the next snapshot.
@@ -15,9 +17,9 @@
 //! request failing a check gets VIRTIO_BLK_S_IOERR (UNSUPP for an unknown
 //! type); one without a usable status byte is returned with length 0.
 
-use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
+use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use snapshot_store::DISK_CHUNK_SIZE;
 use std::fs::File;
@@ -51,7 +53,6 @@ const HEADER_LEN: u64 = 16;
 const BOUNCE_LEN: usize = 128 * 1024;
 /// `struct virtio_blk_config` up to and including `blk_size` (§5.2.4).
 const CONFIG_LEN: usize = 24;
-const QUEUE_SIZES: [u16; 1] = [QUEUE_SIZE];
 
 const S_OK: u8 = VIRTIO_BLK_S_OK as u8;
 const S_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
@@ -127,7 +128,6 @@ pub struct Block {
     read_only: bool,
     capacity: u64,
     serial: [u8; ID_BYTES],
-    acked_features: u64,
     config: [u8; CONFIG_LEN],
     bounce: Vec<u8>,
     /// Chunks a write reached since [`Block::clear_written_chunks`].
@@ -189,15 +189,15 @@ impl WrittenChunks {
 }
 
 /// Saved virtio-blk state. The disk contents are not part of it; restore
-/// checks the disk still has the same shape.
+/// checks the disk still has the same shape. (The negotiated features are
+/// the transport's; a state from before that, which also holds them as
+/// `acked_features`, reads the same.)
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockState {
     /// Capacity in 512-byte sectors.
     pub capacity: u64,
     /// Whether the device was offered as read-only.
     pub read_only: bool,
-    /// Features the driver negotiated (0 before DRIVER_OK).
-    pub acked_features: u64,
 }
 
 /// What a [`Block`] is made from besides its saved state, as for
@@ -255,7 +255,6 @@ impl Block {
             read_only,
             capacity,
             serial: id,
-            acked_features: 0,
             config,
             bounce: vec![0; BOUNCE_LEN],
             written: WrittenChunks::new(len),
@@ -299,7 +298,7 @@ impl Block {
 
     /// Handles one request chain; returns the used length (bytes written
     /// into guest memory, status byte included).
-    fn handle(&mut self, chain: DescriptorChain<&GuestMemory>, mem: &GuestMemory) -> u32 {
+    fn handle(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
         let mut readable = 0u64;
         let mut writable = 0u64;
         let mut seen_writable = false;
@@ -344,8 +343,8 @@ impl Block {
     /// (header + OUT data) and `data_in` writable bytes before the status.
     fn execute(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         readable: u64,
         data_in: u64,
     ) -> Outcome {
@@ -423,8 +422,8 @@ impl Block {
 
     fn read_disk(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         sector: u64,
         len: u64,
     ) -> Outcome {
@@ -501,8 +500,8 @@ impl Block {
 
     fn get_id(
         &mut self,
-        chain: DescriptorChain<&GuestMemory>,
-        mem: &GuestMemory,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
         len: u64,
     ) -> Outcome {
         let n = usize::try_from(len).map_or(ID_BYTES, |l| l.min(ID_BYTES));
@@ -524,6 +523,8 @@ impl Block {
 }
 
 impl VirtioDevice for Block {
+    const QUEUE_MAX_SIZES: &'static [u16] = &[QUEUE_SIZE];
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
     }
@@ -541,24 +542,16 @@ impl VirtioDevice for Block {
         f
     }
 
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn activate(&mut self, features: u64) -> Result<(), VirtioError> {
-        self.acked_features = features;
-        Ok(())
+    fn config_as_bytes(&self) -> &[u8] {
+        &self.config
     }
 
     fn process_queue(
         &mut self,
         _queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
+        _features: u64,
     ) -> Result<bool, VirtioError> {
         let mut used = false;
         loop {
@@ -573,16 +566,6 @@ impl VirtioDevice for Block {
         }
         Ok(used)
     }
-
-    fn reset(&mut self) {
-        self.acked_features = 0;
-    }
-
-    /// Requests complete inside `process_queue`, so nothing is ever in
-    /// flight. Does not fsync the disk.
-    fn quiesce(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 impl Persist for Block {
@@ -594,14 +577,13 @@ impl Persist for Block {
         BlockState {
             capacity: self.capacity,
             read_only: self.read_only,
-            acked_features: self.acked_features,
         }
     }
 
     /// The device over `args`' disk, which must still have the saved shape
-    /// (capacity, read-only), with the saved features (which it must offer).
+    /// (capacity, read-only).
     fn restore(args: BlockArgs, state: &BlockState) -> Result<Self, VirtioError> {
-        let mut blk = Block::with_backing(args.file, args.len, args.read_only, &args.serial);
+        let blk = Block::with_backing(args.file, args.len, args.read_only, &args.serial);
         if state.capacity != blk.capacity || state.read_only != blk.read_only {
             return Err(VirtioError::InvalidState(format!(
                 "disk was {} sectors{}, now {} sectors{}",
@@ -611,14 +593,6 @@ impl Persist for Block {
                 if blk.read_only { " read-only" } else { "" },
             )));
         }
-        let offered = blk.features() | TRANSPORT_FEATURES;
-        if state.acked_features & !offered != 0 {
-            return Err(VirtioError::InvalidState(format!(
-                "block features {:#x} were not offered",
-                state.acked_features
-            )));
-        }
-        blk.acked_features = state.acked_features;
         Ok(blk)
     }
 }

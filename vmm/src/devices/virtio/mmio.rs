@@ -20,75 +20,19 @@
 
 use super::{VirtioDevice, VirtioError, TRANSPORT_FEATURES};
 use crate::devices::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
-use crate::memory::{GuestMemory, GuestRam};
-use serde::{Deserialize, Serialize};
-use std::num::Wrapping;
-use std::sync::atomic::{fence, Ordering};
+use crate::memory::GuestRam;
+use notify::run_queue;
+use regs::*;
 use std::sync::Arc;
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-    VIRTIO_F_VERSION_1,
-};
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::GuestAddress;
 
-/// MagicValue: "virt" little-endian.
-pub const MAGIC_VALUE: u32 = 0x7472_6976;
-/// Transport version (2 = virtio 1.x, non-legacy).
-pub const MMIO_VERSION: u32 = 2;
-/// VendorID: "IGNT" little-endian.
-pub const VENDOR_ID: u32 = u32::from_le_bytes(*b"IGNT");
-/// InterruptStatus bit: a buffer was used.
-pub const INT_VRING: u32 = 1;
-/// InterruptStatus bit: the configuration changed (or DEVICE_NEEDS_RESET).
-pub const INT_CONFIG: u32 = 2;
-/// Offset of the device configuration space.
-pub const CONFIG_OFFSET: u64 = 0x100;
+mod notify;
+mod regs;
+mod state;
 
-// Register offsets, virtio 1.2 §4.2.2 table 4.1.
-const MAGIC: u64 = 0x000;
-const VERSION: u64 = 0x004;
-const DEVICE_ID: u64 = 0x008;
-const VENDOR: u64 = 0x00c;
-const DEVICE_FEATURES: u64 = 0x010;
-const DEVICE_FEATURES_SEL: u64 = 0x014;
-const DRIVER_FEATURES: u64 = 0x020;
-const DRIVER_FEATURES_SEL: u64 = 0x024;
-const QUEUE_SEL: u64 = 0x030;
-const QUEUE_NUM_MAX: u64 = 0x034;
-const QUEUE_NUM: u64 = 0x038;
-const QUEUE_READY: u64 = 0x044;
-const QUEUE_NOTIFY: u64 = 0x050;
-const INTERRUPT_STATUS: u64 = 0x060;
-const INTERRUPT_ACK: u64 = 0x064;
-const STATUS: u64 = 0x070;
-const QUEUE_DESC_LOW: u64 = 0x080;
-const QUEUE_DESC_HIGH: u64 = 0x084;
-const QUEUE_DRIVER_LOW: u64 = 0x090;
-const QUEUE_DRIVER_HIGH: u64 = 0x094;
-const QUEUE_DEVICE_LOW: u64 = 0x0a0;
-const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
-const SHM_SEL: u64 = 0x0ac;
-const SHM_LEN_LOW: u64 = 0x0b0;
-const SHM_BASE_HIGH: u64 = 0x0bc;
-const CONFIG_GENERATION: u64 = 0x0fc;
-
-const ACKNOWLEDGE: u32 = VIRTIO_CONFIG_S_ACKNOWLEDGE;
-const DRIVER: u32 = VIRTIO_CONFIG_S_DRIVER;
-const FEATURES_OK: u32 = VIRTIO_CONFIG_S_FEATURES_OK;
-const DRIVER_OK: u32 = VIRTIO_CONFIG_S_DRIVER_OK;
-const NEEDS_RESET: u32 = VIRTIO_CONFIG_S_NEEDS_RESET;
-const FAILED: u32 = VIRTIO_CONFIG_S_FAILED;
-const STATUS_BITS: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK | NEEDS_RESET | FAILED;
-
-const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
-
-/// Rounds of "process, re-enable notifications, re-check" per QueueNotify
-/// before giving the vCPU back (bounds the time a busy driver can hold it).
-const MAX_NOTIFY_ROUNDS: usize = 64;
+pub use regs::{CONFIG_OFFSET, INT_CONFIG, INT_VRING, MAGIC_VALUE, MMIO_VERSION, VENDOR_ID};
+pub use state::{VirtioMmioState, VirtqueueState};
 
 /// A virtio-mmio transport slot holding device `D`.
 pub struct VirtioMmio<D: VirtioDevice> {
@@ -106,93 +50,12 @@ pub struct VirtioMmio<D: VirtioDevice> {
     config_generation: u32,
 }
 
-/// Saved state of one split virtqueue: a serializable mirror of
-/// virtio-queue's [`QueueState`]. Untrusted; validated on restore.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VirtqueueState {
-    /// Maximum size offered by the device (QueueNumMax).
-    pub max_size: u16,
-    /// Next available-ring entry the device will read.
-    pub next_avail: u16,
-    /// Next used-ring entry the device will write.
-    pub next_used: u16,
-    /// Whether VIRTIO_F_RING_EVENT_IDX is in effect.
-    pub event_idx_enabled: bool,
-    /// Queue size chosen by the driver (QueueNum).
-    pub size: u16,
-    /// QueueReady.
-    pub ready: bool,
-    /// Guest-physical address of the descriptor table.
-    pub desc_table: u64,
-    /// Guest-physical address of the driver (available) ring.
-    pub avail_ring: u64,
-    /// Guest-physical address of the device (used) ring.
-    pub used_ring: u64,
-}
-
-impl From<QueueState> for VirtqueueState {
-    fn from(s: QueueState) -> Self {
-        VirtqueueState {
-            max_size: s.max_size,
-            next_avail: s.next_avail,
-            next_used: s.next_used,
-            event_idx_enabled: s.event_idx_enabled,
-            size: s.size,
-            ready: s.ready,
-            desc_table: s.desc_table,
-            avail_ring: s.avail_ring,
-            used_ring: s.used_ring,
-        }
-    }
-}
-
-impl From<VirtqueueState> for QueueState {
-    fn from(s: VirtqueueState) -> Self {
-        QueueState {
-            max_size: s.max_size,
-            next_avail: s.next_avail,
-            next_used: s.next_used,
-            event_idx_enabled: s.event_idx_enabled,
-            size: s.size,
-            ready: s.ready,
-            desc_table: s.desc_table,
-            avail_ring: s.avail_ring,
-            used_ring: s.used_ring,
-        }
-    }
-}
-
-/// Saved transport state plus the device's own. Untrusted: validated by the
-/// transport's [`Persist::restore`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VirtioMmioState<S> {
-    /// Device status register.
-    pub status: u32,
-    /// Features the driver accepted (64 bits).
-    pub driver_features: u64,
-    /// DeviceFeaturesSel.
-    pub device_features_sel: u32,
-    /// DriverFeaturesSel.
-    pub driver_features_sel: u32,
-    /// QueueSel.
-    pub queue_sel: u32,
-    /// InterruptStatus.
-    pub interrupt_status: u32,
-    /// ConfigGeneration.
-    pub config_generation: u32,
-    /// One entry per device queue.
-    pub queues: Vec<VirtqueueState>,
-    /// The device's state.
-    pub device: S,
-}
-
 impl<D: VirtioDevice> VirtioMmio<D> {
     /// Wraps `device`. Guest memory is reached through `ram` (vm-memory, so
     /// device writes are dirty-tracked); `irq` is the slot's SPI. Fails if
     /// the device reports an invalid queue size.
     pub fn new(device: D, ram: Arc<GuestRam>, irq: Arc<dyn IrqLine>) -> Result<Self, VirtioError> {
-        let queues = device
-            .queue_max_sizes()
+        let queues = D::QUEUE_MAX_SIZES
             .iter()
             .map(|&max| Queue::new(max))
             .collect::<Result<Vec<_>, _>>()?;
@@ -234,9 +97,22 @@ impl<D: VirtioDevice> VirtioMmio<D> {
         self.raise(INT_CONFIG);
     }
 
-    /// Waits until the device has no request in flight (before a snapshot).
-    pub fn quiesce(&mut self) -> std::io::Result<()> {
-        self.device.quiesce()
+    /// Before a snapshot: the device writes nothing into guest RAM until
+    /// [`VirtioMmio::after_save`] ([`VirtioDevice::prepare_save`]).
+    pub fn prepare_save(&mut self) -> std::io::Result<()> {
+        self.device.prepare_save()
+    }
+
+    /// After a snapshot: ends the device's hold and runs every ready queue,
+    /// as a notification would, so that what the host end buffered
+    /// meanwhile reaches the guest (if the driver is running).
+    pub fn after_save(&mut self) {
+        self.device.after_save();
+        for index in 0..self.queues.len() {
+            if self.queues[index].ready() {
+                self.kick(index);
+            }
+        }
     }
 
     fn offered_features(&self) -> u64 {
@@ -463,7 +339,7 @@ impl<D: VirtioDevice> VirtioMmio<D> {
             crate::warn_ratelimited!("virtio-mmio: absent or stopped queue {index}; not run");
             return;
         };
-        match run_queue(&mut self.device, index, queue, mem) {
+        match run_queue(&mut self.device, index, queue, mem, self.driver_features) {
             Ok(true) => self.raise(INT_VRING),
             Ok(false) => {}
             Err(e) => {
@@ -542,7 +418,8 @@ impl<D: VirtioDevice> Persist for VirtioMmio<D> {
     type Args = (D::Args, Arc<GuestRam>, Arc<dyn IrqLine>);
     type Error = VirtioError;
 
-    /// The current state, for a snapshot (call [`VirtioMmio::quiesce`] first).
+    /// The current state, for a snapshot (call [`VirtioMmio::prepare_save`]
+    /// first).
     fn save(&self) -> Self::State {
         VirtioMmioState {
             status: self.status,
@@ -580,7 +457,7 @@ impl<D: VirtioDevice> Persist for VirtioMmio<D> {
         if state.interrupt_status & !(INT_VRING | INT_CONFIG) != 0 {
             return bad(format!("interrupt status {:#x}", state.interrupt_status));
         }
-        let max_sizes = t.device.queue_max_sizes();
+        let max_sizes = D::QUEUE_MAX_SIZES;
         if state.queues.len() != max_sizes.len() {
             return bad(format!(
                 "{} queues, device has {}",
@@ -617,60 +494,6 @@ impl<D: VirtioDevice> Persist for VirtioMmio<D> {
         t.irq.set_level(t.irq_level);
         Ok(t)
     }
-}
-
-/// Whether every set status bit has its prerequisites (§3.1.1).
-fn status_order_ok(s: u32) -> bool {
-    let needs = |bit: u32, prereq: u32| s & bit == 0 || s & prereq == prereq;
-    needs(DRIVER, ACKNOWLEDGE) && needs(FEATURES_OK, DRIVER) && needs(DRIVER_OK, FEATURES_OK)
-}
-
-/// Processes `queue` until the driver has nothing more for it, with driver
-/// notifications suppressed meanwhile; returns whether to interrupt.
-fn run_queue<D: VirtioDevice>(
-    device: &mut D,
-    index: usize,
-    queue: &mut Queue,
-    mem: &GuestMemory,
-) -> Result<bool, VirtioError> {
-    let before = Wrapping(queue.next_used());
-    let mut used = false;
-    for _ in 0..MAX_NOTIFY_ROUNDS {
-        queue.disable_notification(mem)?;
-        used |= device.process_queue(index, queue, mem)?;
-        if !queue.enable_notification(mem)? {
-            break;
-        }
-    }
-    Ok(used && needs_interrupt(queue, mem, before)?)
-}
-
-/// Whether the driver wants an interrupt for the used entries added since
-/// the used index was `before`: always without VIRTIO_F_RING_EVENT_IDX;
-/// with it, when `used_event` lies in `[before, next_used)` (virtio 1.2
-/// §2.7.10). Counted from the index, so entries a device published itself
-/// ([`super::publish_used`]) count too.
-fn needs_interrupt(
-    queue: &Queue,
-    mem: &GuestMemory,
-    before: Wrapping<u16>,
-) -> Result<bool, VirtioError> {
-    if !queue.event_idx_enabled() {
-        return Ok(true);
-    }
-    // The used entries are visible before the driver's event is read.
-    fence(Ordering::SeqCst);
-    // used_event follows the avail ring's entries (§2.7.6).
-    let addr = queue
-        .avail_ring()
-        .checked_add(4 + 2 * u64::from(queue.size()))
-        .ok_or(virtio_queue::Error::AddressOverflow)?;
-    let event = mem
-        .load::<u16>(GuestAddress(addr), Ordering::Acquire)
-        .map(u16::from_le)
-        .map_err(virtio_queue::Error::GuestMemory)?;
-    let now = Wrapping(queue.next_used());
-    Ok(now - Wrapping(event) - Wrapping(1) < now - before)
 }
 
 fn check_config_access(offset: u64, len: usize) -> Result<u64, AccessError> {

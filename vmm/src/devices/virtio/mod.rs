@@ -1,6 +1,8 @@
-//! Virtio 1.2 devices: the MMIO transport ([`mmio`]) and device models
-//! ([`block`]). A device implements [`VirtioDevice`]; the transport owns the
-//! queues (virtio-queue's split [`Queue`]), the feature negotiation, the
+//! Virtio 1.2 devices: the MMIO transport ([`mmio`]), the device models
+//! ([`block`], [`net`], [`vsock`]) and the host I/O thread of the devices
+//! whose work also arrives from the host ([`host_io`]). A device implements
+//! [`VirtioDevice`]; the transport owns the queues (virtio-queue's split
+//! [`Queue`]), the feature negotiation and the negotiated features, the
 //! device-status state machine and the interrupt.
 
 pub mod block;
@@ -13,7 +15,7 @@ pub use block::Block;
 pub use mmio::{VirtioMmio, VirtioMmioState, VirtqueueState};
 
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
@@ -47,13 +49,24 @@ impl From<virtio_queue::Error> for VirtioError {
 /// A virtio device model behind a transport.
 ///
 /// The transport calls these from the vCPU thread that performed the MMIO
-/// access, with the device lock held: queue notifications are processed
+/// access (or from the device's host I/O thread, [`VirtioMmio::kick`]),
+/// with the device lock held: queue notifications are processed
 /// synchronously inside the guest's QueueNotify write.
 ///
+/// A device states its data (type, name, features, queue sizes,
+/// configuration space) and processes its queues; the rest has defaults.
+/// The negotiated features are the transport's: it passes them to
+/// [`VirtioDevice::process_queue`].
+///
 /// Its [`Persist`] state is the device-specific part of a snapshot; the
-/// transport saves its own beside it ([`VirtioMmioState`]) and, on restore,
-/// does not call [`VirtioDevice::activate`] again.
+/// transport saves its own beside it ([`VirtioMmioState`], the negotiated
+/// features included) and, on restore, does not call
+/// [`VirtioDevice::activate`] again.
 pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
+    /// Maximum size of each queue (powers of two, 1..=32768); the slice
+    /// length is the number of queues.
+    const QUEUE_MAX_SIZES: &'static [u16];
+
     /// Virtio device ID (virtio 1.2 §5, e.g. 2 for block).
     fn device_type(&self) -> u32;
 
@@ -64,14 +77,16 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     /// [`TRANSPORT_FEATURES`].
     fn features(&self) -> u64;
 
-    /// Maximum size of each queue (powers of two, 1..=32768); the slice
-    /// length is the number of queues.
-    fn queue_max_sizes(&self) -> &[u16];
+    /// The device configuration space (the device type's `struct
+    /// virtio_*_config`, little-endian), as the driver reads it.
+    fn config_as_bytes(&self) -> &[u8];
 
     /// Reads `data.len()` bytes of device configuration space at `offset`
     /// (relative to the start of the config space). Bytes past the end of
     /// the device's configuration read as 0.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(self.config_as_bytes(), offset, data);
+    }
 
     /// A driver write to configuration space at `offset`. By default the
     /// space is read-only: the write is ignored, with a warning.
@@ -84,26 +99,42 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
     }
 
     /// The driver set DRIVER_OK with the negotiated `features` (all 64 bits,
-    /// transport bits included).
-    fn activate(&mut self, features: u64) -> Result<(), VirtioError>;
+    /// transport bits included), for a device that must act on it; an error
+    /// makes the transport set DEVICE_NEEDS_RESET. By default nothing.
+    fn activate(&mut self, _features: u64) -> Result<(), VirtioError> {
+        Ok(())
+    }
 
     /// Processes the available buffers of queue `queue_index` (a ready,
-    /// validated queue), adding each to the used ring. Returns whether any
-    /// buffer was used (the transport then decides on an interrupt, honouring
+    /// validated queue), adding each to the used ring; `features` are the
+    /// negotiated ones (all 64 bits). Returns whether any buffer was used
+    /// (the transport then decides on an interrupt, honouring
     /// VIRTIO_F_RING_EVENT_IDX). An error means the queue itself is broken;
     /// per-request problems are reported to the driver in the request.
     fn process_queue(
         &mut self,
         queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
+        features: u64,
     ) -> Result<bool, VirtioError>;
 
-    /// Device reset (status 0 written): drop negotiated state.
-    fn reset(&mut self);
+    /// Device reset (status 0 written): drop what the driver set up. By
+    /// default nothing.
+    fn reset(&mut self) {}
 
-    /// Waits until no request is in flight, before a snapshot.
-    fn quiesce(&mut self) -> std::io::Result<()>;
+    /// Before a snapshot: from now until [`VirtioDevice::after_save`] the
+    /// device writes nothing into guest RAM (no buffer, no used-ring
+    /// entry); what is in flight completes first. Work arriving from the
+    /// host meanwhile waits within the device's usual bounds. By default
+    /// nothing (every request completes inside `process_queue`).
+    fn prepare_save(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    /// After a snapshot: ends what [`VirtioDevice::prepare_save`] began.
+    /// The transport then runs every queue ([`VirtioMmio::after_save`]).
+    fn after_save(&mut self) {}
 }
 
 /// Copies device configuration bytes `config[offset..]` into `data` for a
@@ -127,7 +158,7 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
 /// together). Errors: a head out of range, or a used ring outside RAM.
 pub fn publish_used(
     queue: &mut Queue,
-    mem: &GuestMemory,
+    mem: &GuestMemoryMmap,
     used: &[(u16, u32)],
 ) -> Result<(), VirtioError> {
     use std::sync::atomic::Ordering;

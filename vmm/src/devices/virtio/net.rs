@@ -18,10 +18,10 @@
 //! frame. Guest memory is only written through vm-memory, so received
 //! frames are dirty-tracked like every device write.
 
-use super::host_io::Waker;
+use super::host_io::{Interest, Waker};
 use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
-use crate::memory::GuestMemory;
+use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -31,10 +31,13 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
+mod backend;
 pub mod host_end;
 pub mod stream;
 #[cfg(target_os = "linux")]
 pub mod tap;
+
+pub use backend::{FrameSource, NetBackend, ReadOutcome};
 
 /// Index of the receive queue.
 pub const RX_QUEUE: usize = 0;
@@ -51,33 +54,10 @@ pub const MAX_FRAME_LEN: usize = 65535;
 /// are dropped (the host end's thread stops reading well before).
 pub const RX_BACKLOG_FRAMES: usize = 1024;
 
-const QUEUE_SIZES: [u16; 2] = [QUEUE_SIZE, QUEUE_SIZE];
 /// `struct virtio_net_config` up to `status`: mac (6 bytes), status (le16).
 const CONFIG_LEN: usize = 8;
 /// Shortest frame passed on: an Ethernet header, bytes.
 pub const MIN_FRAME_LEN: usize = 14;
-
-/// Where transmitted frames go (the host end).
-pub trait NetBackend: Send {
-    /// Sends one Ethernet frame (without the virtio header). An error
-    /// drops the frame (counted), except `WouldBlock` while
-    /// [`NetBackend::pending`]: then the device keeps the frame in the
-    /// transmitq until the host end's thread has flushed.
-    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
-
-    /// Sends what earlier [`NetBackend::send`]s left buffered.
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-
-    /// Whether bytes are buffered, waiting for the host end to take them.
-    fn pending(&self) -> bool {
-        false
-    }
-
-    /// Who to wake when bytes stay buffered (the host end's thread).
-    fn set_waker(&mut self, _waker: Waker) {}
-}
 
 /// Frame counters, for the log and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +78,6 @@ pub struct NetCounters {
 pub struct Net {
     mac: [u8; 6],
     backend: Box<dyn NetBackend>,
-    acked_features: u64,
     backlog: VecDeque<Vec<u8>>,
     counters: NetCounters,
     config: [u8; CONFIG_LEN],
@@ -112,14 +91,28 @@ pub struct Net {
     tx_blocked: bool,
 }
 
-/// The saved state: the MAC and the negotiated features (frames in flight
-/// are not kept: a link may drop them).
+/// The saved state: the MAC (frames in flight are not kept: a link may
+/// drop them). The negotiated features are the transport's; a state from
+/// before that, which also holds them as `acked_features`, reads the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetState {
     /// The MAC address the guest knows.
     pub mac: [u8; 6],
-    /// Features the driver accepted.
-    pub acked_features: u64,
+}
+
+/// What the host end's thread does after a wake-up ([`Net::on_host_ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostTurn {
+    /// The transport must run [`RX_QUEUE`]: frames wait for receive
+    /// buffers.
+    pub run_rx: bool,
+    /// The transport must run [`TX_QUEUE`]: the host end took what held
+    /// transmit back.
+    pub run_tx: bool,
+    /// What to wait for next on the host end's descriptor. Running the
+    /// queues may change it; the device then wakes the thread (its
+    /// [`Waker`]) so that it asks again.
+    pub interest: Interest,
 }
 
 /// What a restored device is given: the MAC the command line asks for
@@ -140,7 +133,6 @@ impl Net {
         Net {
             mac,
             backend,
-            acked_features: 0,
             backlog: VecDeque::new(),
             counters: NetCounters::default(),
             config,
@@ -167,11 +159,6 @@ impl Net {
         self.mac
     }
 
-    /// The host end.
-    pub fn backend_mut(&mut self) -> &mut dyn NetBackend {
-        &mut *self.backend
-    }
-
     /// The frame counters.
     pub fn counters(&self) -> NetCounters {
         self.counters
@@ -191,33 +178,31 @@ impl Net {
         true
     }
 
-    /// Holds (`true`) or releases the device: while held it writes nothing
-    /// into guest RAM (frames wait in the backlog; the transmitq, which the
-    /// host end's thread may run, is left alone). On release the transport
-    /// must run both queues.
-    pub fn hold(&mut self, held: bool) {
-        self.held = held;
+    /// Whether the backlog has room for `frames` more frames (the host
+    /// end's thread reads only while a read's worth fits).
+    pub fn has_room_for(&self, frames: usize) -> bool {
+        self.backlog.len() + frames <= RX_BACKLOG_FRAMES
     }
 
-    /// Whether transmit waits for the host end (which then runs
-    /// [`TX_QUEUE`] once it has flushed).
-    pub fn tx_blocked(&self) -> bool {
-        self.tx_blocked
-    }
-
-    /// Whether the device is held ([`Net::hold`]).
-    pub fn held(&self) -> bool {
-        self.held
-    }
-
-    /// Whether frames wait for receive buffers.
-    pub fn has_backlog(&self) -> bool {
-        !self.backlog.is_empty()
-    }
-
-    /// Whether the backlog is full (the host end should stop reading).
-    pub fn backlog_full(&self) -> bool {
-        self.backlog.len() >= RX_BACKLOG_FRAMES
+    /// The host end's thread's turn, after it read what it could (device
+    /// lock held): flushes what the host end holds of the guest's frames,
+    /// and says which queues the transport must run and what to wait for:
+    /// readable while the host end is `open` and a read of up to `per_read`
+    /// frames fits the backlog, writable while the host end holds bytes.
+    /// While the device is held for a snapshot no queue is run.
+    pub fn on_host_ready(&mut self, per_read: usize, open: bool) -> HostTurn {
+        if let Err(e) = self.backend.flush() {
+            crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
+        }
+        let pending = self.backend.pending();
+        HostTurn {
+            run_rx: !self.held && !self.backlog.is_empty(),
+            run_tx: !self.held && self.tx_blocked && !pending,
+            interest: Interest {
+                read: open && self.has_room_for(per_read),
+                write: pending,
+            },
+        }
     }
 
     /// Delivers backlogged frames into the receiveq's buffers. With
@@ -225,8 +210,13 @@ impl Net {
     /// needs and waits until the driver has posted enough; without it, one
     /// buffer, and a frame that does not fit it is dropped. A frame's
     /// buffers are published together. Returns whether a buffer was used.
-    fn deliver(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
-        let max_bufs = if self.acked_features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
+    fn deliver(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+        features: u64,
+    ) -> Result<bool, VirtioError> {
+        let max_bufs = if features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
             usize::from(queue.size())
         } else {
             1
@@ -319,9 +309,9 @@ impl Net {
     /// Sends the frames of the transmitq's chains; returns whether a chain
     /// was used. When the host end is full (its peer reads slower than the
     /// guest sends), the chain stays in the queue and transmit stops until
-    /// the host end's thread has flushed ([`Net::tx_blocked`]): the guest's
-    /// transmit waits, as on a real NIC, and nothing is dropped.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemory) -> Result<bool, VirtioError> {
+    /// the host end's thread has flushed ([`Net::on_host_ready`]): the
+    /// guest's transmit waits, as on a real NIC, and nothing is dropped.
+    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
         let mut used = false;
         if self.held {
             return Ok(false);
@@ -365,8 +355,8 @@ impl Net {
 
 /// Reads a transmit chain's header and frame into `buf` (the frame only).
 fn read_frame(
-    chain: DescriptorChain<&GuestMemory>,
-    mem: &GuestMemory,
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
     buf: &mut Vec<u8>,
 ) -> Result<(), String> {
     let mut reader = Reader::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
@@ -391,6 +381,8 @@ fn read_frame(
 }
 
 impl VirtioDevice for Net {
+    const QUEUE_MAX_SIZES: &'static [u16] = &[QUEUE_SIZE, QUEUE_SIZE];
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_NET
     }
@@ -403,42 +395,40 @@ impl VirtioDevice for Net {
         (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MRG_RXBUF)
     }
 
-    fn queue_max_sizes(&self) -> &[u16] {
-        &QUEUE_SIZES
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        super::read_config_bytes(&self.config, offset, data);
-    }
-
-    fn activate(&mut self, features: u64) -> Result<(), VirtioError> {
-        self.acked_features = features;
-        Ok(())
+    fn config_as_bytes(&self) -> &[u8] {
+        &self.config
     }
 
     fn process_queue(
         &mut self,
         queue_index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
+        features: u64,
     ) -> Result<bool, VirtioError> {
         match queue_index {
-            RX_QUEUE => self.deliver(queue, mem),
+            RX_QUEUE => self.deliver(queue, mem, features),
             TX_QUEUE => self.transmit(queue, mem),
             _ => Ok(false),
         }
     }
 
     fn reset(&mut self) {
-        self.acked_features = 0;
         self.backlog.clear();
         self.tx_blocked = false;
     }
 
-    /// Transmit completes inside `process_queue`; frames waiting for the
-    /// guest are not in flight in guest memory.
-    fn quiesce(&mut self) -> io::Result<()> {
+    /// Holds the device: it writes nothing into guest RAM (frames from the
+    /// host end wait in the backlog, within [`RX_BACKLOG_FRAMES`]; the
+    /// transmitq, which the host end's thread may run, is left alone).
+    /// Transmit completes inside `process_queue`, so nothing is in flight.
+    fn prepare_save(&mut self) -> io::Result<()> {
+        self.held = true;
         Ok(())
+    }
+
+    fn after_save(&mut self) {
+        self.held = false;
     }
 }
 
@@ -448,14 +438,11 @@ impl Persist for Net {
     type Error = VirtioError;
 
     fn save(&self) -> NetState {
-        NetState {
-            mac: self.mac,
-            acked_features: self.acked_features,
-        }
+        NetState { mac: self.mac }
     }
 
     /// The device with the saved MAC, which must be the one the command
-    /// line asks for, and features, which it must offer.
+    /// line asks for.
     fn restore(args: NetArgs, state: &NetState) -> Result<Self, VirtioError> {
         if args.mac != state.mac {
             return Err(VirtioError::InvalidState(format!(
@@ -464,16 +451,7 @@ impl Persist for Net {
                 format_mac(&args.mac)
             )));
         }
-        let mut net = Net::new(args.mac, args.backend);
-        let offered = net.features() | super::TRANSPORT_FEATURES;
-        if state.acked_features & !offered != 0 {
-            return Err(VirtioError::InvalidState(format!(
-                "network features {:#x} were not offered",
-                state.acked_features
-            )));
-        }
-        net.acked_features = state.acked_features;
-        Ok(net)
+        Ok(Net::new(args.mac, args.backend))
     }
 }
 

@@ -5,10 +5,11 @@
 //! callbacks, and trapped MMIO, emulated by decoding the instruction.
 
 use super::insn::{self, Exc, Kind};
-use super::mmu::{self, Access, Fault, Perms};
-use super::uc::Uc;
-use super::vcpu::{EmuVcpu, HookState};
-use super::vm::{uc_err, PaKind};
+use super::mmu::{self, Access, Perms};
+use super::shared::PaKind;
+use super::state::{FaultCause, HookState, PendingFault};
+use super::uc::{uc_err, Uc};
+use super::vcpu::EmuVcpu;
 use crate::arch::debug;
 use crate::arch::esr;
 use crate::arch::exception::{exception_entry, GuestException, PSTATE_NRW};
@@ -40,33 +41,6 @@ struct DebugState {
 /// Unicorn's `uc_mem_type` values passed to the TLB hook.
 const UC_MEM_WRITE: u32 = 17;
 const UC_MEM_FETCH: u32 = 18;
-
-/// Why the TLB hook refused a translation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum FaultCause {
-    /// The guest's page tables fault.
-    Walk(Fault),
-    /// The physical address is backed by nothing (or is device memory
-    /// fetched as code): synchronous external abort.
-    External,
-    /// A device region the backend emulates by decoding the instruction, at
-    /// this (4 KiB-aligned) physical address.
-    Mmio(u64),
-    /// A data access to a page with a watchpoint (quirk 16).
-    Watch,
-}
-
-/// A fault recorded by the TLB hook; unicorn then stops with the PC of the
-/// faulting instruction (quirk 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct PendingFault {
-    /// The 4 KiB-aligned virtual address unicorn asked for (quirk 14).
-    pub va: u64,
-    /// Kind of access.
-    pub access: Access,
-    /// What went wrong.
-    pub cause: FaultCause,
-}
 
 /// Reads `[X0..X30, SP]` through the engine for the instruction decoder.
 fn xreader(uc: Uc) -> impl Fn(u8) -> u64 {

@@ -13,9 +13,11 @@
 //! itself makes), and never re-enter each other, so creating a `&mut` from
 //! the pointer does not alias another live reference.
 
+use super::attn::ATTN_WATCH;
+use super::shared::fast_mmio;
+use super::state::{HookState, MmioCtx};
 use super::sysregs::{emulated_mrs, emulated_msr};
-use super::vcpu::HookState;
-use super::vm::{fast_mmio, uc_err, ATTN_WATCH};
+use super::uc::uc_err;
 use crate::arch::layout::RAM_BASE;
 use crate::arch::sysreg::SysReg;
 use crate::hv::Result;
@@ -25,12 +27,6 @@ use unicorn_engine::{
     uc_engine, uc_error, uc_hook, uc_hook_add, uc_mmio_map, Arm64Insn, HookType,
     RegisterARM64 as R, RegisterARM64CP, TlbEntry,
 };
-
-/// `user_data` of one MMIO region: the state and the region's base address.
-pub(super) struct MmioCtx {
-    pub state: *mut HookState,
-    pub base: u64,
-}
 
 /// Index of the Rt register from unicorn's register id (31 = XZR).
 fn rt_index(reg: u32) -> u8 {

@@ -42,11 +42,15 @@
 //! makes unicorn print a deprecation warning on stderr (the call still
 //! fails cleanly).
 //!
-//! Modules: `vm` (the VM and the state its vCPUs share), `vcpu` (the engine,
-//! its run loop and the per-vCPU hook state), `faults` (TLB fills, exception
-//! delivery, MMIO), `sysregs` (system-register emulation), `hooks` (the raw
-//! `extern "C"` shims unicorn calls), `uc` (a thin handle over the raw
-//! engine), and the pure parts [`mmu`], [`insn`], [`spin`] and [`timer`].
+//! Modules, each importing only those listed after it: `vm` (the [`Vm`] and
+//! the hypervisor), `faults` (TLB fills, exception delivery, MMIO), `regs`
+//! (the VMM's access to system registers), `vcpu` (the engine and its run
+//! loop), `hooks` (the raw `extern "C"` shims unicorn calls), `sysregs`
+//! (system-register emulation in the hooks), `state` (the per-vCPU state
+//! the hooks work on), `shared` (the state a VM's vCPUs share), [`timer`]
+//! (the vtimer thread), `attn` (attention requests between threads), `uc`
+//! (a thin handle over the raw engine), and the pure parts [`mmu`],
+//! [`insn`] and [`spin`].
 
 #[cfg(doc)]
 use crate::{
@@ -54,11 +58,15 @@ use crate::{
     hv::{Vcpu, VcpuExit, VcpuIo, Vm},
 };
 
+mod attn;
 mod faults;
 mod hooks;
 pub mod insn;
 pub mod mmu;
+mod regs;
+mod shared;
 pub mod spin;
+mod state;
 mod sysregs;
 pub mod timer;
 mod uc;

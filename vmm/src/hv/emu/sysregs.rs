@@ -5,27 +5,22 @@
 //! translation), the vCPU's entry state, and [`Vcpu::sysreg`] /
 //! [`Vcpu::set_sysreg`].
 
+use super::attn::{ATTN_TB, ATTN_TLB, ATTN_WATCH};
 use super::mmu::{self, Access};
+use super::shared::PaKind;
+use super::state::{HookState, HCR_IMO, HCR_RW};
 use super::timer;
-use super::vcpu::{EmuVcpu, HookState, MSR_SLOTS};
-use super::vm::{uc_err, PaKind, ATTN_TB, ATTN_TLB, ATTN_WATCH};
+use super::uc::uc_err;
 use crate::arch::debug;
 use crate::arch::exception::{CpuFeatures, PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::idregs::{self, WATCHPOINTS};
 use crate::arch::layout::PAGE_SIZE;
 use crate::arch::sysreg::{self as sr, SysReg};
-use crate::hv::{HvError, Result};
+use crate::hv::Result;
 #[cfg(doc)]
 use crate::hv::{Vcpu, VcpuIo};
 use std::sync::Arc;
 use unicorn_engine::RegisterARM64 as R;
-
-/// HCR_EL2.RW: EL1 is AArch64.
-pub(super) const HCR_RW: u64 = 1 << 31;
-/// HCR_EL2.IMO: route IRQs to EL2, which makes HCR_EL2.VI a virtual IRQ.
-pub(super) const HCR_IMO: u64 = 1 << 4;
-/// HCR_EL2.VI: virtual IRQ pending (quirk 5).
-pub(super) const HCR_VI: u64 = 1 << 7;
 
 /// Whether `r` is an ICC_* register of the GICv3 CPU interface at EL1.
 pub(super) fn is_icc(r: SysReg) -> bool {
@@ -76,7 +71,7 @@ pub(super) fn emulated_msr(k: SysReg) -> bool {
 /// Whether a write to `k` can change which watchpoints are enabled
 /// (MDSCR_EL1.MDE, the OS lock, DBGWVRn_EL1/DBGWCRn_EL1), which the TLB
 /// hook applies (quirk 16).
-fn watch_config(k: SysReg) -> bool {
+pub(super) fn watch_config(k: SysReg) -> bool {
     matches!(k, sr::MDSCR_EL1 | sr::OSLAR_EL1 | sr::OSLSR_EL1)
         || (0..WATCHPOINTS).any(|n| {
             let (v, c) = debug::watchpoint_regs(n);
@@ -361,133 +356,6 @@ impl HookState {
             Err(f) => (1 << 11) | (u64::from(f.code()) << 1) | 1,
         };
         let _ = self.uc.write(R::PAR_EL1, par);
-    }
-}
-
-impl EmuVcpu {
-    /// [`Vcpu::sysreg`]: the virtual timer and counter (CNTPCT_EL0 reads
-    /// the virtual count), MPIDR and the advertised ID registers from the
-    /// VMM's state, FPCR/FPSR and SP_EL0/SP_EL1 from unicorn's registers,
-    /// anything else unicorn knows through a raw CP_REG read; ICC_* belong
-    /// to the VMM's GIC and CNTP_* to its physical timer.
-    pub(super) fn read_sysreg(&mut self, reg: SysReg) -> Result<u64> {
-        let uc = self.uc;
-        let err = uc_err("read system register");
-        let st = self.state();
-        Ok(match reg {
-            sr::CNTV_CTL_EL0 => st.vtimer.read_ctl(st.vcount()),
-            sr::CNTV_CVAL_EL0 => st.vtimer.cval,
-            sr::CNTV_TVAL_EL0 => st.vtimer.read_tval(st.vcount()),
-            sr::CNTVCT_EL0 | sr::CNTPCT_EL0 => st.vcount(),
-            sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
-            sr::CNTVOFF_EL2 => st.vm.counter_offset(),
-            sr::MPIDR_EL1 => st.mpidr,
-            r if idregs::advertised(r).is_some() => idregs::advertised(r).unwrap_or(0),
-            sr::FPCR => uc.read(R::FPCR).map_err(err)?,
-            sr::FPSR => uc.read(R::FPSR).map_err(err)?,
-            sr::SP_EL0 | sr::SP_EL1 => {
-                let bank = if reg == sr::SP_EL0 { 0 } else { 1 };
-                if self.current_sp_bank()? == bank {
-                    uc.read(R::SP).map_err(err)?
-                } else {
-                    uc.read(if bank == 0 { R::SP_EL0 } else { R::SP_EL1 })
-                        .map_err(err)?
-                }
-            }
-            r if is_icc(r) => {
-                return Err(HvError::Call {
-                    call: "sysreg",
-                    detail: format!("{r:?} belongs to the VMM's GIC"),
-                })
-            }
-            r if is_ptimer(r) => {
-                return Err(HvError::Call {
-                    call: "sysreg",
-                    detail: format!("{r:?} belongs to the VMM's physical timer"),
-                })
-            }
-            r => uc.cp_read(r).map_err(|e| HvError::Call {
-                call: "sysreg",
-                detail: format!("{r:?}: {e:?}"),
-            })?,
-        })
-    }
-
-    /// [`Vcpu::set_sysreg`], as [`EmuVcpu::read_sysreg`]; a write of a
-    /// translation register drops the cached walk registers and flushes the
-    /// TLB.
-    pub(super) fn write_sysreg(&mut self, reg: SysReg, value: u64) -> Result<()> {
-        let uc = self.uc;
-        let err = uc_err("write system register");
-        match reg {
-            sr::CNTV_CTL_EL0 => self.state().vtimer.write_ctl(value),
-            sr::CNTV_CVAL_EL0 => self.state().vtimer.cval = value,
-            sr::CNTV_TVAL_EL0 => {
-                let st = self.state();
-                let vcount = st.vcount();
-                st.vtimer.write_tval(vcount, value);
-            }
-            sr::CNTVOFF_EL2 => {
-                return Err(HvError::Call {
-                    call: "set_sysreg",
-                    detail: "CNTVOFF_EL2 is the VM's counter offset (Vm::set_counter_offset)"
-                        .into(),
-                })
-            }
-            sr::MPIDR_EL1 => {
-                let v = value | (1 << 31);
-                uc.cp_write(sr::VMPIDR_EL2, v).map_err(err)?;
-                self.state().mpidr = v;
-            }
-            sr::FPCR => uc.write(R::FPCR, value).map_err(err)?,
-            sr::FPSR => uc.write(R::FPSR, value).map_err(err)?,
-            sr::SP_EL0 | sr::SP_EL1 => {
-                let bank = if reg == sr::SP_EL0 { 0 } else { 1 };
-                let r = if self.current_sp_bank()? == bank {
-                    R::SP
-                } else if bank == 0 {
-                    R::SP_EL0
-                } else {
-                    R::SP_EL1
-                };
-                uc.write(r, value).map_err(err)?;
-            }
-            sr::CNTKCTL_EL1 => {
-                uc.cp_write(reg, value).map_err(err)?;
-                self.state().cntkctl = value;
-            }
-            sr::SCTLR_EL1 | sr::TCR_EL1 | sr::TTBR0_EL1 | sr::TTBR1_EL1 => {
-                uc.cp_write(reg, value).map_err(err)?;
-                self.state().walk = None;
-                // Raw writes skip unicorn's own TLB flush.
-                uc.flush_tlb().map_err(uc_err("flush TLB"))?;
-            }
-            // QEMU's breakpoint list follows these only on an MSR (quirk 16).
-            r if MSR_SLOTS.contains(&r) => self.write_by_msr(r, value)?,
-            r if is_icc(r) => {
-                return Err(HvError::Call {
-                    call: "set_sysreg",
-                    detail: format!("{r:?} belongs to the VMM's GIC"),
-                })
-            }
-            r if is_ptimer(r) => {
-                return Err(HvError::Call {
-                    call: "set_sysreg",
-                    detail: format!("{r:?} belongs to the VMM's physical timer"),
-                })
-            }
-            r => uc
-                .cp_read(r)
-                .and_then(|_| uc.cp_write(r, value))
-                .map_err(|e| HvError::Call {
-                    call: "set_sysreg",
-                    detail: format!("{r:?}: {e:?}"),
-                })?,
-        }
-        if watch_config(reg) {
-            self.update_watchpoints()?;
-        }
-        Ok(())
     }
 }
 

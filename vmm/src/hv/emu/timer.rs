@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::vm::{VcpuShared, ATTN_TIMER};
+use super::attn::{VcpuShared, ATTN_TIMER};
 
 /// Frequency of the guest counter in Hz (CNTFRQ_EL0): 24 MHz, the fixed
 /// counter frequency of Apple Silicon, so counter values mean the same on

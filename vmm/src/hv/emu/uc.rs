@@ -2,6 +2,7 @@
 //! from inside hooks (where only the raw `uc_engine` pointer is available).
 
 use crate::arch::sysreg::SysReg;
+use crate::hv::HvError;
 use std::ffi::c_void;
 use unicorn_engine::{
     uc_ctl, uc_emu_stop, uc_engine, uc_error, uc_reg_read, uc_reg_write, ControlType,
@@ -211,5 +212,13 @@ impl Uc {
             )
         };
         e.into()
+    }
+}
+
+/// Maps a unicorn error of `call` to [`HvError::Call`].
+pub(super) fn uc_err(call: &'static str) -> impl Fn(uc_error) -> HvError {
+    move |e| HvError::Call {
+        call,
+        detail: format!("{e:?}"),
     }
 }

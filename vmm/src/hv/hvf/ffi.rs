@@ -17,8 +17,9 @@
 //! the vCPU, which [`RawVcpu`] (not `Send`) guarantees.
 
 use super::abi::{HvReturn, SmeState, VcpuExit, HV_INTERRUPT_TYPE_IRQ, HV_SUCCESS};
+use crate::hv::{HvError, Result as HvResult};
 use applevisor::error::HypervisorError;
-use applevisor_sys::{hv_reg_t, hv_simd_fp_reg_t, hv_sys_reg_t};
+use applevisor_sys::{hv_error_t, hv_reg_t, hv_simd_fp_reg_t, hv_sys_reg_t};
 use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
 use std::sync::OnceLock;
@@ -295,4 +296,21 @@ pub(super) unsafe fn as_fn<F: Copy>(p: *mut c_void) -> F {
     const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
     // SAFETY: same size (checked above); the caller guarantees the type.
     unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+}
+
+/// Maps an applevisor error of `call` to [`HvError::Call`].
+pub(super) fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
+    move |e| HvError::Call {
+        call,
+        detail: e.to_string(),
+    }
+}
+
+/// Checks a raw `hv_return_t`.
+pub(super) fn check(call: &'static str, ret: i32) -> HvResult<()> {
+    if ret == hv_error_t::HV_SUCCESS as i32 {
+        Ok(())
+    } else {
+        Err(call_err(call)(HypervisorError::from(ret)))
+    }
 }

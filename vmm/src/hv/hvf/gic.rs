@@ -13,8 +13,7 @@
 //! only makes the calls.
 
 use super::abi::HvReturn;
-use super::ffi::{as_fn, lookup, HvVcpuId as HvVcpu};
-use super::vm::check;
+use super::ffi::{as_fn, check, lookup, HvVcpuId as HvVcpu};
 use crate::arch::layout::{GICD_BASE, GICR_BASE};
 use crate::arch::sysreg::SysReg;
 use crate::hv::gic::{

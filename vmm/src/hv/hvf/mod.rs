@@ -8,10 +8,11 @@
 //! values and layouts of the C interface with the decisions on them
 //! ([`abi`]: exit reasons, SME snapshot safety, SIMD read-back) are compiled
 //! and unit-tested on every host. The rest is the thin FFI layer, compiled
-//! only on macOS on Apple Silicon: `vm` (the VM, RAM mapping, stage-2
-//! protection), `vcpu` (the `hv_vcpu_run` loop, registers, kicks), `ffi`
-//! (the vCPU calls and `dlsym` lookups), `regs` (register identifiers) and
-//! `gic` (the in-kernel GIC).
+//! only on macOS on Apple Silicon: `vm` (the VM, RAM mapping), `shared`
+//! (what the VM shares with its vCPUs, stage-2 protection), `vcpu` (the
+//! `hv_vcpu_run` loop, registers, kicks), `ffi` (the vCPU calls, `dlsym`
+//! lookups, return codes as errors), `host` (sysctls and the host counter),
+//! `regs` (register identifiers) and `gic` (the in-kernel GIC).
 //!
 //! # Processes and threads
 //! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
@@ -71,15 +72,21 @@ mod ffi;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub mod gic;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod host;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 mod regs;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+mod shared;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 mod vcpu;
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 mod vm;
 
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+pub use host::host_count;
+#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 pub use vcpu::{HvfKicker, HvfVcpu};
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use vm::{host_count, HvfHypervisor, HvfVm, SIGN_HINT};
+pub use vm::{HvfHypervisor, HvfVm, SIGN_HINT};

@@ -2,9 +2,10 @@
 
 use super::abi::{check_vreg_readback, sme_snapshot_check};
 use super::exits::{complete, decide, Action, ExitRecord, LocalState, Step};
-use super::ffi::{vcpus_exit, HvVcpuId, RawVcpu};
+use super::ffi::{call_err, vcpus_exit, HvVcpuId, RawVcpu};
+use super::host::host_count;
 use super::regs;
-use super::vm::{call_err, host_count, VmShared};
+use super::shared::VmShared;
 use crate::arch::exception::{PSTATE_DAIF, PSTATE_EL1H};
 use crate::arch::idregs;
 use crate::arch::sysreg::{SysReg, OSLSR_EL1};

@@ -1,18 +1,18 @@
 //! The HVF VM: Hypervisor.framework availability, VM creation with guest RAM
-//! mapped, stage-2 protection for dirty tracking, and the host counter.
+//! mapped, stage-2 protection for dirty tracking, and the guest's counter.
 
+use super::ffi::{call_err, check};
 use super::gic;
+use super::host::{host_count, sysctl_u64, timebase_frequency};
+use super::shared::{flags, VmShared};
 use super::vcpu::HvfVcpu;
-use crate::arch::layout::{RamRange, MAX_VCPUS, PAGE_SIZE};
+use crate::arch::layout::MAX_VCPUS;
 use crate::hv::{GicMode, HvError, Hypervisor, KernelGic, Prot, Result, VcpuId, Vm};
-use crate::memory::{GuestRam, PageBitmap};
+use crate::memory::GuestRam;
 use applevisor::error::HypervisorError;
-use applevisor::vm::{GicDisabled, VirtualMachine, VirtualMachineInstance};
-use applevisor_sys::{
-    hv_error_t, hv_memory_flags_t, hv_vm_map, hv_vm_protect, hv_vm_unmap, HV_MEMORY_EXEC,
-    HV_MEMORY_READ, HV_MEMORY_WRITE,
-};
-use std::ffi::{c_void, CStr};
+use applevisor::vm::VirtualMachine;
+use applevisor_sys::{hv_vm_map, HV_MEMORY_EXEC, HV_MEMORY_READ, HV_MEMORY_WRITE};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -20,73 +20,6 @@ use std::sync::Arc;
 pub const SIGN_HINT: &str = "Hypervisor.framework denied access (HV_DENIED): the binary needs the \
      com.apple.security.hypervisor entitlement. Sign it with `scripts/sign.sh target/release/boot` \
      (ad-hoc signature, no developer account needed) and run it again";
-
-/// Maps an applevisor error of `call` to [`HvError::Call`].
-pub(super) fn call_err(call: &'static str) -> impl Fn(HypervisorError) -> HvError + Copy {
-    move |e| HvError::Call {
-        call,
-        detail: e.to_string(),
-    }
-}
-
-/// Checks a raw `hv_return_t`.
-pub(super) fn check(call: &'static str, ret: i32) -> Result<()> {
-    if ret == hv_error_t::HV_SUCCESS as i32 {
-        Ok(())
-    } else {
-        Err(call_err(call)(HypervisorError::from(ret)))
-    }
-}
-
-/// Reads an integer sysctl (4 or 8 bytes).
-fn sysctl_u64(name: &CStr) -> Option<u64> {
-    let mut buf = [0u8; 8];
-    let mut len = buf.len();
-    // SAFETY: `name` is NUL-terminated; `buf` is writable for `len` bytes and
-    // `len` is updated with the size written; no new value is set.
-    let ret = unsafe {
-        libc::sysctlbyname(
-            name.as_ptr(),
-            buf.as_mut_ptr().cast::<c_void>(),
-            &mut len,
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    match (ret, len) {
-        (0, 4) => Some(u64::from(u32::from_ne_bytes([
-            buf[0], buf[1], buf[2], buf[3],
-        ]))),
-        (0, 8) => Some(u64::from_ne_bytes(buf)),
-        _ => None,
-    }
-}
-
-/// The host timebase frequency in Hz: `hw.tbfrequency`, or else derived from
-/// `mach_timebase_info` (ns per tick = numer / denom).
-// libc deprecates its mach bindings in favour of the mach2 crate; the
-// symbols themselves are stable.
-#[allow(deprecated)]
-fn timebase_frequency() -> Option<u64> {
-    if let Some(hz) = sysctl_u64(c"hw.tbfrequency").filter(|&hz| hz != 0) {
-        return Some(hz);
-    }
-    let mut info = libc::mach_timebase_info { numer: 0, denom: 0 };
-    // SAFETY: `info` is a valid, writable mach_timebase_info.
-    let ret = unsafe { libc::mach_timebase_info(&mut info) };
-    if ret != 0 || info.numer == 0 {
-        return None;
-    }
-    Some(1_000_000_000 * u64::from(info.denom) / u64::from(info.numer))
-}
-
-/// The host counter, which is the guest's physical count (see the module
-/// documentation).
-#[allow(deprecated)] // As in `timebase_frequency`.
-pub fn host_count() -> u64 {
-    // SAFETY: mach_absolute_time has no preconditions.
-    unsafe { libc::mach_absolute_time() }
-}
 
 /// Hypervisor.framework.
 #[derive(Debug, Clone)]
@@ -197,102 +130,6 @@ impl Hypervisor for HvfHypervisor {
         }
         let shared = Arc::new(shared);
         Ok(HvfVm { shared, vcpus })
-    }
-}
-
-/// State shared by the VM and its vCPUs. Dropped when the last of them is:
-/// RAM is unmapped from the guest before the VM handle and the RAM go.
-pub(super) struct VmShared {
-    /// Pages the guest wrote since the last [`Vm::dirty_pages`].
-    pub(super) dirty: PageBitmap,
-    /// Sticky: RAM has been write-protected at least once, so permission
-    /// faults in RAM are dirty-page faults (also those that arrive after
-    /// tracking stopped).
-    pub(super) write_protect_armed: AtomicBool,
-    /// The VM's counter offset ([`Vm::counter_offset`]), which every vCPU
-    /// sets as its vtimer offset before it enters the guest: the host count
-    /// at VM creation (the guest's count starts near 0), until a restore or
-    /// a snapshot's resume moves it.
-    pub(super) counter_offset: AtomicU64,
-    pub(super) freq: u64,
-    /// The in-kernel GIC, if the VM has one.
-    pub(super) kgic: Option<Arc<gic::HvfGic>>,
-    pub(super) ram: Arc<GuestRam>,
-    /// Held for its drop, which destroys the VM (`hv_vm_destroy`) after
-    /// every vCPU (each holds this struct) and after RAM is unmapped.
-    _vm: VirtualMachineInstance<GicDisabled>,
-}
-
-impl VmShared {
-    /// Guest RAM's guest-physical range.
-    pub(super) fn ram_range(&self) -> RamRange {
-        RamRange {
-            base: self.ram.base(),
-            size: self.ram.size(),
-        }
-    }
-
-    /// `hv_vm_protect` on a page range of RAM.
-    fn protect(&self, gpa: u64, size: u64, flags: hv_memory_flags_t) -> Result<()> {
-        let r = self.ram_range();
-        let inside = gpa >= r.base && size <= r.size && gpa - r.base <= r.size - size;
-        if gpa % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 || size == 0 || !inside {
-            return Err(HvError::Call {
-                call: "hv_vm_protect",
-                detail: format!(
-                    "range {gpa:#x}+{size:#x} is not a {PAGE_SIZE}-byte aligned part of RAM"
-                ),
-            });
-        }
-        let len = usize::try_from(size).map_err(|_| HvError::Call {
-            call: "hv_vm_protect",
-            detail: "size does not fit the host address space".into(),
-        })?;
-        // SAFETY: changes stage-2 permissions of guest RAM that this VM mapped;
-        // no host memory is touched.
-        let ret = unsafe { hv_vm_protect(gpa, len, flags) };
-        check("hv_vm_protect", ret)
-    }
-
-    /// Write-protects all of RAM (read/execute).
-    fn protect_all(&self, prot: Prot) -> Result<()> {
-        let r = self.ram_range();
-        self.protect(r.base, r.size, flags(prot))
-    }
-
-    /// Handles a guest write to write-protected page `page` (its GPA): marks
-    /// it dirty, then makes it writable. In that order, so a concurrent
-    /// [`Vm::dirty_pages`] either sees the mark or re-protects the
-    /// page after it.
-    pub(super) fn write_fault(&self, page: u64) -> Result<()> {
-        // `page` is in RAM (decided so); `set` ignores anything else.
-        let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
-        // A background snapshot saves the page before the guest changes it.
-        self.ram.before_guest_write(index);
-        self.dirty.set(usize::try_from(index).unwrap_or(usize::MAX));
-        self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))
-    }
-}
-
-impl Drop for VmShared {
-    fn drop(&mut self) {
-        let Ok(size) = usize::try_from(self.ram.size()) else {
-            return;
-        };
-        // SAFETY: removes the stage-2 mapping made in create_vm; no vCPU runs
-        // (each holds a reference to this struct).
-        let ret = unsafe { hv_vm_unmap(self.ram.base(), size) };
-        if let Err(e) = check("hv_vm_unmap", ret) {
-            tracing::warn!("{e}");
-        }
-    }
-}
-
-/// Stage-2 permissions for `prot`.
-fn flags(prot: Prot) -> hv_memory_flags_t {
-    match prot {
-        Prot::ReadWriteExec => HV_MEMORY_READ | HV_MEMORY_WRITE | HV_MEMORY_EXEC,
-        Prot::ReadExec => HV_MEMORY_READ | HV_MEMORY_EXEC,
     }
 }
 

@@ -25,7 +25,7 @@ use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
 use crate::devices::virtio::net::host_end::{self, OpenedHostEnd};
-use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState, RX_QUEUE, TX_QUEUE};
+use crate::devices::virtio::net::{format_mac, Net, NetArgs, NetState};
 use crate::devices::virtio::vsock::{self, Vsock, VsockArgs, VsockHost, VsockState};
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::vmgenid::{VmGenId, VmGenIdArgs, VmGenIdState};
@@ -116,6 +116,19 @@ impl<D: VirtioDevice + 'static> VirtioSlot<D> {
             dev: Arc::new(Mutex::new(dev)),
             _io: None,
         }
+    }
+
+    /// [`VirtioMmio::prepare_save`], its failure naming the device.
+    fn prepare_save(&self) -> anyhow::Result<()> {
+        let mut dev = self.dev.locked();
+        let name = dev.device().name();
+        dev.prepare_save()
+            .with_context(|| format!("cannot prepare the {name} device for a snapshot"))
+    }
+
+    /// [`VirtioMmio::after_save`].
+    fn after_save(&self) {
+        self.dev.locked().after_save();
     }
 
     /// Its bus region at `r`, named as the device names itself.
@@ -310,16 +323,12 @@ impl Devices {
     /// and holds the devices that write guest RAM on their own (their host
     /// ends go on within their bounds); [`Devices::after_save`] ends it.
     pub fn prepare_save(&self) -> anyhow::Result<()> {
-        self.blk
-            .dev
-            .locked()
-            .quiesce()
-            .context("cannot quiesce the block device")?;
+        self.blk.prepare_save()?;
         if let Some(n) = &self.net {
-            n.dev.locked().device_mut().hold(true);
+            n.prepare_save()?;
         }
         if let Some(v) = &self.vsock {
-            v.dev.locked().device_mut().hold(true);
+            v.prepare_save()?;
         }
         Ok(())
     }
@@ -327,18 +336,12 @@ impl Devices {
     /// Ends what [`Devices::prepare_save`] held: frames and bytes that
     /// arrived meanwhile go to the guest.
     pub fn after_save(&self) {
+        self.blk.after_save();
         if let Some(n) = &self.net {
-            let mut m = n.dev.locked();
-            m.device_mut().hold(false);
-            m.kick(RX_QUEUE);
-            m.kick(TX_QUEUE);
+            n.after_save();
         }
         if let Some(v) = &self.vsock {
-            let mut m = v.dev.locked();
-            m.device_mut().hold(false);
-            for q in [vsock::RX_QUEUE, vsock::TX_QUEUE, vsock::EVENT_QUEUE] {
-                m.kick(q);
-            }
+            v.after_save();
         }
     }
 

@@ -4,7 +4,7 @@ use crate::devices::pl011::tests::TestIrq;
 use crate::devices::virtio::mmio::tests::{
     add_chain, negotiate, queue, r, ram, setup_queue, used_elem, used_idx, w, RUNNING,
 };
-use crate::devices::virtio::VirtioMmio;
+use crate::devices::virtio::{VirtioMmio, VirtioMmioState};
 use crate::memory::GuestRam;
 use std::sync::Arc;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -77,7 +77,7 @@ fn read_fills_guest_memory_and_marks_pages_dirty() {
         &[(HDR, 16, false), (DATA, 1024, true), (STATUS, 1, true)],
     );
     ram.vmm_dirty().reset();
-    assert!(blk.process_queue(0, &mut q, ram.memory()).unwrap());
+    assert!(blk.process_queue(0, &mut q, ram.memory(), 0).unwrap());
     let expected: Vec<u8> = (1024..2048).map(pattern).collect();
     assert_eq!(read_guest(&ram, DATA, 1024), expected);
     assert_eq!(status(&ram), S_OK);
@@ -88,7 +88,7 @@ fn read_fills_guest_memory_and_marks_pages_dirty() {
 }
 
 /// A read of sector 2 into [`DATA`] (1 KiB), as request `idx`.
-fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemory>, idx: u16) {
+fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemoryMmap>, idx: u16) {
     header(ram, VIRTIO_BLK_T_IN, 2);
     add_chain(
         vq,
@@ -117,7 +117,7 @@ fn a_pending_backing_file_is_waited_for_on_first_use() {
     tx.send(f.try_clone().unwrap()).unwrap();
     let (vq, mut q) = queue(&ram);
     read_request(&ram, &vq, 0);
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(status(&ram), S_OK);
     let expected: Vec<u8> = (1024..2048).map(pattern).collect();
@@ -132,14 +132,14 @@ fn a_failed_backing_file_fails_every_request() {
     let mut blk = Block::with_backing(backing, SECTORS * SECTOR_SIZE, false, "x");
     let (vq, mut q) = queue(&ram);
     read_request(&ram, &vq, 0);
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_IOERR);
     let e = blk.wait_ready().unwrap_err();
     assert!(e.to_string().contains("copy failed"), "{e}");
     // Still failing, without calling the closure again.
     read_request(&ram, &vq, 3);
     ram.memory().write_obj(0u8, GuestAddress(STATUS)).unwrap();
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_IOERR);
 }
 
@@ -158,7 +158,7 @@ fn write_reaches_the_file() {
         &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
     );
     assert!(blk.written_chunks().is_empty());
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_OK);
     assert_eq!(
         blk.written_chunks(),
@@ -200,7 +200,7 @@ fn writes_mark_exactly_the_chunks_they_touch() {
             &[(HDR, 16, false), (DATA, len, writable), (STATUS, 1, true)],
         );
         next += 3;
-        blk.process_queue(0, &mut q, ram.memory()).unwrap();
+        blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
         status(&ram)
     };
     // Reads mark nothing.
@@ -265,7 +265,7 @@ fn flush_and_get_id() {
     let (vq, mut q) = queue(&ram);
     header(&ram, VIRTIO_BLK_T_FLUSH, 0);
     add_chain(&vq, 0, &[(HDR, 16, false), (STATUS, 1, true)]);
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!((status(&ram), used_elem(&ram, 0)), (S_OK, (0, 1)));
 
     header(&ram, VIRTIO_BLK_T_GET_ID, 0);
@@ -277,7 +277,7 @@ fn flush_and_get_id() {
         2,
         &[(HDR, 16, false), (DATA, 20, true), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!((status(&ram), used_elem(&ram, 1)), (S_OK, (2, 21)));
     let mut id = b"ignition-vda".to_vec();
     id.resize(20, 0);
@@ -290,7 +290,7 @@ fn flush_and_get_id() {
         5,
         &[(HDR, 16, false), (DATA + 64, 8, true), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(used_elem(&ram, 2), (5, 9));
     assert_eq!(read_guest(&ram, DATA + 64, 8), b"ignition");
 }
@@ -320,7 +320,7 @@ fn out_of_range_and_malformed_lengths_fail() {
             0,
             &[(HDR, 16, false), (DATA, len, true), (STATUS, 1, true)],
         );
-        blk.process_queue(0, &mut q, ram.memory()).unwrap();
+        blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
         assert_eq!(status(&ram), S_IOERR, "sector {sector} len {len}");
         assert_eq!(used_elem(&ram, n), (0, 1));
     }
@@ -336,7 +336,7 @@ fn out_of_range_and_malformed_lengths_fail() {
         0,
         &[(HDR, 16, false), (DATA, 512, false), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_IOERR);
     assert_eq!(f.metadata().unwrap().len(), SECTORS * SECTOR_SIZE);
     // The last sector itself is fine.
@@ -346,7 +346,7 @@ fn out_of_range_and_malformed_lengths_fail() {
         0,
         &[(HDR, 16, false), (DATA, 512, true), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_OK);
 }
 
@@ -361,7 +361,7 @@ fn read_only_disk_refuses_writes() {
         0,
         &[(HDR, 16, false), (DATA, 512, false), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_IOERR);
     let mut first = [0u8; 4];
     f.read_exact_at(&mut first, 0).unwrap();
@@ -379,7 +379,7 @@ fn malformed_chains_are_refused_safely() {
         mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
         let n = used_idx(&ram);
         add_chain(&vq, 0, parts);
-        assert!(blk.process_queue(0, q, mem).unwrap());
+        assert!(blk.process_queue(0, q, mem, 0).unwrap());
         assert_eq!(used_idx(&ram), n.wrapping_add(1), "chain consumed");
         (status(&ram), used_elem(&ram, n).1)
     };
@@ -508,7 +508,42 @@ fn request_through_the_mmio_transport() {
     assert!(irq.level());
     assert_eq!(r(&mut dev, 0x060), 1);
     let state = dev.save();
-    assert_eq!(state.device.acked_features, (1 << 32) | (1 << 9));
+    assert_eq!(state.driver_features, (1 << 32) | (1 << 9));
+    // The transport keeps the negotiated features: features the device did
+    // not offer are refused, and a reset forgets them.
+    let restore = |s: &VirtioMmioState<BlockState>| {
+        let (_, f) = disk(false);
+        let args = args(&f, SECTORS * SECTOR_SIZE, false);
+        VirtioMmio::<Block>::restore((args, ram.clone(), irq.clone()), s)
+    };
+    assert!(restore(&state).is_ok());
+    let mut bad = state.clone();
+    bad.driver_features |= 1 << 13;
+    assert!(restore(&bad).is_err());
+    w(&mut dev, 0x070, 0);
+    assert_eq!(dev.save().driver_features, 0);
+}
+
+#[test]
+fn a_state_from_before_the_transport_kept_the_features_restores() {
+    let old = r#"{"status":15,"driver_features":4294967808,"device_features_sel":0,
+        "driver_features_sel":0,"queue_sel":0,"interrupt_status":0,"config_generation":0,
+        "queues":[{"max_size":256,"next_avail":0,"next_used":0,"event_idx_enabled":false,
+        "size":256,"ready":false,"desc_table":0,"avail_ring":0,"used_ring":0}],
+        "device":{"capacity":16,"read_only":false,"acked_features":4294967808}}"#;
+    let state: VirtioMmioState<BlockState> = serde_json::from_str(old).unwrap();
+    assert_eq!(
+        state.device,
+        BlockState {
+            capacity: SECTORS,
+            read_only: false
+        }
+    );
+    let (_, f) = disk(false);
+    let args = args(&f, SECTORS * SECTOR_SIZE, false);
+    let irq = Arc::new(TestIrq::default());
+    let dev = VirtioMmio::<Block>::restore((args, ram(), irq), &state).unwrap();
+    assert_eq!(dev.save(), state);
 }
 
 /// [`BlockArgs`] over a copy of `f` of `len` bytes.
@@ -523,9 +558,7 @@ fn args(f: &File, len: u64, read_only: bool) -> BlockArgs {
 
 #[test]
 fn restore_checks_the_disk() {
-    let (mut blk, f) = disk(false);
-    blk.activate((1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_BLK_F_FLUSH))
-        .unwrap();
+    let (blk, f) = disk(false);
     let state = blk.save();
     let len = SECTORS * SECTOR_SIZE;
     let same = Block::restore(args(&f, len, false), &state).unwrap();
@@ -534,11 +567,6 @@ fn restore_checks_the_disk() {
     let small = tempfile::tempfile().unwrap();
     small.set_len(8 * 512).unwrap();
     assert!(Block::restore(args(&small, 8 * 512, false), &state).is_err());
-    let mut bad = state;
-    bad.acked_features |= 1 << 13;
-    assert!(Block::restore(args(&f, len, false), &bad).is_err());
-    blk.reset();
-    assert_eq!(blk.save().acked_features, 0);
 }
 
 /// Records what it is told and the file's bytes at that moment.
@@ -574,7 +602,7 @@ fn the_before_write_hook_sees_each_range_before_it_changes() {
         0,
         &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(status(&ram), S_OK);
     let seen = hook.seen.lock().unwrap().clone();
     let old: Vec<u8> = (3 * 512..3 * 512 + 1024).map(pattern).collect();
@@ -586,7 +614,7 @@ fn the_before_write_hook_sees_each_range_before_it_changes() {
         3,
         &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
     );
-    blk.process_queue(0, &mut q, ram.memory()).unwrap();
+    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
     assert_eq!(used_idx(&ram), 2, "the second write was processed");
     assert_eq!(hook.seen.lock().unwrap().len(), 1);
 }

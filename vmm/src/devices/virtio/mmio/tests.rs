@@ -1,6 +1,7 @@
 use super::*;
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::devices::pl011::tests::TestIrq;
+use crate::memory::GuestMemoryMmap;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
@@ -34,6 +35,8 @@ impl Persist for Sink {
 }
 
 impl VirtioDevice for Sink {
+    const QUEUE_MAX_SIZES: &'static [u16] = &[16];
+
     fn device_type(&self) -> u32 {
         42
     }
@@ -44,13 +47,8 @@ impl VirtioDevice for Sink {
     fn features(&self) -> u64 {
         1 << 3
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[16]
-    }
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = self.config.get(offset as usize + i).copied().unwrap_or(0);
-        }
+    fn config_as_bytes(&self) -> &[u8] {
+        &self.config
     }
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         self.config[offset as usize..][..data.len()].copy_from_slice(data);
@@ -63,7 +61,8 @@ impl VirtioDevice for Sink {
         &mut self,
         _index: usize,
         queue: &mut Queue,
-        mem: &GuestMemory,
+        mem: &GuestMemoryMmap,
+        _features: u64,
     ) -> Result<bool, VirtioError> {
         let mut any = false;
         loop {
@@ -78,9 +77,6 @@ impl VirtioDevice for Sink {
     fn reset(&mut self) {
         self.activated = None;
         self.resets += 1;
-    }
-    fn quiesce(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -137,7 +133,7 @@ pub(crate) fn used_elem(ram: &GuestRam, i: u16) -> (u32, u32) {
 /// ring at [`USED_RING`]) and marks it ready.
 pub(crate) fn setup_queue<D: VirtioDevice>(
     d: &mut VirtioMmio<D>,
-    vq: &MockSplitQueue<'_, GuestMemory>,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     size: u16,
 ) {
     w(d, QUEUE_SEL, 0);
@@ -156,7 +152,7 @@ pub(crate) fn setup_queue<D: VirtioDevice>(
 pub(crate) const RUNNING: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
 
 /// Adds a one-descriptor chain at descriptor `index`.
-fn add_buffer(vq: &MockSplitQueue<'_, GuestMemory>, index: u16) {
+fn add_buffer(vq: &MockSplitQueue<'_, GuestMemoryMmap>, index: u16) {
     let desc = RawDescriptor::from(SplitDescriptor::new(RAM_BASE + 0x8000, 16, 0, 0));
     vq.add_desc_chains(&[desc], index).unwrap();
 }
@@ -493,7 +489,7 @@ fn restore_rejects_bad_state() {
 /// Adds a chain of `(address, length, device-writable)` buffers whose
 /// descriptors start at index `first`.
 pub(crate) fn add_chain(
-    vq: &MockSplitQueue<'_, GuestMemory>,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     first: u16,
     parts: &[(u64, u32, bool)],
 ) {
@@ -514,7 +510,7 @@ pub(crate) fn add_chain(
 
 /// A mock driver queue of 16 entries with its used ring at [`USED_RING`],
 /// and the device's view of it.
-pub(crate) fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemory>, Queue) {
+pub(crate) fn queue(ram: &GuestRam) -> (MockSplitQueue<'_, GuestMemoryMmap>, Queue) {
     let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
     let mut q: Queue = vq.create_queue().unwrap();
     q.try_set_used_ring_address(GuestAddress(USED_RING))

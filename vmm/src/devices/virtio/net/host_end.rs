@@ -1,8 +1,9 @@
 //! The network device's host ends (`boot --net`): what each is, how it is
 //! opened, and the thread that takes its frames into the device.
 
+use super::backend::{FrameSource, NetBackend, ReadOutcome};
 use super::stream::{StreamEnd, StreamSource};
-use super::{Net, NetBackend, RX_BACKLOG_FRAMES, RX_QUEUE, TX_QUEUE};
+use super::{Net, RX_QUEUE, TX_QUEUE};
 use crate::devices::virtio::host_io::{HostIo, Interest};
 use crate::devices::virtio::VirtioMmio;
 use crate::sync::Locked;
@@ -55,26 +56,6 @@ impl fmt::Display for NetHost {
             NetHost::Tap(n) => write!(f, "tap:{n}"),
         }
     }
-}
-
-/// What one read of a host end gave.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ReadOutcome {
-    /// Bytes were read (whole frames went to the callback).
-    Data,
-    /// Nothing to read now.
-    WouldBlock,
-    /// The host end is gone.
-    Closed,
-}
-
-/// The receive side of a host end, read by the device's host I/O thread.
-pub trait FrameSource: Send + 'static {
-    /// Most frames one [`FrameSource::read_frames`] can yield.
-    fn max_frames_per_read(&self) -> usize;
-
-    /// Reads once (non-blocking), calling `frame` for each whole frame.
-    fn read_frames(&mut self, frame: &mut dyn FnMut(&[u8])) -> io::Result<ReadOutcome>;
 }
 
 /// An opened host end: the transmit side for the device, and the receive
@@ -155,11 +136,9 @@ pub fn spawn_receiver(
         },
         move |ready| {
             let mut m = d.locked();
-            let room =
-                |m: &VirtioMmio<Net>| m.device().backlog_len() + per_read <= RX_BACKLOG_FRAMES;
             if ready.readable && !closed {
                 for _ in 0..READS_PER_WAKE {
-                    if !room(&m) {
+                    if !m.device().has_room_for(per_read) {
                         break;
                     }
                     match source.read_frames(&mut |f| {
@@ -180,22 +159,14 @@ pub fn spawn_receiver(
                     }
                 }
             }
-            if m.device().has_backlog() && !m.device().held() {
+            let turn = m.device_mut().on_host_ready(per_read, !closed);
+            if turn.run_rx {
                 m.kick(RX_QUEUE);
             }
-            if let Err(e) = m.device_mut().backend_mut().flush() {
-                crate::warn_ratelimited!("virtio-net: writing the host end: {e}");
-            }
-            if m.device().tx_blocked()
-                && !m.device().held()
-                && !m.device_mut().backend_mut().pending()
-            {
+            if turn.run_tx {
                 m.kick(TX_QUEUE);
             }
-            Interest {
-                read: !closed && room(&m),
-                write: m.device_mut().backend_mut().pending(),
-            }
+            turn.interest
         },
     )?;
     dev.locked().device_mut().set_waker(io.waker());

@@ -2,8 +2,8 @@
 //! Unix stream socket: each Ethernet frame is preceded by its length as a
 //! 4-byte big-endian integer.
 
-use super::host_end::{FrameSource, ReadOutcome};
-use super::{NetBackend, MAX_FRAME_LEN, MIN_FRAME_LEN};
+use super::backend::{FrameSource, NetBackend, ReadOutcome};
+use super::{MAX_FRAME_LEN, MIN_FRAME_LEN};
 use crate::devices::virtio::host_io::Waker;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;

@@ -3,8 +3,8 @@
 //! `TUNSETIFF` (IFF_TAP | IFF_NO_PI), so each read or write is one Ethernet
 //! frame with no extra header.
 
-use super::host_end::{FrameSource, ReadOutcome};
-use super::{NetBackend, MAX_FRAME_LEN};
+use super::backend::{FrameSource, NetBackend, ReadOutcome};
+use super::MAX_FRAME_LEN;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};

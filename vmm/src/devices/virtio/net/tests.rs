@@ -46,7 +46,7 @@ fn config_space_and_features() {
     assert_eq!(cfg[8..], [0, 0], "past the end");
     assert_eq!(n.device_type(), 1);
     assert_eq!(n.features(), (1 << 5) | (1 << 15) | (1 << 16));
-    assert_eq!(n.queue_max_sizes(), [256, 256]);
+    assert_eq!(Net::QUEUE_MAX_SIZES, [256, 256]);
     assert_eq!(format_mac(&MAC), "52:54:00:12:34:56");
 }
 
@@ -64,7 +64,7 @@ fn transmit_hands_each_frame_to_the_host_end() {
         .write_slice(&f, GuestAddress(BUF + 0x1000))
         .unwrap();
     add_chain(&vq, 0, &[(BUF, 12, false), (BUF + 0x1000, 100, false)]);
-    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(*sink.frames.lock().unwrap(), [f]);
     assert_eq!(used_elem(&ram, 0), (0, 0));
     assert_eq!(n.counters().tx_frames, 1);
@@ -80,7 +80,7 @@ fn malformed_or_refused_transmits_are_dropped_and_counted() {
     add_chain(&vq, 1, &[(BUF, 200, true)]);
     add_chain(&vq, 2, &[(BUF, 12 + MAX_FRAME_LEN as u32 + 1, false)]);
     add_chain(&vq, 3, &[(BUF, 12 + 60, false)]);
-    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(sink.frames.lock().unwrap().len(), 1);
     assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (1, 3));
     // A host end that refuses: dropped, the queue goes on.
@@ -91,7 +91,9 @@ fn malformed_or_refused_transmits_are_dropped_and_counted() {
     let mut n2 = Net::new(MAC, Box::new(sink2));
     let (vq2, mut q2) = queue(&ram);
     add_chain(&vq2, 0, &[(BUF, 12 + 60, false)]);
-    assert!(n2.process_queue(TX_QUEUE, &mut q2, ram.memory()).unwrap());
+    assert!(n2
+        .process_queue(TX_QUEUE, &mut q2, ram.memory(), 0)
+        .unwrap());
     assert_eq!(n2.counters().tx_dropped, 1);
 }
 
@@ -103,11 +105,11 @@ fn receive_waits_for_buffers_and_marks_pages_dirty() {
     let f = frame(1514, 9);
     assert!(n.receive(&f));
     // No buffer yet: nothing used, the frame waits.
-    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
-    assert!(n.has_backlog());
+    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
+    assert!(n.backlog_len() > 0);
     add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
     ram.vmm_dirty().reset();
-    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(used_elem(&ram, 0), (0, 12 + 1514));
     let mut hdr = [0u8; 12];
     ram.memory()
@@ -124,7 +126,7 @@ fn receive_waits_for_buffers_and_marks_pages_dirty() {
         ram.vmm_dirty().is_bit_set(page),
         "received into a dirty page"
     );
-    assert!(!n.has_backlog());
+    assert_eq!(n.backlog_len(), 0);
 }
 
 #[test]
@@ -137,27 +139,26 @@ fn receive_drops_what_cannot_fit_and_bounds_the_backlog() {
     for i in 0..RX_BACKLOG_FRAMES {
         assert!(n.receive(&frame(64, i as u8)));
     }
-    assert!(n.backlog_full());
+    assert!(!n.has_room_for(1), "backlog full");
     assert!(!n.receive(&frame(64, 0)), "backlog full");
     assert_eq!(n.counters().rx_dropped, 3);
     // A buffer too small for the frame: the frame is dropped, the buffer
     // returned empty; the next frame takes the next buffer.
     add_chain(&vq, 0, &[(BUF, 40, true)]);
     add_chain(&vq, 1, &[(BUF + 0x1000, 12 + 64, true)]);
-    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(used_elem(&ram, 0), (0, 0));
     assert_eq!(used_elem(&ram, 1), (1, 12 + 64));
     assert_eq!((n.counters().rx_frames, n.counters().rx_dropped), (1, 4));
     // A readable (driver-to-device) buffer on the receiveq: not written.
     add_chain(&vq, 2, &[(BUF + 0x2000, 12 + 64, false)]);
-    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(used_elem(&ram, 2), (2, 0));
 }
 
 #[test]
 fn restore_keeps_the_mac_and_refuses_another() {
-    let (mut n, _) = net();
-    n.activate((1 << 5) | (1 << 32)).unwrap();
+    let (n, _) = net();
     let state = n.save();
     let back = Net::restore(
         NetArgs {
@@ -183,18 +184,23 @@ fn restore_keeps_the_mac_and_refuses_another() {
         e.contains("52:54:00:12:34:56") && e.contains("52:54:00:00:00:01"),
         "{e}"
     );
-    let bad = NetState {
+    // Features the device did not offer (the transport keeps them).
+    use crate::devices::pl011::tests::TestIrq;
+    use crate::devices::virtio::VirtioMmio;
+    let ram = ram();
+    let irq = Arc::new(TestIrq::default());
+    let t = VirtioMmio::new(n, ram.clone(), irq.clone()).unwrap();
+    let mut bad = t.save();
+    bad.driver_features = 1 << 63;
+    let args = NetArgs {
         mac: MAC,
-        acked_features: 1 << 63,
+        backend: Box::new(Sink::default()),
     };
-    assert!(Net::restore(
-        NetArgs {
-            mac: MAC,
-            backend: Box::new(Sink::default())
-        },
-        &bad
-    )
-    .is_err());
+    assert!(VirtioMmio::<Net>::restore((args, ram, irq), &bad).is_err());
+    // A state from before the transport kept the negotiated features.
+    let old: NetState =
+        serde_json::from_str(r#"{"mac":[82,84,0,18,52,86],"acked_features":4294967328}"#).unwrap();
+    assert_eq!(old, NetState { mac: MAC });
 }
 
 #[test]
@@ -283,12 +289,12 @@ fn a_held_device_writes_nothing_until_released() {
     let (vq, mut q) = queue(&ram);
     let (mut n, _) = net();
     add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
-    n.hold(true);
+    n.prepare_save().unwrap();
     assert!(n.receive(&frame(100, 3)));
-    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(n.backlog_len(), 1);
-    n.hold(false);
-    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    n.after_save();
+    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(n.counters().rx_frames, 1);
 
     // Nor does transmit complete a chain (the used ring is guest RAM).
@@ -296,11 +302,11 @@ fn a_held_device_writes_nothing_until_released() {
     let (vq, mut q) = queue(&ram);
     let (mut n, sink) = net();
     add_chain(&vq, 0, &[(BUF, 12 + 60, false)]);
-    n.hold(true);
-    assert!(!n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    n.prepare_save().unwrap();
+    assert!(!n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(q.next_used(), 0);
-    n.hold(false);
-    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+    n.after_save();
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(sink.frames.lock().unwrap().len(), 1);
 }
 
@@ -350,18 +356,18 @@ fn a_full_host_end_holds_transmit_back_and_loses_nothing() {
         add_chain(&vq, i as u16, &[(at, hdr_and_frame.len() as u32, false)]);
     }
     // Two fit; the third waits in the queue, unused.
-    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
-    assert!(n.tx_blocked());
+    assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
+    assert!(n.tx_blocked);
     assert_eq!(q.next_used(), 2);
     // Still full: nothing moves.
-    n.backend_mut().send(&[0; 14]).unwrap_err();
+    n.backend.send(&[0; 14]).unwrap_err();
     // The host end's thread flushes and runs the queue again, twice more.
     for used in [4, 5] {
-        n.backend_mut().flush().unwrap();
-        assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory()).unwrap());
+        n.backend.flush().unwrap();
+        assert!(n.process_queue(TX_QUEUE, &mut q, ram.memory(), 0).unwrap());
         assert_eq!(q.next_used(), used);
     }
-    n.backend_mut().flush().unwrap();
+    n.backend.flush().unwrap();
     assert_eq!(*sent.lock().unwrap(), frames);
     assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (5, 0));
 }
@@ -371,17 +377,21 @@ fn a_mergeable_frame_spans_buffers_published_together() {
     let ram = ram();
     let (vq, mut q) = queue(&ram);
     let (mut n, _) = net();
-    n.activate((1 << 32) | (1 << 15)).unwrap();
+    let features = (1 << 32) | (1 << 15);
     let f = frame(2500, 9);
     assert!(n.receive(&f));
     // One 1000-byte buffer is not enough: nothing is used or consumed.
     add_chain(&vq, 0, &[(BUF, 1000, true)]);
-    assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(!n
+        .process_queue(RX_QUEUE, &mut q, ram.memory(), features)
+        .unwrap());
     assert_eq!((q.next_avail(), q.next_used()), (0, 0));
     // Two more: the frame (12 + 2500 bytes) takes all three, at once.
     add_chain(&vq, 1, &[(BUF + 0x1000, 1000, true)]);
     add_chain(&vq, 2, &[(BUF + 0x2000, 1000, true)]);
-    assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory()).unwrap());
+    assert!(n
+        .process_queue(RX_QUEUE, &mut q, ram.memory(), features)
+        .unwrap());
     assert_eq!(q.next_used(), 3);
     let lens: Vec<(u32, u32)> = (0..3).map(|i| used_elem(&ram, i)).collect();
     assert_eq!(lens, [(0, 1000), (1, 1000), (2, 512)]);
@@ -396,4 +406,54 @@ fn a_mergeable_frame_spans_buffers_published_together() {
     assert_eq!(u16::from_le_bytes([got[10], got[11]]), 3, "num_buffers");
     assert_eq!(&got[NET_HDR_LEN..], &f[..]);
     assert_eq!(n.counters().rx_frames, 1);
+}
+
+#[test]
+fn the_transport_holds_a_snapshot_and_after_save_delivers_what_waited() {
+    use crate::devices::pl011::tests::TestIrq;
+    use crate::devices::virtio::mmio::tests::{negotiate, setup_queue, used_idx, w, RUNNING};
+    use crate::devices::virtio::VirtioMmio;
+
+    let ram = ram();
+    let irq = Arc::new(TestIrq::default());
+    let net = Net::new(MAC, Box::new(Sink::default()));
+    let mut d = VirtioMmio::new(net, ram.clone(), irq.clone()).unwrap();
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 64);
+    negotiate(&mut d, (1 << 32) | (1 << 5));
+    setup_queue(&mut d, &vq, 64);
+    w(&mut d, 0x070, RUNNING);
+    add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
+    d.prepare_save().unwrap();
+    assert!(d.device_mut().receive(&frame(100, 3)));
+    let turn = d.device_mut().on_host_ready(1, true);
+    assert!(!turn.run_rx, "held: the host thread runs no queue");
+    assert_eq!(used_idx(&ram), 0);
+    assert!(!irq.level());
+    d.after_save();
+    assert_eq!(used_idx(&ram), 1, "the frame that waited went to the guest");
+    assert_eq!(used_elem(&ram, 0), (0, 12 + 100));
+    assert!(irq.level());
+}
+
+#[test]
+fn the_host_thread_reads_only_while_a_read_fits_the_backlog() {
+    let (mut n, _) = net();
+    let turn = n.on_host_ready(16, true);
+    assert_eq!(
+        (
+            turn.run_rx,
+            turn.run_tx,
+            turn.interest.read,
+            turn.interest.write
+        ),
+        (false, false, true, false)
+    );
+    for i in 0..RX_BACKLOG_FRAMES - 15 {
+        assert!(n.receive(&frame(64, i as u8)));
+    }
+    let turn = n.on_host_ready(16, true);
+    assert!(turn.run_rx, "frames wait for the guest");
+    assert!(!turn.interest.read, "16 more would not fit");
+    assert!(n.on_host_ready(15, true).interest.read);
+    assert!(!n.on_host_ready(15, false).interest.read, "closed");
 }

@@ -1,14 +1,22 @@
+use super::connection::Key;
+use super::muxer::parse_connect_line;
+use super::packet::{op, Header, HDR_LEN, HOST_CID, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::*;
 use crate::arch::layout::RAM_BASE;
+use crate::devices::virtio::host_io::Ready;
 use crate::devices::virtio::mmio::tests::ram;
+use crate::devices::virtio::VirtioDevice;
+use crate::devices::Persist;
+use crate::memory::GuestMemoryMmap;
 use crate::memory::GuestRam;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
+use std::io::{self, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 const CID: u64 = 3;
@@ -21,7 +29,7 @@ const ENTRIES: u16 = 16;
 
 /// One mock driver queue and the device's view of it.
 struct Q<'a> {
-    vq: MockSplitQueue<'a, GuestMemory>,
+    vq: MockSplitQueue<'a, GuestMemoryMmap>,
     q: Queue,
     /// Where descriptor `i`'s buffer is.
     bufs: u64,
@@ -138,7 +146,7 @@ fn send(rig: &mut Rig, tx: &mut Q<'_>, h: Header, payload: &[u8]) {
     b.extend_from_slice(payload);
     tx.post(&rig.ram, &b, b.len() as u32, false);
     let mem = rig.ram.memory();
-    assert!(rig.dev.process_queue(TX_QUEUE, &mut tx.q, mem).unwrap());
+    assert!(rig.dev.process_queue(TX_QUEUE, &mut tx.q, mem, 0).unwrap());
 }
 
 /// Posts `n` receive buffers, runs the receive queue, returns the packets.
@@ -147,7 +155,7 @@ fn receive(rig: &mut Rig, rx: &mut Q<'_>, n: usize) -> Vec<(Header, Vec<u8>)> {
         rx.post(&rig.ram, &[], RX_BUF, true);
     }
     let mem = rig.ram.memory();
-    rig.dev.process_queue(RX_QUEUE, &mut rx.q, mem).unwrap();
+    rig.dev.process_queue(RX_QUEUE, &mut rx.q, mem, 0).unwrap();
     rx.used(&rig.ram)
         .into_iter()
         .map(|b| {
@@ -211,7 +219,7 @@ fn config_space_features_and_queues() {
     assert_eq!(cfg[8..], [0; 4], "past the end");
     assert_eq!(rig.dev.device_type(), 19);
     assert_eq!(rig.dev.features(), 0);
-    assert_eq!(rig.dev.queue_max_sizes(), [256; 3]);
+    assert_eq!(Vsock::QUEUE_MAX_SIZES, [256; 3]);
     assert!(valid_guest_cid(3) && valid_guest_cid(u64::from(u32::MAX) - 1));
     for bad in [0, 1, 2, u64::from(u32::MAX), 1 << 40] {
         assert!(!valid_guest_cid(bad), "{bad}");
@@ -332,7 +340,7 @@ fn a_host_program_connects_with_a_connect_line() {
             .wait()
             .watches
             .iter()
-            .all(|w| !w.interest.read || w.fd == rig.dev.host.listener_fd()),
+            .all(|w| !w.interest.read || w.fd == rig.dev.mux.host.listener_fd()),
         "no credit: the host socket is not read"
     );
     // The guest frees its buffer: 16 more.
@@ -458,13 +466,7 @@ fn a_guest_past_its_credit_is_reset_and_a_slow_host_gets_credit_updates() {
 fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
     let rig = Rig::new();
     let state = rig.dev.save();
-    assert_eq!(
-        state,
-        VsockState {
-            cid: CID,
-            acked_features: 0
-        }
-    );
+    assert_eq!(state, VsockState { cid: CID });
     let dir = tempfile::tempdir().unwrap();
     let host = VsockHost::bind(&dir.path().join("r.sock")).unwrap();
     let mut dev = Vsock::restore(
@@ -479,19 +481,22 @@ fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
     let mut cfg = [0u8; 8];
     dev.read_config(0, &mut cfg);
     assert_eq!(u64::from_le_bytes(cfg), 42);
-    assert!(dev.reset_event_due());
+    assert!(
+        dev.has_work(EVENT_QUEUE),
+        "the transport-reset event is due"
+    );
     let ram = rig.ram.clone();
     let mut ev = Q::new(&ram, 2);
     ev.post(&ram, &[0xff; 4], 4, true);
     assert!(dev
-        .process_queue(EVENT_QUEUE, &mut ev.q, ram.memory())
+        .process_queue(EVENT_QUEUE, &mut ev.q, ram.memory(), 0)
         .unwrap());
     assert_eq!(
         ev.used(&ram),
         [vec![0u8; 4]],
         "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET"
     );
-    assert!(!dev.reset_event_due());
+    assert!(!dev.has_work(EVENT_QUEUE));
     // Bad states.
     let host = || VsockHost::bind(&dir.path().join("s.sock")).unwrap();
     assert!(Vsock::restore(
@@ -502,18 +507,21 @@ fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
         &state
     )
     .is_err());
-    let bad = VsockState {
-        cid: CID,
-        acked_features: 1 << 5,
+    // Features the device did not offer (the transport keeps them).
+    use crate::devices::pl011::tests::TestIrq;
+    use crate::devices::virtio::VirtioMmio;
+    let irq = Arc::new(TestIrq::default());
+    let t = VirtioMmio::new(dev, ram.clone(), irq.clone()).unwrap();
+    let mut bad = t.save();
+    bad.driver_features = 1 << 5;
+    let args = VsockArgs {
+        cid: None,
+        host: host(),
     };
-    assert!(Vsock::restore(
-        VsockArgs {
-            cid: None,
-            host: host()
-        },
-        &bad
-    )
-    .is_err());
+    assert!(VirtioMmio::<Vsock>::restore((args, ram, irq), &bad).is_err());
+    // A state from before the transport kept the negotiated features.
+    let old: VsockState = serde_json::from_str(r#"{"cid":3,"acked_features":4294967296}"#).unwrap();
+    assert_eq!(old, VsockState { cid: CID });
 }
 
 #[test]
@@ -598,7 +606,7 @@ fn a_stalled_connection_does_not_stall_another() {
     // device's 256 KiB); A's host program writes, but A has no credit.
     let chunk = vec![0xa1u8; 4096];
     let mut a_sent = 0;
-    while rig.dev.conns[&Key {
+    while rig.dev.mux.conns[&Key {
         local: 5000,
         peer: 1024,
     }]
