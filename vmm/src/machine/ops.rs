@@ -89,7 +89,7 @@ pub struct Status {
     pub parent: Option<String>,
     /// 16 KiB pages a diff written now would hold.
     pub dirty_pages: usize,
-    /// A background layer is being written.
+    /// A snapshot is being taken, or a background layer written.
     pub snapshot_in_progress: bool,
 }
 

@@ -243,9 +243,9 @@ impl Snapshots {
         self.dirty_pages(vmm).map_or(0, |p| p.len())
     }
 
-    /// Whether a background layer is being written.
+    /// Whether a snapshot is being taken, or a background layer written.
     pub fn writing(&self) -> bool {
-        self.writer.locked().as_ref().is_some_and(|w| w.busy())
+        self.taking.try_lock().is_err() || self.writer.locked().as_ref().is_some_and(|w| w.busy())
     }
 
     /// Waits for the background layer being written, if any (`say`: tells
