@@ -7,16 +7,16 @@ use std::fs::File;
 use std::io::Read;
 use std::path::PathBuf;
 
-use crate::diff::diff_file_size;
 use crate::error::{Error, IoContext, Result};
-use crate::format::{DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use crate::hash::{hex, sha256};
-use crate::manifest::{
+use crate::format::diff::diff_file_size;
+use crate::format::manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_MANIFEST_BYTES,
     ZERO_HASH,
 };
+use crate::format::state::STATE_HEADER_LEN;
+use crate::format::{DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::hash::{hex, sha256};
 use crate::readers::read_state_file;
-use crate::state::STATE_HEADER_LEN;
 use crate::time::rfc3339;
 
 /// One layer whose manifest has been read and checked (its other files have

@@ -51,22 +51,18 @@ mod time;
 // File-system helpers (durability, holes).
 mod fsutil;
 
-// What every layer file shares (names, format version, prelude), hashing,
-// snapshot names.
-mod format;
+// Hashing, snapshot names.
 mod hash;
 mod name;
 
-// The binary file codecs (diff, state, disk chunks), the verified-file
-// cache, file cloning.
-mod cache;
-mod chunks;
-mod clone;
-mod diff;
-mod state;
-
+// The layer files' codecs: what every file shares (names, format version,
+// prelude), the packed diff, `state.bin`, `disk.chunks`, and
 // `manifest.json`, which pins every other file of a layer.
-mod manifest;
+mod format;
+
+// The verified-file cache, file cloning.
+mod cache;
+mod clone;
 
 // Bounded reads of a layer's files, checked against its manifest.
 mod readers;
@@ -93,18 +89,26 @@ mod import;
 pub mod oci;
 
 pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
-pub use chunks::{
+pub use clone::{clone_file, sparse_copy, CloneMethod};
+pub use error::{Error, ParseError, Result};
+pub use format::chunks::{
     check_chunk_geometry, disk_chunk_count, disk_chunks_file_size, disk_digest, encode_disk_chunks,
     parse_disk_chunks, parse_disk_chunks_header, DiskChunks, DiskChunksHeader,
     DISK_CHUNKS_HEADER_LEN, DISK_CHUNKS_MAGIC, DISK_CHUNK_SIZE, MAX_DISK_CHUNKS,
     MAX_DISK_CHUNK_SIZE, MIN_DISK_CHUNK_SIZE,
 };
-pub use clone::{clone_file, sparse_copy, CloneMethod};
-pub use diff::{
+pub use format::diff::{
     diff_data_offset, diff_file_size, encode_diff_prefix, parse_diff_file, parse_diff_header,
     parse_diff_prefix, DiffHeader, DiffView, DIFF_HEADER_LEN, DIFF_MAGIC,
 };
-pub use error::{Error, ParseError, Result};
+pub use format::manifest::{
+    parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
+    MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
+};
+pub use format::state::{
+    encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
+    STATE_HEADER_LEN, STATE_MAGIC,
+};
 pub use format::{
     FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
     MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
@@ -115,18 +119,10 @@ pub use hash::{
 };
 pub use import::{listed_files, LayerImport};
 pub use layer::{Chain, Layer, LayerMeta};
-pub use manifest::{
-    parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
-    MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
-};
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
 pub use progress::{Progress, ProgressFn};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
-};
-pub use state::{
-    encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
-    STATE_HEADER_LEN, STATE_MAGIC,
 };
 pub use store::{
     GcReport, LayerSummary, LayerUsage, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
+use crate::format::manifest::LayerKind;
 use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
 use crate::layer::{Chain, Layer};
-use crate::manifest::LayerKind;
 use crate::name::{validate_name, Spec};
 
 /// Default store directory, relative to the working directory.

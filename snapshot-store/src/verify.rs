@@ -9,18 +9,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
-use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk};
 use crate::error::{Error, IoContext, Result};
+use crate::format::chunks::{
+    chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk,
+};
+use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
+use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, memory_digest_file, sha256_open_file};
 use crate::layer::{check_link, Chain, Layer};
-use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::progress::ProgressFn;
 use crate::readers::{
     check_diff_against_manifest, check_disk_chunks_file, read_diff_prefix, read_disk_chunks,
     read_up_to,
 };
-use crate::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::store::Store;
 
 /// How the sha256 of a verified file was established.

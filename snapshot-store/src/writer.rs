@@ -17,15 +17,15 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
-use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
+use crate::format::diff::encode_diff_prefix;
+use crate::format::manifest::FileEntry;
+use crate::format::state::encode_state_header;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, memory_digest, sha256, MemoryDigest};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
-use crate::manifest::FileEntry;
 use crate::name::validate_name;
-use crate::state::encode_state_header;
 use crate::store::{Store, DEL_PREFIX, TMP_PREFIX};
 
 /// Check that `meta.parent` exists with the recorded content hash and

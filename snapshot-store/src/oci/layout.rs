@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::manifest::Manifest;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, is_sha256_hex, sha256};
-use crate::manifest::Manifest;
 
 use super::RegistryError;
 
@@ -326,7 +326,7 @@ impl ArtifactManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::LayerKind;
+    use crate::format::manifest::LayerKind;
 
     fn blobs() -> Vec<(&'static str, Compression, String, u64)> {
         vec![
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_manifest_of_a_full_layer_byte_for_byte() {
-        let mut m = crate::manifest::tests::sample(LayerKind::Full);
+        let mut m = crate::format::manifest::tests::sample(LayerKind::Full);
         m.name = "golden".into();
         let config = b"{}\n";
         let a = ArtifactManifest::build(&m, config, &blobs(), None);
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn a_diff_names_its_parent_manifest_in_subject() {
-        let m = crate::manifest::tests::sample(LayerKind::Diff);
+        let m = crate::format::manifest::tests::sample(LayerKind::Diff);
         let parent = digest_of(b"parent manifest");
         let mut b = blobs();
         b[0].1 = Compression::Zstd;
@@ -422,7 +422,7 @@ mod tests {
 
     #[test]
     fn parse_refuses_what_is_not_a_layer() {
-        let m = crate::manifest::tests::sample(LayerKind::Full);
+        let m = crate::format::manifest::tests::sample(LayerKind::Full);
         let good = ArtifactManifest::build(&m, b"{}", &blobs(), None);
         let check = |f: &dyn Fn(&mut ArtifactManifest), want: &str| {
             let mut a = good.clone();

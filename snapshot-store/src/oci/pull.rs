@@ -12,11 +12,11 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use oci_client::RegistryOperation;
 
-use crate::chunks::{disk_chunk_count, disk_chunks_file_size};
+use crate::format::chunks::{disk_chunk_count, disk_chunks_file_size};
+use crate::format::manifest::{parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256};
 use crate::import::{listed_files, LayerImport};
-use crate::manifest::{parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES};
 use crate::name::validate_name;
 use crate::store::{Store, MAX_CHAIN_DEPTH};
 
@@ -450,8 +450,8 @@ async fn download(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::tests::sample;
-    use crate::manifest::DiskEntry;
+    use crate::format::manifest::tests::sample;
+    use crate::format::manifest::DiskEntry;
     use crate::oci::layout::{digest_of, Descriptor};
 
     fn blob(file: &'static str, compression: Compression, size: u64) -> FileBlob {

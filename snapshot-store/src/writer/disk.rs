@@ -10,15 +10,15 @@ use std::thread::JoinHandle;
 
 use super::disk_copy::DiskCopy;
 use super::SnapshotWriter;
-use crate::chunks::{
+use crate::clone::{clone_file, native_clone, CloneMethod};
+use crate::error::{Error, IoContext, Result};
+use crate::format::chunks::{
     check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
     ChunkHasher, DISK_CHUNK_SIZE,
 };
-use crate::clone::{clone_file, native_clone, CloneMethod};
-use crate::error::{Error, IoContext, Result};
+use crate::format::manifest::DiskEntry;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE};
 use crate::hash::hex;
-use crate::manifest::DiskEntry;
 use crate::readers::read_disk_chunks;
 use crate::store::Store;
 

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::chunks::{check_chunk_geometry, data_chunks, DISK_CHUNK_SIZE};
 use crate::error::{Error, IoContext, Result};
+use crate::format::chunks::{check_chunk_geometry, data_chunks, DISK_CHUNK_SIZE};
 
 /// Granule of the holes a copy keeps, in bytes: a file system block.
 const HOLE_GRAIN: usize = 4096;

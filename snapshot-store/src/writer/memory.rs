@@ -7,11 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::SnapshotWriter;
-use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
+use crate::format::diff::encode_diff_prefix;
+use crate::format::manifest::FileEntry;
 use crate::format::MEMORY_FILE;
 use crate::hash::{hex, memory_digest_file};
-use crate::manifest::FileEntry;
 
 /// The memory file of a layer being written out of order
 /// ([`SnapshotWriter::memory_file`]). Page `p` of a full layer goes at byte

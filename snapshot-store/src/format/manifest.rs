@@ -8,13 +8,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chunks::check_chunk_geometry;
-use crate::diff::diff_file_size;
 use crate::error::ParseError;
+use crate::format::chunks::check_chunk_geometry;
+use crate::format::diff::diff_file_size;
+use crate::format::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
 use crate::format::{check_geometry, FormatVersion};
 use crate::hash::{hex, is_sha256_hex, sha256};
 use crate::name::validate_name;
-use crate::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
 
 /// Largest accepted `manifest.json`, in bytes.
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
@@ -348,7 +348,7 @@ pub(crate) mod tests {
             },
             disk: Some(DiskEntry {
                 size: 4096,
-                chunk_size: crate::chunks::DISK_CHUNK_SIZE,
+                chunk_size: crate::format::chunks::DISK_CHUNK_SIZE,
                 sha256: "03".repeat(32),
             }),
             manifest_sha256: String::new(),

@@ -6,11 +6,19 @@
 //! little-endian field readers the parsers share.
 //!
 //! The bottom of the store's file codecs: it imports nothing but
-//! `error`, and `manifest`, `diff`, `state` and `chunks` build on it.
+//! `error`, and the codecs below build on it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
+
+// The binary files.
+pub(crate) mod chunks;
+pub(crate) mod diff;
+pub(crate) mod state;
+
+// `manifest.json`, which pins every other file of a layer.
+pub(crate) mod manifest;
 
 /// File name of a layer's manifest.
 pub const MANIFEST_FILE: &str = "manifest.json";
