@@ -60,9 +60,10 @@ mod name;
 // `manifest.json`, which pins every other file of a layer.
 mod format;
 
-// The verified-file cache, file cloning.
+// Hashing files read from disk, the verified-file cache, file cloning.
 mod cache;
 mod clone;
+mod file_hash;
 
 // Bounded reads of a layer's files, checked against its manifest.
 mod readers;
@@ -105,6 +106,7 @@ pub use format::manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
     MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
 };
+pub use format::memory::{memory_digest, MemoryDigest, MEMORY_CHUNK_SIZE};
 pub use format::state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
     STATE_HEADER_LEN, STATE_MAGIC,
@@ -113,14 +115,11 @@ pub use format::{
     FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
     MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
 };
-pub use hash::{
-    hex, memory_digest, sha256, MemoryDigest, Sha256Digest, MEMORY_CHUNK_SIZE, PROGRESS_MIN_BYTES,
-    PROGRESS_STEP_BYTES,
-};
+pub use hash::{hex, sha256, Sha256Digest};
 pub use import::{listed_files, LayerImport};
 pub use layer::{Chain, Layer, LayerMeta};
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
-pub use progress::{Progress, ProgressFn};
+pub use progress::{Progress, ProgressFn, PROGRESS_MIN_BYTES, PROGRESS_STEP_BYTES};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
 };

@@ -10,13 +10,12 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
 use crate::error::{Error, IoContext, Result};
-use crate::format::chunks::{
-    chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk,
-};
+use crate::file_hash::{hash_disk, memory_digest_file, sha256_open_file};
+use crate::format::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest};
 use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use crate::hash::{hex, memory_digest_file, sha256_open_file};
+use crate::hash::hex;
 use crate::layer::{check_link, Chain, Layer};
 use crate::progress::ProgressFn;
 use crate::readers::{
@@ -77,7 +76,7 @@ pub struct VerifyReport {
 enum Check {
     /// The sha256 of the whole file equals the job's `expect`.
     File,
-    /// `memory.bin`: its [`crate::MemoryDigest`] equals the job's `expect`.
+    /// `memory.bin`: its [`crate::format::memory::MemoryDigest`] equals the job's `expect`.
     Memory,
     /// `disk.chunks`: well-formed, agrees with the manifest's disk entry,
     /// and its digest list hashes to `expect`.

@@ -20,10 +20,11 @@ use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES, VERIFIED_
 use crate::error::{Error, IoContext, Result};
 use crate::format::diff::encode_diff_prefix;
 use crate::format::manifest::FileEntry;
+use crate::format::memory::{memory_digest, MemoryDigest};
 use crate::format::state::encode_state_header;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
-use crate::hash::{hex, memory_digest, sha256, MemoryDigest};
+use crate::hash::{hex, sha256};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
 use crate::name::validate_name;
 use crate::store::{Store, DEL_PREFIX, TMP_PREFIX};
@@ -287,7 +288,7 @@ impl SnapshotWriter {
 
     /// Write the full RAM image: `ram` is all of guest RAM (`ram_size`
     /// bytes). Only for layers without a parent. Zero pages are left as
-    /// holes. The digest ([`crate::MemoryDigest`]) is computed on a second
+    /// holes. The digest ([`MemoryDigest`]) is computed on a second
     /// thread while the file is written.
     pub fn write_full_memory(&mut self, ram: &[u8]) -> Result<()> {
         self.check_no_memory()?;

@@ -12,9 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
 
-// The binary files.
+// The memory digest, and the binary files.
 pub(crate) mod chunks;
 pub(crate) mod diff;
+pub(crate) mod memory;
 pub(crate) mod state;
 
 // `manifest.json`, which pins every other file of a layer.

@@ -9,9 +9,10 @@ use std::time::Instant;
 use oci_client::RegistryOperation;
 
 use crate::cache::Stamp;
+use crate::file_hash::sha256_open_file;
 use crate::format::MANIFEST_FILE;
 use crate::fsutil::nonce;
-use crate::hash::{hex, sha256_open_file};
+use crate::hash::hex;
 use crate::import::listed_files;
 use crate::layer::Layer;
 use crate::store::Store;

@@ -12,9 +12,9 @@ use super::disk_copy::DiskCopy;
 use super::SnapshotWriter;
 use crate::clone::{clone_file, native_clone, CloneMethod};
 use crate::error::{Error, IoContext, Result};
+use crate::file_hash::{data_chunks, ChunkHasher};
 use crate::format::chunks::{
-    check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
-    ChunkHasher, DISK_CHUNK_SIZE,
+    check_chunk_geometry, disk_chunk_count, disk_digest, encode_disk_chunks, DISK_CHUNK_SIZE,
 };
 use crate::format::manifest::DiskEntry;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE};

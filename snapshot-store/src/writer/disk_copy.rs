@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::chunks::{check_chunk_geometry, data_chunks, DISK_CHUNK_SIZE};
+use crate::file_hash::data_chunks;
+use crate::format::chunks::{check_chunk_geometry, DISK_CHUNK_SIZE};
 
 /// Granule of the holes a copy keeps, in bytes: a file system block.
 const HOLE_GRAIN: usize = 4096;
