@@ -8,9 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::{until_settled, Clock, Stamp, SystemClock};
+use crate::cache::{until_settled, Clock, SystemClock};
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::Manifest;
+use crate::format::verified::Stamp;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{set_readonly, sync_file};
 use crate::layer::{Chain, Layer, LayerMeta};

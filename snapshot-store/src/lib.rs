@@ -89,7 +89,6 @@ mod import;
 #[cfg(feature = "registry")]
 pub mod oci;
 
-pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
 pub use clone::{clone_file, sparse_copy, CloneMethod};
 pub use error::{Error, ParseError, Result};
 pub use format::chunks::{
@@ -111,6 +110,7 @@ pub use format::state::{
     encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
     STATE_HEADER_LEN, STATE_MAGIC,
 };
+pub use format::verified::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
 pub use format::{
     FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
     MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::LayerKind;
+use crate::format::verified::VERIFIED_TMP_PREFIX;
 use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
 use crate::layer::{Chain, Layer};
 use crate::name::{validate_name, Spec};

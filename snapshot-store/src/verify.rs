@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
+use crate::cache::{self, Clock, SystemClock};
 use crate::error::{Error, IoContext, Result};
 use crate::file_hash::{hash_disk, memory_digest_file, sha256_open_file};
 use crate::format::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest};
 use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
+use crate::format::verified::{CacheEntry, Entries, Stamp, VERIFIED_FILE};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::hex;
 use crate::layer::{check_link, Chain, Layer};
@@ -447,7 +448,7 @@ fn refresh_cache(cache: &LayerCache, checked: &[(&Job, Outcome)]) -> Option<Stri
     match cache::write_entries(&cache.dir, &new) {
         Ok(()) => None,
         Err(e) => {
-            let note = format!("{e}; {} not updated", cache::VERIFIED_FILE);
+            let note = format!("{e}; {} not updated", VERIFIED_FILE);
             tracing::debug!("{note}");
             Some(note)
         }

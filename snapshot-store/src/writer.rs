@@ -16,12 +16,13 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
+use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
 use crate::format::diff::encode_diff_prefix;
 use crate::format::manifest::FileEntry;
 use crate::format::memory::{memory_digest, MemoryDigest};
 use crate::format::state::encode_state_header;
+use crate::format::verified::VERIFIED_FILE;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};

@@ -18,8 +18,10 @@ pub(crate) mod diff;
 pub(crate) mod memory;
 pub(crate) mod state;
 
-// `manifest.json`, which pins every other file of a layer.
+// `manifest.json`, which pins every other file of a layer; `verified.json`,
+// the cache of which files were verified when.
 pub(crate) mod manifest;
+pub(crate) mod verified;
 
 /// File name of a layer's manifest.
 pub const MANIFEST_FILE: &str = "manifest.json";

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use oci_client::RegistryOperation;
 
-use crate::cache::Stamp;
 use crate::file_hash::sha256_open_file;
+use crate::format::verified::Stamp;
 use crate::format::MANIFEST_FILE;
 use crate::fsutil::nonce;
 use crate::hash::hex;
