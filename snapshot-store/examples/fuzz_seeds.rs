@@ -10,10 +10,11 @@
 
 use std::path::Path;
 
-use snapshot_store::{
-    encode_disk_chunks, verify_chain, LayerMeta, Store, DISK_CHUNKS_FILE, DISK_CHUNK_SIZE,
-    MANIFEST_FILE, MAX_STATE_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::chunks::encode_disk_chunks;
+use snapshot_store::format::state::MAX_STATE_BYTES;
+use snapshot_store::format::verified::VERIFIED_FILE;
+use snapshot_store::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use snapshot_store::{verify_chain, LayerMeta, Store, DISK_CHUNK_SIZE};
 
 const PAGE: u64 = 4096;
 

@@ -18,7 +18,7 @@ use crate::format::state::{parse_state, parse_state_header, STATE_HEADER_LEN};
 use crate::hash::hex;
 
 /// Read `state.bin` at `path` with bounded reads: the header first, then
-/// exactly the payload it announces (never more than [`crate::MAX_STATE_BYTES`]).
+/// exactly the payload it announces (never more than [`crate::format::state::MAX_STATE_BYTES`]).
 pub(crate) fn read_state_file(path: &Path) -> Result<Vec<u8>> {
     let mut f = File::open(path).ctx(path, "open")?;
     let file_len = f.metadata().ctx(path, "stat")?.len();

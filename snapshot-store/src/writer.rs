@@ -413,7 +413,7 @@ impl SnapshotWriter {
     }
 
     /// Write the VMM's machine state (opaque bytes, at most
-    /// [`crate::MAX_STATE_BYTES`]), wrapped in the `state.bin` envelope.
+    /// [`crate::format::state::MAX_STATE_BYTES`]), wrapped in the `state.bin` envelope.
     pub fn write_state(&mut self, payload: &[u8]) -> Result<()> {
         if self.state.is_some() {
             return Err(Error::Usage(format!(

@@ -8,10 +8,9 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use snapshot_store::{
-    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, LAYER_FILES,
-    MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::verified::{MAX_VERIFIED_BYTES, VERIFIED_FILE};
+use snapshot_store::format::{LAYER_FILES, MEMORY_FILE, STATE_FILE};
+use snapshot_store::{verify_chain, verify_chain_cached, HashSource, Store, VerifyReport};
 
 /// Larger than the size above which commit waits for stamps to settle
 /// (32 MiB), so that commit takes that path.

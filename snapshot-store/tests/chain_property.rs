@@ -122,7 +122,7 @@ fn run_seed(seed: u64) {
     // Restoring never wrote to the base file.
     let b = store.layer("g0").unwrap();
     assert_eq!(
-        snapshot_store::hex(&snapshot_store::memory_digest(
+        snapshot_store::hex(&snapshot_store::format::memory::memory_digest(
             &std::fs::read(b.memory_path()).unwrap()
         )),
         base_digest

@@ -11,10 +11,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use snapshot_store::{
-    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_CHUNKS_FILE, DISK_FILE,
-    MEMORY_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::verified::VERIFIED_FILE;
+use snapshot_store::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE};
+use snapshot_store::{map_chain_memory, verify_chain, verify_chain_cached, Chain, Store};
 
 struct Fixture {
     _dir: tempfile::TempDir,

@@ -5,10 +5,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use snapshot_store::{
-    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_CHUNKS_FILE, LAYER_FILES,
-    MANIFEST_FILE, MEMORY_FILE,
-};
+use snapshot_store::format::manifest::LayerKind;
+use snapshot_store::format::{DISK_CHUNKS_FILE, LAYER_FILES, MANIFEST_FILE, MEMORY_FILE};
+use snapshot_store::{verify_chain, CloneMethod, Error, Store};
 
 fn store() -> (tempfile::TempDir, Store) {
     let d = tempfile::tempdir().unwrap();
@@ -233,7 +232,7 @@ fn work_dir_is_removed_on_every_error() {
 fn state_size_is_bounded() {
     let (_d, s) = store();
     let mut w = s.begin("a", meta(4 * PS)).unwrap();
-    let big = vec![0u8; snapshot_store::MAX_STATE_BYTES as usize + 1];
+    let big = vec![0u8; snapshot_store::format::state::MAX_STATE_BYTES as usize + 1];
     let e = w.write_state(&big).unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
     w.write_state(b"ok").unwrap();
@@ -340,7 +339,7 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     settle();
     // Warm golden's verified-file cache.
     snapshot_store::verify_chain(&s.resolve("golden").unwrap()).unwrap();
-    let golden_disk = g.dir.join(snapshot_store::DISK_FILE);
+    let golden_disk = g.dir.join(snapshot_store::format::DISK_FILE);
     let before = std::fs::metadata(&golden_disk).unwrap();
 
     let mut w = s.begin("d1", g.child_meta("test")).unwrap();
@@ -349,7 +348,7 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     let clone = w.reuse_parent_disk().unwrap();
     assert_eq!((clone.chunks, clone.hashed), (1, 0));
     let d1 = w.commit().unwrap();
-    let d1_disk = d1.dir.join(snapshot_store::DISK_FILE);
+    let d1_disk = d1.dir.join(snapshot_store::format::DISK_FILE);
     let after = std::fs::metadata(&golden_disk).unwrap();
     assert_eq!(
         std::fs::read(&d1_disk).unwrap(),

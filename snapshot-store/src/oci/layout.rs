@@ -66,7 +66,7 @@ impl std::fmt::Display for Compression {
 }
 
 /// The media type of the blob of layer file `file` (a name from
-/// [`crate::LAYER_FILES`] other than `manifest.json`), or `None` for any
+/// [`crate::format::LAYER_FILES`] other than `manifest.json`), or `None` for any
 /// other name.
 pub fn file_media_type(file: &str, compression: Compression) -> Option<String> {
     let base = match file {
@@ -149,7 +149,7 @@ pub struct ArtifactManifest {
     /// The layer's `manifest.json` ([`CONFIG_MEDIA_TYPE`]); its digest is
     /// the layer's content hash.
     pub config: Descriptor,
-    /// The layer's other files, in [`crate::LAYER_FILES`] order, each with
+    /// The layer's other files, in [`crate::format::LAYER_FILES`] order, each with
     /// its [`ANNOTATION_TITLE`].
     pub layers: Vec<Descriptor>,
     /// A diff's parent: the parent layer's OCI manifest. Absent for a full
@@ -175,7 +175,7 @@ pub struct FileBlob {
 impl ArtifactManifest {
     /// The OCI manifest of the layer whose `manifest.json` is `config` (its
     /// parsed form `m`), with the file blobs `blobs` (`(file, compression,
-    /// digest, blob size)`, in [`crate::LAYER_FILES`] order) and, for a
+    /// digest, blob size)`, in [`crate::format::LAYER_FILES`] order) and, for a
     /// diff, the parent's OCI manifest `subject` (`(digest, size)`).
     pub fn build(
         m: &Manifest,

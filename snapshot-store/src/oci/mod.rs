@@ -9,7 +9,7 @@
 //! artifacts") and [`layout`]. The wire protocol is the OCI
 //! distribution-spec v1.1, spoken by the `oci-client` crate; this module
 //! runs it on a tokio current-thread runtime of its own, so its entry
-//! points ([`push`], [`pull`]) are blocking.
+//! points ([`push()`], [`pull()`]) are blocking.
 //!
 //! Pushing sends only the blobs the registry does not have (a `HEAD` per
 //! blob, then a cross-repository mount if a source repository is given);

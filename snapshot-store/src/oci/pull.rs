@@ -13,10 +13,12 @@ use futures_util::StreamExt;
 use oci_client::RegistryOperation;
 
 use crate::format::chunks::{disk_chunk_count, disk_chunks_file_size};
-use crate::format::manifest::{parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES};
+use crate::format::manifest::{
+    listed_files, parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES,
+};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256};
-use crate::import::{listed_files, LayerImport};
+use crate::import::LayerImport;
 use crate::name::validate_name;
 use crate::store::{Store, MAX_CHAIN_DEPTH};
 

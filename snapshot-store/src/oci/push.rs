@@ -9,11 +9,11 @@ use std::time::Instant;
 use oci_client::RegistryOperation;
 
 use crate::file_hash::sha256_open_file;
+use crate::format::manifest::listed_files;
 use crate::format::verified::Stamp;
 use crate::format::MANIFEST_FILE;
 use crate::fsutil::nonce;
 use crate::hash::hex;
-use crate::import::listed_files;
 use crate::layer::Layer;
 use crate::store::Store;
 use crate::verify::verify_chain_cached;

@@ -110,8 +110,9 @@ impl DiskCopy {
 
     /// Call before writing bytes `offset..offset + len` of the source
     /// image: copies the chunks of that range that are not copied yet, and
-    /// returns once they are. Never fails: a failure is kept for
-    /// [`DiskCopy::run`] (the layer fails; the write may go ahead).
+    /// returns once they are. Never fails: a failure is kept for the
+    /// writer, whose [`super::SnapshotWriter::complete_disk`] then fails (the
+    /// write may go ahead).
     pub fn before_write(&self, offset: u64, len: u64) {
         let inner = &*self.0;
         if inner.left.load(Ordering::Acquire) == 0 || len == 0 || offset >= inner.size {

@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use snapshot_store::{
-    disk_chunk_count, LayerKind, Progress, Store, DEFAULT_STORE_DIR, LAYER_FILES,
-};
+use snapshot_store::format::chunks::disk_chunk_count;
+use snapshot_store::format::manifest::LayerKind;
+use snapshot_store::format::LAYER_FILES;
+use snapshot_store::{Progress, Store, DEFAULT_STORE_DIR};
 
 /// Manage an Ignition snapshot store: one directory per snapshot (layer),
 /// full layers holding all of RAM and diff layers holding the pages dirtied
