@@ -1,8 +1,16 @@
 //! Writing a layer: a work directory inside the store, then an atomic,
-//! durable commit. The disk's part is `writer/disk.rs`.
+//! durable commit. The memory file filled out of order is
+//! `writer/memory.rs`, the disk `writer/disk.rs`, and the disk copied while
+//! the VM runs `writer/disk_copy.rs`.
 
-mod disk;
+// The submodules in layers, bottom first, as in `lib.rs`
+// (`tests/layering.rs` checks it).
+
+// A disk image copied while the VM runs.
 mod disk_copy;
+
+// The writer's memory file and disk.
+mod disk;
 mod memory;
 
 pub use disk::DiskClone;

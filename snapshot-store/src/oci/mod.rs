@@ -18,11 +18,20 @@
 //! each layer, and commits each layer atomically, base first
 //! ([`crate::LayerImport`]).
 
+// The submodules in layers, bottom first, as in `lib.rs`
+// (`tests/layering.rs` checks it).
+
+// The artifacts' layout, registry credentials.
 mod auth;
+pub mod layout;
+
+// Blobs to and from files, the registry client, the cache of pushed
+// blobs' digests.
 mod blobio;
 mod client;
 mod digests;
-pub mod layout;
+
+// Push and pull.
 mod pull;
 mod push;
 
