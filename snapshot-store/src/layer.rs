@@ -215,15 +215,13 @@ pub(crate) fn check_link(parent: &Layer, child: &Layer) -> Result<()> {
         )));
     }
     if link.sha256 != parent.content_sha256 {
-        return Err(Error::Chain(format!(
-            "parent '{}' of '{}' has changed since '{}' was taken: expected content hash {}, found {} ({})",
-            parent.name,
-            child.name,
-            child.name,
-            link.sha256,
-            parent.content_sha256,
-            parent.manifest_path().display()
-        )));
+        return Err(Error::ParentChanged {
+            layer: child.name.clone(),
+            parent: parent.name.clone(),
+            expected: link.sha256.clone(),
+            found: parent.content_sha256.clone(),
+            manifest: parent.manifest_path(),
+        });
     }
     check_same_machine(&parent.manifest, &child.manifest, &parent.name, &child.name)
 }

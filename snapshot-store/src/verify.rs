@@ -391,7 +391,7 @@ fn run_jobs(
         .map(|m| {
             m.into_inner()
                 .unwrap_or_else(PoisonError::into_inner)
-                .unwrap_or_else(|| Err(Error::Usage("file was not hashed".into())))
+                .unwrap_or(Err(Error::Panicked("a hashing thread")))
         })
         .collect()
 }
@@ -420,7 +420,7 @@ fn check_jobs(
             } else {
                 match hashed.next() {
                     Some(r) => r.map(Outcome::Hashed),
-                    None => Err(Error::Usage("file was not hashed".into())),
+                    None => Err(Error::Panicked("a hashing thread")),
                 }
             }
         })
@@ -605,11 +605,11 @@ impl Store {
             let r = self.layer(name).and_then(|layer| {
                 if let Some(p) = &layer.manifest.parent {
                     if !self.contains(&p.name) {
-                        return Err(Error::Chain(format!(
-                            "'{name}' needs its parent '{}', which is not in store {}",
-                            p.name,
-                            self.root().display()
-                        )));
+                        return Err(Error::MissingParent {
+                            layer: name.clone(),
+                            parent: p.name.clone(),
+                            store: self.root().to_path_buf(),
+                        });
                     }
                     let parent = self.layer(&p.name)?;
                     check_link(&parent, &layer)?;

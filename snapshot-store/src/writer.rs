@@ -45,18 +45,21 @@ fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
         return Ok(());
     };
     if !store.contains(&p.name) {
-        return Err(Error::Chain(format!(
-            "parent '{}' of new snapshot '{name}' is not in store {}",
-            p.name,
-            store.root().display()
-        )));
+        return Err(Error::MissingParent {
+            layer: name.to_string(),
+            parent: p.name.clone(),
+            store: store.root().to_path_buf(),
+        });
     }
     let parent = store.layer(&p.name)?;
     if parent.content_sha256 != p.sha256 {
-        return Err(Error::Chain(format!(
-            "parent '{}' has changed (content hash {} in the store, {} expected); refusing to write a diff on top of it",
-            p.name, parent.content_sha256, p.sha256
-        )));
+        return Err(Error::ParentChanged {
+            layer: name.to_string(),
+            parent: p.name.clone(),
+            expected: p.sha256.clone(),
+            found: parent.content_sha256.clone(),
+            manifest: parent.manifest_path(),
+        });
     }
     let probe = meta.manifest(
         name,
@@ -322,7 +325,7 @@ impl SnapshotWriter {
             let written = write_sparse(&mut f, ram, page).ctx(&path, "write");
             let digest = hasher.join();
             written?;
-            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+            digest.map_err(|_| Error::Panicked("sha256 thread"))
         })?;
         self.memory = Some((
             FileEntry {
@@ -379,7 +382,7 @@ impl SnapshotWriter {
             let written = write_diff_sparse(&mut f, &path, &bufs, size);
             let digest = hasher.join();
             written?;
-            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+            digest.map_err(|_| Error::Panicked("sha256 thread"))
         })?;
         self.memory = Some((
             FileEntry {

@@ -133,13 +133,22 @@ fn parent_checks_at_begin() {
     // Missing parent.
     let mut m = golden.child_meta("t");
     m.parent.as_mut().unwrap().name = "ghost".into();
-    let e = s.begin("d1", m).unwrap_err().to_string();
+    let e = s.begin("d1", m).unwrap_err();
+    assert!(
+        matches!(&e, Error::MissingParent { layer, parent, .. } if layer == "d1" && parent == "ghost"),
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(e.contains("'ghost'") && e.contains("not in store"), "{e}");
     // Wrong parent hash.
     let mut m = golden.child_meta("t");
     m.parent.as_mut().unwrap().sha256 = "0".repeat(64);
-    let e = s.begin("d1", m).unwrap_err().to_string();
-    assert!(e.contains("has changed"), "{e}");
+    let e = s.begin("d1", m).unwrap_err();
+    assert!(
+        matches!(&e, Error::ParentChanged { expected, found, .. } if *expected == "0".repeat(64) && *found == golden.content_sha256),
+        "{e}"
+    );
+    assert!(e.to_string().contains("has changed"), "{e}");
     // Another GIC mode.
     let mut m = golden.child_meta("t");
     m.gic_mode = "hvf".into();

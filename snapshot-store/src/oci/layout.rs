@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ParseError;
 use crate::format::manifest::Manifest;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, is_sha256_hex, sha256};
@@ -106,16 +107,17 @@ pub fn digest_of(data: &[u8]) -> String {
 }
 
 /// The 64 hex digits of an OCI digest `sha256:HEX`. Other algorithms are
-/// refused: the store pins everything with sha256.
-pub fn digest_hex(digest: &str) -> Result<&str, String> {
+/// refused (a [`ParseError`] saying so): the store pins everything with
+/// sha256.
+pub fn digest_hex(digest: &str) -> Result<&str, ParseError> {
     match digest.strip_prefix("sha256:") {
         Some(h) if is_sha256_hex(h) => Ok(h),
-        Some(_) => Err(format!(
+        Some(_) => Err(ParseError::new(format!(
             "digest {digest:?} is not sha256: followed by 64 lower-case hex digits"
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(ParseError::new(format!(
             "digest {digest:?} does not use sha256, the only algorithm accepted"
-        )),
+        ))),
     }
 }
 
@@ -273,7 +275,7 @@ impl ArtifactManifest {
         all.extend(a.subject.as_ref());
         all.extend(&a.layers);
         for d in all {
-            digest_hex(&d.digest).map_err(bad)?;
+            digest_hex(&d.digest).map_err(|e| bad(e.0))?;
         }
         if let Some(s) = &a.subject {
             if s.media_type != OCI_MANIFEST_MEDIA_TYPE {
@@ -368,7 +370,7 @@ mod tests {
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(digest_hex(&d).unwrap(), &d[7..]);
-        assert!(digest_hex("sha512:00").unwrap_err().contains("sha256"));
+        assert!(digest_hex("sha512:00").unwrap_err().0.contains("sha256"));
         assert!(digest_hex(&d.to_uppercase().replace("SHA256", "sha256")).is_err());
         assert!(digest_hex("sha256:abc").is_err());
     }

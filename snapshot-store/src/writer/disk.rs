@@ -50,7 +50,7 @@ impl DiskJob {
             }
             DiskJob::Hashing(h) => h
                 .join()
-                .map_err(|_| Error::Usage("disk hashing thread panicked".into()))?,
+                .map_err(|_| Error::Panicked("disk hashing thread"))?,
         }
     }
 }
