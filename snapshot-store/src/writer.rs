@@ -15,7 +15,7 @@ mod memory;
 
 pub use disk::DiskClone;
 use disk::DiskJob;
-pub use disk_copy::{CopyCounts, DiskCopy};
+pub use disk_copy::DiskCopy;
 pub use memory::MemoryFile;
 
 use std::fs::{File, OpenOptions};

@@ -52,14 +52,15 @@ struct CopyState {
     error: Option<Error>,
 }
 
-/// How a finished [`DiskCopy`] went, for the log.
+/// How a finished [`DiskCopy`] went (its `before_write` goes to
+/// [`super::DiskClone`], for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CopyCounts {
+pub(crate) struct CopyCounts {
     /// Chunks that held data when the copy began.
-    pub chunks: u64,
+    pub(crate) chunks: u64,
     /// Of those, chunks copied just before a write reached them (the rest
     /// were copied by the writer).
-    pub before_write: u64,
+    pub(crate) before_write: u64,
 }
 
 fn bit(pending: &[u64], c: u64) -> bool {
