@@ -10,15 +10,49 @@
 
 use std::path::Path;
 
-use snapshot_store::{
-    encode_disk_chunks, verify_chain, LayerMeta, Store, DISK_CHUNKS_FILE, DISK_CHUNK_SIZE,
-    MANIFEST_FILE, MAX_STATE_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::chunks::encode_disk_chunks;
+use snapshot_store::format::state::MAX_STATE_BYTES;
+use snapshot_store::format::verified::VERIFIED_FILE;
+use snapshot_store::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use snapshot_store::{verify_chain, Layer, LayerMeta, Store, DISK_CHUNK_SIZE};
 
 const PAGE: u64 = 4096;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A seed: fuzz target, file name, bytes.
+type Seed = (&'static str, &'static str, Vec<u8>);
+
+fn main() -> Res<()> {
     let tmp = std::env::temp_dir().join(format!("fuzz-seeds-{}", std::process::id()));
+    let [golden, d1, d2] = write_chain(&tmp)?;
+    let mut seeds = manifest_and_diff_seeds(&golden, &d1, &d2)?;
+    seeds.extend(state_chunks_and_cache_seeds(&golden, &d1)?);
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    if root.exists() {
+        std::fs::remove_dir_all(&root)?;
+    }
+    let mut total = 0;
+    for (target, name, bytes) in &seeds {
+        let dir = root.join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(name), bytes)?;
+        total += bytes.len();
+    }
+    println!(
+        "{} seeds, {total} bytes, in {}",
+        seeds.len(),
+        root.display()
+    );
+    std::fs::remove_dir_all(&tmp)?;
+    Ok(())
+}
+
+/// A store under `tmp` with `golden` (full, with a disk of three chunks,
+/// the last one short), `d1` (a diff of two pages, no disk) and `d2` (an
+/// empty diff), every file of `golden` recorded in its `verified.json`.
+fn write_chain(tmp: &Path) -> Res<[Layer; 3]> {
     let store = Store::create(tmp.join("store"))?;
     // A disk of three chunks, the last one short.
     let disk = tmp.join("disk.img");
@@ -62,26 +96,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // verification records every file of golden in its verified.json.
     std::thread::sleep(std::time::Duration::from_millis(100));
     verify_chain(&store.resolve("golden")?)?;
+    Ok([golden, d1, d2])
+}
 
-    let read = |dir: &Path, f: &str| std::fs::read(dir.join(f));
+fn read(dir: &Path, f: &str) -> std::io::Result<Vec<u8>> {
+    std::fs::read(dir.join(f))
+}
+
+/// `b` with bit 0 of byte `at` flipped.
+fn flip(b: &[u8], at: usize) -> Vec<u8> {
+    let mut b = b.to_vec();
+    b[at] ^= 1;
+    b
+}
+
+/// `b` with the little-endian u64 at `at` set to `v`.
+fn with_u64(b: &[u8], at: usize, v: u64) -> Vec<u8> {
+    let mut b = b.to_vec();
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    b
+}
+
+fn manifest_and_diff_seeds(golden: &Layer, d1: &Layer, d2: &Layer) -> Res<Vec<Seed>> {
     let golden_manifest = read(&golden.dir, MANIFEST_FILE)?;
     let d1_diff = read(&d1.dir, MEMORY_FILE)?;
-    let golden_state = read(&golden.dir, STATE_FILE)?;
-    let chunks = read(&golden.dir, DISK_CHUNKS_FILE)?;
-    let verified = read(&golden.dir, VERIFIED_FILE)?;
-    let verified_text = String::from_utf8(verified.clone())?;
-    let flip = |b: &[u8], at: usize| {
-        let mut b = b.to_vec();
-        b[at] ^= 1;
-        b
-    };
-    let with_u64 = |b: &[u8], at: usize, v: u64| {
-        let mut b = b.to_vec();
-        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-        b
-    };
-
-    let seeds: Vec<(&str, &str, Vec<u8>)> = vec![
+    Ok(vec![
         ("manifest", "valid-full-with-disk", golden_manifest.clone()),
         ("manifest", "valid-diff", read(&d1.dir, MANIFEST_FILE)?),
         (
@@ -111,6 +150,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "edge-huge-page-count",
             with_u64(&d1_diff, 32, u64::MAX),
         ),
+    ])
+}
+
+fn state_chunks_and_cache_seeds(golden: &Layer, d1: &Layer) -> Res<Vec<Seed>> {
+    let golden_state = read(&golden.dir, STATE_FILE)?;
+    let chunks = read(&golden.dir, DISK_CHUNKS_FILE)?;
+    let verified = read(&golden.dir, VERIFIED_FILE)?;
+    let verified_text = String::from_utf8(verified.clone())?;
+    Ok(vec![
         ("state", "valid-payload", golden_state.clone()),
         ("state", "valid-empty-payload", read(&d1.dir, STATE_FILE)?),
         (
@@ -160,24 +208,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .replacen("\"format\": 1", "\"format\": 2", 1)
                 .into_bytes(),
         ),
-    ];
-
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
-    if root.exists() {
-        std::fs::remove_dir_all(&root)?;
-    }
-    let mut total = 0;
-    for (target, name, bytes) in &seeds {
-        let dir = root.join(target);
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join(name), bytes)?;
-        total += bytes.len();
-    }
-    println!(
-        "{} seeds, {total} bytes, in {}",
-        seeds.len(),
-        root.display()
-    );
-    std::fs::remove_dir_all(&tmp)?;
-    Ok(())
+    ])
 }

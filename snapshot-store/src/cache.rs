@@ -1,6 +1,9 @@
-//! The verified-file cache (`verified.json`): per layer, each file's
-//! identity stamp at the time its sha256 was last verified, so that a later
-//! verification can skip re-hashing files that have not changed since.
+//! The verified-file cache (`verified.json`, whose layout is
+//! `format::verified`): per layer, each file's identity stamp at the time
+//! its sha256 was last verified, so that a later verification can skip
+//! re-hashing files that have not changed since. This module decides when
+//! a stamp may be recorded and when an entry may be trusted, and reads and
+//! writes the file.
 //!
 //! The cache is a hint, never a source of truth: it is read with a bounded
 //! read, any problem with it means "no cache", and an entry is used only if
@@ -21,30 +24,17 @@
 //! stamp was taken (see [`settled`]): any later change then gets a strictly
 //! newer ctime.
 
-use std::collections::BTreeMap;
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, IoContext, ParseError, Result};
-use crate::format::LAYER_FILES;
+use crate::error::{IoContext, Result};
+use crate::format::verified::{
+    encode, parse, CacheEntry, Entries, Stamp, MAX_VERIFIED_BYTES, VERIFIED_FILE,
+    VERIFIED_TMP_PREFIX,
+};
 use crate::fsutil::nonce;
-use crate::hash::is_sha256_hex;
-
-/// File name of a layer's verified-file cache (not part of the layer; see
-/// `FORMAT.md`).
-pub const VERIFIED_FILE: &str = "verified.json";
-/// Largest `verified.json` that is read (bytes); larger ones are ignored.
-pub const MAX_VERIFIED_BYTES: u64 = 64 << 10;
-/// Version of the `verified.json` layout. A cache with another version is
-/// ignored (and replaced when the layer is next verified).
-pub const VERIFIED_FORMAT: u32 = 1;
-/// Prefix of the temporary file a new `verified.json` is written to before
-/// it is renamed into place: `.verified.json.tmp-PID-NONCE`.
-pub(crate) const VERIFIED_TMP_PREFIX: &str = ".verified.json.tmp-";
 
 /// A ctime must be at least this much older than the clock reading taken
 /// before the stamp (nanoseconds) for the stamp to be recorded, on file
@@ -55,77 +45,6 @@ pub(crate) const RACY_WINDOW_NS: i128 = 50_000_000;
 /// a multiple of 10 ms: HFS+ and ext4 with small inodes keep whole
 /// seconds, FAT two seconds).
 pub(crate) const COARSE_RACY_WINDOW_NS: i128 = 2_100_000_000;
-
-/// The identity and change times of a file: `(st_dev, st_ino, st_size,
-/// st_mtime, st_ctime)`, times in nanoseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stamp {
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub mtime_ns: i128,
-    pub ctime_ns: i128,
-}
-
-impl Stamp {
-    /// The stamp of `m` (from `lstat` or `fstat`).
-    pub(crate) fn of(m: &Metadata) -> Stamp {
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
-            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
-
-/// One file's entry in `verified.json`: its stamp and the sha256 it had
-/// when it was verified (lower-case hex).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CacheEntry {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-    sha256: String,
-}
-
-impl CacheEntry {
-    pub(crate) fn new(s: Stamp, sha256: &str) -> CacheEntry {
-        CacheEntry {
-            dev: s.dev,
-            ino: s.ino,
-            size: s.size,
-            mtime_ns: s.mtime_ns,
-            ctime_ns: s.ctime_ns,
-            sha256: sha256.to_string(),
-        }
-    }
-
-    pub(crate) fn stamp(&self) -> Stamp {
-        Stamp {
-            dev: self.dev,
-            ino: self.ino,
-            size: self.size,
-            mtime_ns: self.mtime_ns,
-            ctime_ns: self.ctime_ns,
-        }
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CacheFile {
-    format: u32,
-    files: BTreeMap<String, CacheEntry>,
-}
-
-/// File name -> entry.
-pub(crate) type Entries = BTreeMap<String, CacheEntry>;
 
 /// The clock the racy-window decisions read and commit's wait sleeps on:
 /// [`SystemClock`], or a test's, so that the decisions are tested without
@@ -233,43 +152,7 @@ fn read_cache(path: &Path) -> std::result::Result<Option<Entries>, String> {
     if bytes.len() as u64 > MAX_VERIFIED_BYTES {
         return Err(format!("larger than the {MAX_VERIFIED_BYTES}-byte limit"));
     }
-    parse(&bytes).map(Some)
-}
-
-/// Check the contents of a `verified.json` as a verification reads them
-/// (at most [`MAX_VERIFIED_BYTES`], `format` [`VERIFIED_FORMAT`], known
-/// fields and file names only, hex digests); returns the number of
-/// entries. Whether an entry is then used depends on the files' current
-/// stamps and the manifest. For fuzzing and tools.
-pub fn parse_verified(bytes: &[u8]) -> std::result::Result<usize, ParseError> {
-    if bytes.len() as u64 > MAX_VERIFIED_BYTES {
-        return Err(ParseError(format!(
-            "larger than the {MAX_VERIFIED_BYTES}-byte limit"
-        )));
-    }
-    parse(bytes).map(|e| e.len()).map_err(ParseError)
-}
-
-/// Parse and check the contents of a `verified.json`.
-fn parse(bytes: &[u8]) -> std::result::Result<Entries, String> {
-    let c: CacheFile = serde_json::from_slice(bytes).map_err(|e| format!("malformed: {e}"))?;
-    if c.format != VERIFIED_FORMAT {
-        return Err(format!(
-            "cache format {} is not {VERIFIED_FORMAT}",
-            c.format
-        ));
-    }
-    for (name, e) in &c.files {
-        if !LAYER_FILES.contains(&name.as_str()) {
-            return Err(format!("entry for unknown file {name:?}"));
-        }
-        if !is_sha256_hex(&e.sha256) {
-            return Err(format!(
-                "entry for {name}: sha256 is not 64 lower-case hex digits"
-            ));
-        }
-    }
-    Ok(c.files)
+    parse(&bytes).map(Some).map_err(|e| e.0)
 }
 
 /// `true` if `entries` vouches for `file`: an entry whose stamp equals
@@ -277,7 +160,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<Entries, String> {
 pub(crate) fn vouches(entries: &Entries, file: &str, current: &Stamp, expect: &str) -> bool {
     entries
         .get(file)
-        .is_some_and(|e| e.stamp() == *current && e.sha256 == expect)
+        .is_some_and(|e| e.stamp() == *current && e.sha256() == expect)
 }
 
 /// Write `entries` as `dir/verified.json`, atomically: a new file
@@ -290,13 +173,7 @@ pub(crate) fn vouches(entries: &Entries, file: &str, current: &Stamp, expect: &s
 /// (it vouches only for a file whose stamp is unchanged since). Commit
 /// writes the cache into the work directory, which it fsyncs anyway.
 pub(crate) fn write_entries(dir: &Path, entries: &Entries) -> Result<()> {
-    let c = CacheFile {
-        format: VERIFIED_FORMAT,
-        files: entries.clone(),
-    };
-    let mut bytes = serde_json::to_vec_pretty(&c)
-        .map_err(|e| Error::Usage(format!("serializing {VERIFIED_FILE}: {e}")))?;
-    bytes.push(b'\n');
+    let bytes = encode(entries);
     let tmp = dir.join(format!(
         "{VERIFIED_TMP_PREFIX}{}-{:016x}",
         std::process::id(),
@@ -656,9 +533,6 @@ mod tests {
                 "{why}: {note}"
             );
         }
-        assert_eq!(parse_verified(good.as_bytes()), Ok(1));
-        assert!(parse_verified(b"{}").is_err());
-        assert!(parse_verified(&vec![b' '; MAX_VERIFIED_BYTES as usize + 1]).is_err());
         std::fs::remove_file(d.path().join(VERIFIED_FILE)).unwrap();
         std::os::unix::fs::symlink("elsewhere", d.path().join(VERIFIED_FILE)).unwrap();
         let (e, note) = load(d.path());

@@ -47,7 +47,8 @@ fn clone_unsupported(e: &io::Error) -> bool {
 
 /// Copy the regular file `src` to the new path `dst` (which must not
 /// exist), copy-on-write if the filesystem can: `clonefile` on macOS,
-/// `FICLONE` on Linux, otherwise [`sparse_copy`]. Falls back only when
+/// `FICLONE` on Linux, otherwise a sparse copy ([`CloneMethod::SparseCopy`]:
+/// the data regions copied, holes left holes). Falls back only when
 /// cloning is unsupported (ENOTSUP, EOPNOTSUPP, EXDEV, EINVAL, ENOTTY,
 /// ENOSYS). Returns the method used so the caller can log it. On error
 /// `dst` is removed if this call created it.
@@ -126,7 +127,7 @@ const COPY_CHUNK: usize = 1 << 20;
 /// Linux the data moves in the kernel (`copy_file_range`), falling back to
 /// `read`/`write` through a buffer where that is unsupported. On error
 /// `dst` is removed.
-pub fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
+fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
     sparse_copy_with(src, dst, true)
 }
 

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 /// A parser rejected its input. Carries no path: the reader that called the
 /// parser wraps it into [`Error::Corrupt`] naming the file.
+///
+/// Message: what is wrong, e.g. `bad magic: not a state file`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ParseError(pub String);
@@ -14,12 +16,18 @@ impl ParseError {
     }
 }
 
-/// Everything that can go wrong in the store. Each message is one line and
-/// names the file or snapshot concerned.
+/// Everything that can go wrong in the store, one variant per kind of
+/// failure so that callers can tell them apart without reading messages.
+/// Each message is one line and names the file or snapshot concerned; each
+/// variant's documentation gives its message, in capitals the fields.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An I/O operation on `path` failed.
+    /// An I/O operation on `path` failed; [`Error::io_error`] gives the OS
+    /// error (a store directory that does not exist is one of kind
+    /// `NotFound`).
+    ///
+    /// Message: `PATH: OP: ERR`, e.g. `vmstore/d1/memory.bin: read: Input/output error (os error 5)`.
     #[error("{}: {op}: {err}", path.display())]
     Io {
         /// File or directory the operation was about.
@@ -31,6 +39,8 @@ pub enum Error {
     },
     /// A file in the store is missing, malformed, truncated, corrupted or
     /// inconsistent with its manifest.
+    ///
+    /// Message: `PATH: MSG`, e.g. `vmstore/d1/memory.bin: sha256 mismatch: content is corrupted (...)`.
     #[error("{}: {msg}", path.display())]
     Corrupt {
         /// The offending file.
@@ -39,6 +49,8 @@ pub enum Error {
         msg: String,
     },
     /// A snapshot name does not match `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+    ///
+    /// Message: `invalid snapshot name "NAME": WHY`.
     #[error("invalid snapshot name {name:?}: {why}")]
     InvalidName {
         /// The rejected name.
@@ -47,6 +59,8 @@ pub enum Error {
         why: &'static str,
     },
     /// A restore spec is not `NAME` or `NAME+N`.
+    ///
+    /// Message: `invalid snapshot spec "SPEC": WHY`.
     #[error("invalid snapshot spec {spec:?}: {why}")]
     InvalidSpec {
         /// The rejected spec.
@@ -55,6 +69,9 @@ pub enum Error {
         why: String,
     },
     /// No snapshot of that name exists.
+    ///
+    /// Message: `snapshot 'NAME' not found in store STORE; existing: A, B`
+    /// (or `; the store is empty`).
     #[error("snapshot '{name}' not found in store {}; {}", store.display(), existing_list(existing))]
     NotFound {
         /// The name looked up.
@@ -65,6 +82,8 @@ pub enum Error {
         existing: Vec<String>,
     },
     /// A snapshot of that name already exists; nothing is overwritten.
+    ///
+    /// Message: `snapshot 'NAME' already exists in store STORE; refusing to overwrite it`.
     #[error("snapshot '{name}' already exists in store {}; refusing to overwrite it", store.display())]
     Exists {
         /// The name that is taken.
@@ -72,11 +91,77 @@ pub enum Error {
         /// The store directory.
         store: PathBuf,
     },
-    /// Chain resolution failed: a missing or replaced parent, a branch, a
-    /// chain too short for `NAME+N`, a cycle, or an inconsistent layer.
+    /// A layer's parent (or the parent a new layer names) is not in the
+    /// store.
+    ///
+    /// Message: `'LAYER' needs its parent 'PARENT', which is not in store STORE`.
+    #[error("'{layer}' needs its parent '{parent}', which is not in store {}", store.display())]
+    MissingParent {
+        /// The child layer (or the snapshot being written).
+        layer: String,
+        /// The parent it names.
+        parent: String,
+        /// The store directory.
+        store: PathBuf,
+    },
+    /// A layer's parent is in the store with another content hash than the
+    /// one the layer (or the snapshot being written) was made on: it was
+    /// replaced.
+    ///
+    /// Message: `parent 'PARENT' of 'LAYER' has changed since 'LAYER' was
+    /// taken: expected content hash EXPECTED, found FOUND (MANIFEST)`.
+    #[error("parent '{parent}' of '{layer}' has changed since '{layer}' was taken: expected content hash {expected}, found {found} ({})", manifest.display())]
+    ParentChanged {
+        /// The child layer (or the snapshot being written).
+        layer: String,
+        /// The parent.
+        parent: String,
+        /// The content hash the child records (lower-case hex).
+        expected: String,
+        /// The parent's content hash in the store.
+        found: String,
+        /// The parent's `manifest.json`.
+        manifest: PathBuf,
+    },
+    /// `NAME+N` names no single layer: a layer on the way has several
+    /// children, or the chain ends before `N` steps.
+    ///
+    /// Message: `'SPEC' is ambiguous: 'LAYER' has N children (A, B); restore
+    /// one of them by name (path so far: ...)` or `'SPEC' is too short:
+    /// only K layer(s) below 'NAME': PATH`.
+    #[error("'{spec}' is {why}")]
+    Descent {
+        /// The spec.
+        spec: String,
+        /// `ambiguous: ...` or `too short: ...`.
+        why: String,
+    },
+    /// Which layers build on which had to be known (removal, children,
+    /// `NAME+N`), and a layer of the store cannot be read, so it might be
+    /// a child.
+    ///
+    /// Message: `cannot tell which snapshots build on which: layer 'LAYER'
+    /// is unreadable: CAUSE`.
+    #[error("cannot tell which snapshots build on which: layer '{layer}' is unreadable: {cause}")]
+    UnreadableLayer {
+        /// The layer that cannot be read.
+        layer: String,
+        /// Why (in the message, so not also the error's `source()`).
+        cause: Box<Error>,
+    },
+    /// Layers do not form a chain: a diff as the base, a full layer above
+    /// it, a parent name or machine (geometry, vCPUs, backend, GIC mode)
+    /// that does not match, a cycle, or a chain deeper than
+    /// [`crate::MAX_CHAIN_DEPTH`].
+    ///
+    /// Message: what is wrong, naming the layers, e.g. `'d2' does not
+    /// match its parent 'd1': vcpus is 4 in 'd2' but 2 in 'd1'`.
     #[error("{0}")]
     Chain(String),
     /// A snapshot cannot be removed because other snapshots build on it.
+    ///
+    /// Message: `snapshot 'NAME' has children (A, B); remove them first or
+    /// remove recursively`.
     #[error("snapshot '{name}' has children ({}); remove them first or remove recursively", children.join(", "))]
     HasChildren {
         /// The snapshot asked for.
@@ -85,9 +170,18 @@ pub enum Error {
         children: Vec<String>,
     },
     /// The API was used wrongly (writer steps out of order, a buffer of the
-    /// wrong size, a name equal to its parent's, ...).
+    /// wrong size, a name equal to its parent's, metadata or a disk image
+    /// the store cannot hold, ...).
+    ///
+    /// Message: what was wrong, naming the snapshot, e.g. `snapshot 'd1':
+    /// no state written`.
     #[error("{0}")]
     Usage(String),
+    /// A thread of the store's own panicked (a bug).
+    ///
+    /// Message: `WHAT panicked`, e.g. `disk hashing thread panicked`.
+    #[error("{0} panicked")]
+    Panicked(&'static str),
 }
 
 fn existing_list(existing: &[String]) -> String {

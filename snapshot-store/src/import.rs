@@ -8,12 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cache::{until_settled, Clock, Stamp, SystemClock};
+use crate::cache::{until_settled, Clock, SystemClock};
 use crate::error::{Error, IoContext, Result};
-use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::format::manifest::listed_files;
+use crate::format::verified::Stamp;
+use crate::format::MANIFEST_FILE;
 use crate::fsutil::{set_readonly, sync_file};
 use crate::layer::{Chain, Layer, LayerMeta};
-use crate::manifest::Manifest;
 use crate::name::validate_name;
 use crate::progress::ProgressFn;
 use crate::store::Store;
@@ -37,15 +38,6 @@ pub struct LayerImport {
     name: String,
     tmp: PathBuf,
     finished: bool,
-}
-
-/// The files a layer with manifest `m` holds, `manifest.json` first.
-pub fn listed_files(m: &Manifest) -> Vec<&'static str> {
-    let mut files = vec![MANIFEST_FILE, MEMORY_FILE, STATE_FILE];
-    if m.disk.is_some() {
-        files.extend([DISK_FILE, DISK_CHUNKS_FILE]);
-    }
-    files
 }
 
 impl Store {
@@ -173,6 +165,7 @@ impl Drop for LayerImport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::MEMORY_FILE;
     use crate::hash::{hex, sha256};
 
     fn meta(parent: Option<&Layer>) -> LayerMeta {

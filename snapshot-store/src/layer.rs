@@ -7,16 +7,16 @@ use std::fs::File;
 use std::io::Read;
 use std::path::PathBuf;
 
-use crate::diff::diff_file_size;
 use crate::error::{Error, IoContext, Result};
-use crate::format::{DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use crate::hash::{hex, sha256};
-use crate::manifest::{
+use crate::format::diff::diff_file_size;
+use crate::format::manifest::{
     parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_MANIFEST_BYTES,
     ZERO_HASH,
 };
+use crate::format::state::STATE_HEADER_LEN;
+use crate::format::{DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::hash::{hex, sha256};
 use crate::readers::read_state_file;
-use crate::state::STATE_HEADER_LEN;
 use crate::time::rfc3339;
 
 /// One layer whose manifest has been read and checked (its other files have
@@ -215,15 +215,13 @@ pub(crate) fn check_link(parent: &Layer, child: &Layer) -> Result<()> {
         )));
     }
     if link.sha256 != parent.content_sha256 {
-        return Err(Error::Chain(format!(
-            "parent '{}' of '{}' has changed since '{}' was taken: expected content hash {}, found {} ({})",
-            parent.name,
-            child.name,
-            child.name,
-            link.sha256,
-            parent.content_sha256,
-            parent.manifest_path().display()
-        )));
+        return Err(Error::ParentChanged {
+            layer: child.name.clone(),
+            parent: parent.name.clone(),
+            expected: link.sha256.clone(),
+            found: parent.content_sha256.clone(),
+            manifest: parent.manifest_path(),
+        });
     }
     check_same_machine(&parent.manifest, &child.manifest, &parent.name, &child.name)
 }

@@ -15,17 +15,62 @@
 //! of the parent, and so on down the chain). The byte-level format is in
 //! `FORMAT.md`.
 //!
-//! At snapshot time the VMM calls [`Store::begin`], writes memory
-//! ([`SnapshotWriter::write_full_memory`] or
-//! [`SnapshotWriter::write_diff_memory`]), state
-//! ([`SnapshotWriter::write_state`]) and the disk
-//! ([`SnapshotWriter::clone_disk`], which re-hashes only the
-//! [`DISK_CHUNK_SIZE`] chunks the guest wrote since the parent, or
-//! [`SnapshotWriter::reuse_parent_disk`]), then [`SnapshotWriter::commit`], which
-//! makes the layer durable and visible atomically. At restore time it calls
-//! [`Store::resolve`], [`verify_chain_cached`], [`map_chain_memory`] (or
-//! [`map_base_memory`] and [`overlay_diffs_mapped`] to time the stages) and
-//! [`Layer::read_state`].
+//! # The crate
+//!
+//! The top level is the store as its users (the VMM, `vmstore`, the Python
+//! module) see it: [`Store`] and its reports, [`Layer`] and [`Chain`],
+//! [`SnapshotWriter`] and [`LayerImport`], verification, restore mapping,
+//! [`clone_file`], [`Error`]. [`format`](mod@format) has the codec of each
+//! layer file with its constants, one module per file (`format::diff`,
+//! `format::state`, `format::chunks`, `format::manifest`,
+//! `format::verified`, and `format::memory`, the memory digest), for
+//! tools and fuzzing; a user of the store needs them only to read a
+//! [`Layer`]'s manifest. `oci` moves chains to and from OCI registries
+//! (the `registry` feature).
+//!
+//! # Writing a layer
+//!
+//! [`Store::begin`] checks the name and the parent and returns a
+//! [`SnapshotWriter`] on a work directory inside the store. Memory, state
+//! and disk are each written once, in any order; then a commit makes the
+//! layer durable and visible atomically, or dropping the writer removes
+//! the work directory. The VMM, with every vCPU parked:
+//!
+//! 1. begins the disk, [`SnapshotWriter::begin_disk`]: a clone of the VM's
+//!    image where the file system makes one, otherwise a [`DiskCopy`] made
+//!    while the guest runs, the block device calling
+//!    [`DiskCopy::before_write`] before each write; a diff whose disk the
+//!    guest has not written since its parent skips this;
+//! 2. writes memory: [`SnapshotWriter::write_diff_from_ram`] (the pages
+//!    dirtied since the parent) or [`SnapshotWriter::write_full_memory`];
+//!    or, for a background snapshot that lets the guest run on, creates
+//!    the file with [`SnapshotWriter::memory_file`], fills it out of order
+//!    (each page saved before the guest may change it) and hands it back
+//!    to [`SnapshotWriter::finish_memory_file`];
+//! 3. writes its machine state, [`SnapshotWriter::write_state`];
+//! 4. completes the disk, [`SnapshotWriter::complete_disk`] (the copy
+//!    finished, and on a background thread the [`DISK_CHUNK_SIZE`] chunks
+//!    written since the parent re-hashed, the others' digests taken from
+//!    the parent's `disk.chunks`), or [`SnapshotWriter::reuse_parent_disk`]
+//!    (the parent's image and digests, nothing hashed);
+//! 5. commits with [`SnapshotWriter::commit_cache_later`]: the layer is
+//!    durable and visible on return, and the returned thread records the
+//!    files in `verified.json` once their timestamps have settled.
+//!
+//! [`SnapshotWriter::commit`] waits for the timestamps instead (up to
+//! 50 ms), and [`SnapshotWriter::clone_disk`] is `begin_disk` and
+//! `complete_disk` in one call (squash and the Python module use both);
+//! [`SnapshotWriter::write_diff_memory`] takes a diff's pages from
+//! anywhere rather than from a RAM image.
+//!
+//! # Restoring
+//!
+//! The VMM calls [`Store::resolve`] (a `NAME` or `NAME+N` spec to a
+//! [`Chain`], parent links and geometry checked), [`verify_chain_cached`]
+//! (sizes, headers and digests of every file), [`map_base_memory`] and
+//! [`overlay_diffs_mapped`] (or [`map_chain_memory`], both at once),
+//! [`Layer::read_state`], and [`clone_file`] for a private copy of the
+//! disk image.
 //!
 //! [`verify_chain_cached`] re-hashes only files that changed since they
 //! were last verified or written, per each layer's `verified.json` (file
@@ -36,12 +81,13 @@
 //! Everything read from a store is untrusted: reads are bounded, lengths and
 //! offsets checked, versions compared, and every error names the file.
 //! Nothing here measures time (callers time the stages they care about),
-//! except the registry transfers of [`oci`], whose reports give durations.
+//! except the registry transfers of `oci`, whose reports give durations.
 
 // The modules in layers, bottom first, one group per layer. A module
 // imports only from modules of the groups above its own, and names the
-// module it imports from (never these re-exports); `tests/layering.rs`
-// checks both and the size of each file.
+// module it imports from (never these re-exports); `format`, `writer` and
+// `oci` declare their submodules the same way. `tests/layering.rs` checks
+// all of it, and the sizes of files and functions.
 
 // Leaves: errors, progress reports, time.
 mod error;
@@ -51,22 +97,17 @@ mod time;
 // File-system helpers (durability, holes).
 mod fsutil;
 
-// What every layer file shares (names, format version, prelude), hashing,
-// snapshot names.
-mod format;
+// Hashing, snapshot names.
 mod hash;
 mod name;
 
-// The binary file codecs (diff, state, disk chunks), the verified-file
-// cache, file cloning.
-mod cache;
-mod chunks;
-mod clone;
-mod diff;
-mod state;
+// The layer files' codecs, one module per file, each beside its constants.
+pub mod format;
 
-// `manifest.json`, which pins every other file of a layer.
-mod manifest;
+// Hashing files read from disk, the verified-file cache, file cloning.
+mod cache;
+mod clone;
+mod file_hash;
 
 // Bounded reads of a layer's files, checked against its manifest.
 mod readers;
@@ -92,48 +133,22 @@ mod import;
 #[cfg(feature = "registry")]
 pub mod oci;
 
-pub use cache::{parse_verified, MAX_VERIFIED_BYTES, VERIFIED_FILE, VERIFIED_FORMAT};
-pub use chunks::{
-    check_chunk_geometry, disk_chunk_count, disk_chunks_file_size, disk_digest, encode_disk_chunks,
-    parse_disk_chunks, parse_disk_chunks_header, DiskChunks, DiskChunksHeader,
-    DISK_CHUNKS_HEADER_LEN, DISK_CHUNKS_MAGIC, DISK_CHUNK_SIZE, MAX_DISK_CHUNKS,
-    MAX_DISK_CHUNK_SIZE, MIN_DISK_CHUNK_SIZE,
-};
-pub use clone::{clone_file, sparse_copy, CloneMethod};
-pub use diff::{
-    diff_data_offset, diff_file_size, encode_diff_prefix, parse_diff_file, parse_diff_header,
-    parse_diff_prefix, DiffHeader, DiffView, DIFF_HEADER_LEN, DIFF_MAGIC,
-};
-pub use error::{Error, ParseError, Result};
-pub use format::{
-    FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, FORMAT_VERSION, LAYER_FILES, MANIFEST_FILE,
-    MAX_PAGE_SIZE, MAX_RAM_SIZE, MEMORY_FILE, MIN_PAGE_SIZE, STATE_FILE,
-};
-pub use hash::{
-    hex, memory_digest, sha256, MemoryDigest, Sha256Digest, MEMORY_CHUNK_SIZE, PROGRESS_MIN_BYTES,
-    PROGRESS_STEP_BYTES,
-};
-pub use import::{listed_files, LayerImport};
+pub use clone::{clone_file, CloneMethod};
+pub use error::{Error, Result};
+pub use format::chunks::DISK_CHUNK_SIZE;
+pub use hash::{hex, sha256, Sha256Digest};
+pub use import::LayerImport;
 pub use layer::{Chain, Layer, LayerMeta};
-pub use manifest::{
-    parse_manifest, DiskEntry, FileEntry, LayerKind, Manifest, ParentRef, MAX_CREATOR_LEN,
-    MAX_MANIFEST_BYTES, MAX_TAG_LEN, MAX_VCPUS,
-};
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
 pub use progress::{Progress, ProgressFn};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
 };
-pub use state::{
-    encode_state_header, parse_state, parse_state_header, StateHeader, MAX_STATE_BYTES,
-    STATE_HEADER_LEN, STATE_MAGIC,
-};
 pub use store::{
     GcReport, LayerSummary, LayerUsage, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,
 };
-pub use time::rfc3339;
 pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
-pub use writer::{CopyCounts, DiskClone, DiskCopy, MemoryFile, SnapshotWriter};
+pub use writer::{DiskClone, DiskCopy, MemoryFile, SnapshotWriter};

@@ -8,15 +8,17 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::chunks::{check_chunk_geometry, disk_chunks_file_size, parse_disk_chunks, DiskChunks};
-use crate::diff::{parse_diff_header, parse_diff_prefix, DiffHeader, DIFF_HEADER_LEN};
 use crate::error::{Error, IoContext, Result};
+use crate::format::chunks::{
+    check_chunk_geometry, disk_chunks_file_size, parse_disk_chunks, DiskChunks,
+};
+use crate::format::diff::{parse_diff_header, parse_diff_prefix, DiffHeader, DIFF_HEADER_LEN};
+use crate::format::manifest::{DiskEntry, Manifest};
+use crate::format::state::{parse_state, parse_state_header, STATE_HEADER_LEN};
 use crate::hash::hex;
-use crate::manifest::{DiskEntry, Manifest};
-use crate::state::{parse_state, parse_state_header, STATE_HEADER_LEN};
 
 /// Read `state.bin` at `path` with bounded reads: the header first, then
-/// exactly the payload it announces (never more than [`crate::MAX_STATE_BYTES`]).
+/// exactly the payload it announces (never more than [`crate::format::state::MAX_STATE_BYTES`]).
 pub(crate) fn read_state_file(path: &Path) -> Result<Vec<u8>> {
     let mut f = File::open(path).ctx(path, "open")?;
     let file_len = f.metadata().ctx(path, "stat")?.len();
@@ -174,7 +176,7 @@ pub(crate) fn check_disk_chunks_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::encode_state_header;
+    use crate::format::state::encode_state_header;
 
     fn file(payload: &[u8]) -> Vec<u8> {
         [&encode_state_header(payload).unwrap()[..], payload].concat()

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::diff::DiffHeader;
 use crate::error::{Error, IoContext, Result};
+use crate::format::diff::DiffHeader;
+use crate::format::manifest::LayerKind;
 use crate::layer::{Chain, Layer};
-use crate::manifest::LayerKind;
 use crate::readers::{check_diff_against_manifest, read_diff_prefix};
 
 fn ram_len(layer: &Layer) -> Result<usize> {

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::cache::VERIFIED_TMP_PREFIX;
 use crate::error::{Error, IoContext, Result};
+use crate::format::manifest::LayerKind;
+use crate::format::verified::VERIFIED_TMP_PREFIX;
 use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
 use crate::layer::{Chain, Layer};
-use crate::manifest::LayerKind;
 use crate::name::{validate_name, Spec};
 
 /// Default store directory, relative to the working directory.
@@ -213,10 +213,9 @@ impl Store {
             if Some(name.as_str()) == skip {
                 continue;
             }
-            let layer = self.layer(&name).map_err(|e| {
-                Error::Chain(format!(
-                    "cannot tell which snapshots build on which: layer '{name}' is unreadable: {e}"
-                ))
+            let layer = self.layer(&name).map_err(|e| Error::UnreadableLayer {
+                layer: name.clone(),
+                cause: Box::new(e),
             })?;
             out.insert(name, layer);
         }
@@ -260,9 +259,7 @@ impl Store {
             loaded.insert(start.name.clone(), start);
             spec.name.clone()
         } else {
-            loaded = self
-                .load_all(None)
-                .map_err(|e| Error::Chain(format!("cannot follow '{spec}': {e}")))?;
+            loaded = self.load_all(None)?;
             let children = Self::children_map(&loaded);
             let mut path = vec![start.name];
             for step in 0..spec.descend {
@@ -270,24 +267,30 @@ impl Store {
                 let kids = children.get(cur).map(Vec::as_slice).unwrap_or(&[]);
                 match kids {
                     [] => {
-                        return Err(Error::Chain(format!(
-                            "'{spec}' is too short: only {step} layer(s) below '{}': {}",
-                            spec.name,
-                            path.join(" -> ")
-                        )))
+                        return Err(Error::Descent {
+                            spec: spec.to_string(),
+                            why: format!(
+                                "too short: only {step} layer(s) below '{}': {}",
+                                spec.name,
+                                path.join(" -> ")
+                            ),
+                        })
                     }
                     [only] => path.push(only.clone()),
                     many => {
-                        return Err(Error::Chain(format!(
-                            "'{spec}' is ambiguous: '{cur}' has {} children ({}); restore one of them by name{}",
-                            many.len(),
-                            many.join(", "),
-                            if step == 0 {
-                                String::new()
-                            } else {
-                                format!(" (path so far: {})", path.join(" -> "))
-                            }
-                        )))
+                        return Err(Error::Descent {
+                            spec: spec.to_string(),
+                            why: format!(
+                                "ambiguous: '{cur}' has {} children ({}); restore one of them by name{}",
+                                many.len(),
+                                many.join(", "),
+                                if step == 0 {
+                                    String::new()
+                                } else {
+                                    format!(" (path so far: {})", path.join(" -> "))
+                                }
+                            ),
+                        })
                     }
                 }
             }
@@ -321,12 +324,11 @@ impl Store {
                 )));
             }
             if !self.contains(&link.name) {
-                return Err(Error::Chain(format!(
-                    "'{}' needs its parent '{}', which is not in store {}",
-                    cur.name,
-                    link.name,
-                    self.root.display()
-                )));
+                return Err(Error::MissingParent {
+                    layer: cur.name.clone(),
+                    parent: link.name,
+                    store: self.root.clone(),
+                });
             }
             let parent = match loaded.remove(&link.name) {
                 Some(l) => l,

@@ -11,7 +11,7 @@ pub(crate) fn now_unix() -> u64 {
 }
 
 /// `unix` seconds as RFC 3339 UTC, e.g. `2026-06-13T09:41:07Z`.
-pub fn rfc3339(unix: u64) -> String {
+pub(crate) fn rfc3339(unix: u64) -> String {
     let days = unix / 86_400;
     let secs = unix % 86_400;
     let (y, m, d) = civil_from_days(days);

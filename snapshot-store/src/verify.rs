@@ -8,19 +8,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use crate::cache::{self, CacheEntry, Clock, Entries, Stamp, SystemClock};
-use crate::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest, hash_disk};
+use crate::cache::{self, Clock, SystemClock};
 use crate::error::{Error, IoContext, Result};
+use crate::file_hash::{hash_disk, memory_digest_file, sha256_open_file};
+use crate::format::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest};
+use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
+use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
+use crate::format::verified::{CacheEntry, Entries, Stamp, VERIFIED_FILE};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use crate::hash::{hex, memory_digest_file, sha256_open_file};
+use crate::hash::hex;
 use crate::layer::{check_link, Chain, Layer};
-use crate::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::progress::ProgressFn;
 use crate::readers::{
     check_diff_against_manifest, check_disk_chunks_file, read_diff_prefix, read_disk_chunks,
     read_up_to,
 };
-use crate::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::store::Store;
 
 /// How the sha256 of a verified file was established.
@@ -75,7 +77,7 @@ pub struct VerifyReport {
 enum Check {
     /// The sha256 of the whole file equals the job's `expect`.
     File,
-    /// `memory.bin`: its [`crate::MemoryDigest`] equals the job's `expect`.
+    /// `memory.bin`: its [`crate::format::memory::MemoryDigest`] equals the job's `expect`.
     Memory,
     /// `disk.chunks`: well-formed, agrees with the manifest's disk entry,
     /// and its digest list hashes to `expect`.
@@ -389,7 +391,7 @@ fn run_jobs(
         .map(|m| {
             m.into_inner()
                 .unwrap_or_else(PoisonError::into_inner)
-                .unwrap_or_else(|| Err(Error::Usage("file was not hashed".into())))
+                .unwrap_or(Err(Error::Panicked("a hashing thread")))
         })
         .collect()
 }
@@ -418,7 +420,7 @@ fn check_jobs(
             } else {
                 match hashed.next() {
                     Some(r) => r.map(Outcome::Hashed),
-                    None => Err(Error::Usage("file was not hashed".into())),
+                    None => Err(Error::Panicked("a hashing thread")),
                 }
             }
         })
@@ -446,7 +448,7 @@ fn refresh_cache(cache: &LayerCache, checked: &[(&Job, Outcome)]) -> Option<Stri
     match cache::write_entries(&cache.dir, &new) {
         Ok(()) => None,
         Err(e) => {
-            let note = format!("{e}; {} not updated", cache::VERIFIED_FILE);
+            let note = format!("{e}; {} not updated", VERIFIED_FILE);
             tracing::debug!("{note}");
             Some(note)
         }
@@ -603,11 +605,11 @@ impl Store {
             let r = self.layer(name).and_then(|layer| {
                 if let Some(p) = &layer.manifest.parent {
                     if !self.contains(&p.name) {
-                        return Err(Error::Chain(format!(
-                            "'{name}' needs its parent '{}', which is not in store {}",
-                            p.name,
-                            self.root().display()
-                        )));
+                        return Err(Error::MissingParent {
+                            layer: name.clone(),
+                            parent: p.name.clone(),
+                            store: self.root().to_path_buf(),
+                        });
                     }
                     let parent = self.layer(&p.name)?;
                     check_link(&parent, &layer)?;

@@ -1,13 +1,21 @@
 //! Writing a layer: a work directory inside the store, then an atomic,
-//! durable commit. The disk's part is `writer/disk.rs`.
+//! durable commit. The memory file filled out of order is
+//! `writer/memory.rs`, the disk `writer/disk.rs`, and the disk copied while
+//! the VM runs `writer/disk_copy.rs`.
 
-mod disk;
+// The submodules in layers, bottom first, as in `lib.rs`
+// (`tests/layering.rs` checks it).
+
+// A disk image copied while the VM runs.
 mod disk_copy;
+
+// The writer's memory file and disk.
+mod disk;
 mod memory;
 
 pub use disk::DiskClone;
 use disk::DiskJob;
-pub use disk_copy::{CopyCounts, DiskCopy};
+pub use disk_copy::DiskCopy;
 pub use memory::MemoryFile;
 
 use std::fs::{File, OpenOptions};
@@ -16,16 +24,18 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES, VERIFIED_FILE};
-use crate::diff::encode_diff_prefix;
+use crate::cache::{record_written, SystemClock, COMMIT_WAIT_MIN_BYTES};
 use crate::error::{Error, IoContext, Result};
+use crate::format::diff::encode_diff_prefix;
+use crate::format::manifest::FileEntry;
+use crate::format::memory::{memory_digest, MemoryDigest};
+use crate::format::state::encode_state_header;
+use crate::format::verified::VERIFIED_FILE;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
-use crate::hash::{hex, memory_digest, sha256, MemoryDigest};
+use crate::hash::{hex, sha256};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
-use crate::manifest::FileEntry;
 use crate::name::validate_name;
-use crate::state::encode_state_header;
 use crate::store::{Store, DEL_PREFIX, TMP_PREFIX};
 
 /// Check that `meta.parent` exists with the recorded content hash and
@@ -35,18 +45,21 @@ fn check_parent(store: &Store, name: &str, meta: &LayerMeta) -> Result<()> {
         return Ok(());
     };
     if !store.contains(&p.name) {
-        return Err(Error::Chain(format!(
-            "parent '{}' of new snapshot '{name}' is not in store {}",
-            p.name,
-            store.root().display()
-        )));
+        return Err(Error::MissingParent {
+            layer: name.to_string(),
+            parent: p.name.clone(),
+            store: store.root().to_path_buf(),
+        });
     }
     let parent = store.layer(&p.name)?;
     if parent.content_sha256 != p.sha256 {
-        return Err(Error::Chain(format!(
-            "parent '{}' has changed (content hash {} in the store, {} expected); refusing to write a diff on top of it",
-            p.name, parent.content_sha256, p.sha256
-        )));
+        return Err(Error::ParentChanged {
+            layer: name.to_string(),
+            parent: p.name.clone(),
+            expected: p.sha256.clone(),
+            found: parent.content_sha256.clone(),
+            manifest: parent.manifest_path(),
+        });
     }
     let probe = meta.manifest(
         name,
@@ -287,7 +300,7 @@ impl SnapshotWriter {
 
     /// Write the full RAM image: `ram` is all of guest RAM (`ram_size`
     /// bytes). Only for layers without a parent. Zero pages are left as
-    /// holes. The digest ([`crate::MemoryDigest`]) is computed on a second
+    /// holes. The digest ([`MemoryDigest`]) is computed on a second
     /// thread while the file is written.
     pub fn write_full_memory(&mut self, ram: &[u8]) -> Result<()> {
         self.check_no_memory()?;
@@ -312,7 +325,7 @@ impl SnapshotWriter {
             let written = write_sparse(&mut f, ram, page).ctx(&path, "write");
             let digest = hasher.join();
             written?;
-            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+            digest.map_err(|_| Error::Panicked("sha256 thread"))
         })?;
         self.memory = Some((
             FileEntry {
@@ -369,7 +382,7 @@ impl SnapshotWriter {
             let written = write_diff_sparse(&mut f, &path, &bufs, size);
             let digest = hasher.join();
             written?;
-            digest.map_err(|_| Error::Usage("sha256 thread panicked".into()))
+            digest.map_err(|_| Error::Panicked("sha256 thread"))
         })?;
         self.memory = Some((
             FileEntry {
@@ -411,7 +424,7 @@ impl SnapshotWriter {
     }
 
     /// Write the VMM's machine state (opaque bytes, at most
-    /// [`crate::MAX_STATE_BYTES`]), wrapped in the `state.bin` envelope.
+    /// [`crate::format::state::MAX_STATE_BYTES`]), wrapped in the `state.bin` envelope.
     pub fn write_state(&mut self, payload: &[u8]) -> Result<()> {
         if self.state.is_some() {
             return Err(Error::Usage(format!(

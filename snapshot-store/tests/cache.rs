@@ -8,10 +8,9 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use snapshot_store::{
-    verify_chain, verify_chain_cached, HashSource, Store, VerifyReport, LAYER_FILES,
-    MAX_VERIFIED_BYTES, MEMORY_FILE, STATE_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::verified::{MAX_VERIFIED_BYTES, VERIFIED_FILE};
+use snapshot_store::format::{LAYER_FILES, MEMORY_FILE, STATE_FILE};
+use snapshot_store::{verify_chain, verify_chain_cached, HashSource, Store, VerifyReport};
 
 /// Larger than the size above which commit waits for stamps to settle
 /// (32 MiB), so that commit takes that path.
@@ -294,9 +293,17 @@ fn bad_cache_files_are_ignored() {
         assert_eq!(std::fs::read(&mem).unwrap(), mem_bytes);
         warm(&fx);
     }
+}
 
-    // A cache that is a directory: ignored, and not replaceable; the
-    // verification passes and says so.
+#[test]
+fn a_cache_that_is_a_directory_is_ignored() {
+    // Ignored, and not replaceable; the verification passes and says so.
+    let fx = chain(8 * PS as usize);
+    make_writable(fx.store.root());
+    warm(&fx);
+    let golden = fx.store.root().join("golden");
+    let cache = golden.join(VERIFIED_FILE);
+    let mem = golden.join(MEMORY_FILE);
     std::fs::remove_file(&cache).unwrap();
     std::fs::create_dir(&cache).unwrap();
     std::fs::write(cache.join("x"), b"x").unwrap();

@@ -122,7 +122,7 @@ fn run_seed(seed: u64) {
     // Restoring never wrote to the base file.
     let b = store.layer("g0").unwrap();
     assert_eq!(
-        snapshot_store::hex(&snapshot_store::memory_digest(
+        snapshot_store::hex(&snapshot_store::format::memory::memory_digest(
             &std::fs::read(b.memory_path()).unwrap()
         )),
         base_digest
@@ -140,7 +140,8 @@ fn restored_chain_equals_full_dump() {
 fn overlay_coalesces_runs_without_offset_errors() {
     // Pages whose contents encode their own number make any offset error
     // visible: a full layer of zeros, then diffs writing runs that end at
-    // the last page (the case of Firecracker #5696) and single pages.
+    // RAM's last page (where an off-by-one in merging a run of pages would
+    // drop or shift the final page) and single pages.
     let dir = tempfile::tempdir().unwrap();
     let store = Store::create(dir.path().join("s")).unwrap();
     let pages = 20u64;

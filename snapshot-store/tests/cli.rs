@@ -278,7 +278,12 @@ fn verify_cached() {
     let out = ok(root, &["verify", "--cached", "d2"]);
     assert!(out.contains(", 14 files ("), "{out}");
     // A bad cache is reported on stderr, not fatal.
-    std::fs::write(root.join("d1").join(snapshot_store::VERIFIED_FILE), b"[").unwrap();
+    std::fs::write(
+        root.join("d1")
+            .join(snapshot_store::format::verified::VERIFIED_FILE),
+        b"[",
+    )
+    .unwrap();
     let o = vmstore(root, &["verify", "--cached", "d2"]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(

@@ -11,10 +11,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use snapshot_store::{
-    map_chain_memory, verify_chain, verify_chain_cached, Chain, Store, DISK_CHUNKS_FILE, DISK_FILE,
-    MEMORY_FILE, VERIFIED_FILE,
-};
+use snapshot_store::format::verified::VERIFIED_FILE;
+use snapshot_store::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE};
+use snapshot_store::{map_chain_memory, verify_chain, verify_chain_cached, Chain, Error, Store};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -213,7 +212,9 @@ fn deleted_parent_is_a_clear_error() {
     let fx = fixture();
     std::fs::remove_dir_all(fx.store.root().join("d1")).unwrap();
     let before = fingerprint(fx.store.root());
-    let e = restore(&fx.store, "d2").unwrap_err().to_string();
+    let e = restore(&fx.store, "d2").unwrap_err();
+    assert!(matches!(e, Error::MissingParent { .. }), "{e}");
+    let e = e.to_string();
     assert!(
         e.contains("'d2' needs its parent 'd1'") && e.contains("not in store"),
         "{e}"
@@ -234,7 +235,9 @@ fn replaced_parent_is_a_clear_error() {
     let g = fx.store.layer("golden").unwrap();
     diff(&fx.store, "d1", &g, &fx.ram, &[2], b"other", None);
     let before = fingerprint(fx.store.root());
-    let e = restore(&fx.store, "d2").unwrap_err().to_string();
+    let e = restore(&fx.store, "d2").unwrap_err();
+    assert!(matches!(e, Error::ParentChanged { .. }), "{e}");
+    let e = e.to_string();
     assert!(
         e.contains("parent 'd1' of 'd2' has changed") && e.contains("d1/manifest.json"),
         "{e}"

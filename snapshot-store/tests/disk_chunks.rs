@@ -11,9 +11,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use common::*;
+use snapshot_store::format::chunks::{parse_disk_chunks, DISK_CHUNKS_HEADER_LEN};
+use snapshot_store::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE};
 use snapshot_store::{
-    hex, parse_disk_chunks, sha256, verify_chain, verify_chain_cached, Layer, Store,
-    DISK_CHUNKS_FILE, DISK_CHUNKS_HEADER_LEN, DISK_CHUNK_SIZE, DISK_FILE, MANIFEST_FILE,
+    hex, sha256, verify_chain, verify_chain_cached, Layer, Store, DISK_CHUNK_SIZE,
 };
 
 const C: u64 = DISK_CHUNK_SIZE;
@@ -269,7 +270,7 @@ fn layers_of_older_major_versions_are_refused() {
     // memory.bin whole; 1.0 also disk.img).
     for major in [1, 2] {
         let mut m = g.manifest.clone();
-        m.format = snapshot_store::FormatVersion { major, minor: 0 };
+        m.format = snapshot_store::format::FormatVersion { major, minor: 0 };
         m.seal();
         std::fs::write(g.dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
         let e = s.resolve("g").unwrap_err().to_string();

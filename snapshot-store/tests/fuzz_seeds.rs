@@ -7,9 +7,11 @@
 
 use std::path::Path;
 
-use snapshot_store::{
-    parse_diff_file, parse_disk_chunks, parse_manifest, parse_state, parse_verified,
-};
+use snapshot_store::format::chunks::parse_disk_chunks;
+use snapshot_store::format::diff::parse_diff_file;
+use snapshot_store::format::manifest::parse_manifest;
+use snapshot_store::format::state::parse_state;
+use snapshot_store::format::verified::parse_verified;
 
 /// Largest total size of the seed corpus, in bytes.
 const MAX_CORPUS_BYTES: u64 = 1 << 20;

@@ -56,7 +56,10 @@ fn plus_n_descends_single_child_chains() {
 fn branch_lists_the_children() {
     let (_d, s) = fixture();
     let e = s.resolve("golden+3").unwrap_err();
-    assert!(matches!(e, Error::Chain(_)), "{e}");
+    assert!(
+        matches!(&e, Error::Descent { spec, .. } if spec == "golden+3"),
+        "{e}"
+    );
     let e = e.to_string();
     assert!(
         e.contains("'d2' has 2 children (d3a, d3b)") && e.contains("golden -> d1 -> d2"),
@@ -69,7 +72,9 @@ fn branch_lists_the_children() {
 #[test]
 fn too_short_shows_what_exists() {
     let (_d, s) = fixture();
-    let e = s.resolve("d3a+2").unwrap_err().to_string();
+    let e = s.resolve("d3a+2").unwrap_err();
+    assert!(matches!(e, Error::Descent { .. }), "{e}");
+    let e = e.to_string();
     assert!(
         e.contains("too short")
             && e.contains("only 1 layer(s) below 'd3a'")
@@ -119,7 +124,15 @@ fn unreadable_layer_blocks_descent_but_not_plain_names() {
     // A plain name needs only its ancestry.
     assert_eq!(names(&s, "d2"), "golden -> d1 -> d2");
     // NAME+N cannot know whether 'junk' is a child.
-    let e = s.resolve("golden+1").unwrap_err().to_string();
+    let e = s.resolve("golden+1").unwrap_err();
+    match &e {
+        Error::UnreadableLayer { layer, cause } => {
+            assert_eq!(layer, "junk");
+            assert!(matches!(**cause, Error::Corrupt { .. }), "{cause}");
+        }
+        e => panic!("{e}"),
+    }
+    let e = e.to_string();
     assert!(
         e.contains("'junk' is unreadable") && e.contains("manifest.json"),
         "{e}"

@@ -5,10 +5,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use snapshot_store::{
-    verify_chain, CloneMethod, Error, LayerKind, Store, DISK_CHUNKS_FILE, LAYER_FILES,
-    MANIFEST_FILE, MEMORY_FILE,
-};
+use snapshot_store::format::manifest::LayerKind;
+use snapshot_store::format::{DISK_CHUNKS_FILE, LAYER_FILES, MANIFEST_FILE, MEMORY_FILE};
+use snapshot_store::{verify_chain, CloneMethod, Error, Store};
 
 fn store() -> (tempfile::TempDir, Store) {
     let d = tempfile::tempdir().unwrap();
@@ -134,13 +133,22 @@ fn parent_checks_at_begin() {
     // Missing parent.
     let mut m = golden.child_meta("t");
     m.parent.as_mut().unwrap().name = "ghost".into();
-    let e = s.begin("d1", m).unwrap_err().to_string();
+    let e = s.begin("d1", m).unwrap_err();
+    assert!(
+        matches!(&e, Error::MissingParent { layer, parent, .. } if layer == "d1" && parent == "ghost"),
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(e.contains("'ghost'") && e.contains("not in store"), "{e}");
     // Wrong parent hash.
     let mut m = golden.child_meta("t");
     m.parent.as_mut().unwrap().sha256 = "0".repeat(64);
-    let e = s.begin("d1", m).unwrap_err().to_string();
-    assert!(e.contains("has changed"), "{e}");
+    let e = s.begin("d1", m).unwrap_err();
+    assert!(
+        matches!(&e, Error::ParentChanged { expected, found, .. } if *expected == "0".repeat(64) && *found == golden.content_sha256),
+        "{e}"
+    );
+    assert!(e.to_string().contains("has changed"), "{e}");
     // Another GIC mode.
     let mut m = golden.child_meta("t");
     m.gic_mode = "hvf".into();
@@ -233,7 +241,7 @@ fn work_dir_is_removed_on_every_error() {
 fn state_size_is_bounded() {
     let (_d, s) = store();
     let mut w = s.begin("a", meta(4 * PS)).unwrap();
-    let big = vec![0u8; snapshot_store::MAX_STATE_BYTES as usize + 1];
+    let big = vec![0u8; snapshot_store::format::state::MAX_STATE_BYTES as usize + 1];
     let e = w.write_state(&big).unwrap_err();
     assert!(e.to_string().contains("limit"), "{e}");
     w.write_state(b"ok").unwrap();
@@ -340,7 +348,7 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     settle();
     // Warm golden's verified-file cache.
     snapshot_store::verify_chain(&s.resolve("golden").unwrap()).unwrap();
-    let golden_disk = g.dir.join(snapshot_store::DISK_FILE);
+    let golden_disk = g.dir.join(snapshot_store::format::DISK_FILE);
     let before = std::fs::metadata(&golden_disk).unwrap();
 
     let mut w = s.begin("d1", g.child_meta("test")).unwrap();
@@ -349,7 +357,7 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     let clone = w.reuse_parent_disk().unwrap();
     assert_eq!((clone.chunks, clone.hashed), (1, 0));
     let d1 = w.commit().unwrap();
-    let d1_disk = d1.dir.join(snapshot_store::DISK_FILE);
+    let d1_disk = d1.dir.join(snapshot_store::format::DISK_FILE);
     let after = std::fs::metadata(&golden_disk).unwrap();
     assert_eq!(
         std::fs::read(&d1_disk).unwrap(),

@@ -4,7 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use snapshot_store::{encode_diff_prefix, parse_diff_file, parse_diff_header, parse_diff_prefix};
+use snapshot_store::format::diff::{
+    encode_diff_prefix, parse_diff_file, parse_diff_header, parse_diff_prefix,
+};
 
 fuzz_target!(|data: &[u8]| {
     let header = parse_diff_header(data);

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use snapshot_store::{
+use snapshot_store::format::chunks::{
     disk_chunk_count, encode_disk_chunks, parse_disk_chunks, parse_disk_chunks_header,
     MAX_DISK_CHUNKS,
 };

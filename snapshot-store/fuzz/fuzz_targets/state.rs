@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use snapshot_store::{
+use snapshot_store::format::state::{
     encode_state_header, parse_state, parse_state_header, MAX_STATE_BYTES, STATE_HEADER_LEN,
 };
 

@@ -6,9 +6,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let r = snapshot_store::parse_verified(data);
+    let r = snapshot_store::format::verified::parse_verified(data);
     if let Ok(n) = r {
-        assert!(n <= snapshot_store::LAYER_FILES.len());
+        assert!(n <= snapshot_store::format::LAYER_FILES.len());
     }
-    assert_eq!(snapshot_store::parse_verified(data), r);
+    assert_eq!(snapshot_store::format::verified::parse_verified(data), r);
 });

@@ -35,7 +35,7 @@ fn pack_diff<'py>(
     let (packed, secs) = buf::with_bytes(py, &ram, |bytes| {
         let t = Instant::now();
         // Checks the geometry and that every page is inside `ram`.
-        let prefix = ss::encode_diff_prefix(page_size, bytes.len() as u64, &pages)
+        let prefix = ss::format::diff::encode_diff_prefix(page_size, bytes.len() as u64, &pages)
             .map_err(|e| e.to_string())?;
         let mut out = Vec::with_capacity(prefix.len() + pages.len() * page_size as usize);
         out.extend_from_slice(&prefix);
@@ -60,7 +60,7 @@ fn _vmstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_diff, m)?)?;
     m.add("StoreError", m.py().get_type::<types::StoreError>())?;
     m.add("VerifyError", m.py().get_type::<types::VerifyError>())?;
-    m.add("MEMORY_CHUNK_SIZE", ss::MEMORY_CHUNK_SIZE)?;
-    m.add("MAX_STATE_BYTES", ss::MAX_STATE_BYTES)?;
+    m.add("MEMORY_CHUNK_SIZE", ss::format::memory::MEMORY_CHUNK_SIZE)?;
+    m.add("MAX_STATE_BYTES", ss::format::state::MAX_STATE_BYTES)?;
     Ok(())
 }

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{recordable, Clock, Stamp, SystemClock};
+use crate::cache::{recordable, Clock, SystemClock};
+use crate::format::verified::Stamp;
 use crate::fsutil::nonce;
 use crate::store::TMP_PREFIX;
 

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ParseError;
+use crate::format::manifest::Manifest;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, is_sha256_hex, sha256};
-use crate::manifest::Manifest;
 
 use super::RegistryError;
 
@@ -66,7 +67,7 @@ impl std::fmt::Display for Compression {
 }
 
 /// The media type of the blob of layer file `file` (a name from
-/// [`crate::LAYER_FILES`] other than `manifest.json`), or `None` for any
+/// [`crate::format::LAYER_FILES`] other than `manifest.json`), or `None` for any
 /// other name.
 pub fn file_media_type(file: &str, compression: Compression) -> Option<String> {
     let base = match file {
@@ -106,16 +107,17 @@ pub fn digest_of(data: &[u8]) -> String {
 }
 
 /// The 64 hex digits of an OCI digest `sha256:HEX`. Other algorithms are
-/// refused: the store pins everything with sha256.
-pub fn digest_hex(digest: &str) -> Result<&str, String> {
+/// refused (a [`ParseError`] saying so): the store pins everything with
+/// sha256.
+pub fn digest_hex(digest: &str) -> Result<&str, ParseError> {
     match digest.strip_prefix("sha256:") {
         Some(h) if is_sha256_hex(h) => Ok(h),
-        Some(_) => Err(format!(
+        Some(_) => Err(ParseError::new(format!(
             "digest {digest:?} is not sha256: followed by 64 lower-case hex digits"
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(ParseError::new(format!(
             "digest {digest:?} does not use sha256, the only algorithm accepted"
-        )),
+        ))),
     }
 }
 
@@ -149,7 +151,7 @@ pub struct ArtifactManifest {
     /// The layer's `manifest.json` ([`CONFIG_MEDIA_TYPE`]); its digest is
     /// the layer's content hash.
     pub config: Descriptor,
-    /// The layer's other files, in [`crate::LAYER_FILES`] order, each with
+    /// The layer's other files, in [`crate::format::LAYER_FILES`] order, each with
     /// its [`ANNOTATION_TITLE`].
     pub layers: Vec<Descriptor>,
     /// A diff's parent: the parent layer's OCI manifest. Absent for a full
@@ -175,7 +177,7 @@ pub struct FileBlob {
 impl ArtifactManifest {
     /// The OCI manifest of the layer whose `manifest.json` is `config` (its
     /// parsed form `m`), with the file blobs `blobs` (`(file, compression,
-    /// digest, blob size)`, in [`crate::LAYER_FILES`] order) and, for a
+    /// digest, blob size)`, in [`crate::format::LAYER_FILES`] order) and, for a
     /// diff, the parent's OCI manifest `subject` (`(digest, size)`).
     pub fn build(
         m: &Manifest,
@@ -273,7 +275,7 @@ impl ArtifactManifest {
         all.extend(a.subject.as_ref());
         all.extend(&a.layers);
         for d in all {
-            digest_hex(&d.digest).map_err(bad)?;
+            digest_hex(&d.digest).map_err(|e| bad(e.0))?;
         }
         if let Some(s) = &a.subject {
             if s.media_type != OCI_MANIFEST_MEDIA_TYPE {
@@ -326,7 +328,7 @@ impl ArtifactManifest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::LayerKind;
+    use crate::format::manifest::LayerKind;
 
     fn blobs() -> Vec<(&'static str, Compression, String, u64)> {
         vec![
@@ -368,14 +370,14 @@ mod tests {
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(digest_hex(&d).unwrap(), &d[7..]);
-        assert!(digest_hex("sha512:00").unwrap_err().contains("sha256"));
+        assert!(digest_hex("sha512:00").unwrap_err().0.contains("sha256"));
         assert!(digest_hex(&d.to_uppercase().replace("SHA256", "sha256")).is_err());
         assert!(digest_hex("sha256:abc").is_err());
     }
 
     #[test]
     fn the_manifest_of_a_full_layer_byte_for_byte() {
-        let mut m = crate::manifest::tests::sample(LayerKind::Full);
+        let mut m = crate::format::manifest::tests::sample(LayerKind::Full);
         m.name = "golden".into();
         let config = b"{}\n";
         let a = ArtifactManifest::build(&m, config, &blobs(), None);
@@ -405,7 +407,7 @@ mod tests {
 
     #[test]
     fn a_diff_names_its_parent_manifest_in_subject() {
-        let m = crate::manifest::tests::sample(LayerKind::Diff);
+        let m = crate::format::manifest::tests::sample(LayerKind::Diff);
         let parent = digest_of(b"parent manifest");
         let mut b = blobs();
         b[0].1 = Compression::Zstd;
@@ -422,7 +424,7 @@ mod tests {
 
     #[test]
     fn parse_refuses_what_is_not_a_layer() {
-        let m = crate::manifest::tests::sample(LayerKind::Full);
+        let m = crate::format::manifest::tests::sample(LayerKind::Full);
         let good = ArtifactManifest::build(&m, b"{}", &blobs(), None);
         let check = |f: &dyn Fn(&mut ArtifactManifest), want: &str| {
             let mut a = good.clone();

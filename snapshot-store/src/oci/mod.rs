@@ -9,7 +9,7 @@
 //! artifacts") and [`layout`]. The wire protocol is the OCI
 //! distribution-spec v1.1, spoken by the `oci-client` crate; this module
 //! runs it on a tokio current-thread runtime of its own, so its entry
-//! points ([`push`], [`pull`]) are blocking.
+//! points ([`push()`], [`pull()`]) are blocking.
 //!
 //! Pushing sends only the blobs the registry does not have (a `HEAD` per
 //! blob, then a cross-repository mount if a source repository is given);
@@ -18,11 +18,20 @@
 //! each layer, and commits each layer atomically, base first
 //! ([`crate::LayerImport`]).
 
+// The submodules in layers, bottom first, as in `lib.rs`
+// (`tests/layering.rs` checks it).
+
+// The artifacts' layout, registry credentials.
 mod auth;
+pub mod layout;
+
+// Blobs to and from files, the registry client, the cache of pushed
+// blobs' digests.
 mod blobio;
 mod client;
 mod digests;
-pub mod layout;
+
+// Push and pull.
 mod pull;
 mod push;
 
@@ -38,13 +47,16 @@ pub use layout::{
 pub use pull::{pull, PullOptions, PullReport, PulledLayer};
 pub use push::{push, BlobStatus, PushOptions, PushReport, PushedBlob, PushedLayer};
 
-/// Everything that can go wrong moving layers to or from a registry. Each
-/// message is one line naming the reference, layer, file or digest
-/// concerned.
+/// Everything that can go wrong moving layers to or from a registry, one
+/// variant per kind of failure. Each message is one line naming the
+/// reference, layer, file or digest concerned; each variant's
+/// documentation gives its message, in capitals the fields.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
     /// A reference is not `REGISTRY/REPOSITORY[:TAG][@DIGEST]`.
+    ///
+    /// Message: `invalid reference "REFERENCE": MSG`.
     #[error("invalid reference {reference:?}: {msg}")]
     Reference {
         /// The reference as given.
@@ -53,6 +65,8 @@ pub enum RegistryError {
         msg: String,
     },
     /// The auth file could not be read or parsed.
+    ///
+    /// Message: `auth file PATH: MSG`.
     #[error("auth file {path}: {msg}")]
     AuthFile {
         /// The file.
@@ -61,6 +75,9 @@ pub enum RegistryError {
         msg: String,
     },
     /// The registry refused the credentials (HTTP 401/403).
+    ///
+    /// Message: `OP: the registry refused access with CREDENTIAL
+    /// credentials[ from FILE]: MSG`.
     #[error("{op}: the registry refused access with {credential} credentials{from}: {msg}")]
     Auth {
         /// What was being done, naming the reference.
@@ -73,6 +90,8 @@ pub enum RegistryError {
         msg: String,
     },
     /// A request to the registry failed.
+    ///
+    /// Message: `OP: MSG`.
     #[error("{op}: {msg}")]
     Registry {
         /// What was being done, naming the reference or digest.
@@ -81,6 +100,8 @@ pub enum RegistryError {
         msg: String,
     },
     /// An OCI manifest is not an Ignition layer artifact.
+    ///
+    /// Message: `WHAT: MSG`.
     #[error("{what}: {msg}")]
     Artifact {
         /// Which manifest (reference or digest).
@@ -90,6 +111,10 @@ pub enum RegistryError {
     },
     /// A blob's bytes do not have the digest or size its descriptor gives:
     /// it was corrupted or truncated in the registry or on the way.
+    ///
+    /// Message: `layer 'LAYER': blob DIGEST (FILE) is corrupted or
+    /// truncated: received RECEIVED bytes (descriptor: SIZE) with
+    /// sha256:FOUND; the pull stopped with nothing committed`.
     #[error("layer '{layer}': blob {digest} ({file}) is corrupted or truncated: received {received} bytes (descriptor: {size}) with sha256:{found}; the pull stopped with nothing committed")]
     BlobDigest {
         /// The layer's snapshot name.
@@ -107,6 +132,9 @@ pub enum RegistryError {
     },
     /// A blob could not be turned back into its file (bad zstd frame, or
     /// more or fewer bytes than the layer's manifest gives).
+    ///
+    /// Message: `layer 'LAYER': blob DIGEST (FILE): MSG; the pull stopped
+    /// with nothing committed`.
     #[error(
         "layer '{layer}': blob {digest} ({file}): {msg}; the pull stopped with nothing committed"
     )]
@@ -123,13 +151,19 @@ pub enum RegistryError {
     /// The chain in the registry does not fit together or does not fit the
     /// local store (a layer of the same name with other content, a missing
     /// parent link).
+    ///
+    /// Message: what does not fit, naming the layers.
     #[error("{0}")]
     Chain(String),
     /// The store refused (reading the chain to push, verifying or
     /// committing a pulled layer).
+    ///
+    /// Message: the store's ([`crate::Error`]).
     #[error(transparent)]
     Store(#[from] crate::error::Error),
     /// A local file operation failed.
+    ///
+    /// Message: `PATH: OP: ERR`.
     #[error("{}: {op}: {err}", path.display())]
     Io {
         /// The file.

@@ -12,11 +12,13 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use oci_client::RegistryOperation;
 
-use crate::chunks::{disk_chunk_count, disk_chunks_file_size};
+use crate::format::chunks::{disk_chunk_count, disk_chunks_file_size};
+use crate::format::manifest::{
+    listed_files, parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES,
+};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, sha256};
-use crate::import::{listed_files, LayerImport};
-use crate::manifest::{parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES};
+use crate::import::LayerImport;
 use crate::name::validate_name;
 use crate::store::{Store, MAX_CHAIN_DEPTH};
 
@@ -108,18 +110,7 @@ pub fn pull(
         stage(opts, &format!("resolving {reference}"));
         let mut chain = fetch_chain(&reg).await?;
         if let Some(new) = &opts.rename_top {
-            let below = chain.len() - 1;
-            if chain[..below].iter().any(|r| r.manifest.name == *new) {
-                return Err(RegistryError::Chain(format!(
-                    "--as {new}: the chain at {reference} already has a layer '{new}' below its top"
-                )));
-            }
-            let top = &mut chain[below];
-            if top.manifest.name != *new {
-                top.manifest.name = new.clone();
-                top.manifest.seal();
-                top.config = top.manifest.to_bytes();
-            }
+            rename_top(&mut chain, new, reference)?;
         }
         let mut report = PullReport {
             reference: reference.to_string(),
@@ -140,52 +131,8 @@ pub fn pull(
         };
         // Download every missing layer first, so that a bad blob stops the
         // pull before anything is committed.
-        let mut pending: Vec<(LayerImport, String)> = Vec::new();
         let t = Instant::now();
-        for (i, r) in chain.iter().enumerate() {
-            let name = &r.manifest.name;
-            let content = hex(&sha256(&r.config));
-            let mut pl = PulledLayer {
-                name: name.clone(),
-                manifest_digest: r.manifest_digest.clone(),
-                content_sha256: content.clone(),
-                pulled: false,
-                bytes_received: 0,
-                file_bytes: 0,
-                compression: r.files.first().map(|f| f.compression).unwrap_or_default(),
-            };
-            if store.contains(name) {
-                let have = store.layer(name)?;
-                if have.content_sha256 == content {
-                    tracing::info!("layer '{name}' is already in the store");
-                    report.layers.push(pl);
-                    continue;
-                }
-                let hint = if i + 1 == chain.len() {
-                    "remove it, or pull the top layer under another name with --as"
-                } else {
-                    "remove it, or pull into another store (--store)"
-                };
-                return Err(RegistryError::Chain(format!(
-                    "snapshot '{name}' is already in store {} with other content (content hash {}, the registry's is {content}); {hint}",
-                    store.root().display(),
-                    have.content_sha256
-                )));
-            }
-            let imp = store.begin_import(name)?;
-            let mpath = imp.work_dir().join(MANIFEST_FILE);
-            std::fs::write(&mpath, &r.config).map_err(|e| io_err(&mpath, "write", e))?;
-            for blob in &r.files {
-                let (received, written) = download(&reg, r, blob, &imp, opts).await?;
-                pl.bytes_received += received;
-                pl.file_bytes += written;
-            }
-            pl.pulled = true;
-            report.bytes_received += pl.bytes_received;
-            report.file_bytes += pl.file_bytes;
-            report.layers.push(pl);
-            pending.push((imp, content));
-        }
+        let pending = download_missing(store, &reg, &chain, opts, &mut report).await?;
         report.download_seconds = t.elapsed().as_secs_f64();
         let t = Instant::now();
         for (imp, content) in pending {
@@ -196,6 +143,85 @@ pub fn pull(
         report.seconds = t0.elapsed().as_secs_f64();
         Ok(report)
     })
+}
+
+/// Gives the top layer of `chain` (pulled from `reference`) the name
+/// `new`: its manifest is rewritten and sealed again. Refuses a name that
+/// a layer below the top has.
+fn rename_top(chain: &mut [Remote], new: &str, reference: &str) -> Result<(), RegistryError> {
+    let below = chain.len() - 1;
+    if chain[..below].iter().any(|r| r.manifest.name == *new) {
+        return Err(RegistryError::Chain(format!(
+            "--as {new}: the chain at {reference} already has a layer '{new}' below its top"
+        )));
+    }
+    let top = &mut chain[below];
+    if top.manifest.name != *new {
+        top.manifest.name = new.to_string();
+        top.manifest.seal();
+        top.config = top.manifest.to_bytes();
+    }
+    Ok(())
+}
+
+/// Downloads the layers of `chain` (base first) that `store` lacks, each
+/// into an import's work directory, checking every blob's digest; a layer
+/// the store has with the same content hash is skipped, one with other
+/// content is refused. Adds each layer to `report`; returns the imports
+/// to commit, base first, with their content hashes.
+async fn download_missing(
+    store: &Store,
+    reg: &Registry,
+    chain: &[Remote],
+    opts: &PullOptions,
+    report: &mut PullReport,
+) -> Result<Vec<(LayerImport, String)>, RegistryError> {
+    let mut pending: Vec<(LayerImport, String)> = Vec::new();
+    for (i, r) in chain.iter().enumerate() {
+        let name = &r.manifest.name;
+        let content = hex(&sha256(&r.config));
+        let mut pl = PulledLayer {
+            name: name.clone(),
+            manifest_digest: r.manifest_digest.clone(),
+            content_sha256: content.clone(),
+            pulled: false,
+            bytes_received: 0,
+            file_bytes: 0,
+            compression: r.files.first().map(|f| f.compression).unwrap_or_default(),
+        };
+        if store.contains(name) {
+            let have = store.layer(name)?;
+            if have.content_sha256 == content {
+                tracing::info!("layer '{name}' is already in the store");
+                report.layers.push(pl);
+                continue;
+            }
+            let hint = if i + 1 == chain.len() {
+                "remove it, or pull the top layer under another name with --as"
+            } else {
+                "remove it, or pull into another store (--store)"
+            };
+            return Err(RegistryError::Chain(format!(
+                "snapshot '{name}' is already in store {} with other content (content hash {}, the registry's is {content}); {hint}",
+                store.root().display(),
+                have.content_sha256
+            )));
+        }
+        let imp = store.begin_import(name)?;
+        let mpath = imp.work_dir().join(MANIFEST_FILE);
+        std::fs::write(&mpath, &r.config).map_err(|e| io_err(&mpath, "write", e))?;
+        for blob in &r.files {
+            let (received, written) = download(reg, r, blob, &imp, opts).await?;
+            pl.bytes_received += received;
+            pl.file_bytes += written;
+        }
+        pl.pulled = true;
+        report.bytes_received += pl.bytes_received;
+        report.file_bytes += pl.file_bytes;
+        report.layers.push(pl);
+        pending.push((imp, content));
+    }
+    Ok(pending)
 }
 
 fn stage(opts: &PullOptions, s: &str) {
@@ -450,8 +476,8 @@ async fn download(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::tests::sample;
-    use crate::manifest::DiskEntry;
+    use crate::format::manifest::tests::sample;
+    use crate::format::manifest::DiskEntry;
     use crate::oci::layout::{digest_of, Descriptor};
 
     fn blob(file: &'static str, compression: Compression, size: u64) -> FileBlob {

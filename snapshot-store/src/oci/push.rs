@@ -8,11 +8,12 @@ use std::time::Instant;
 
 use oci_client::RegistryOperation;
 
-use crate::cache::Stamp;
+use crate::file_hash::sha256_open_file;
+use crate::format::manifest::listed_files;
+use crate::format::verified::Stamp;
 use crate::format::MANIFEST_FILE;
 use crate::fsutil::nonce;
-use crate::hash::{hex, sha256_open_file};
-use crate::import::listed_files;
+use crate::hash::hex;
 use crate::layer::Layer;
 use crate::store::Store;
 use crate::verify::verify_chain_cached;
@@ -251,88 +252,13 @@ impl Pusher<'_> {
         subject: Option<(String, u64)>,
     ) -> Result<(PushedLayer, Vec<u8>), RegistryError> {
         let reg = self.reg;
-        let opts = self.opts;
-        let mpath = layer.manifest_path();
-        let config = std::fs::read(&mpath).map_err(|e| io_err(&mpath, "read", e))?;
-        let config_digest = digest_of(&config);
-        if config_digest != format!("sha256:{}", layer.content_sha256) {
-            return Err(RegistryError::Chain(format!(
-                "{} changed since the chain was verified",
-                mpath.display()
-            )));
-        }
-        let mut blobs = Vec::new();
-        let status = if reg.has_blob(&config_digest).await? {
-            BlobStatus::Present
-        } else if self.mount(&config_digest).await {
-            BlobStatus::Mounted
-        } else {
-            reg.push_blob_bytes(config.clone()).await?;
-            BlobStatus::Sent
-        };
-        let n = config.len() as u64;
-        if status == BlobStatus::Sent {
-            self.report.bytes_sent += n;
-        } else {
-            self.report.bytes_skipped += n;
-        }
-        self.report.file_bytes += n;
-        self.report.blob_bytes += n;
-        blobs.push(PushedBlob {
-            file: MANIFEST_FILE.to_string(),
-            media_type: super::layout::CONFIG_MEDIA_TYPE.to_string(),
-            digest: config_digest,
-            size: config.len() as u64,
-            file_size: config.len() as u64,
-            status,
-        });
+        let (config, config_blob) = self.config_blob(layer).await?;
+        let mut blobs = vec![config_blob];
         let mut descriptors = Vec::new();
         for file in listed_files(&layer.manifest).into_iter().skip(1) {
-            let path = layer.dir.join(file);
-            let file_size = std::fs::symlink_metadata(&path)
-                .map_err(|e| io_err(&path, "stat", e))?
-                .len();
-            let cached = self.cache.get(&layer.name, file, opts.compression, &path);
-            let known = match &cached {
-                Some((h, size)) => {
-                    let digest = format!("sha256:{h}");
-                    reg.has_blob(&digest).await?.then_some((digest, *size))
-                }
-                None => None,
-            };
-            let (digest, size, send_path, status) = match known {
-                Some((digest, size)) => (digest, size, path.clone(), BlobStatus::Present),
-                None => {
-                    let (digest, size, send_path) = self.blob_of(layer, file, &path, file_size)?;
-                    let status = if cached.is_none() && reg.has_blob(&digest).await? {
-                        BlobStatus::Present
-                    } else if self.mount(&digest).await {
-                        BlobStatus::Mounted
-                    } else {
-                        self.upload(layer, file, &send_path, &digest, size).await?
-                    };
-                    (digest, size, send_path, status)
-                }
-            };
-            if send_path != path {
-                let _ = std::fs::remove_file(&send_path);
-            }
-            if status == BlobStatus::Sent {
-                self.report.bytes_sent += size;
-            } else {
-                self.report.bytes_skipped += size;
-            }
-            self.report.file_bytes += file_size;
-            self.report.blob_bytes += size;
-            descriptors.push((file, opts.compression, digest.clone(), size));
-            blobs.push(PushedBlob {
-                file: file.to_string(),
-                media_type: file_media_type(file, opts.compression).unwrap_or_default(),
-                digest,
-                size,
-                file_size,
-                status,
-            });
+            let blob = self.file_blob(layer, file).await?;
+            descriptors.push((file, self.opts.compression, blob.digest.clone(), blob.size));
+            blobs.push(blob);
         }
         let art = ArtifactManifest::build(&layer.manifest, &config, &descriptors, subject);
         let bytes = art.to_bytes();
@@ -349,6 +275,103 @@ impl Pusher<'_> {
             },
             bytes,
         ))
+    }
+
+    /// Push the layer's `manifest.json` (the artifact's config blob) unless
+    /// the repository has it or can mount it; refuses one that changed
+    /// since the chain was verified. Returns its bytes and its report.
+    async fn config_blob(&mut self, layer: &Layer) -> Result<(Vec<u8>, PushedBlob), RegistryError> {
+        let reg = self.reg;
+        let mpath = layer.manifest_path();
+        let config = std::fs::read(&mpath).map_err(|e| io_err(&mpath, "read", e))?;
+        let config_digest = digest_of(&config);
+        if config_digest != format!("sha256:{}", layer.content_sha256) {
+            return Err(RegistryError::Chain(format!(
+                "{} changed since the chain was verified",
+                mpath.display()
+            )));
+        }
+        let status = if reg.has_blob(&config_digest).await? {
+            BlobStatus::Present
+        } else if self.mount(&config_digest).await {
+            BlobStatus::Mounted
+        } else {
+            reg.push_blob_bytes(config.clone()).await?;
+            BlobStatus::Sent
+        };
+        let n = config.len() as u64;
+        self.count(status, n, n);
+        let blob = PushedBlob {
+            file: MANIFEST_FILE.to_string(),
+            media_type: super::layout::CONFIG_MEDIA_TYPE.to_string(),
+            digest: config_digest,
+            size: n,
+            file_size: n,
+            status,
+        };
+        Ok((config, blob))
+    }
+
+    /// Push the layer's `file` as a blob (compressed as asked) unless the
+    /// repository has it or can mount it. A digest known from the cache of
+    /// pushed blobs spares compressing and hashing the file again.
+    async fn file_blob(
+        &mut self,
+        layer: &Layer,
+        file: &'static str,
+    ) -> Result<PushedBlob, RegistryError> {
+        let reg = self.reg;
+        let compression = self.opts.compression;
+        let path = layer.dir.join(file);
+        let file_size = std::fs::symlink_metadata(&path)
+            .map_err(|e| io_err(&path, "stat", e))?
+            .len();
+        let cached = self.cache.get(&layer.name, file, compression, &path);
+        let known = match &cached {
+            Some((h, size)) => {
+                let digest = format!("sha256:{h}");
+                reg.has_blob(&digest).await?.then_some((digest, *size))
+            }
+            None => None,
+        };
+        let (digest, size, send_path, status) = match known {
+            Some((digest, size)) => (digest, size, path.clone(), BlobStatus::Present),
+            None => {
+                let (digest, size, send_path) = self.blob_of(layer, file, &path, file_size)?;
+                let status = if cached.is_none() && reg.has_blob(&digest).await? {
+                    BlobStatus::Present
+                } else if self.mount(&digest).await {
+                    BlobStatus::Mounted
+                } else {
+                    self.upload(layer, file, &send_path, &digest, size).await?
+                };
+                (digest, size, send_path, status)
+            }
+        };
+        if send_path != path {
+            let _ = std::fs::remove_file(&send_path);
+        }
+        self.count(status, size, file_size);
+        Ok(PushedBlob {
+            file: file.to_string(),
+            media_type: file_media_type(file, compression).unwrap_or_default(),
+            digest,
+            size,
+            file_size,
+            status,
+        })
+    }
+
+    /// Adds a blob of `size` bytes (of a file of `file_size` bytes) to the
+    /// report's totals, as sent or as skipped.
+    fn count(&mut self, status: BlobStatus, size: u64, file_size: u64) {
+        if status == BlobStatus::Sent {
+            self.report.bytes_sent += size;
+        } else {
+            self.report.bytes_skipped += size;
+        }
+        self.report.file_bytes += file_size;
+        self.report.blob_bytes += size;
     }
 
     /// Mount `digest` from `--mount-from`, if given; `true` if the registry did.

@@ -10,15 +10,15 @@ use std::thread::JoinHandle;
 
 use super::disk_copy::DiskCopy;
 use super::SnapshotWriter;
-use crate::chunks::{
-    check_chunk_geometry, data_chunks, disk_chunk_count, disk_digest, encode_disk_chunks,
-    ChunkHasher, DISK_CHUNK_SIZE,
-};
 use crate::clone::{clone_file, native_clone, CloneMethod};
 use crate::error::{Error, IoContext, Result};
+use crate::file_hash::{data_chunks, ChunkHasher};
+use crate::format::chunks::{
+    check_chunk_geometry, disk_chunk_count, disk_digest, encode_disk_chunks, DISK_CHUNK_SIZE,
+};
+use crate::format::manifest::DiskEntry;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE};
 use crate::hash::hex;
-use crate::manifest::DiskEntry;
 use crate::readers::read_disk_chunks;
 use crate::store::Store;
 
@@ -50,7 +50,7 @@ impl DiskJob {
             }
             DiskJob::Hashing(h) => h
                 .join()
-                .map_err(|_| Error::Usage("disk hashing thread panicked".into()))?,
+                .map_err(|_| Error::Panicked("disk hashing thread"))?,
         }
     }
 }

@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::chunks::{check_chunk_geometry, data_chunks, DISK_CHUNK_SIZE};
 use crate::error::{Error, IoContext, Result};
+use crate::file_hash::data_chunks;
+use crate::format::chunks::{check_chunk_geometry, DISK_CHUNK_SIZE};
 
 /// Granule of the holes a copy keeps, in bytes: a file system block.
 const HOLE_GRAIN: usize = 4096;
@@ -51,14 +52,15 @@ struct CopyState {
     error: Option<Error>,
 }
 
-/// How a finished [`DiskCopy`] went, for the log.
+/// How a finished [`DiskCopy`] went (its `before_write` goes to
+/// [`super::DiskClone`], for the log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CopyCounts {
+pub(crate) struct CopyCounts {
     /// Chunks that held data when the copy began.
-    pub chunks: u64,
+    pub(crate) chunks: u64,
     /// Of those, chunks copied just before a write reached them (the rest
     /// were copied by the writer).
-    pub before_write: u64,
+    pub(crate) before_write: u64,
 }
 
 fn bit(pending: &[u64], c: u64) -> bool {
@@ -109,8 +111,9 @@ impl DiskCopy {
 
     /// Call before writing bytes `offset..offset + len` of the source
     /// image: copies the chunks of that range that are not copied yet, and
-    /// returns once they are. Never fails: a failure is kept for
-    /// [`DiskCopy::run`] (the layer fails; the write may go ahead).
+    /// returns once they are. Never fails: a failure is kept for the
+    /// writer, whose [`super::SnapshotWriter::complete_disk`] then fails (the
+    /// write may go ahead).
     pub fn before_write(&self, offset: u64, len: u64) {
         let inner = &*self.0;
         if inner.left.load(Ordering::Acquire) == 0 || len == 0 || offset >= inner.size {

@@ -7,11 +7,12 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::SnapshotWriter;
-use crate::diff::encode_diff_prefix;
 use crate::error::{Error, IoContext, Result};
+use crate::file_hash::memory_digest_file;
+use crate::format::diff::encode_diff_prefix;
+use crate::format::manifest::FileEntry;
 use crate::format::MEMORY_FILE;
-use crate::hash::{hex, memory_digest_file};
-use crate::manifest::FileEntry;
+use crate::hash::hex;
 
 /// The memory file of a layer being written out of order
 /// ([`SnapshotWriter::memory_file`]). Page `p` of a full layer goes at byte
@@ -85,7 +86,7 @@ impl SnapshotWriter {
     }
 
     /// Records a memory file from [`SnapshotWriter::memory_file`] once every
-    /// page is in it: computes its [`crate::MemoryDigest`] (reading back its
+    /// page is in it: computes its [`crate::format::memory::MemoryDigest`] (reading back its
     /// data; holes are not read) and checks its size.
     pub fn finish_memory_file(&mut self, m: MemoryFile) -> Result<()> {
         self.check_no_memory()?;

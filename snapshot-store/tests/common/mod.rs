@@ -192,7 +192,8 @@ pub fn stamp(path: &Path) -> (u64, u64, u64, i128, i128) {
 
 /// The stamp recorded for `file` in `dir/verified.json`, if any.
 pub fn cached_stamp(dir: &Path, file: &str) -> Option<(u64, u64, u64, i128, i128)> {
-    let text = std::fs::read_to_string(dir.join(snapshot_store::VERIFIED_FILE)).ok()?;
+    let text =
+        std::fs::read_to_string(dir.join(snapshot_store::format::verified::VERIFIED_FILE)).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let e = v.get("files")?.get(file)?;
     let int = |k: &str| e.get(k).and_then(|x| x.as_i64()).map(i128::from);

@@ -1,19 +1,22 @@
 //! `vmstore`: manage an Ignition snapshot store.
 
 mod du;
+mod gc;
+mod inspect;
+mod list;
 #[cfg(feature = "registry")]
 mod registry;
+mod remove;
+mod squash;
 mod tree;
+mod verify;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use snapshot_store::{
-    disk_chunk_count, LayerKind, Progress, Store, DEFAULT_STORE_DIR, LAYER_FILES,
-};
+use snapshot_store::{Progress, Store, DEFAULT_STORE_DIR};
 
 /// Manage an Ignition snapshot store: one directory per snapshot (layer),
 /// full layers holding all of RAM and diff layers holding the pages dirtied
@@ -230,6 +233,8 @@ fn mib(bytes: u64) -> String {
     }
 }
 
+/// Prints a progress report of a long operation (hashing, squash stages)
+/// on stderr.
 fn progress(p: Progress<'_>) {
     match p {
         Progress::Hashing { path, done, total } => eprintln!(
@@ -242,353 +247,30 @@ fn progress(p: Progress<'_>) {
     }
 }
 
+/// Runs the subcommand (each in a module of its own); returns the exit
+/// status, 1 when `verify` finds a problem.
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    #[cfg(feature = "registry")]
-    if let Cmd::Pull {
-        reference,
-        rename,
-        plain_http,
-        json,
-    } = &cli.cmd
-    {
-        let store = Store::create(&cli.store)?;
-        let conn = snapshot_store::oci::Connection {
-            plain_http: *plain_http,
-            credential: None,
-        };
-        let mut out = std::io::stdout().lock();
-        registry::pull(&store, reference, rename.clone(), conn, *json, &mut out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let store = Store::open(&cli.store)?;
+    let open = || Store::open(&cli.store);
     let mut out = std::io::stdout().lock();
+    let out: &mut dyn Write = &mut out;
     match cli.cmd {
-        Cmd::List { json } => {
-            let entries = store.list()?;
-            if json {
-                let v: Vec<serde_json::Value> = entries
-                    .iter()
-                    .map(|e| match &e.summary {
-                        Ok(s) => serde_json::json!({
-                            "name": e.name,
-                            "kind": s.kind.to_string(),
-                            "parent": s.parent,
-                            "created": s.created,
-                            "logical_bytes": s.logical_bytes,
-                            "physical_bytes": s.physical_bytes,
-                            "pages": s.pages,
-                            "ram_size": s.ram_size,
-                        }),
-                        Err(err) => serde_json::json!({"name": e.name, "error": err.to_string()}),
-                    })
-                    .collect();
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else if entries.is_empty() {
-                writeln!(out, "store {} is empty", store.root().display())?;
-            } else {
-                writeln!(
-                    out,
-                    "{:<20} {:<5} {:<20} {:<21} {:>12} {:>12} {:>7}",
-                    "NAME", "KIND", "PARENT", "CREATED", "LOGICAL", "PHYSICAL", "PAGES"
-                )?;
-                for e in &entries {
-                    match &e.summary {
-                        Ok(s) => writeln!(
-                            out,
-                            "{:<20} {:<5} {:<20} {:<21} {:>12} {:>12} {:>7}",
-                            e.name,
-                            s.kind.to_string(),
-                            s.parent.as_deref().unwrap_or("-"),
-                            s.created,
-                            mib(s.logical_bytes),
-                            mib(s.physical_bytes),
-                            s.pages.map_or("-".to_string(), |p| p.to_string())
-                        )?,
-                        Err(err) => writeln!(out, "{:<20} BROKEN: {err}", e.name)?,
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Tree { json } => {
-            tree::run(&store, json, &mut out)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Du { json } => {
-            du::run(&store, json, &mut out)?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Inspect { name, json } => {
-            let layer = store.layer(&name)?;
-            let chain: Vec<String> = match store.resolve(&name) {
-                Ok(c) => c.layers().iter().map(|l| l.name.clone()).collect(),
-                Err(e) => vec![format!("(unresolvable: {e})")],
-            };
-            let children = store.children(&name).unwrap_or_default();
-            let mut files = Vec::new();
-            for f in LAYER_FILES {
-                if let Ok(m) = std::fs::symlink_metadata(layer.dir.join(f)) {
-                    use std::os::unix::fs::MetadataExt;
-                    files.push((f, m.len(), m.blocks() * 512));
-                }
-            }
-            let m = &layer.manifest;
-            if json {
-                let v = serde_json::json!({
-                    "manifest": m,
-                    "content_sha256": layer.content_sha256,
-                    "dir": layer.dir,
-                    "chain": chain,
-                    "children": children,
-                    "disk_chunks": m.disk.as_ref().map(|d| disk_chunk_count(d.size, d.chunk_size)),
-                    "files": files.iter().map(|(f, l, p)| serde_json::json!({
-                        "name": f, "logical_bytes": l, "physical_bytes": p
-                    })).collect::<Vec<_>>(),
-                });
-                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-            } else {
-                writeln!(out, "snapshot:       {}", layer.name)?;
-                writeln!(out, "directory:      {}", layer.dir.display())?;
-                writeln!(out, "content hash:   {}", layer.content_sha256)?;
-                writeln!(out, "kind:           {}", m.kind)?;
-                if let Some(p) = &m.parent {
-                    writeln!(out, "parent:         {} ({})", p.name, p.sha256)?;
-                }
-                writeln!(out, "chain:          {}", chain.join(" -> "))?;
-                writeln!(
-                    out,
-                    "children:       {}",
-                    if children.is_empty() {
-                        "-".to_string()
-                    } else {
-                        children.join(", ")
-                    }
-                )?;
-                writeln!(out, "format:         {}", m.format)?;
-                writeln!(out, "created:        {} ({})", m.created, m.created_unix)?;
-                writeln!(out, "creator:        {}", m.creator)?;
-                writeln!(out, "backend:        {}", m.backend)?;
-                writeln!(out, "gic mode:       {}", m.gic_mode)?;
-                writeln!(out, "vcpus:          {}", m.vcpus)?;
-                writeln!(
-                    out,
-                    "ram:            {} at {:#x} ({} pages of {} bytes)",
-                    mib(m.ram_size),
-                    m.ram_base_gpa,
-                    m.ram_pages(),
-                    m.page_size
-                )?;
-                if let Some(p) = m.diff_pages {
-                    writeln!(
-                        out,
-                        "diff pages:     {p} ({} of RAM, {:.2}%)",
-                        mib(p * m.page_size),
-                        100.0 * p as f64 / m.ram_pages() as f64
-                    )?;
-                }
-                if let Some(d) = &m.disk {
-                    writeln!(
-                        out,
-                        "disk:           {} in {} chunks of {} KiB (sha256 of the chunk digests {})",
-                        mib(d.size),
-                        disk_chunk_count(d.size, d.chunk_size),
-                        d.chunk_size >> 10,
-                        d.sha256
-                    )?;
-                }
-                for (f, l, p) in &files {
-                    writeln!(
-                        out,
-                        "file:           {f:<14} {:>12} logical {:>12} physical",
-                        mib(*l),
-                        mib(*p)
-                    )?;
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::List { json } => list::run(&open()?, json, out)?,
+        Cmd::Tree { json } => tree::run(&open()?, json, out)?,
+        Cmd::Du { json } => du::run(&open()?, json, out)?,
+        Cmd::Inspect { name, json } => inspect::run(&open()?, &name, json, out)?,
         Cmd::Verify {
             spec,
             all,
             cached,
             json,
-        } => {
-            let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
-            if all {
-                let results = store.verify_all(Some(p))?;
-                let bad = results.iter().filter(|(_, r)| r.is_err()).count();
-                for n in results
-                    .iter()
-                    .flat_map(|(_, r)| r.iter().flat_map(|rep| &rep.cache_notes))
-                {
-                    eprintln!("vmstore: {n}");
-                }
-                if json {
-                    let v: Vec<serde_json::Value> = results
-                        .iter()
-                        .map(|(name, r)| match r {
-                            Ok(rep) => serde_json::json!({
-                                "name": name, "ok": true, "files": rep.files,
-                                "bytes_hashed": rep.bytes_hashed,
-                            }),
-                            Err(e) => serde_json::json!({
-                                "name": name, "ok": false, "error": e.to_string(),
-                            }),
-                        })
-                        .collect();
-                    let doc = serde_json::json!({"ok": bad == 0, "snapshots": v});
-                    writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                } else {
-                    for (name, r) in &results {
-                        match r {
-                            Ok(rep) => writeln!(
-                                out,
-                                "ok   {name} ({} files, {})",
-                                rep.files,
-                                mib(rep.bytes_hashed)
-                            )?,
-                            Err(e) => writeln!(out, "FAIL {name}: {e}")?,
-                        }
-                    }
-                    if bad > 0 {
-                        writeln!(
-                            out,
-                            "{bad} of {} snapshot(s) failed verification",
-                            results.len()
-                        )?;
-                    } else {
-                        writeln!(out, "all {} snapshot(s) verified", results.len())?;
-                    }
-                }
-                return Ok(if bad > 0 {
-                    ExitCode::FAILURE
-                } else {
-                    ExitCode::SUCCESS
-                });
-            }
-            let spec = spec.context("a snapshot spec or --all is required")?;
-            let verified = store.resolve(&spec).and_then(|chain| {
-                if cached {
-                    snapshot_store::verify_chain_cached_with_progress(&chain, Some(p))
-                } else {
-                    snapshot_store::verify_chain_with_progress(&chain, Some(p))
-                }
-                .map(|rep| (chain, rep))
-            });
-            let (chain, rep) = match verified {
-                Ok(v) => v,
-                Err(e) if json => {
-                    let doc = serde_json::json!({"ok": false, "snapshots": [
-                        {"name": spec, "ok": false, "error": e.to_string()}
-                    ]});
-                    writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                    return Ok(ExitCode::FAILURE);
-                }
-                Err(e) => return Err(anyhow::Error::new(e).context(format!("verifying '{spec}'"))),
-            };
-            for n in &rep.cache_notes {
-                eprintln!("vmstore: {n}");
-            }
-            if json {
-                let doc = serde_json::json!({"ok": true, "snapshots": [{
-                    "name": spec, "ok": true, "chain": chain.describe(),
-                    "layers": rep.layers, "files": rep.files,
-                    "bytes_hashed": rep.bytes_hashed, "files_cached": rep.files_cached,
-                    "bytes_cached": rep.bytes_cached,
-                }]});
-                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            let from_cache = if cached {
-                format!(
-                    " hashed, {} files ({}) unchanged since verified",
-                    rep.files_cached,
-                    mib(rep.bytes_cached)
-                )
-            } else {
-                String::new()
-            };
-            writeln!(
-                out,
-                "ok {spec}: {} ({} layers, {} files, {}{from_cache})",
-                chain.describe(),
-                rep.layers,
-                rep.files,
-                mib(rep.bytes_hashed)
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => return verify::run(&open()?, spec, all, cached, json, out),
         Cmd::Remove {
             name,
             recursive,
             json,
-        } => {
-            let removed = match store.remove(&name, recursive) {
-                Err(e @ snapshot_store::Error::HasChildren { .. }) => {
-                    anyhow::bail!("{e} (vmstore remove --recursive {name})")
-                }
-                r => r?,
-            };
-            if json {
-                let doc = serde_json::json!({ "removed": removed });
-                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            for n in removed {
-                writeln!(out, "removed {n}")?;
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Gc { json } => {
-            let r = store.gc()?;
-            if json {
-                let doc = serde_json::json!({
-                    "removed": r.removed.iter().map(|(n, b)| serde_json::json!({"name": n, "bytes": b})).collect::<Vec<_>>(),
-                    "kept": r.kept.iter().map(|(n, why)| serde_json::json!({"name": n, "reason": why})).collect::<Vec<_>>(),
-                });
-                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            for (n, bytes) in &r.removed {
-                writeln!(out, "removed {n} ({})", mib(*bytes))?;
-            }
-            for (n, why) in &r.kept {
-                writeln!(out, "kept {n}: {why}")?;
-            }
-            writeln!(
-                out,
-                "gc: removed {} work director{}, kept {}",
-                r.removed.len(),
-                if r.removed.len() == 1 { "y" } else { "ies" },
-                r.kept.len()
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Squash { spec, name, json } => {
-            let p: &(dyn Fn(Progress<'_>) + Sync) = &progress;
-            let layer = store.squash(&spec, &name, Some(p))?;
-            if json {
-                let doc = serde_json::json!({
-                    "name": layer.name,
-                    "kind": layer.manifest.kind.to_string(),
-                    "ram_size": layer.manifest.ram_size,
-                    "content_sha256": layer.content_sha256,
-                });
-                writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            writeln!(
-                out,
-                "squashed {spec} into full snapshot '{}' ({}, {})",
-                layer.name,
-                match layer.manifest.kind {
-                    LayerKind::Full => "full",
-                    LayerKind::Diff => "diff",
-                },
-                mib(layer.manifest.ram_size)
-            )?;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => remove::run(&open()?, &name, recursive, json, out)?,
+        Cmd::Gc { json } => gc::run(&open()?, json, out)?,
+        Cmd::Squash { spec, name, json } => squash::run(&open()?, &spec, &name, json, out)?,
         #[cfg(feature = "registry")]
         Cmd::Push {
             spec,
@@ -598,23 +280,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             plain_http,
             json,
         } => {
+            let opts = registry::push_options(compress.as_deref(), mount_from, plain_http);
+            registry::push(&open()?, &spec, &reference, opts, json, out)?
+        }
+        #[cfg(feature = "registry")]
+        Cmd::Pull {
+            reference,
+            rename,
+            plain_http,
+            json,
+        } => {
+            // The store is created if missing.
+            let store = Store::create(&cli.store)?;
             let conn = snapshot_store::oci::Connection {
                 plain_http,
                 credential: None,
             };
-            let opts = snapshot_store::oci::PushOptions {
-                connection: conn,
-                compression: match compress.as_deref() {
-                    Some("zstd") => snapshot_store::oci::Compression::Zstd,
-                    _ => snapshot_store::oci::Compression::None,
-                },
-                mount_from,
-                progress: None,
-            };
-            registry::push(&store, &spec, &reference, opts, json, &mut out)?;
-            Ok(ExitCode::SUCCESS)
+            registry::pull(&store, &reference, rename, conn, json, out)?
         }
-        #[cfg(feature = "registry")]
-        Cmd::Pull { .. } => unreachable!("pull is handled before the store is opened"),
     }
+    Ok(ExitCode::SUCCESS)
 }

@@ -111,6 +111,27 @@ fn end_line(p: &Option<EventFn>) {
     }
 }
 
+/// The options of `vmstore push --compress ALGO --mount-from REPO
+/// [--plain-http]`.
+pub fn push_options(
+    compress: Option<&str>,
+    mount_from: Option<String>,
+    plain_http: bool,
+) -> oci::PushOptions {
+    oci::PushOptions {
+        connection: Connection {
+            plain_http,
+            credential: None,
+        },
+        compression: match compress {
+            Some("zstd") => Compression::Zstd,
+            _ => Compression::None,
+        },
+        mount_from,
+        progress: None,
+    }
+}
+
 /// `vmstore push`.
 pub fn push(
     store: &Store,

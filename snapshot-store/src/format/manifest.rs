@@ -8,13 +8,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chunks::check_chunk_geometry;
-use crate::diff::diff_file_size;
 use crate::error::ParseError;
-use crate::format::{check_geometry, FormatVersion};
+use crate::format::chunks::check_chunk_geometry;
+use crate::format::diff::diff_file_size;
+use crate::format::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
+use crate::format::{
+    check_geometry, FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
+    STATE_FILE,
+};
 use crate::hash::{hex, is_sha256_hex, sha256};
 use crate::name::validate_name;
-use crate::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
 
 /// Largest accepted `manifest.json`, in bytes.
 pub const MAX_MANIFEST_BYTES: usize = 1 << 20;
@@ -72,8 +75,8 @@ pub struct DiskEntry {
     /// Length of `disk.img` in bytes (`st_size`).
     pub size: u64,
     /// Chunk size of the digests in `disk.chunks`, in bytes (a power of two,
-    /// see [`crate::check_chunk_geometry`]; the writer uses
-    /// [`crate::DISK_CHUNK_SIZE`]).
+    /// see [`super::chunks::check_chunk_geometry`]; the writer uses
+    /// [`super::chunks::DISK_CHUNK_SIZE`]).
     pub chunk_size: u64,
     /// The disk's digest, lower-case hex: sha256 of the concatenated sha256
     /// digests of its chunks, which is also the sha256 of the digest list
@@ -274,6 +277,15 @@ fn check_hash(field: &str, v: &str) -> Result<(), ParseError> {
     Ok(())
 }
 
+/// The files a layer with manifest `m` holds, `manifest.json` first.
+pub fn listed_files(m: &Manifest) -> Vec<&'static str> {
+    let mut files = vec![MANIFEST_FILE, MEMORY_FILE, STATE_FILE];
+    if m.disk.is_some() {
+        files.extend([DISK_FILE, DISK_CHUNKS_FILE]);
+    }
+    files
+}
+
 /// Parse and fully check `manifest.json` bytes (untrusted).
 ///
 /// Checks, in order: size limit ([`MAX_MANIFEST_BYTES`]), format version
@@ -348,7 +360,7 @@ pub(crate) mod tests {
             },
             disk: Some(DiskEntry {
                 size: 4096,
-                chunk_size: crate::chunks::DISK_CHUNK_SIZE,
+                chunk_size: crate::format::chunks::DISK_CHUNK_SIZE,
                 sha256: "03".repeat(32),
             }),
             manifest_sha256: String::new(),

@@ -1,16 +1,38 @@
-//! What every file of a layer shares: the layer's file names, the store
-//! format version ([`FormatVersion`]), the limits on RAM geometry, and the
-//! 16-byte prelude every binary file starts with (`memory.bin` of a diff,
-//! `state.bin`, `disk.chunks`; FORMAT.md): magic (8 bytes), format major
-//! and minor (u16 each), header length (u32), little-endian. Also the
-//! little-endian field readers the parsers share.
+//! The codecs of a layer's files, one module per file, each with its
+//! constants and limits: [`diff`] (a diff layer's packed `memory.bin`),
+//! [`memory`] (the digest of any `memory.bin`), [`state`] (`state.bin`),
+//! [`chunks`] (`disk.chunks`), [`manifest`] (`manifest.json`, which pins
+//! every other file) and [`verified`] (`verified.json`, the verified-file
+//! cache). They work on bytes in memory and do no I/O; every parser takes
+//! untrusted input and returns a [`ParseError`]. The byte layouts are in
+//! `FORMAT.md`.
 //!
-//! The bottom of the store's file codecs: it imports nothing but
-//! `error`, and `manifest`, `diff`, `state` and `chunks` build on it.
+//! This module has what every file shares: the layer's file names, the
+//! store format version ([`FormatVersion`]), the limits on RAM geometry,
+//! and the 16-byte prelude every binary file starts with (`memory.bin` of
+//! a diff, `state.bin`, `disk.chunks`): magic (8 bytes), format major and
+//! minor (u16 each), header length (u32), little-endian; also the
+//! little-endian field readers the parsers share. It imports nothing but
+//! `error`, and the codecs build on it.
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ParseError;
+pub use crate::error::ParseError;
+
+// The modules in layers, bottom first, as in `lib.rs`: a module imports
+// only from this one and from modules of the groups above its own
+// (`tests/layering.rs` checks it).
+
+// The memory digest, and the binary files.
+pub mod chunks;
+pub mod diff;
+pub mod memory;
+pub mod state;
+
+// `manifest.json`, which pins every other file of a layer; `verified.json`,
+// the cache of which files were verified when.
+pub mod manifest;
+pub mod verified;
 
 /// File name of a layer's manifest.
 pub const MANIFEST_FILE: &str = "manifest.json";
