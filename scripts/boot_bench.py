@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, paths, qemu, timeouts  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
-from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256, summarize  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts
+from ignition.guest import disk_copy
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
+from ignition.stats import sha256, summarize
+from ignition.vm import Vm, VmConfig
 
 RATIO_TARGET = 1.5
 

@@ -17,9 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ignition import paths  # noqa: E402
+from ignition import paths
 
 PAGE = paths.REPO_ROOT / "book" / "src" / "reference.md"
 

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import conformance, host, paths, qemu, timeouts  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256  # noqa: E402
+from ignition import conformance, host, paths, qemu, timeouts
+from ignition.paths import RESULTS_DIR
+from ignition.stats import sha256
 
 
 def fmt_ns(ns: float) -> str:

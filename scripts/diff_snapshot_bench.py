@@ -51,16 +51,15 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pexpect  # noqa: E402
-from ignition import console, host  # noqa: E402
-from ignition import store as vmstore  # noqa: E402
-from ignition.diff_snapshot_report import (  # noqa: E402
+import pexpect
+from ignition import console, host
+from ignition import store as vmstore
+from ignition.diff_snapshot_report import (
     BANDWIDTH_MIB, CHAIN_DEPTH, CHAIN_MIB, DD_MIB, DIFF_MIB, DISK_WRITE_MIB, MIB, RESTORE_SPECS, report,
     summarize_all)
-from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR
+from ignition.stats import sha256
+from ignition.vm import Vm, VmConfig
 
 DEFAULT_STORE = RESULTS_DIR / "vmstore-bench"
 LOG_DIR = RESULTS_DIR / "logs" / "diff_snapshot"

@@ -31,12 +31,11 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, net, paths, qemu, timeouts, vsock  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
-from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256, stats  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, net, paths, qemu, timeouts, vsock
+from ignition.guest import disk_copy
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
+from ignition.stats import sha256, stats
+from ignition.vm import Vm, VmConfig
 
 def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict:
     """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a

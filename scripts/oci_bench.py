@@ -34,10 +34,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import paths  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.registry import LocalRegistry, environ_with_auth  # noqa: E402
+from ignition import paths
+from ignition.paths import RESULTS_DIR
+from ignition.registry import LocalRegistry, environ_with_auth
 
 PAGE = 16384
 SKOPEO = "/usr/bin/skopeo"

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, paths, qemu, timeouts  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
+from ignition import console, paths, qemu, timeouts
+from ignition.guest import disk_copy
 
 TIMEOUTS = timeouts.for_backend("qemu")
 

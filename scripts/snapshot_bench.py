@@ -40,11 +40,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, paths, qemu, timeouts  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.stats import stats  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts
+from ignition.paths import RESULTS_DIR
+from ignition.stats import stats
+from ignition.vm import Vm, VmConfig
 
 DIRTY_MIB = 64
 STATES = ("idle", f"dirty-{DIRTY_MIB}MiB")

@@ -21,8 +21,8 @@ Modules:
   diff_snapshot_report
              the diff-snapshot benchmark's plan, summaries and Markdown report
 
-Install it with `pip install -e ./scripts` (or put scripts/ on sys.path, as the
-front-ends and tests/conftest.py do) and `from ignition import Vm, VmConfig`:
+Install it with `pip install -e ./scripts` (scripts/setup.sh and scripts/test.sh
+do; the tests and front-ends find it only so) and `from ignition import Vm, VmConfig`:
 
     with Vm.boot(VmConfig(), disk="copy.ext4", store="vmstore", name="golden",
                  track_dirty=True, control=True) as vm:

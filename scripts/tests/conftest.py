@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ignition import paths, timeouts  # noqa: E402
-from ignition.vm import VmConfig  # noqa: E402
+from ignition import paths, timeouts
+from ignition.vm import VmConfig
 
 GUEST_OUT = paths.GUEST_OUT
 

@@ -88,6 +88,7 @@ def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
     assert all(line.startswith("cargo") for line in c[:sign[0]]) and sign[0] >= 2, c
     assert c[sign[0] + 1:] == ["pip -m pip install -q ./snapshot-store/python",
                                "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
+                               "pip -m pip install -q -e ./scripts",
                                "pytest -m pytest -q scripts/tests"], c
 
 
@@ -112,14 +113,15 @@ def test_mac_check_builds_signs_runs_both_gics_and_summarizes(tmp_path, guest_ou
     env = fake_mac(tmp_path, macos)
     r = run("mac-check.sh", env, "-x")
     c = calls(env)
-    assert c[0] == "cargo build --release --workspace --bins", c
-    assert c[1].startswith("codesign ") and c[1].endswith("target/release/boot"), c
+    assert c[0] == "pip -m pip install -q -e ./scripts", c
+    assert c[1] == "cargo build --release --workspace --bins", c
+    assert c[2].startswith("codesign ") and c[2].endswith("target/release/boot"), c
     suites = ("scripts/tests/test_boot_e2e.py scripts/tests/test_snapshot_e2e.py "
               "scripts/tests/test_crash_consistency.py")
     out = tmp_path / "out"
     runs = [f"pytest -m pytest -q {suites} --backend hvf --gic {g} --junitxml={out}/gic-{g}.xml -x"
             for g in (["userspace", "hvf"] if macos.startswith("15") else ["userspace"])]
-    assert c[2:] == runs, c
+    assert c[3:] == runs, c
 
     summary = (out / "summary.md").read_text()
     assert summary.strip() in r.stdout, "the summary is printed too"
