@@ -17,7 +17,7 @@ SUDO=
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 
 # docker-registry (CNCF distribution), skopeo and openssl: the registry
-# push/pull tests and scripts/oci_bench.py run throwaway local registries
+# push/pull tests and python3 -m ignition.bench.oci run throwaway local registries
 # (one over HTTPS with a throwaway CA).
 apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo openssl)
 missing=()

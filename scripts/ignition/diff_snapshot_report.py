@@ -1,9 +1,9 @@
 """The diff-snapshot benchmark's plan, its summaries and its Markdown report.
 
-scripts/diff_snapshot_bench.py runs the plan below and records raw samples;
+ignition.bench.diff_snapshot runs the plan below and records raw samples;
 summarize_all() turns them into medians and the issue-4 targets, report()
 into bench-results/diff_snapshot.md. Both also re-render an earlier run's
-JSON (`diff_snapshot_bench.py --from-json`).
+JSON (`python3 -m ignition.bench.diff_snapshot --from-json`).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _title(raw: dict, info: dict) -> list[str]:
         f"Backend: `{backend}`. Guest: aarch64 Linux, busybox rootfs, {info['cpus']} vCPU, "
         f"{info['mem_mib']} MiB RAM, {info['page_size'] // 1024} KiB pages. Numbers are the median of {info['runs']} "
         f"runs ({info.get('restore_runs', info['runs'])} for restores) with min–max in parentheses. "
-        "Harness: `scripts/diff_snapshot_bench.py` (pty console driving, "
+        "Harness: `python3 -m ignition.bench.diff_snapshot` (pty console driving, "
         f"`time.perf_counter()` clocks); total run {raw['elapsed_s']:.0f} s.",
         "",
     ]
@@ -447,7 +447,7 @@ def _reproduce(info: dict) -> list[str]:
         "",
         "```",
         "cargo build --release --bin boot",
-        f"python3 scripts/diff_snapshot_bench.py --runs {info['runs']} --restore-runs "
+        f"python3 -m ignition.bench.diff_snapshot --runs {info['runs']} --restore-runs "
         f"{info.get('restore_runs', info['runs'])} --mem {info['mem_mib']} --backend {info['backend']}",
         "```",
         "",

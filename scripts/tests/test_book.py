@@ -3,7 +3,7 @@ every shell command it shows is run (here, or by CI) or says why it cannot be, a
 Python example it shows is run here.
 
 The reference page (book/src/reference.md) is generated from `--help` by
-scripts/cli_reference.py; the link check follows every relative link and
+`python3 -m ignition.cli_reference`; the link check follows every relative link and
 `#anchor` (mdBook's heading ids) between the book's pages; the build runs
 mdBook when it is installed (.ci/run installs it).
 """
@@ -46,8 +46,7 @@ def test_cli_reference_matches_the_binaries_help():
     for b in (paths.boot_bin(), paths.vmstore_bin()):
         if not b.exists():
             pytest.fail(f"{b} is missing: cargo build --release first")
-    r = subprocess.run([sys.executable, str(paths.SCRIPTS / "cli_reference.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "ignition.cli_reference", "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -110,27 +109,29 @@ CI = {
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
 }
 RUN = [
-    "scripts/snapshot_bench.py --mem 512 --runs 1",
-    "scripts/conformance.py --groups sgi,vtimer -v",
+    "python3 -m ignition.bench.snapshot --mem 512 --runs 1",
+    "python3 -m ignition.conformance --groups sgi,vtimer -v",
     "guest/conformance/build.sh --out DIR",
-    "scripts/net_bench.py --runs 1 --mib 8",
-    "scripts/oci_bench.py --full-mib 64 --runs 1",
+    "python3 -m ignition.bench.net --runs 1 --mib 8",
+    "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
     "passt -f -s /tmp/passt.sock": "an interactive session; test_net_e2e.py starts passt and boot the same way",
     "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
                                                                      "test_net_e2e.py boots with --net stream:PATH",
-    "scripts/conformance.py --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
-    "scripts/snapshot_bench.py": "the full benchmark (about 10 minutes); the same script runs with --mem 512 --runs 1",
-    "scripts/conformance.py": "every group; the CI test runs them all (test_conformance.py) and this script "
-                              "with two groups",
+    "python3 -m ignition.conformance --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
+    "python3 -m ignition.bench.snapshot": "the full benchmark (about 10 minutes); the same module runs with "
+                                          "--mem 512 --runs 1",
+    "python3 -m ignition.conformance": "every group; the CI test runs them all (test_conformance.py) and this "
+                                       "module with two groups",
     "vmstore push golden+3 localhost:5000/sandboxes/py:v1 --plain-http": "needs a registry at localhost:5000; "
         "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
     "vmstore --store vmstore pull localhost:5000/sandboxes/py:v1 --plain-http": "needs that registry; "
         "test_oci_e2e.py pulls the same way from its own registry into an empty store",
     "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
-    "scripts/oci_bench.py": "the full benchmark (a few minutes); the same script runs with --full-mib 64 --runs 1",
+    "python3 -m ignition.bench.oci": "the full benchmark (a few minutes); the same module runs with --full-mib 64 "
+                                     "--runs 1",
 }
 
 
@@ -162,6 +163,8 @@ def test_every_book_command_is_run_by_a_test_or_ci():
 @pytest.mark.parametrize("cmd", RUN)
 def test_book_command_runs(cmd, tmp_path, guest_out):
     argv = [a.replace("DIR", str(tmp_path / "out")) for a in shlex.split(cmd)]
+    if argv[0] == "python3":
+        argv[0] = sys.executable  # the interpreter the package is installed in
     # Benchmarks write their results under the test's directory, not bench-results/.
     env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
     r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)

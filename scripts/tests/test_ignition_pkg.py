@@ -101,5 +101,5 @@ def test_the_package_builds_as_a_wheel(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = tmp_path.glob("ignition-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    modules = {f"ignition/{p.name}" for p in (SCRIPTS / "ignition").glob("*.py")}
+    modules = {p.relative_to(SCRIPTS).as_posix() for p in (SCRIPTS / "ignition").rglob("*.py")}
     assert modules <= names, modules - names

@@ -34,7 +34,7 @@ from typing import Sequence
 
 import pexpect
 
-from . import console, paths, qemu, timeouts
+from .. import console, paths, qemu, timeouts
 
 BUILD_SCRIPT = paths.REPO_ROOT / "guest" / "conformance" / "build.sh"
 IMAGES_DIR = paths.REPO_ROOT / "target" / "conformance"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): QEMU start -> `login:` wall time for the guest in guest/out.
 
 Runs N boots (default 5), prints median/min/max and writes
@@ -28,7 +27,7 @@ TIMEOUT = timeouts.for_backend("qemu").boot
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="number of boots (default: 5)")
     p.add_argument("--kernel", type=Path, default=paths.KERNEL)
     p.add_argument("--disk", type=Path, default=paths.ROOTFS)

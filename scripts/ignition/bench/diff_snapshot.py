@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): the cost and the payoff of diff snapshots, in one run.
 
 Reproduces, on the portable `emu` backend (or any --backend), the tables of the
@@ -26,8 +25,8 @@ removed at start and end) and disk copies in a temporary directory next to it;
 guest/out is only read. Writes bench-results/diff_snapshot.json and
 bench-results/diff_snapshot.md; console logs go to bench-results/logs/diff_snapshot/.
 
-    scripts/diff_snapshot_bench.py                 # N=3, 512 MiB, emu
-    scripts/diff_snapshot_bench.py --runs 5 --mem 1024
+    python3 -m ignition.bench.diff_snapshot                 # N=3, 512 MiB, emu
+    python3 -m ignition.bench.diff_snapshot --runs 5 --mem 1024
 
 Timeouts are the backend's (scripts/ignition/timeouts.py); on a slow host set
 IGNITION_TIMEOUT_SCALE (e.g. 2).
@@ -413,7 +412,7 @@ def host_info(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.diff_snapshot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="runs per measurement (default: 3)")
     p.add_argument("--restore-runs", type=int, default=15,
                    help="runs per restore target (default: 15; restores are cheap, and a few ms are easily "

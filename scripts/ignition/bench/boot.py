@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): Ignition's boot time against QEMU TCG, in one run.
 
 For each of N runs: spawn `boot` on the built guest and time (wall clock)
@@ -37,7 +36,7 @@ def time_ignition(cfg: VmConfig, disk: Path, cpus: int, mem: int, log_path: Path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="boots per VMM (default: 5)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
     p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")

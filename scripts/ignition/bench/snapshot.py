@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): saving a running VM, Ignition against QEMU TCG, in one run.
 
 For each RAM size (default 512 MiB and 2 GiB) and each state (idle after
@@ -22,8 +21,8 @@ Prints a table and writes bench-results/snapshot.json and
 bench-results/snapshot.md. Every run uses throwaway copies of the disk in a
 temporary directory.
 
-    scripts/snapshot_bench.py                      # 512 and 2048 MiB, both states
-    scripts/snapshot_bench.py --mem 512 --runs 3
+    python3 -m ignition.bench.snapshot                 # 512 and 2048 MiB, both states
+    python3 -m ignition.bench.snapshot --mem 512 --runs 3
 """
 
 from __future__ import annotations
@@ -190,7 +189,7 @@ def table(results: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.snapshot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mem", type=int, action="append", help="RAM in MiB (repeatable; default: 512 and 2048)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (default: 3)")
     p.add_argument("--backend", help="Ignition backend (default: boot's)")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): `vmstore push` / `vmstore pull` throughput against a
 local registry (Debian's docker-registry, CNCF distribution 2.8, on 127.0.0.1),
 beside `skopeo copy` of an equivalent blob set, in one run.
@@ -130,7 +129,7 @@ def skopeo_run(dirs: dict[str, Path], work: Path) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.oci", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--full-mib", type=int, default=512, help="full layer's RAM (default 512)")
     p.add_argument("--diff-mib", type=int, default=8, help="diff layer's pages, MiB (default 8)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported (default 3)")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Boot the guest from guest/out under QEMU (the reference boot, not our VMM).
 
 Boots to login:, logs in as root, runs the given command(s), prints their
@@ -6,9 +5,9 @@ output, powers off and exits with QEMU's exit status (1 if a guest command
 failed or the console timed out). The disk is a temporary copy, so the build
 output is never modified.
 
-    scripts/qemu_boot.py                          # runs `uname -a`
-    scripts/qemu_boot.py --cmd 'cat /proc/cpuinfo' --cmd 'df -h'
-    scripts/qemu_boot.py --interactive            # your terminal; Ctrl-A x quits
+    python3 -m ignition.qemu_boot                          # runs `uname -a`
+    python3 -m ignition.qemu_boot --cmd 'cat /proc/cpuinfo' --cmd 'df -h'
+    python3 -m ignition.qemu_boot --interactive            # your terminal; Ctrl-A x quits
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def boot_and_run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", type=Path, default=paths.KERNEL, help="kernel Image (default: guest/out/Image)")
     p.add_argument("--disk", type=Path, default=paths.ROOTFS,
                    help="root disk image, copied before boot (default: guest/out/rootfs.ext4)")

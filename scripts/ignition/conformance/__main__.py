@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The architectural conformance suite, side by side: every group of guest/conformance/ on
 Ignition's `boot` and on QEMU TCG (the reference), with the same images.
 
@@ -47,7 +46,7 @@ def table(rows: list[list[str]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.conformance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["emu", "hvf"], default=None,
                    help="Ignition backend (default: boot's: hvf on macOS/aarch64, else emu)")
     p.add_argument("--gic", choices=["userspace", "hvf"], default=None, help="boot --gic (default: boot's)")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): guest<->host TCP throughput through passt, Ignition
 against QEMU TCG's virtio-net on the same passt, guest and machine, in one run;
 and Ignition's vsock throughput in the same run.
@@ -80,7 +79,7 @@ def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.net", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="transfers each way per VMM (default: 3)")
     p.add_argument("--mib", type=int, default=64, help="MiB per transfer (default: 64)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT)
