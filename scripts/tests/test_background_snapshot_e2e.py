@@ -18,6 +18,8 @@ import pytest
 from ignition import loglines
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 MEM = 256
 GATE_ENV = "IGNITION_TEST_SNAPSHOT_GATE"
 BIG = 8 * 1024 * 1024

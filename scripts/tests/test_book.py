@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import console, paths
+from ignition import console, paths, timeouts
 
 BOOK = paths.REPO_ROOT / "book"
 SRC = BOOK / "src"
@@ -160,6 +160,8 @@ def test_every_book_command_is_run_by_a_test_or_ci():
     assert not stale, f"listed here but no longer in the book: {stale}"
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 @pytest.mark.parametrize("cmd", RUN)
 def test_book_command_runs(cmd, tmp_path, guest_out):
     argv = [a.replace("DIR", str(tmp_path / "out")) for a in shlex.split(cmd)]
@@ -167,10 +169,13 @@ def test_book_command_runs(cmd, tmp_path, guest_out):
         argv[0] = sys.executable  # the interpreter the package is installed in
     # Benchmarks write their results under the test's directory, not bench-results/.
     env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
-    r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)
+    # Bounded inside the test's hang limit, so that a hung benchmark's output is kept.
+    r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                       timeout=0.75 * timeouts.hang_limit("qemu"), env=env)
     assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
+@pytest.mark.e2e
 def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
     """`cargo run --release --bin boot` boots guest/out's disk read-write: it is put back after."""
     rootfs = guest_out / "rootfs.ext4"
@@ -232,6 +237,7 @@ def test_book_python_vmstore_example(tmp_path):
     assert re.search(r"^\d+ bytes hashed$", out, re.M), out
 
 
+@pytest.mark.e2e
 def test_book_python_ignition_example(tmp_path, guest_out):
     """Boots a copy of the guest's disk as ./copy.ext4 and snapshots it into ./vmstore."""
     shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
@@ -241,6 +247,7 @@ def test_book_python_ignition_example(tmp_path, guest_out):
     assert (tmp_path / "vmstore" / "golden" / "manifest.json").is_file()
 
 
+@pytest.mark.e2e
 def test_book_python_control_example(tmp_path, guest_out, cfg):
     """Against a VM listening on the example's socket path (a private one in its place)."""
     from ignition.vm import Vm

@@ -14,9 +14,13 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from ignition import console
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import CTRL_A, Vm
+
+pytestmark = pytest.mark.e2e
 
 
 def test_boot_login_uname_poweroff(cfg, disk, tmp_path):

@@ -24,7 +24,11 @@ import shutil
 import struct
 import time
 
+import pytest
+
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 DELAY_MS = 6000

@@ -50,12 +50,16 @@ def qemu_results(images) -> dict[str, Result]:
     return {g: conformance.run_qemu(g, images) for g in GROUPS}
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_qemu_reference(group, qemu_results):
     r = qemu_results[group]
     assert r.status == "pass", r.explain()
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 def test_qemu_enters_at_el1_with_psci_over_hvc(qemu_results):
     # What the images assume of both machines: EL1 entry, PSCI through HVC as the DTB says.
     for r in qemu_results.values():
@@ -68,6 +72,7 @@ def run_cases():
     return [(g, False) for g in GROUPS] + [(g, True) for g, grp in GROUPS.items() if grp.paused]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("group,across_snapshot", run_cases(),
                          ids=[f"{g}{'+snapshot' if s else ''}" for g, s in run_cases()])
 def test_ignition(group, across_snapshot, images, boot_bin, backend, gic, request):

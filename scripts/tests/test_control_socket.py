@@ -13,6 +13,8 @@ import pytest
 from ignition.control import Control, ControlError
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 MEM = 256
 
 

@@ -22,6 +22,8 @@ import pytest
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 CYCLES = 3
 ONLINE = "/sys/devices/system/cpu/cpu1/online"
 # What a kernel prints when something went wrong.

@@ -26,9 +26,13 @@ import shutil
 import signal
 import time
 
+import pytest
+
 from ignition import loglines
 from ignition import store as vmstore
 from ignition.vm import CTRL_A, Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 128  # MiB: a full layer is written (and verified) many times
 KILLS = {"full": 10, "diff": 12}  # after a random delay, per kind

@@ -13,6 +13,8 @@ import pytest
 from ignition import console
 from ignition import qemu, timeouts
 
+pytestmark = [pytest.mark.e2e, pytest.mark.qemu]
+
 TIMEOUTS = timeouts.for_backend("qemu")
 BOOT_TIMEOUT = TIMEOUTS.boot
 CMD_TIMEOUT = TIMEOUTS.cmd

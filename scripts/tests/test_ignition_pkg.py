@@ -66,6 +66,21 @@ def test_timeouts_scale_by_backend(monkeypatch):
         timeouts.for_backend("kvm")
 
 
+def test_hang_limits_follow_the_policy(monkeypatch):
+    monkeypatch.delenv(timeouts.SCALE_ENV, raising=False)
+    assert timeouts.hang_limit("emu") == timeouts.TEST_BOOTS * timeouts.BASE.boot >= 600
+    assert timeouts.hang_limit("hvf") == timeouts.SCALE["hvf"] * timeouts.hang_limit("emu")
+    monkeypatch.setenv(timeouts.SCALE_ENV, "2")
+    assert timeouts.hang_limit("qemu") == 2 * timeouts.TEST_BOOTS * timeouts.BASE.boot
+
+
+def test_each_test_gets_its_backends_hang_limit(request, backend):
+    """conftest.py gives every test without a limit of its own the policy's (pytest-timeout)."""
+    (limit,) = request.node.get_closest_marker("timeout").args
+    assert limit == timeouts.hang_limit(backend)
+
+
+
 def test_vm_config_argv(tmp_path):
     cfg = VmConfig(boot=tmp_path / "boot", backend="hvf", gic="hvf")
     assert cfg.argv("--restore", "a") == [str(tmp_path / "boot"), "--restore", "a", "--backend", "hvf",

@@ -23,6 +23,8 @@ import pytest
 from ignition import net
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 MEM = 512
 BIG = 64 << 20
 

@@ -33,7 +33,8 @@ from ignition.registry import REGISTRY_BIN, LocalRegistry, TokenServer, auth_fil
 from ignition.store import layer_names, work_entries
 from ignition.vm import Vm
 
-pytestmark = pytest.mark.skipif(not REGISTRY_BIN.is_file(), reason="docker-registry not installed (scripts/setup.sh)")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(not REGISTRY_BIN.is_file(), reason="docker-registry not installed (scripts/setup.sh)")]
 
 MEM = 128
 CHAIN = ["golden", "d1", "d2", "d3", "d4"]

@@ -92,6 +92,14 @@ def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
                                "pytest -m pytest -q scripts/tests"], c
 
 
+def test_test_sh_passes_its_arguments_to_pytest(tmp_path):
+    env = fake_mac(tmp_path)
+    (tmp_path / "bin" / "uname").write_text("#!/bin/sh\necho Linux\n")
+    r = run("test.sh", env, "-m", "not e2e", "-k", "a b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls(env)[-1] == "pytest -m pytest -q scripts/tests -m not e2e -k a b", calls(env)
+
+
 def test_test_sh_does_not_sign_on_linux(tmp_path):
     env = fake_mac(tmp_path)
     (tmp_path / "bin" / "uname").write_text("#!/bin/sh\necho Linux\n")
@@ -113,7 +121,7 @@ def test_mac_check_builds_signs_runs_both_gics_and_summarizes(tmp_path, guest_ou
     env = fake_mac(tmp_path, macos)
     r = run("mac-check.sh", env, "-x")
     c = calls(env)
-    assert c[0] == "pip -m pip install -q -e ./scripts", c
+    assert c[0] == "pip -m pip install -q -e ./scripts -r scripts/requirements-dev.txt", c
     assert c[1] == "cargo build --release --workspace --bins", c
     assert c[2].startswith("codesign ") and c[2].endswith("target/release/boot"), c
     suites = ("scripts/tests/test_boot_e2e.py scripts/tests/test_snapshot_e2e.py "

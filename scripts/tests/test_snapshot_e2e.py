@@ -22,6 +22,8 @@ from ignition import loglines, store as vmstore
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import CTRL_A, Vm
 
+pytestmark = pytest.mark.e2e
+
 MEM = 256
 
 

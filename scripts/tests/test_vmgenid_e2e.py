@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 RESEEDED = "crng reseeded due to virtual machine fork"

@@ -18,6 +18,8 @@ import pytest
 from ignition.paths import vmstore_bin
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 vmstore = pytest.importorskip("vmstore", reason="pip install ./snapshot-store/python")
 MEM = 128
 

@@ -16,8 +16,12 @@ import socket
 import subprocess
 import threading
 
+import pytest
+
 from ignition import vsock
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 512
 BIG = 16 << 20
