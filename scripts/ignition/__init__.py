@@ -48,5 +48,4 @@ from .control import Control, ControlError
 from .timeouts import Timeouts
 from .vm import Layer, Restored, Snapshot, Vm, VmConfig
 
-__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm",
-           "VmConfig"]
+__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm", "VmConfig"]

@@ -20,7 +20,7 @@ import os
 import re
 import secrets
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pexpect
 
@@ -65,7 +65,8 @@ def spawn(
     )
     child.delaybeforesend = None  # pexpect sleeps 50 ms per send() by default; paced_send paces instead
     if log_path is not None:
-        child.logfile_read = open(log_path, "w", encoding="utf-8", errors="replace")
+        # Lives as long as the child: wait_exit() and terminate() close it.
+        child.logfile_read = open(log_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
     return child
 
 
@@ -79,9 +80,7 @@ def expect(child: pexpect.spawn, patterns, timeout: float, what: str) -> int:
     try:
         return child.expect(patterns, timeout=timeout)
     except pexpect.TIMEOUT:
-        raise ConsoleError(
-            f"timed out after {timeout:g}s waiting for {what}; last output:\n{_tail(child)}"
-        ) from None
+        raise ConsoleError(f"timed out after {timeout:g}s waiting for {what}; last output:\n{_tail(child)}") from None
     except pexpect.EOF:
         raise ConsoleError(
             f"console closed (process exited) while waiting for {what}; last output:\n{_tail(child)}"
@@ -130,9 +129,7 @@ KERNEL_LINE = re.compile(r"^\[ *\d+\.\d+\] [^\n]*(?:\n|$)", re.MULTILINE)
 """A kernel message on the console (printk with CONFIG_PRINTK_TIME)."""
 
 
-def run_status(
-    child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT
-) -> tuple[int, str]:
+def run_status(child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT) -> tuple[int, str]:
     """Run a shell command at the prompt; return (exit status, output).
 
     The command is bracketed by echoes of unique markers. The markers are typed

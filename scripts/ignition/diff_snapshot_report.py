@@ -29,8 +29,11 @@ def summarize_all(raw: dict, runs: int) -> dict:
     """The runner's raw samples -> medians (min, max) per table, and the issue-4 targets."""
     s: dict = {}
     bw = raw["disk_bandwidth"]
-    s["disk_bandwidth"] = {"mb_per_s": stats([b["mb_per_s"] for b in bw]), "time": summarize([b["s"] for b in bw]),
-                           "write_calls_time": summarize([b["buffered_s"] for b in bw])}
+    s["disk_bandwidth"] = {
+        "mb_per_s": stats([b["mb_per_s"] for b in bw]),
+        "time": summarize([b["s"] for b in bw]),
+        "write_calls_time": summarize([b["buffered_s"] for b in bw]),
+    }
     s["sha256_mb_per_s"] = stats([b["sha256_mb_per_s"] for b in bw])
     for when in ("start", "end"):
         s["disk_bandwidth"][f"mb_per_s_{when}"] = stats([b["mb_per_s"] for b in bw if b["when"] == when])
@@ -96,14 +99,18 @@ def summarize_all(raw: dict, runs: int) -> dict:
             "met": bool(fixed <= 0.25 * t8),
         },
         "restore_flat_across_depth": {
-            "golden_ms": round(r1, 2), f"golden+{CHAIN_DEPTH}_ms": round(rdeep, 2),
+            "golden_ms": round(r1, 2),
+            f"golden+{CHAIN_DEPTH}_ms": round(rdeep, 2),
             "ratio": round(rdeep / r1, 2) if r1 else None,
             "per_layer_us": round((rdeep - r1) * 1000 / CHAIN_DEPTH),
             "criterion": f"restore total (µs, Restore-stages) of golden+{CHAIN_DEPTH} <= 1.2 x golden's",
             "met": bool(r1 and rdeep <= 1.2 * r1),
         },
-        "restore_10ms": {"golden_ms": round(r1, 2), "criterion": "restore total of a 512 MiB full layer <= 10 ms",
-                         "met": bool(r1 <= 10)},
+        "restore_10ms": {
+            "golden_ms": round(r1, 2),
+            "criterion": "restore total of a 512 MiB full layer <= 10 ms",
+            "met": bool(r1 <= 10),
+        },
     }
     return s
 
@@ -111,14 +118,18 @@ def summarize_all(raw: dict, runs: int) -> dict:
 def ms(summary: dict, key: str = "s", nd: int = 0) -> str:
     """A stats.summarize() of seconds as `median ms (min–max, n=N)`."""
     f = lambda v: f"{v * 1000:.{nd}f}"  # noqa: E731
-    return (f"{f(summary['median_' + key])} ms ({f(summary['min_' + key])}–{f(summary['max_' + key])}, "
-            f"n={len(summary['samples_' + key])})")
+    return (
+        f"{f(summary['median_' + key])} ms ({f(summary['min_' + key])}–{f(summary['max_' + key])}, "
+        f"n={len(summary['samples_' + key])})"
+    )
 
 
 def num(summary: dict, unit: str, nd: int = 0) -> str:
     """A stats.stats() as `median<unit> (min–max, n=N)`."""
-    return (f"{summary['median']:.{nd}f}{unit} ({summary['min']:.{nd}f}–{summary['max']:.{nd}f}, "
-            f"n={len(summary['samples'])})")
+    return (
+        f"{summary['median']:.{nd}f}{unit} ({summary['min']:.{nd}f}–{summary['max']:.{nd}f}, "
+        f"n={len(summary['samples'])})"
+    )
 
 
 def size(b: int) -> str:
@@ -277,16 +288,21 @@ def _snapshot_write_row(label: str, dirt: str, x: dict, bw: float, hr: float, di
     hashed = x.get("disk_chunks_hashed")
     chunks_txt = f"{num(hashed, '')} of {x['disk_chunks']}" if hashed else "—"
     hashed_bytes = hashed["median"] * 256 * 1024 if hashed else disk_mib * MIB
-    return (f"| {label} | {dirt} | {x['pages']['median']:.0f} ({x['mib']['median']:.1f}) | {chunks_txt} | "
-            f"{ms(x['write_time'])} | {ms(x['console_wall'])} | "
-            f"{ideal:.0f} ms → {x['write_time']['median_s'] * 1000 / ideal:.1f}× | "
-            f"{(bytes_ + hashed_bytes) / 1e6 / hr * 1000:.0f} ms |")
+    return (
+        f"| {label} | {dirt} | {x['pages']['median']:.0f} ({x['mib']['median']:.1f}) | {chunks_txt} | "
+        f"{ms(x['write_time'])} | {ms(x['console_wall'])} | "
+        f"{ideal:.0f} ms → {x['write_time']['median_s'] * 1000 / ideal:.1f}× | "
+        f"{(bytes_ + hashed_bytes) / 1e6 / hr * 1000:.0f} ms |"
+    )
 
 
 def _restore(s: dict) -> list[str]:
     r = s["restore"]
-    names = {"golden": "Full only (golden)", "golden+1": "golden + 1 diff (d1)",
-             f"golden+{CHAIN_DEPTH}": f"golden + {CHAIN_DEPTH} diffs (d{CHAIN_DEPTH})"}
+    names = {
+        "golden": "Full only (golden)",
+        "golden+1": "golden + 1 diff (d1)",
+        f"golden+{CHAIN_DEPTH}": f"golden + {CHAIN_DEPTH} diffs (d{CHAIN_DEPTH})",
+    }
     lines = [
         "## 3. Restore latency — by chain depth",
         "",
@@ -295,11 +311,13 @@ def _restore(s: dict) -> list[str]:
     ]
     for spec in _restore_specs(r):
         x = r[spec]
-        lines.append(f"| {names.get(spec, spec)} | {x['layers']} | {ms(x['restore_time'])} | "
-                     f"{ms(x['wall_to_prompt'])} | {ms(x['enter_to_prompt'])} |")
+        lines.append(
+            f"| {names.get(spec, spec)} | {x['layers']} | {ms(x['restore_time'])} | "
+            f"{ms(x['wall_to_prompt'])} | {ms(x['enter_to_prompt'])} |"
+        )
     lines += [
         "",
-        "Per-stage median (µs) of the critical path; \"not in a stage\" is the total minus the stages, clipped at 0. "
+        'Per-stage median (µs) of the critical path; "not in a stage" is the total minus the stages, clipped at 0. '
         "Two pieces of work run on their own threads and are not stages: verification of the chain (hashes, from "
         "the cache when files are unchanged) runs alongside map base, overlay and state, and only the wait for it "
         "(\"verify wait\") is on the critical path; the copy of the snapshot's disk to the VM's private working "
@@ -311,8 +329,19 @@ def _restore(s: dict) -> list[str]:
     return lines + _restore_stages(r)
 
 
-RESTORE_STAGE_ORDER = ("resolve", "resolve+verify", "verify wait", "map base", "overlay", "state", "disk clone",
-                       "VM create", "GIC", "devices", "vCPUs")
+RESTORE_STAGE_ORDER = (
+    "resolve",
+    "resolve+verify",
+    "verify wait",
+    "map base",
+    "overlay",
+    "state",
+    "disk clone",
+    "VM create",
+    "GIC",
+    "devices",
+    "vCPUs",
+)
 """The VMM's order of the restore stages, for a JSON written with sorted keys; older stage names included."""
 
 
@@ -352,16 +381,25 @@ def _footprint(raw: dict) -> list[str]:
     for name, x in sorted(fp["layers"].items(), key=lambda kv: (kv[0] != "golden", kv[0])):
         mem, disk, tot = x["files"]["memory.bin"], x["files"].get("disk.img"), x["total"]
         dtxt = f"{disk['logical'] / MIB:.1f} / {disk['physical'] / MIB:.1f} MiB" if disk else "—"
-        lines.append(f"| {name} | {size(mem['logical'])} | {size(mem['physical'])} | {dtxt} | "
-                     f"{tot['logical'] / MIB:.1f} / {tot['physical'] / MIB:.1f} MiB |")
+        lines.append(
+            f"| {name} | {size(mem['logical'])} | {size(mem['physical'])} | {dtxt} | "
+            f"{tot['logical'] / MIB:.1f} / {tot['physical'] / MIB:.1f} MiB |"
+        )
     st = fp["store"]
     lines += [f"| **whole store** | | | | **{st['logical'] / MIB:.1f} / {st['physical'] / MIB:.1f} MiB** |", ""]
+
+    def mib(sizes: dict) -> str:
+        return f"{sizes['logical'] / MIB:.1f} / {sizes['physical'] / MIB:.1f}"
+
     wl = raw["write_layers_footprint"]
     if wl:
         diffs = sorted((kv for kv in wl.items() if kv[0].startswith("w")), key=lambda kv: (len(kv[0]), kv[0]))
-        lines += ["Diff layers from §2, before they were removed (memory.bin logical / physical): " + "; ".join(
-            f"{k} {v['files']['memory.bin']['logical'] / MIB:.1f} / {v['files']['memory.bin']['physical'] / MIB:.1f} MiB"
-            for k, v in diffs) + ".", ""]
+        lines += [
+            "Diff layers from §2, before they were removed (memory.bin logical / physical): "
+            + "; ".join(f"{k} {mib(v['files']['memory.bin'])} MiB" for k, v in diffs)
+            + ".",
+            "",
+        ]
     full_mem = fp["layers"]["golden"]["files"]["memory.bin"]["logical"]
     chain_mem = sum(x["files"]["memory.bin"]["physical"] for x in fp["layers"].values())
     lines += [

@@ -6,8 +6,9 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 
 def missing(kernel: Path, disk: Path) -> str | None:

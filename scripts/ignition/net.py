@@ -20,8 +20,9 @@ from pathlib import Path
 # What the guest prints for its default gateway (busybox route).
 GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
 # Waits (at most 60 s) until eth0 has its DHCP lease; fails otherwise.
-LEASE_WAIT_CMD = ("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
-                  "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done")
+LEASE_WAIT_CMD = (
+    "i=0; until ifconfig eth0 | grep -q 'inet addr'; do i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done"
+)
 
 
 def passt_bin() -> str | None:
@@ -40,7 +41,7 @@ class Passt:
         self.log = Path(directory) / (name + ".log")
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Passt":
+    def __enter__(self) -> Passt:
         binary = passt_bin()
         if binary is None:
             raise RuntimeError("passt is not installed (apt install passt)")
@@ -50,14 +51,13 @@ class Passt:
             # private test directory.
             argv = [binary, "-f", "-s", str(self.socket), "--runas", str(os.getuid())]
             argv += ["-e"] + (["-p", f"{self.log}.pcap"] if os.environ.get("PASST_PCAP") else [])
-            self.proc = subprocess.Popen(argv,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while not self.socket.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"passt exited with {self.proc.returncode}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"passt exited with {self.proc.returncode}: {self.log.read_text(errors='replace')[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 self.__exit__()
                 raise RuntimeError("passt did not create its socket in 30 s")
@@ -78,7 +78,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """GET /NAME serves a registered blob; POST answers "<sha256> <bytes>"
     of its body."""
 
-    server: "LoopbackHttp"
+    server: LoopbackHttp
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         blob = self.server.blobs.get(self.path.lstrip("/"))
@@ -91,7 +91,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         view = memoryview(blob)
         t0 = time.perf_counter()
         for i in range(0, len(blob), 1 << 16):
-            self.wfile.write(view[i:i + (1 << 16)])
+            self.wfile.write(view[i : i + (1 << 16)])
         self.wfile.flush()
         self.server.transfers.append(("GET", len(blob), time.perf_counter() - t0))
 
@@ -142,11 +142,10 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
         self.blobs[name] = data
         return hashlib.sha256(data).hexdigest()
 
-    def __enter__(self) -> "LoopbackHttp":
+    def __enter__(self) -> LoopbackHttp:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
         self.server_close()
-

@@ -16,8 +16,8 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ignition import console, paths, qemu, timeouts
 from ignition.guest import disk_copy
@@ -47,19 +47,32 @@ def boot_and_run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m ignition.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--kernel", type=Path, default=paths.KERNEL, help="kernel Image (default: guest/out/Image)")
-    p.add_argument("--disk", type=Path, default=paths.ROOTFS,
-                   help="root disk image, copied before boot (default: guest/out/rootfs.ext4)")
+    p.add_argument(
+        "--disk",
+        type=Path,
+        default=paths.ROOTFS,
+        help="root disk image, copied before boot (default: guest/out/rootfs.ext4)",
+    )
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
     p.add_argument("--cpu", default="max", help="QEMU CPU model (default: max; a 16K kernel needs the 16K granule)")
-    p.add_argument("--append", default=qemu.DEFAULT_APPEND,
-                   help=f"kernel command line (default: {qemu.DEFAULT_APPEND!r})")
-    p.add_argument("--cmd", action="append", dest="cmds", metavar="CMD",
-                   help="shell command to run after login; repeatable (default: 'uname -a')")
-    p.add_argument("--timeout", type=float, default=TIMEOUTS.boot,
-                   help=f"seconds to wait for login: (default: {TIMEOUTS.boot:g})")
+    p.add_argument(
+        "--append", default=qemu.DEFAULT_APPEND, help=f"kernel command line (default: {qemu.DEFAULT_APPEND!r})"
+    )
+    p.add_argument(
+        "--cmd",
+        action="append",
+        dest="cmds",
+        metavar="CMD",
+        help="shell command to run after login; repeatable (default: 'uname -a')",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=TIMEOUTS.boot, help=f"seconds to wait for login: (default: {TIMEOUTS.boot:g})"
+    )
     p.add_argument("--log", type=Path, help="write the console transcript to this file")
     p.add_argument("--interactive", action="store_true", help="attach QEMU to this terminal instead")
     args = p.parse_args(argv)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 def summarize(samples: Sequence[float]) -> dict:

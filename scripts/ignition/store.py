@@ -41,8 +41,13 @@ def work_entries(store: Path) -> list[str]:
 
 def vmstore(store: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `vmstore --store STORE ARGS` (paths.vmstore_bin()); returns the result, output as text."""
-    return subprocess.run([str(paths.vmstore_bin()), "--store", str(store), *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(paths.vmstore_bin()), "--store", str(store), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def digest(store: Path) -> dict[str, str]:

@@ -19,9 +19,10 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, overload
+from typing import overload
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
@@ -129,8 +130,9 @@ class Vm:
     """A running `boot` on a pty. Use Vm.boot or Vm.restore; end it with quit(),
     poweroff(), kill() or terminate() (a `with` block terminates it)."""
 
-    def __init__(self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None,
-                 control: bool = False):
+    def __init__(
+        self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None, control: bool = False
+    ):
         """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path. With
         control, `boot` also listens on a control socket in a private directory (snapshot(name))."""
         self.cfg = cfg
@@ -148,10 +150,20 @@ class Vm:
         self.child = console.spawn(self.argv, log_path=log_path, timeout=self.timeouts.boot)
 
     @classmethod
-    def boot(cls, cfg: VmConfig, *, disk: os.PathLike | str, log_path: os.PathLike | str | None = None,
-             mem: int | None = None, cpus: int | None = None, store: os.PathLike | str | None = None,
-             name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = (),
-             control: bool = False) -> Vm:
+    def boot(
+        cls,
+        cfg: VmConfig,
+        *,
+        disk: os.PathLike | str,
+        log_path: os.PathLike | str | None = None,
+        mem: int | None = None,
+        cpus: int | None = None,
+        store: os.PathLike | str | None = None,
+        name: str | None = None,
+        track_dirty: bool = False,
+        extra: Sequence[str] = (),
+        control: bool = False,
+    ) -> Vm:
         """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login()).
         With control, snapshot(name) works over the VM's control socket."""
         args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
@@ -162,9 +174,19 @@ class Vm:
         return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path, control)
 
     @classmethod
-    def restore(cls, cfg: VmConfig, spec: str, *, store: os.PathLike | str,
-                log_path: os.PathLike | str | None = None, name: str | None = None, track_dirty: bool = False,
-                extra: Sequence[str] = (), wait: bool = True, control: bool = False) -> Vm:
+    def restore(
+        cls,
+        cfg: VmConfig,
+        spec: str,
+        *,
+        store: os.PathLike | str,
+        log_path: os.PathLike | str | None = None,
+        name: str | None = None,
+        track_dirty: bool = False,
+        extra: Sequence[str] = (),
+        wait: bool = True,
+        control: bool = False,
+    ) -> Vm:
         """`boot --restore spec`. With wait (the default), returns once the restore is logged
         (self.restored) and the shell answers an Enter with its prompt. With control, as boot()."""
         args = ["--restore", spec] + _snapshot_args(store, name, track_dirty) + list(extra)
@@ -267,8 +289,10 @@ class Vm:
         mode the layer is still being written: see snapshot_finish."""
         t0 = time.perf_counter()
         self.send(CTRL_A + "s")
-        if self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED],
-                       f"Snapshot-pause-time of '{name}'") == 1:
+        if (
+            self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED], f"Snapshot-pause-time of '{name}'")
+            == 1
+        ):
             raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
         return PendingSnapshot(name, t0, int(self.match.group(1)))
 
@@ -276,8 +300,12 @@ class Vm:
         """The rest of snapshot(): waits until the layer is written."""
         name = pending.name
         saved_early = device_hold_us = None
-        pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE,
-                loglines.SNAPSHOT_DEVICE_HOLD_TIME]
+        pats = [
+            loglines.SNAPSHOT_WRITE_TIME,
+            loglines.SNAPSHOT_FAILED,
+            loglines.SNAPSHOT_SAVED_BEFORE_WRITE,
+            loglines.SNAPSHOT_DEVICE_HOLD_TIME,
+        ]
         while (i := self.expect(pats, f"Snapshot-write-time of '{name}'")) != 0:
             if i == 1:
                 raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
@@ -296,8 +324,18 @@ class Vm:
         got = self.match.group(1)
         if got != kind:
             raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return Snapshot(name, kind, pending.pause_us, write_ms, saved_early, device_hold_us, int(self.match.group(2)),
-                        float(self.match.group(3)), disk, wall)
+        return Snapshot(
+            name,
+            kind,
+            pending.pause_us,
+            write_ms,
+            saved_early,
+            device_hold_us,
+            int(self.match.group(2)),
+            float(self.match.group(3)),
+            disk,
+            wall,
+        )
 
     def wait_restored(self) -> Restored:
         """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
@@ -316,8 +354,14 @@ class Vm:
         self.type("\n")
         self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
         t_prompt = time.perf_counter()
-        self.restored = Restored(int(seen[0].group(1)), stages, int(seen[2].group(1)), int(seen[2].group(3)),
-                                 t_logged - self.t_spawn, t_prompt - self.t_spawn)
+        self.restored = Restored(
+            int(seen[0].group(1)),
+            stages,
+            int(seen[2].group(1)),
+            int(seen[2].group(3)),
+            t_logged - self.t_spawn,
+            t_prompt - self.t_spawn,
+        )
         return self.restored
 
     # Ending

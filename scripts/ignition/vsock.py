@@ -8,6 +8,7 @@ a host program listens (EchoServer here).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -70,7 +71,7 @@ def echo_round_trip(sock: socket.socket, data: bytes) -> str:
     t.start()
     view = memoryview(data)
     for i in range(0, len(data), 1 << 16):
-        sock.sendall(view[i:i + (1 << 16)])
+        sock.sendall(view[i : i + (1 << 16)])
     sock.shutdown(socket.SHUT_WR)
     t.join(timeout=sock.gettimeout())
     assert not t.is_alive(), "the echo did not end"
@@ -91,7 +92,7 @@ class PortServer:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> "PortServer":
+    def __enter__(self) -> PortServer:
         if self.path.exists():
             self.path.unlink()
         self._sock.bind(str(self.path))
@@ -120,10 +121,8 @@ class PortServer:
 
     def __exit__(self, *exc) -> None:
         self._sock.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def echo(conn: socket.socket) -> None:
@@ -154,7 +153,7 @@ def send_timed(uds: Path | str, port: int, size: int) -> float:
         t = time.monotonic()
         left = size
         while left > 0:
-            left -= s.send(chunk[:min(left, len(chunk))])
+            left -= s.send(chunk[: min(left, len(chunk))])
         s.shutdown(socket.SHUT_WR)
         answer = read_line(s)
         secs = time.monotonic() - t

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,19 @@ GUEST_OUT = paths.GUEST_OUT
 
 
 def pytest_addoption(parser):
-    parser.addoption("--backend", choices=["emu", "hvf"], default=None,
-                     help="Ignition backend for boot tests (default: the binary's platform default)")
-    parser.addoption("--gic", choices=["userspace", "hvf"], default=None,
-                     help="interrupt controller for boot tests, passed to boot as --gic "
-                          "(default: boot's, the userspace GIC; hvf needs --backend hvf and macOS 15)")
+    parser.addoption(
+        "--backend",
+        choices=["emu", "hvf"],
+        default=None,
+        help="Ignition backend for boot tests (default: the binary's platform default)",
+    )
+    parser.addoption(
+        "--gic",
+        choices=["userspace", "hvf"],
+        default=None,
+        help="interrupt controller for boot tests, passed to boot as --gic "
+        "(default: boot's, the userspace GIC; hvf needs --backend hvf and macOS 15)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -87,13 +87,15 @@ def test_the_link_checker_sees_broken_links(tmp_path):
 
 def mdbook() -> str | None:
     return shutil.which("mdbook") or next(
-        (str(p) for p in [Path.home() / ".cargo" / "bin" / "mdbook"] if p.exists()), None)
+        (str(p) for p in [Path.home() / ".cargo" / "bin" / "mdbook"] if p.exists()), None
+    )
 
 
 @pytest.mark.skipif(mdbook() is None, reason="mdbook is not installed (.ci/run installs it)")
 def test_the_book_builds(tmp_path):
-    r = subprocess.run([mdbook(), "build", str(BOOK), "-d", str(tmp_path / "html")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [mdbook(), "build", str(BOOK), "-d", str(tmp_path / "html")], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ERROR" not in r.stderr, r.stderr
     assert (tmp_path / "html" / "reference.html").exists()
@@ -119,19 +121,19 @@ RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
     "passt -f -s /tmp/passt.sock": "an interactive session; test_net_e2e.py starts passt and boot the same way",
     "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
-                                                                     "test_net_e2e.py boots with --net stream:PATH",
+    "test_net_e2e.py boots with --net stream:PATH",
     "python3 -m ignition.conformance --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
     "python3 -m ignition.bench.snapshot": "the full benchmark (about 10 minutes); the same module runs with "
-                                          "--mem 512 --runs 1",
+    "--mem 512 --runs 1",
     "python3 -m ignition.conformance": "every group; the CI test runs them all (test_conformance.py) and this "
-                                       "module with two groups",
+    "module with two groups",
     "vmstore push golden+3 localhost:5000/sandboxes/py:v1 --plain-http": "needs a registry at localhost:5000; "
-        "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
+    "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
     "vmstore --store vmstore pull localhost:5000/sandboxes/py:v1 --plain-http": "needs that registry; "
-        "test_oci_e2e.py pulls the same way from its own registry into an empty store",
+    "test_oci_e2e.py pulls the same way from its own registry into an empty store",
     "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
     "python3 -m ignition.bench.oci": "the full benchmark (a few minutes); the same module runs with --full-mib 64 "
-                                     "--runs 1",
+    "--runs 1",
 }
 
 
@@ -170,8 +172,9 @@ def test_book_command_runs(cmd, tmp_path, guest_out):
     # Benchmarks write their results under the test's directory, not bench-results/.
     env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
     # Bounded inside the test's hang limit, so that a hung benchmark's output is kept.
-    r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True,
-                       timeout=0.75 * timeouts.hang_limit("qemu"), env=env)
+    r = subprocess.run(
+        argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=0.75 * timeouts.hang_limit("qemu"), env=env
+    )
     assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
@@ -182,8 +185,9 @@ def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
     saved = tmp_path / "rootfs.ext4"
     shutil.copy2(rootfs, saved)
     try:
-        child = console.spawn(shlex.split(RUN_TO_LOGIN), log_path=tmp_path / "boot.log", timeout=600,
-                              cwd=str(paths.REPO_ROOT))
+        child = console.spawn(
+            shlex.split(RUN_TO_LOGIN), log_path=tmp_path / "boot.log", timeout=600, cwd=str(paths.REPO_ROOT)
+        )
         try:
             console.expect(child, console.LOGIN, 600, "the login prompt of cargo run --release --bin boot")
         finally:
@@ -213,7 +217,8 @@ def test_every_book_python_example_is_run():
     shown = book_python_blocks()
     assert set(shown) == set(PY_RUN), (
         f"not run (add them to PY_RUN): {sorted(set(shown) - set(PY_RUN))}; "
-        f"no longer in the book: {sorted(set(PY_RUN) - set(shown))}")
+        f"no longer in the book: {sorted(set(PY_RUN) - set(shown))}"
+    )
 
 
 def run_python(block: str, cwd: Path, timeout: float = 60) -> str:
@@ -256,8 +261,15 @@ def test_book_python_control_example(tmp_path, guest_out, cfg):
     sock = tmp_path / "vm.sock"
     block = book_python_blocks()[("control-socket.md", "from ignition.control import Control")]
     assert "/tmp/vm.sock" in block
-    with Vm.boot(cfg, disk=tmp_path / "copy.ext4", store=tmp_path / "vmstore", name="golden", track_dirty=True,
-                 extra=["--control", str(sock)], log_path=tmp_path / "boot.log") as vm:
+    with Vm.boot(
+        cfg,
+        disk=tmp_path / "copy.ext4",
+        store=tmp_path / "vmstore",
+        name="golden",
+        track_dirty=True,
+        extra=["--control", str(sock)],
+        log_path=tmp_path / "boot.log",
+    ) as vm:
         vm.login()
         out = run_python(block.replace("/tmp/vm.sock", str(sock)), tmp_path, 900)
         assert out.split() == ["paused"], out

@@ -72,8 +72,9 @@ def test_ctrl_a_x_quits_promptly(cfg, disk, tmp_path):
 
 
 def run_boot(boot_bin, *args, timeout=30):
-    return subprocess.run([str(boot_bin), *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(boot_bin), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
@@ -99,8 +100,10 @@ def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
 
 def test_in_kernel_gic_is_refused_on_emu(boot_bin, guest_out, tmp_path):
     """--gic hvf needs the hvf backend: one clear line, before anything starts."""
-    for extra in (["--disk", str(guest_out / "rootfs.ext4")],
-                  ["--restore", "golden", "--store", str(tmp_path / "store")]):
+    for extra in (
+        ["--disk", str(guest_out / "rootfs.ext4")],
+        ["--restore", "golden", "--store", str(tmp_path / "store")],
+    ):
         r = run_boot(boot_bin, "--gic", "hvf", "--backend", "emu", *extra)
         assert r.returncode != 0, r.stderr
         lines = r.stderr.strip().splitlines()
@@ -133,7 +136,7 @@ def test_console_works_on_a_pipe(cfg, disk):
 
     def type_slowly(text: str):
         for i in range(0, len(text), 8):
-            p.stdin.write(text[i:i + 8].encode())
+            p.stdin.write(text[i : i + 8].encode())
             p.stdin.flush()
             time.sleep(0.02)
 

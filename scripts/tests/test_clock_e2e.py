@@ -77,8 +77,10 @@ CNTPP = [
     0xD2800BA8,  # 0x8c: mov x8, #93
     0xD4000001,  # 0x90: svc #0
     0xD503201F,  # 0x94: nop
-    0x00000001, 0x00000000,  # 0x98: mask0: .quad 1 (CPU 0)
-    0x00000002, 0x00000000,  # 0xa0: mask1: .quad 2 (CPU 1)
+    0x00000001,
+    0x00000000,  # 0x98: mask0: .quad 1 (CPU 0)
+    0x00000002,
+    0x00000000,  # 0xa0: mask1: .quad 2 (CPU 1)
 ]
 SAMPLES = 64  # the loop count in the first word
 
@@ -118,8 +120,10 @@ def assert_one_counter(vm, when: str) -> None:
     # With a counter per vCPU these show the skew: CPU 1's count minus CPU
     # 0's plus the time a migration takes, and minus it.
     steps = min(b - a for a, b, _ in samples), min(c - b for _, b, c in samples)
-    assert not back, f"{when}: the counter went backwards on a migration {len(back)} of {SAMPLES} " \
-                     f"times (smallest step CPU 0->1 {steps[0]}, CPU 1->0 {steps[1]} ticks): {back[:4]}"
+    assert not back, (
+        f"{when}: the counter went backwards on a migration {len(back)} of {SAMPLES} "
+        f"times (smallest step CPU 0->1 {steps[0]}, CPU 1->0 {steps[1]} ticks): {back[:4]}"
+    )
 
 
 def uptime(vm) -> float:
@@ -133,8 +137,17 @@ def test_clock_across_snapshots(guest_out, cfg, tmp_path, monkeypatch):
     monkeypatch.setenv(DELAY_ENV, str(DELAY_MS))
     # --snapshot-mode stop: the hook lengthens the pause itself (in the
     # background mode it delays the writer, with the guest running).
-    with Vm.boot(cfg, disk=disk, mem=MEM, cpus=2, store=store, name="clk", track_dirty=True,
-                 log_path=tmp_path / "clk.log", extra=["--snapshot-mode", "stop"]) as vm:
+    with Vm.boot(
+        cfg,
+        disk=disk,
+        mem=MEM,
+        cpus=2,
+        store=store,
+        name="clk",
+        track_dirty=True,
+        log_path=tmp_path / "clk.log",
+        extra=["--snapshot-mode", "stop"],
+    ) as vm:
         vm.login()
         install(vm, "/root/cntpp", elf(CNTPP))
         assert_one_counter(vm, "fresh boot")
@@ -153,8 +166,9 @@ def test_clock_across_snapshots(guest_out, cfg, tmp_path, monkeypatch):
         # stopped for the delay, it advanced by at most t3 - t0 - delay (plus
         # /proc/uptime's rounding to 10 ms, twice). Without, by about t2 - t1.
         guest, host = u1 - u0, t3 - t0
-        assert guest <= host - delay + 0.02, \
+        assert guest <= host - delay + 0.02, (
             f"guest time advanced {guest:.2f} s over {host:.2f} s of host time including a {delay:.0f} s pause"
+        )
         assert vm.quit() == 0
     monkeypatch.delenv(DELAY_ENV)
 

@@ -80,8 +80,9 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     for r, kind in enumerate(["full", "diff"] * 2):
         name = f"ref-{r}-{kind}"
         refs.append(name)
-        with Vm.restore(cfg, "golden", store=store, name=name, track_dirty=kind == "diff",
-                        log_path=logs / f"{name}.log") as vm:
+        with Vm.restore(
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+        ) as vm:
             dirty(vm, r)
             expected_s[kind] = max(expected_s[kind], vm.snapshot(name, kind).console_wall_s)
             assert vm.quit() == 0
@@ -92,8 +93,9 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     for i, (kind, delay) in enumerate(kills):
         name = f"kill-{i:02d}-{kind}"
         names.append(name)
-        with Vm.restore(cfg, "golden", store=store, name=name, track_dirty=kind == "diff",
-                        log_path=logs / f"{name}.log") as vm:
+        with Vm.restore(
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+        ) as vm:
             dirty(vm, i)
             t0 = time.perf_counter()
             vm.send(CTRL_A + "s")
@@ -103,20 +105,25 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
                 time.sleep(delay)
             waited = time.perf_counter() - t0
             assert vm.kill(signal.SIGKILL) == 128 + signal.SIGKILL, f"{name}: seed {seed}"
-        print(f"{name}: killed {waited * 1000:.0f} ms after Ctrl-A s{' (on commit)' if delay is None else ''}; "
-              f"layer {'present' if (store / name).exists() else 'absent'}")
+        print(
+            f"{name}: killed {waited * 1000:.0f} ms after Ctrl-A s{' (on commit)' if delay is None else ''}; "
+            f"layer {'present' if (store / name).exists() else 'absent'}"
+        )
 
     # Before gc: only layers (under names we gave) and work entries; no half-written layer.
     layers = vmstore.layer_names(store)
     left = vmstore.work_entries(store)
-    kinds = {k: sum(e.startswith(k) or f"/{k}" in e for e in left)
-             for k in (".tmp-run-", ".tmp-", ".del-", vmstore.VERIFIED_TMP_PREFIX)}
+    kinds = {
+        k: sum(e.startswith(k) or f"/{k}" in e for e in left)
+        for k in (".tmp-run-", ".tmp-", ".del-", vmstore.VERIFIED_TMP_PREFIX)
+    }
     kinds[".tmp-"] -= kinds[".tmp-run-"]
     print(f"before gc: {len(layers)} layers; work entries: {kinds}")
     assert set(layers) <= {"golden", *refs, *names}, f"seed {seed}: {layers}"
     for entry in store.iterdir():
-        assert entry.name in layers or entry.name.startswith(vmstore.WORK_PREFIXES), \
+        assert entry.name in layers or entry.name.startswith(vmstore.WORK_PREFIXES), (
             f"seed {seed}: {entry.name} is neither a layer nor a work directory"
+        )
 
     r = vmstore.vmstore(store, "verify", "--all")
     assert r.returncode == 0, f"seed {seed}: {r.stdout}{r.stderr}"

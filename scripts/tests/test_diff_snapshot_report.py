@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ignition.diff_snapshot_report import report, summarize_all
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -76,4 +74,3 @@ def test_report_sees_a_changed_figure():
     base = report(d["raw"], summary, d["config"])
     summary["restore"]["golden"]["total_us"]["median"] += 1
     assert report(d["raw"], summary, d["config"]) != base
-

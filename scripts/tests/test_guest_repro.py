@@ -25,8 +25,14 @@ OUTPUTS = ("Image", "rootfs.ext4", "guest.json")
 def build(out, tmpdir, umask):
     env = dict(os.environ, TMPDIR=str(tmpdir))
     tmpdir.mkdir()
-    r = subprocess.run([str(BUILD), "--out", str(out)], env=env, capture_output=True, text=True,
-                       timeout=BUILD_TIMEOUT, preexec_fn=lambda: os.umask(umask))
+    r = subprocess.run(
+        [str(BUILD), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        preexec_fn=lambda: os.umask(umask),
+    )
     assert r.returncode == 0, f"build.sh failed:\n{r.stdout}\n{r.stderr}"
     assert "[guest] rootfs: building" in r.stdout, r.stdout
     return r.stdout

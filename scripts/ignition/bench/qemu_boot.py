@@ -15,8 +15,8 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ignition import console, host, paths, qemu, timeouts
 from ignition.guest import disk_copy
@@ -27,15 +27,23 @@ TIMEOUT = timeouts.for_backend("qemu").boot
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.qemu_boot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", type=int, default=5, help="number of boots (default: 5)")
     p.add_argument("--kernel", type=Path, default=paths.KERNEL)
     p.add_argument("--disk", type=Path, default=paths.ROOTFS)
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"seconds allowed per boot (default: {TIMEOUT:g})")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "qemu_boot.json",
-                   help="JSON results file (default: bench-results/qemu_boot.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR / "qemu_boot.json",
+        help="JSON results file (default: bench-results/qemu_boot.json)",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
@@ -57,8 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples.append(t)
         print(f"run {i + 1}/{args.runs}: {t:.3f} s")
 
-    qemu_version = subprocess.run([qemu.QEMU, "--version"], capture_output=True, text=True,
-                                  check=True).stdout.splitlines()[0]
+    qemu_version = subprocess.run(
+        [qemu.QEMU, "--version"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[0]
     result = {
         "benchmark": "qemu_boot_to_login",
         "description": "wall time from spawning qemu-system-aarch64 to 'login:' on the console",
@@ -77,8 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
-          f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}")
+    print(
+        f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
+        f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}"
+    )
     return 0
 
 

@@ -7,9 +7,10 @@ guest image:
 - Ignition: `boot --track-dirty --name X` (a background full layer), Ctrl-A s:
   `Snapshot-pause-time` (guest stopped), `Snapshot-device-hold-time` (after
   the resume, devices that write guest RAM wait while the layer's pages are
-  write-protected; QEMU: n/a), pause + `Snapshot-write-time` (total save time), the layer's memory.bin and state.bin as stored (allocated
-  bytes: holes are not counted; the disk is not counted either, QEMU's
-  migration stream does not hold it), then `boot --restore X`:
+  write-protected; QEMU: n/a), pause + `Snapshot-write-time` (total save
+  time), the layer's memory.bin and state.bin as stored (allocated bytes:
+  holes are not counted; the disk is not counted either, QEMU's migration
+  stream does not hold it), then `boot --restore X`:
   `Restore-time` (to running) and spawn -> the shell answering (to prompt).
 - QEMU: the same kernel and disk with a QMP socket; `migrate` to
   `exec:cat > FILE` while the guest runs (QEMU's live save): `downtime` and
@@ -29,15 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ignition import console, host, paths, qemu, timeouts
 from ignition.paths import RESULTS_DIR
@@ -94,8 +93,9 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     store, disk = work / "store", work / "rootfs.ext4"
     shutil.rmtree(store, ignore_errors=True)
     shutil.copyfile(paths.ROOTFS, disk)
-    with Vm.boot(cfg, disk=disk, mem=mem, store=store, track_dirty=True, name="s",
-                 log_path=logs / f"ignition-{mem}-{state}.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=mem, store=store, track_dirty=True, name="s", log_path=logs / f"ignition-{mem}-{state}.log"
+    ) as vm:
         vm.login()
         if state != "idle":
             dirty(vm.sh)
@@ -175,8 +175,10 @@ COLUMNS = [
 
 
 def table(results: dict) -> str:
-    lines = ["| RAM | state | VMM | " + " | ".join(c[1] for c in COLUMNS) + " |",
-             "|---|---|---|" + "---|" * len(COLUMNS)]
+    lines = [
+        "| RAM | state | VMM | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(COLUMNS),
+    ]
     for key, r in results.items():
         mem, state = key.split("/")
         for vmm in ("ignition", "qemu"):
@@ -189,7 +191,11 @@ def table(results: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m ignition.bench.snapshot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.snapshot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mem", type=int, action="append", help="RAM in MiB (repeatable; default: 512 and 2048)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (default: 3)")
     p.add_argument("--backend", help="Ignition backend (default: boot's)")
@@ -220,8 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = table(results)
     print(md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"host": host.summary(), "date": time.strftime("%Y-%m-%d"),
-                                    "runs": args.runs, "results": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {"host": host.summary(), "date": time.strftime("%Y-%m-%d"), "runs": args.runs, "results": results}, indent=2
+        )
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text(md + "\n")
     print(f"wrote {args.out}")
     return 0
