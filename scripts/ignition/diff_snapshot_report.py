@@ -9,7 +9,7 @@ JSON (`python3 -m ignition.bench.diff_snapshot --from-json`).
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Any, Callable
 
 from ignition.stats import stats, summarize
 
@@ -25,9 +25,9 @@ RESTORE_SPECS = (("golden", 1), ("golden+1", 2), (f"golden+{CHAIN_DEPTH}", 4))
 BANDWIDTH_MIB = 256
 
 
-def summarize_all(raw: dict, runs: int) -> dict:
+def summarize_all(raw: dict[str, Any], runs: int) -> dict[str, Any]:
     """The runner's raw samples -> medians (min, max) per table, and the issue-4 targets."""
-    s: dict = {}
+    s: dict[str, Any] = {}
     bw = raw["disk_bandwidth"]
     s["disk_bandwidth"] = {
         "mb_per_s": stats([b["mb_per_s"] for b in bw]),
@@ -46,7 +46,7 @@ def summarize_all(raw: dict, runs: int) -> dict:
             "dd_guest_time": summarize([r["dd"]["guest_s"] for r in rows]),
         }
 
-    def snap_summary(rows):
+    def snap_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "write_time": summarize([r["write_ms"] / 1000 for r in rows]),
             "console_wall": summarize([r["console_wall_s"] for r in rows]),
@@ -115,16 +115,19 @@ def summarize_all(raw: dict, runs: int) -> dict:
     return s
 
 
-def ms(summary: dict, key: str = "s", nd: int = 0) -> str:
+def ms(summary: dict[str, Any], key: str = "s", nd: int = 0) -> str:
     """A stats.summarize() of seconds as `median ms (min–max, n=N)`."""
-    f = lambda v: f"{v * 1000:.{nd}f}"  # noqa: E731
+
+    def f(v: float) -> str:
+        return f"{v * 1000:.{nd}f}"
+
     return (
         f"{f(summary['median_' + key])} ms ({f(summary['min_' + key])}–{f(summary['max_' + key])}, "
         f"n={len(summary['samples_' + key])})"
     )
 
 
-def num(summary: dict, unit: str, nd: int = 0) -> str:
+def num(summary: dict[str, Any], unit: str, nd: int = 0) -> str:
     """A stats.stats() as `median<unit> (min–max, n=N)`."""
     return (
         f"{summary['median']:.{nd}f}{unit} ({summary['min']:.{nd}f}–{summary['max']:.{nd}f}, "
@@ -137,7 +140,7 @@ def size(b: int) -> str:
     return f"{b / MIB:.2f} MiB ({b:,} B)"
 
 
-def report(raw: dict, s: dict, info: dict) -> str:
+def report(raw: dict[str, Any], s: dict[str, Any], info: dict[str, Any]) -> str:
     """The Markdown report of a run: raw samples, their summary and the run's configuration (host_info)."""
     sections = [
         _title(raw, info),
@@ -154,12 +157,12 @@ def report(raw: dict, s: dict, info: dict) -> str:
     return "\n".join(line for section in sections for line in section)
 
 
-def _restore_specs(r: dict) -> list[str]:
+def _restore_specs(r: dict[str, Any]) -> list[str]:
     """The restore targets of a run: the plan's first, in its order, then any others."""
     return [sp for sp, _ in RESTORE_SPECS if sp in r] + [sp for sp in r if sp not in dict(RESTORE_SPECS)]
 
 
-def _title(raw: dict, info: dict) -> list[str]:
+def _title(raw: dict[str, Any], info: dict[str, Any]) -> list[str]:
     backend = info["backend"]
     return [
         "# Diff-snapshot benchmarks (`emu`)" if backend == "emu" else f"# Diff-snapshot benchmarks ({backend})",
@@ -201,7 +204,7 @@ def _timers() -> list[str]:
     ]
 
 
-def _disk_bandwidth(s: dict) -> list[str]:
+def _disk_bandwidth(s: dict[str, Any]) -> list[str]:
     bw = s["disk_bandwidth"]
     return [
         "## 0. Host disk bandwidth (same run)",
@@ -220,7 +223,7 @@ def _disk_bandwidth(s: dict) -> list[str]:
     ]
 
 
-def _dirty_tracking(s: dict) -> list[str]:
+def _dirty_tracking(s: dict[str, Any]) -> list[str]:
     u, t = s["boot"]["untracked"], s["boot"]["tracked"]
     return [
         "## 1. Dirty-tracking runtime overhead",
@@ -242,7 +245,7 @@ def _dirty_tracking(s: dict) -> list[str]:
     ]
 
 
-def _snapshot_write(raw: dict, s: dict, info: dict) -> list[str]:
+def _snapshot_write(raw: dict[str, Any], s: dict[str, Any], info: dict[str, Any]) -> list[str]:
     bw = s["disk_bandwidth"]["mb_per_s"]["median"]
     hr = s["sha256_mb_per_s"]["median"]
     disk_mib = raw["footprint"]["layers"]["golden"]["files"].get("disk.img", {"logical": 0})["logical"] / MIB
@@ -280,7 +283,7 @@ def _snapshot_write(raw: dict, s: dict, info: dict) -> list[str]:
     return lines
 
 
-def _snapshot_write_row(label: str, dirt: str, x: dict, bw: float, hr: float, disk_mib: float) -> str:
+def _snapshot_write_row(label: str, dirt: str, x: dict[str, Any], bw: float, hr: float, disk_mib: float) -> str:
     """One snapshot kind: its pages, disk chunks hashed, write and wall times, and what the bytes
     would take at the host's disk bandwidth `bw` and sha256 rate `hr` (MB/s)."""
     bytes_ = x["mib"]["median"] * MIB
@@ -296,7 +299,7 @@ def _snapshot_write_row(label: str, dirt: str, x: dict, bw: float, hr: float, di
     )
 
 
-def _restore(s: dict) -> list[str]:
+def _restore(s: dict[str, Any]) -> list[str]:
     r = s["restore"]
     names = {
         "golden": "Full only (golden)",
@@ -345,18 +348,21 @@ RESTORE_STAGE_ORDER = (
 """The VMM's order of the restore stages, for a JSON written with sorted keys; older stage names included."""
 
 
-def _restore_stages(r: dict) -> list[str]:
+def _restore_stages(r: dict[str, Any]) -> list[str]:
     """The per-stage table of the restore targets `r` (medians in µs), then the totals and the
     work on other threads."""
     specs = _restore_specs(r)
     seen = list(r[specs[0]]["stages_us_median"])
     stage_order = [k for k in RESTORE_STAGE_ORDER if k in seen] + [k for k in seen if k not in RESTORE_STAGE_ORDER]
 
-    def row(title: str, cell: Callable[[dict], str]) -> str:
+    def row(title: str, cell: Callable[[dict[str, Any]], str]) -> str:
         return f"| {title} | " + " | ".join(cell(r[sp]) for sp in specs) + " |"
 
+    def stage(name: str) -> Callable[[dict[str, Any]], str]:
+        return lambda x: f"{x['stages_us_median'].get(name, 0):,.0f}"
+
     lines = ["| stage | " + " | ".join(specs) + " |", "|---|" + "---|" * len(specs)]
-    lines += [row(stage, lambda x, st=stage: f"{x['stages_us_median'].get(st, 0):,.0f}") for stage in stage_order]
+    lines += [row(name, stage(name)) for name in stage_order]
     lines += [
         row("sum of stages", lambda x: f"{sum(x['stages_us_median'].values()):,.0f}"),
         row("not in a stage", lambda x: f"{x['unattributed_us_median']:,.0f}"),
@@ -369,7 +375,7 @@ def _restore_stages(r: dict) -> list[str]:
     return lines
 
 
-def _footprint(raw: dict) -> list[str]:
+def _footprint(raw: dict[str, Any]) -> list[str]:
     fp = raw["footprint"]
     lines = [
         "## 4. Disk footprint",
@@ -388,7 +394,7 @@ def _footprint(raw: dict) -> list[str]:
     st = fp["store"]
     lines += [f"| **whole store** | | | | **{st['logical'] / MIB:.1f} / {st['physical'] / MIB:.1f} MiB** |", ""]
 
-    def mib(sizes: dict) -> str:
+    def mib(sizes: dict[str, Any]) -> str:
         return f"{sizes['logical'] / MIB:.1f} / {sizes['physical'] / MIB:.1f}"
 
     wl = raw["write_layers_footprint"]
@@ -415,7 +421,7 @@ def _yes_no(met: bool) -> str:
     return "yes" if met else "no"
 
 
-def _targets(s: dict) -> list[str]:
+def _targets(s: dict[str, Any]) -> list[str]:
     tg = s["targets"]
     prop, flat, r10 = tg["diff_write_proportional"], tg["restore_flat_across_depth"], tg["restore_10ms"]
     return [
@@ -434,7 +440,7 @@ def _targets(s: dict) -> list[str]:
     ]
 
 
-def _methodology(info: dict) -> list[str]:
+def _methodology(info: dict[str, Any]) -> list[str]:
     runs, restore_runs = info["runs"], info.get("restore_runs", info["runs"])
     return [
         "## Methodology",
@@ -479,7 +485,7 @@ def _methodology(info: dict) -> list[str]:
     ]
 
 
-def _reproduce(info: dict) -> list[str]:
+def _reproduce(info: dict[str, Any]) -> list[str]:
     return [
         "## Reproduce",
         "",

@@ -20,7 +20,7 @@ def missing(kernel: Path, disk: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def disk_copy(disk: os.PathLike | str) -> Iterator[Path]:
+def disk_copy(disk: os.PathLike[str] | str) -> Iterator[Path]:
     """A temporary copy of disk, removed afterwards (the guest writes its root disk)."""
     with tempfile.TemporaryDirectory(prefix="ignition-qemu-") as tmp:
         copy = Path(tmp) / Path(disk).name

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import paths
 
 
-def summary() -> dict:
+def summary() -> dict[str, str | int | None]:
     """`machine`, `system` and `cpu_count`, as the boot benchmarks record them."""
     return {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()}
 

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # What the guest prints for its default gateway (busybox route).
 GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
@@ -39,7 +40,7 @@ class Passt:
     def __init__(self, directory: Path, name: str = "passt.sock"):
         self.socket = Path(directory) / name
         self.log = Path(directory) / (name + ".log")
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Passt:
         binary = passt_bin()
@@ -64,7 +65,7 @@ class Passt:
             time.sleep(0.02)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -80,7 +81,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     server: LoopbackHttp
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         blob = self.server.blobs.get(self.path.lstrip("/"))
         if blob is None:
             self.send_error(404)
@@ -95,7 +96,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
         self.server.transfers.append(("GET", len(blob), time.perf_counter() - t0))
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self) -> None:
         left = int(self.headers.get("Content-Length", "0"))
         h = hashlib.sha256()
         n = 0
@@ -113,8 +114,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the tests read the transfers, not a log."""
 
 
 class LoopbackHttp(http.server.ThreadingHTTPServer):
@@ -128,7 +129,7 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.blobs: dict[str, bytes] = {}
         # (method, body bytes, seconds from the body's first byte to its
@@ -146,6 +147,6 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
         self.server_close()

@@ -14,14 +14,14 @@ DEFAULT_APPEND = "console=ttyAMA0 root=/dev/vda rw boottimer=off"
 
 
 def qemu_argv(
-    kernel: os.PathLike | str,
-    disk: os.PathLike | str,
+    kernel: os.PathLike[str] | str,
+    disk: os.PathLike[str] | str,
     cpus: int = 1,
     mem_mib: int = 512,
     append: str = DEFAULT_APPEND,
     cpu: str = "max",
     qemu: str = QEMU,
-    net_socket: os.PathLike | str | None = None,
+    net_socket: os.PathLike[str] | str | None = None,
 ) -> list[str]:
     """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device, and
     with `net_socket` a virtio-mmio network device on that stream socket (passt), in the

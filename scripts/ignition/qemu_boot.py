@@ -30,7 +30,7 @@ def boot_and_run(
     cmds: Sequence[str],
     boot_timeout: float = TIMEOUTS.boot,
     cmd_timeout: float = TIMEOUTS.cmd,
-    log_path: os.PathLike | str | None = None,
+    log_path: os.PathLike[str] | str | None = None,
 ) -> tuple[int, list[tuple[str, int, str]]]:
     """Boot argv, log in, run cmds, power off. Returns (QEMU status, [(cmd, status, output)])."""
     child = console.spawn(argv, log_path=log_path)

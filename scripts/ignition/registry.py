@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 """Debian's `docker-registry` package (scripts/setup.sh installs it)."""
@@ -30,7 +31,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def htpasswd_line(user: str, password: str) -> str:
@@ -101,7 +103,7 @@ class LocalRegistry:
         self.ca: Path | None = None
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def blobs(self) -> Path:
@@ -177,11 +179,11 @@ class LocalRegistry:
     def __enter__(self) -> LocalRegistry:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def environ_with_auth(path: Path | None) -> dict:
+def environ_with_auth(path: Path | None) -> dict[str, str]:
     """os.environ with REGISTRY_AUTH_FILE set to path (or removed), and no other auth file found."""
     env = dict(os.environ)
     env.pop("DOCKER_CONFIG", None)
@@ -259,10 +261,10 @@ class TokenServer:
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the tests read the registry's log, not this one."""
 
-            def do_GET(self):
+            def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
                 q = urllib.parse.parse_qs(url.query)
                 auth = self.headers.get("Authorization", "")

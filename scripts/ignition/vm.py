@@ -16,6 +16,7 @@ console.ConsoleError naming what it waited for.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import tempfile
 import time
@@ -23,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
+
+import pexpect
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
@@ -44,7 +47,7 @@ class VmConfig:
     timeouts: timeouts.Timeouts | None = None
     """None: timeouts.for_backend(backend), set on creation."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.timeouts is None:
             object.__setattr__(self, "timeouts", timeouts.for_backend(self.backend))
 
@@ -131,7 +134,7 @@ class Vm:
     poweroff(), kill() or terminate() (a `with` block terminates it)."""
 
     def __init__(
-        self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None, control: bool = False
+        self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike[str] | str | None = None, control: bool = False
     ):
         """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path. With
         control, `boot` also listens on a control socket in a private directory (snapshot(name))."""
@@ -141,7 +144,7 @@ class Vm:
         if self.control_path is not None:
             args = [*args, "--control", str(self.control_path)]
         self._ctl: Control | None = None
-        self.timeouts = cfg.timeouts
+        self.timeouts = cfg.timeouts or timeouts.for_backend(cfg.backend)
         self.argv = cfg.argv(*args)
         self.log_path = log_path
         self.restored: Restored | None = None
@@ -154,11 +157,11 @@ class Vm:
         cls,
         cfg: VmConfig,
         *,
-        disk: os.PathLike | str,
-        log_path: os.PathLike | str | None = None,
+        disk: os.PathLike[str] | str,
+        log_path: os.PathLike[str] | str | None = None,
         mem: int | None = None,
         cpus: int | None = None,
-        store: os.PathLike | str | None = None,
+        store: os.PathLike[str] | str | None = None,
         name: str | None = None,
         track_dirty: bool = False,
         extra: Sequence[str] = (),
@@ -179,8 +182,8 @@ class Vm:
         cfg: VmConfig,
         spec: str,
         *,
-        store: os.PathLike | str,
-        log_path: os.PathLike | str | None = None,
+        store: os.PathLike[str] | str,
+        log_path: os.PathLike[str] | str | None = None,
         name: str | None = None,
         track_dirty: bool = False,
         extra: Sequence[str] = (),
@@ -202,10 +205,10 @@ class Vm:
     def __enter__(self) -> Vm:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.terminate()
 
-    def control(self, path: os.PathLike | str | None = None) -> Control:
+    def control(self, path: os.PathLike[str] | str | None = None) -> Control:
         """A new connection to this VM's control socket: `path` (`--control PATH` passed in
         extra), else the socket of a VM started with control=True."""
         path = path if path is not None else self.control_path
@@ -215,16 +218,17 @@ class Vm:
 
     @property
     def pid(self) -> int:
+        assert self.child.pid is not None, "spawned"
         return self.child.pid
 
     @property
-    def match(self):
+    def match(self) -> re.Match[str]:
         """The re.Match of the last expect()."""
-        return self.child.match
+        return console.match(self.child)
 
     # The console
 
-    def expect(self, patterns, what: str, timeout: float | None = None) -> int:
+    def expect(self, patterns: str | type[pexpect.EOF] | Sequence[str], what: str, timeout: float | None = None) -> int:
         """Waits for a pattern (or one of a list: returns its index); timeout default: cmd."""
         return console.expect(self.child, patterns, self.timeouts.cmd if timeout is None else timeout, what)
 
@@ -342,7 +346,7 @@ class Vm:
         reports itself from its own thread: before or after the others), presses Enter and
         waits for the shell prompt. Sets and returns self.restored."""
         pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
-        seen = {}
+        seen: dict[int, re.Match[str]] = {}
         while len(seen) < len(pats):
             i = self.expect(pats, "the Restore-time, -stages and -disk-copy lines", self.timeouts.boot)
             seen[i] = self.match
@@ -395,7 +399,7 @@ class Vm:
             self._control_dir.cleanup()
 
 
-def _snapshot_args(store, name, track_dirty) -> list[str]:
+def _snapshot_args(store: os.PathLike[str] | str | None, name: str | None, track_dirty: bool) -> list[str]:
     args = [] if store is None else ["--store", str(store)]
     if name is not None:
         args += ["--name", name]

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # The guest's tool (guest/tools/vsock.c), installed as /bin/vsock.
@@ -59,7 +60,7 @@ def echo_round_trip(sock: socket.socket, data: bytes) -> str:
     digest = hashlib.sha256()
     got = [0]
 
-    def reader():
+    def reader() -> None:
         while True:
             b = sock.recv(1 << 16)
             if not b:
@@ -84,7 +85,7 @@ class PortServer:
     (the socket `<uds>_<port>`), one thread per connection running
     `handle(conn)`. Use as a context manager."""
 
-    def __init__(self, uds: Path | str, port: int, handle):
+    def __init__(self, uds: Path | str, port: int, handle: Callable[[socket.socket], None]):
         self.path = Path(f"{uds}_{port}")
         self.handle = handle
         self.connections = 0
@@ -101,7 +102,7 @@ class PortServer:
         t.start()
         return self
 
-    def _accept(self):
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -112,14 +113,14 @@ class PortServer:
             t.start()
             self._threads.append(t)
 
-    def _run(self, conn: socket.socket):
+    def _run(self, conn: socket.socket) -> None:
         try:
             with conn:
                 self.handle(conn)
         except BaseException as e:  # reported by the test
             self.errors.append(e)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
@@ -165,7 +166,7 @@ class TimedCount:
     """A PortServer handler that counts each connection's bytes, answers the
     count, and records (bytes, seconds from first byte to end)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.transfers: list[tuple[int, float]] = []
 
     def __call__(self, conn: socket.socket) -> None:

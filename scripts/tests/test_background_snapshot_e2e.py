@@ -59,6 +59,7 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
             assert sha(vm, "/dev/shm/a") != before
             open_gate(gate)
             snap = vm.snapshot_finish(pending, kind)
+            assert snap.saved_early is not None, "a background snapshot logs its pages saved early"
             by_guest, by_devices = snap.saved_early
             assert by_guest > 0, "no page was saved before a guest write"
             assert by_devices > 0, "no page was saved before a device write"

@@ -93,8 +93,10 @@ def mdbook() -> str | None:
 
 @pytest.mark.skipif(mdbook() is None, reason="mdbook is not installed (.ci/run installs it)")
 def test_the_book_builds(tmp_path):
+    exe = mdbook()
+    assert exe is not None
     r = subprocess.run(
-        [mdbook(), "build", str(BOOK), "-d", str(tmp_path / "html")], capture_output=True, text=True, timeout=300
+        [exe, "build", str(BOOK), "-d", str(tmp_path / "html")], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ERROR" not in r.stderr, r.stderr

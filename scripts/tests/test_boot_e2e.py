@@ -8,6 +8,7 @@ another.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -118,11 +119,13 @@ def test_console_works_on_a_pipe(cfg, disk):
     """stdin and stdout are pipes (no terminal): login, a command, poweroff."""
     argv = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk))
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert p.stdin is not None and isinstance(p.stdout, io.BufferedReader)
+    stdin, stdout = p.stdin, p.stdout
     out = bytearray()
     seen = threading.Condition()
 
     def reader():
-        for chunk in iter(lambda: p.stdout.read1(4096), b""):
+        for chunk in iter(lambda: stdout.read1(4096), b""):
             with seen:
                 out.extend(chunk)
                 seen.notify_all()
@@ -136,8 +139,8 @@ def test_console_works_on_a_pipe(cfg, disk):
 
     def type_slowly(text: str):
         for i in range(0, len(text), 8):
-            p.stdin.write(text[i : i + 8].encode())
-            p.stdin.flush()
+            stdin.write(text[i : i + 8].encode())
+            stdin.flush()
             time.sleep(0.02)
 
     try:
@@ -166,9 +169,9 @@ def test_terminal_is_restored_after_sigterm(cfg, disk, tmp_path):
         assert len(pids) == 1, pids
         os.kill(int(pids[0]), signal.SIGTERM)
         console.expect(child, r"status=(\d+)", t.cmd, "boot's exit status")
-        assert int(child.match.group(1)) == 128 + signal.SIGTERM
+        assert int(console.match(child).group(1)) == 128 + signal.SIGTERM
         console.expect(child, r"(-?)icanon", t.cmd, "stty output")
-        assert child.match.group(1) == "", "the terminal was left in raw mode (-icanon)"
+        assert console.match(child).group(1) == "", "the terminal was left in raw mode (-icanon)"
         console.wait_exit(child, t.cmd)
     finally:
         console.terminate(child)

@@ -111,7 +111,7 @@ def counts_across_cpus(vm) -> list[tuple[int, int, int]]:
     out = vm.sh("/root/cntpp | od -A n -t u8 -v")
     values = [int(v) for v in out.split()]
     assert len(values) == 3 * SAMPLES, out
-    return [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
+    return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]
 
 
 def assert_one_counter(vm, when: str) -> None:

@@ -152,6 +152,6 @@ def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
         assert (second.name, second.kind) == ("h-two", "diff")
         assert vm.quit() == 0
     with Vm.restore(cfg, "h+1", store=store, log_path=tmp_path / "r.log") as vm:
-        assert vm.restored.restore_ms >= 0
+        assert vm.restored is not None and vm.restored.restore_ms >= 0
         assert vm.sh("cat /root/m") == "via-control"
         assert vm.quit() == 0

@@ -125,17 +125,17 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
             f"seed {seed}: {entry.name} is neither a layer nor a work directory"
         )
 
-    r = vmstore.vmstore(store, "verify", "--all")
-    assert r.returncode == 0, f"seed {seed}: {r.stdout}{r.stderr}"
+    res = vmstore.vmstore(store, "verify", "--all")
+    assert res.returncode == 0, f"seed {seed}: {res.stdout}{res.stderr}"
     for name in layers:
-        assert f"ok   {name} (" in r.stdout, f"seed {seed}: {name} not verified: {r.stdout}"
+        assert f"ok   {name} (" in res.stdout, f"seed {seed}: {name} not verified: {res.stdout}"
 
-    r = vmstore.vmstore(store, "gc")
-    assert r.returncode == 0, f"seed {seed}: {r.stdout}{r.stderr}"
-    assert vmstore.work_entries(store) == [], f"seed {seed}: gc left {vmstore.work_entries(store)}\n{r.stdout}"
+    res = vmstore.vmstore(store, "gc")
+    assert res.returncode == 0, f"seed {seed}: {res.stdout}{res.stderr}"
+    assert vmstore.work_entries(store) == [], f"seed {seed}: gc left {vmstore.work_entries(store)}\n{res.stdout}"
     assert vmstore.layer_names(store) == layers, f"seed {seed}: gc changed the layers"
-    r = vmstore.vmstore(store, "verify", "--all")
-    assert r.returncode == 0, f"seed {seed}: after gc: {r.stdout}{r.stderr}"
+    res = vmstore.vmstore(store, "verify", "--all")
+    assert res.returncode == 0, f"seed {seed}: after gc: {res.stdout}{res.stderr}"
 
     # Every present layer restores to a shell with golden's disk; the parent too.
     for name in [n for n in layers if n != "golden"] + ["golden"]:

@@ -30,6 +30,7 @@ def test_restore_lines():
         "overlay 1 us, state 182 us, VM create 21 us, GIC 1 us, devices 16 us, vCPUs 3279 us\r\n"
     )
     m = re.search(loglines.RESTORE_STAGES, line)
+    assert m
     st = loglines.parse_restore_stages(m.group(1))
     assert st.total_us == 3944
     assert list(st.stages_us) == [
@@ -51,12 +52,12 @@ def test_restore_lines():
     m = re.search(
         loglines.RESTORE_DISK_COPY, "Restore-disk-copy = 19101 us (sparse copy); ready 19367 us after restore start"
     )
-    assert m.groups() == ("19101", "sparse copy", "19367")
+    assert m and m.groups() == ("19101", "sparse copy", "19367")
 
 
 def test_snapshot_lines():
     m = re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'd.2' (685 pages, 10.7 MiB) written")
-    assert m.groups() == ("diff", "685", "10.7")
+    assert m and m.groups() == ("diff", "685", "10.7")
     assert not re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'dx2' (685 pages, 10.7 MiB) written")
     assert re.search(loglines.snapshot_failed("x"), "[snapshot] 'x' failed, nothing was written: exists")
     assert re.search(loglines.SNAPSHOT_FAILED, "[snapshot] refused: no snapshot name (start boot with --name NAME)")

@@ -209,6 +209,7 @@ def test_kill_during_pull_leaves_a_valid_store(pushed, registry, tmp_path):
         timeout=120,
     )
     child.expect(r"receiving big/memory\.bin: [1-9]")
+    assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     child.expect(pexpect.EOF)
     child.close()

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def chain(tmp_path_factory, guest_out, cfg):
     store = tmp / "store"
     disk = tmp / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    facts = {"sums": {}, "pages": {}}
+    facts: dict[str, Any] = {"sums": {}, "pages": {}}
 
     with Vm.boot(
         cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", log_path=tmp / "golden.log"

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ignition import console, host, paths, qemu, timeouts
 from ignition.guest import disk_copy
@@ -79,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         guest.append(g / 1000)
         print(f"ignition run {i + 1}/{args.runs}: login {t:.3f} s, Guest-boot-time {g} ms")
 
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "boot_to_login",
         "ignition": {"backend": args.backend, "login": summarize(wall), "guest_boot_time": summarize(guest)},
         "config": {

@@ -49,6 +49,8 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
 
 import pexpect
 
@@ -161,7 +163,7 @@ class Bench:
     # console pieces
 
     @staticmethod
-    def snapshot(vm: Vm, kind: str, name: str) -> dict:
+    def snapshot(vm: Vm, kind: str, name: str) -> dict[str, Any]:
         """Ctrl-A s; returns the VMM's write time, pages, disk clone method, and wall to the line."""
         snap = vm.snapshot(name, kind)
         return {
@@ -174,7 +176,7 @@ class Bench:
             "console_wall_s": snap.console_wall_s,
         }
 
-    def restore(self, spec: str, tag: str, name: str | None = None) -> tuple[Vm, dict]:
+    def restore(self, spec: str, tag: str, name: str | None = None) -> tuple[Vm, dict[str, Any]]:
         """Spawns `boot --restore spec` (with --track-dirty when naming a snapshot), waits for its
         log lines, presses Enter, waits for the prompt.
 
@@ -208,7 +210,7 @@ class Bench:
         }
         return vm, r
 
-    def dd_in_guest(self, vm: Vm, path: str, mib: int) -> dict:
+    def dd_in_guest(self, vm: Vm, path: str, mib: int) -> dict[str, Any]:
         """dd of mib MiB of zeros to a file, timed by the guest's clock (and the host's, around it)."""
         cmd = (
             f"a=$({GUEST_CLOCK}); dd if=/dev/zero of={path} bs=1M count={mib} 2>/dev/null; "
@@ -228,16 +230,16 @@ class Bench:
 
     # phases
 
-    def disk_bandwidth(self, runs: int, when: str) -> list[dict]:
+    def disk_bandwidth(self, runs: int, when: str) -> list[dict[str, Any]]:
         """Sequential write of BANDWIDTH_MIB with fsync into a new file in the store's directory, N times.
 
         The files are kept until the batch ends, so that (like a snapshot) every
         sample writes into newly allocated page cache rather than reusing the
         pages a deleted previous sample freed.
         """
-        out = []
+        out: list[dict[str, Any]] = []
         buf = os.urandom(MIB)
-        paths = []
+        paths: list[Path] = []
         try:
             self._bandwidth_samples(runs, when, buf, paths, out)
         finally:
@@ -245,7 +247,9 @@ class Bench:
                 q.unlink(missing_ok=True)
         return out
 
-    def _bandwidth_samples(self, runs, when, buf, paths, out) -> None:
+    def _bandwidth_samples(
+        self, runs: int, when: str, buf: bytes, paths: list[Path], out: list[dict[str, Any]]
+    ) -> None:
         for i in range(runs):
             path = self.store / f".bench-bandwidth-{when}-{i + 1}"
             paths.append(path)
@@ -281,7 +285,7 @@ class Bench:
                     f"= {out[-1]['mb_per_s']:.0f} MB/s; sha256 {out[-1]['sha256_mb_per_s']:.0f} MB/s"
                 )
 
-    def boot_and_dd(self, tracked: bool, i: int) -> dict:
+    def boot_and_dd(self, tracked: bool, i: int) -> dict[str, Any]:
         mode = "tracked" if tracked else "untracked"
         with self.step(f"boot {mode} run {i + 1}"):
             disk = self.disk_copy(f"boot-{mode}-{i + 1}")
@@ -307,7 +311,7 @@ class Bench:
         )
         return {"guest_boot_ms": guest_ms, "login_wall_s": wall, "dd": dd}
 
-    def full_snapshot(self, name: str, i: int) -> dict:
+    def full_snapshot(self, name: str, i: int) -> dict[str, Any]:
         with self.step(f"full snapshot '{name}' (run {i + 1})"):
             disk = self.disk_copy(name)
             vm = self.started(
@@ -335,7 +339,7 @@ class Bench:
         )
         return snap
 
-    def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+    def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict[str, Any]:
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', dirty {mib} MiB, Ctrl-A s)"):
             vm, r = self.restore(parent, f"diff-{name}", name)
             vm.sh(f"dd if=/dev/zero of=/dev/shm/{name} bs=1M count={mib} 2>/dev/null")
@@ -349,7 +353,7 @@ class Bench:
         )
         return snap
 
-    def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+    def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict[str, Any]:
         """Like diff_snapshot, but the guest writes mib MiB to a file on its root disk and syncs."""
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', write {mib} MiB to /, sync, Ctrl-A s)"):
             vm, r = self.restore(parent, f"diff-{name}", name)
@@ -365,7 +369,7 @@ class Bench:
         )
         return snap
 
-    def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict:
+    def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict[str, Any]:
         with self.step(f"restore '{spec}' ({layers} layers) run {i + 1}"):
             vm, r = self.restore(spec, f"restore-{spec}-{i + 1}")
             # Not timed: the restored guest must hold exactly the chain's files.
@@ -382,7 +386,7 @@ class Bench:
         )
         return r
 
-    def layer_footprint(self, name: str) -> dict:
+    def layer_footprint(self, name: str) -> dict[str, Any]:
         d = self.store / name
         files = {p.name: vmstore.file_sizes(p) for p in sorted(d.iterdir()) if p.is_file()}
         return {"files": files, "total": vmstore.tree_sizes(d)}
@@ -390,16 +394,16 @@ class Bench:
     def remove_layer(self, name: str) -> None:
         vmstore.remove_tree(self.store / name)
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         n = self.args.runs
-        res: dict = {}
+        res: dict[str, Any] = {}
         t_start = time.perf_counter()
 
         print(f"== host disk: sequential write bandwidth ({BANDWIDTH_MIB} MiB + fsync, {self.store})")
         res["disk_bandwidth"] = self.disk_bandwidth(n, "start")
 
         print("== boot and in-guest dd, untracked vs --track-dirty (interleaved)")
-        boots = {"untracked": [], "tracked": []}
+        boots: dict[str, list[dict[str, Any]]] = {"untracked": [], "tracked": []}
         for i in range(n):
             for tracked in (False, True):
                 boots["tracked" if tracked else "untracked"].append(self.boot_and_dd(tracked, i))
@@ -408,7 +412,7 @@ class Bench:
         print("== snapshot write: full (fresh boot) and diffs of the golden root")
         full_names = ["golden"] + [f"full-{i + 1}" for i in range(1, n)]
         res["full"] = [self.full_snapshot(name, i) for i, name in enumerate(full_names)]
-        diffs: dict = {str(m): [] for m in DIFF_MIB}
+        diffs: dict[str, Any] = {str(m): [] for m in DIFF_MIB}
         disk_diffs = []
         for i in range(n):
             for mib in DIFF_MIB:
@@ -440,7 +444,7 @@ class Bench:
         res["chain_build"] = chain
 
         print("== restore by chain depth (interleaved)")
-        restores: dict = {spec: [] for spec, _ in RESTORE_SPECS}
+        restores: dict[str, Any] = {spec: [] for spec, _ in RESTORE_SPECS}
         for i in range(self.args.restore_runs):
             for spec, layers in RESTORE_SPECS:
                 files = [f"d{k}" for k in range(1, layers)]
@@ -448,9 +452,9 @@ class Bench:
         res["restore"] = restores
 
         with self.step("footprint of the store"):
-            layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
+            chain_layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
             res["footprint"] = {
-                "layers": {name: self.layer_footprint(name) for name in layers},
+                "layers": {name: self.layer_footprint(name) for name in chain_layers},
                 "store": vmstore.tree_sizes(self.store),
                 "store_entries": sorted(p.name for p in self.store.iterdir()),
             }
@@ -461,7 +465,7 @@ class Bench:
         return res
 
 
-def host_info(args: argparse.Namespace) -> dict:
+def host_info(args: argparse.Namespace) -> dict[str, Any]:
     boot = args.boot.resolve()
     fs = host.sh(["df", "-T", str(args.store)]).splitlines()
     store_fs = fs[-1].split()[1] if len(fs) >= 2 and len(fs[-1].split()) > 1 else "unknown"
@@ -553,13 +557,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.store == REPO or REPO.is_relative_to(args.store) or args.store.is_relative_to(GUEST_OUT.resolve()):
         p.error(f"refusing to use {args.store} as the throwaway store")
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    def wipe_store():
+    def wipe_store() -> None:
         if args.store.exists():
             vmstore.remove_tree(args.store)
 

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ignition import console, host, net, paths, qemu, timeouts, vsock
 from ignition.guest import disk_copy
@@ -38,7 +38,7 @@ from ignition.stats import sha256, stats
 from ignition.vm import Vm, VmConfig
 
 
-def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict:
+def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict[str, Any]:
     """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
     guest shell command."""
     run(net.LEASE_WAIT_CMD, 120)
@@ -60,7 +60,7 @@ def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, 
     return {"down_mb_s": stats(down), "up_mb_s": stats(up), "mtu": run("cat /sys/class/net/eth0/mtu", 30)}
 
 
-def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
+def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict[str, Any]:
     """vsock MB/s to the guest and to the host over `runs` transfers of `mib` MiB each."""
     size = mib << 20
     to_guest, to_host = [], []
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = RESULTS_DIR / "logs" / "net"
     logs.mkdir(parents=True, exist_ok=True)
     cfg = VmConfig(boot=args.boot, backend=args.backend, kernel=args.kernel)
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "net_throughput_passt",
         "config": {
             "mib": args.mib,

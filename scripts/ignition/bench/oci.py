@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ignition import paths
 from ignition.paths import RESULTS_DIR
@@ -104,7 +105,7 @@ def layer_bytes(layer: Path) -> int:
     return sum(p.stat().st_size for p in layer.iterdir() if p.name != "verified.json")
 
 
-def one_run(src: Path, work: Path, compress: bool) -> dict:
+def one_run(src: Path, work: Path, compress: bool) -> dict[str, Any]:
     """Push full, then diff, into a fresh registry; pull full, then diff, into an empty store. Seconds each."""
     out = {}
     extra = ["--compress", "zstd"] if compress else []
@@ -119,7 +120,7 @@ def one_run(src: Path, work: Path, compress: bool) -> dict:
     return out
 
 
-def skopeo_run(dirs: dict[str, Path], work: Path) -> dict:
+def skopeo_run(dirs: dict[str, Path], work: Path) -> dict[str, Any]:
     out = {}
     with LocalRegistry(work / "reg-skopeo") as reg:
         for name, d in dirs.items():
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("full", "diff"):
             dirs[name] = work / f"dir-{name}"
             skopeo_dir(src / name, dirs[name])
-        runs: dict[str, list[dict]] = {"vmstore": [], "vmstore_zstd": [], "skopeo": []}
+        runs: dict[str, list[dict[str, Any]]] = {"vmstore": [], "vmstore_zstd": [], "skopeo": []}
         for _ in range(args.runs):
             runs["vmstore"].append(one_run(src, work, False))
             runs["vmstore_zstd"].append(one_run(src, work, True))

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Callable
 
 from ignition import console, host, paths, qemu, timeouts
 from ignition.paths import RESULTS_DIR
@@ -52,7 +53,7 @@ def allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def dirty(sh) -> None:
+def dirty(sh: Callable[[str], object]) -> None:
     sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty")
 
 
@@ -75,7 +76,8 @@ class Qmp:
         json.loads(self.f.readline())  # greeting
         self.cmd("qmp_capabilities")
 
-    def cmd(self, name: str, **args):
+    def cmd(self, name: str, **args: Any) -> Any:
+        """Runs a QMP command; returns its `return` value (JSON), or raises RuntimeError."""
         self.f.write(json.dumps({"execute": name, "arguments": args} if args else {"execute": name}) + "\n")
         self.f.flush()
         while True:
@@ -85,11 +87,11 @@ class Qmp:
             if "error" in msg:
                 raise RuntimeError(f"QMP {name}: {msg['error']}")
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
 
 
-def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) -> dict:
+def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) -> dict[str, Any]:
     store, disk = work / "store", work / "rootfs.ext4"
     shutil.rmtree(store, ignore_errors=True)
     shutil.copyfile(paths.ROOTFS, disk)
@@ -105,7 +107,7 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     size = allocated(layer / "memory.bin") + allocated(layer / "state.bin")
     with Vm.restore(cfg, "s", store=store, log_path=logs / f"ignition-restore-{mem}-{state}.log") as vm:
         r = vm.restored
-        assert vm.quit() == 0
+        assert r is not None and vm.quit() == 0
     return {
         "pause_ms": snap.pause_us / 1000,
         "device_hold_ms": (snap.device_hold_us or 0) / 1000,
@@ -116,7 +118,7 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     }
 
 
-def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts) -> dict:
+def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts) -> dict[str, Any]:
     disk, image, sock = work / "rootfs-q.ext4", work / "qemu.mig", work / "qmp.sock"
     shutil.copyfile(paths.ROOTFS, disk)
     image.unlink(missing_ok=True)
@@ -174,7 +176,7 @@ COLUMNS = [
 ]
 
 
-def table(results: dict) -> str:
+def table(results: dict[str, Any]) -> str:
     lines = [
         "| RAM | state | VMM | " + " | ".join(c[1] for c in COLUMNS) + " |",
         "|---|---|---|" + "---|" * len(COLUMNS),
@@ -209,12 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     qt = timeouts.for_backend("qemu")
     logs = RESULTS_DIR / "logs" / "snapshot"
     logs.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="snapshot-bench-", dir=RESULTS_DIR) as tmp:
         work = Path(tmp)
         for mem in args.mem or [512, 2048]:
             for state in STATES:
-                samples = {"ignition": [], "qemu": []}
+                samples: dict[str, list[dict[str, Any]]] = {"ignition": [], "qemu": []}
                 for run in range(args.runs):
                     print(f"[snapshot_bench] {mem} MiB {state}: run {run + 1}/{args.runs}", flush=True)
                     samples["ignition"].append(ignition_run(cfg, mem, state, work, logs))

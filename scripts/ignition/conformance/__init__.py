@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pexpect
 
@@ -88,7 +89,7 @@ class Result:
     """`pass`, `fail` (a check failed, or the run did not end cleanly) or `error` (could not run)."""
     checks: dict[str, str | None] = field(default_factory=dict)
     """Check name -> None (passed) or the failure detail, in output order."""
-    latency: dict[str, dict] = field(default_factory=dict)
+    latency: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Name -> latency_summary() of its samples."""
     ids: dict[str, int] = field(default_factory=dict)
     """ID register name -> value (group idregs)."""
@@ -127,7 +128,7 @@ class Result:
         tail = self.console.strip().splitlines()[-15:]
         return "\n".join(lines + ["  console (tail):"] + [f"  | {t}" for t in tail])
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "summary": self.summary(),
@@ -147,7 +148,7 @@ _LAT = re.compile(r"^LAT ([\w-]+) hz=(\d+) ticks=([\d,]*)$")
 _RESULT = re.compile(r"^RESULT pass=(\d+) fail=(\d+)$")
 
 
-def latency_summary(ticks: Sequence[int], hz: int) -> dict:
+def latency_summary(ticks: Sequence[int], hz: int) -> dict[str, Any]:
     """Counter ticks -> ns: `n`, `median_ns`, `p99_ns` (nearest rank), `min_ns`, `max_ns`, `samples_ns`.
     With no samples only `n` = 0."""
     if not ticks:
@@ -185,7 +186,7 @@ def parse(result: Result, console: str) -> Result:
                 result.checks[name] = detail or "failed"
                 failed = name
         elif line.startswith(_ALSO) and failed:
-            result.checks[failed] += "; " + line[len(_ALSO) :]
+            result.checks[failed] = f"{result.checks[failed]}; {line[len(_ALSO) :]}"
         elif m := _ID.match(line):
             result.ids[m.group(1)] = int(m.group(2), 16)
         elif m := _LAT.match(line):
@@ -265,14 +266,14 @@ def run_paused(group: str, target: str, argv: Sequence[str], timeout: float) -> 
     out = []
     try:
         console.expect(child, READY, timeout, "the pause point")
-        out.append(child.before + child.after)
+        out.append(console.before(child) + console.after(child))
         child.send("g")
         child.expect(pexpect.EOF, timeout=timeout)
-        out.append(child.before)
+        out.append(console.before(child))
         child.close()
         result.exit_code = child.exitstatus
     except (console.ConsoleError, pexpect.TIMEOUT) as e:
-        out.append(child.before if isinstance(child.before, str) else "")
+        out.append(console.before(child))
         result.problem = f"did not finish: {e}"
         console.terminate(child)
     result.elapsed_s = time.perf_counter() - t0
@@ -324,11 +325,11 @@ def run_ignition_across_snapshot(
             console.expect(child, r"Restore-time = \d+ ms", timeout, "the restore")
             child.send("g")
             child.expect(pexpect.EOF, timeout=timeout)
-            out = child.before
+            out = console.before(child)
             child.close()
             result.exit_code = child.exitstatus
         except (console.ConsoleError, pexpect.TIMEOUT) as e:
-            out = child.before if isinstance(child.before, str) else ""
+            out = console.before(child)
             result.problem = f"did not finish: {e}"
             console.terminate(child)
         result.elapsed_s = time.perf_counter() - t0

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ignition import conformance, host, paths, qemu, timeouts
 from ignition.paths import RESULTS_DIR
@@ -29,7 +30,7 @@ def fmt_ns(ns: float) -> str:
     return f"{ns / 1e6:.2f} ms" if ns >= 1e6 else f"{ns / 1e3:.1f} us"
 
 
-def latency_cell(s: dict | None) -> str:
+def latency_cell(s: dict[str, Any] | None) -> str:
     if not s or not s.get("n"):
         return "n/a"
     return f"median {fmt_ns(s['median_ns'])}, p99 {fmt_ns(s['p99_ns'])} (n={s['n']})"
@@ -146,13 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose:
             print(r.explain())
             continue
-        for check, detail in r.failures.items() or [("(run)", r.problem)]:
+        for check, detail in r.failures.items() or [("(run)", r.problem or "")]:
             detail = detail if len(detail) <= 160 else detail[:157] + "..."
             print(f"  {heads[t]} {check}: {detail}")
         if r.problem and r.failures:
             print(f"  {heads[t]} {g}: {r.problem}")
 
-    latency: dict[str, dict[str, dict]] = {}
+    latency: dict[str, dict[str, dict[str, Any]]] = {}
     for g in groups:
         for t in targets:
             for name, s in results[g][t].latency.items():
