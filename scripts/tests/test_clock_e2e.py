@@ -1,4 +1,5 @@
-"""End-to-end: the guest's clock across snapshots (issue 10, defects 2 and 3).
+"""End-to-end: the guest's clock across snapshots (the book's hvf chapter, "Fixed by the
+backend review": one guest clock per VM, and guest time standing still while paused).
 
 * One counter per VM: after a full snapshot is restored, and after a diff of
   that restore is restored, a 2-vCPU guest's CPUs still read the same

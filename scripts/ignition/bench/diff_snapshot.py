@@ -1,7 +1,7 @@
 """Benchmark (not a test): the cost and the payoff of diff snapshots, in one run.
 
-Reproduces, on the portable `emu` backend (or any --backend), the tables of the
-earlier spike's write-up (shared/seeds/003): median of N runs with min and max.
+On the portable `emu` backend (or any --backend), one table per measurement
+below, each figure the median of N runs with min and max:
 
   0. Host disk: sequential write bandwidth (256 MiB, fsync) into the store's
      directory, so snapshot write times can be read as a fraction of it.
