@@ -45,7 +45,7 @@ if [ ${#py_missing[@]} -gt 0 ]; then
     say "pip: installing ${py_missing[*]}"
     pip_install "${py_missing[@]}"
 fi
-# Pinned tools (pytest-timeout, the linters); pip does nothing when they are present.
+# Pinned tools (pytest-timeout, CI's Python linters); pip does nothing when they are present.
 pip_install -r "$(dirname "$0")/requirements-dev.txt"
 # The ignition package (scripts/ignition: the harness, benchmarks and other
 # front-ends), editable from this checkout: the only way the tests and
