@@ -90,8 +90,8 @@ def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
     assert all(line.startswith("cargo") for line in c[: sign[0]]) and sign[0] >= 2, c
     assert c[sign[0] + 1 :] == [
         "pip -m pip install -q ./snapshot-store/python",
-        "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
         "pip -m pip install -q -e ./scripts",
+        "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
         "pytest -m pytest -q scripts/tests",
     ], c
 
