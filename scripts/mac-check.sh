@@ -7,8 +7,10 @@
 #
 #   scripts/mac-check.sh [PYTEST ARGS...]     # e.g. -x, or -k snapshot
 #
-# Needs Rust, python3 with pytest and pexpect (python3 -m pip install pytest
-# pexpect), and the guest in guest/out (built on Linux: see README.md). Logs,
+# Needs Rust, python3 with pytest (python3 -m pip install pytest; this script
+# installs the ignition package, pip install -e ./scripts, which brings
+# pexpect, and scripts/requirements-dev.txt), and the guest in guest/out
+# (built on Linux: see README.md). Logs,
 # JUnit XML and the summary go to target/mac-check/ (or $MAC_CHECK_OUT).
 # Exits 0 only if every suite ran and passed.
 set -euo pipefail
@@ -28,8 +30,10 @@ out=${MAC_CHECK_OUT:-target/mac-check}
 for f in Image rootfs.ext4 guest.json; do
     [ -f "guest/out/$f" ] || die "guest/out/$f missing: build the guest on Linux (guest/build.sh, or in Docker: see README.md) and copy guest/out here"
 done
-python3 -c 'import pytest, pexpect' 2>/dev/null \
-    || die "python3 lacks pytest or pexpect: python3 -m pip install pytest pexpect"
+python3 -c 'import pytest' 2>/dev/null || die "python3 lacks pytest: python3 -m pip install pytest"
+say "pip install -e ./scripts -r scripts/requirements-dev.txt (the ignition package, pinned test tools)"
+pip_args=(-e ./scripts -r scripts/requirements-dev.txt)
+python3 -m pip install -q "${pip_args[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${pip_args[@]}"
 
 mkdir -p "$out"
 rm -f "$out"/*.xml "$out"/*.log "$out/summary.md"

@@ -17,7 +17,7 @@ SUDO=
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 
 # docker-registry (CNCF distribution), skopeo and openssl: the registry
-# push/pull tests and scripts/oci_bench.py run throwaway local registries
+# push/pull tests and python3 -m ignition.bench.oci run throwaway local registries
 # (one over HTTPS with a throwaway CA).
 apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo openssl)
 missing=()
@@ -38,10 +38,22 @@ python3 -c 'import bcrypt' 2>/dev/null || py_missing+=(bcrypt)
 # maturin builds the vmstore Python module (snapshot-store/python); pip's
 # isolated build fetches its own copy, this one is for `maturin develop`.
 command -v maturin >/dev/null || py_missing+=("maturin>=1.9,<2")
+pip_install() {
+    python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
 if [ ${#py_missing[@]} -gt 0 ]; then
     say "pip: installing ${py_missing[*]}"
-    python3 -m pip install -q "${py_missing[@]}" 2>/dev/null \
-        || python3 -m pip install -q --break-system-packages "${py_missing[@]}"
+    pip_install "${py_missing[@]}"
+fi
+# Pinned tools (pytest-timeout, CI's Python linters); pip does nothing when they are present.
+pip_install -r "$(dirname "$0")/requirements-dev.txt"
+# The ignition package (scripts/ignition: the harness, benchmarks and other
+# front-ends), editable from this checkout: the only way the tests and
+# `python3 -m ignition.<module>` find it.
+scripts_dir=$(cd "$(dirname "$0")" && pwd -P)
+if [ "$(cd / && python3 -c 'import ignition.paths as p; print(p.SCRIPTS)' 2>/dev/null)" != "$scripts_dir" ]; then
+    say "pip: installing the ignition package (pip install -e ./scripts)"
+    pip_install -e "$scripts_dir"
 fi
 
 if ! command -v cargo >/dev/null; then

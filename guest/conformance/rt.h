@@ -162,7 +162,7 @@ u32 rt_start_cpus(u32 n, cpu_fn fn);
 #define WATCHDOG_S 10
 void rt_start_watchdog(u32 cpu);
 
-/* Latency samples: `LAT name hz=F ticks=a,b,...` for scripts/conformance.py. */
+/* Latency samples: `LAT name hz=F ticks=a,b,...` for scripts/ignition/conformance/. */
 void print_latency(const char *name, const u64 *ticks, u32 n);
 
 #endif

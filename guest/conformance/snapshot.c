@@ -1,5 +1,5 @@
 /* Group snapshot: debug and interrupt state that must survive a snapshot
- * (issue 15). Before a pause point the image programs a hardware breakpoint
+ * Before a pause point the image programs a hardware breakpoint
  * (DBGBVR0/DBGBCR0), a watchpoint (DBGWVR0/DBGWCR0), the virtual timer 300
  * ms ahead, and a self-SGI made pending while PSTATE.I masks it; it prints
  * `# ready` and waits for a byte on the PL011. The runner either sends the

@@ -1,4 +1,4 @@
-"""Ignition's Python harness: every e2e test and benchmark in scripts/ imports it.
+"""Ignition's Python harness: every e2e test in scripts/tests and every benchmark imports it.
 
 Modules:
   console    drive any console on a pty (pexpect): spawn, expect, paced typing,
@@ -21,8 +21,15 @@ Modules:
   diff_snapshot_report
              the diff-snapshot benchmark's plan, summaries and Markdown report
 
-Install it with `pip install -e ./scripts` (or put scripts/ on sys.path, as the
-front-ends and tests/conftest.py do) and `from ignition import Vm, VmConfig`:
+Front-ends, each run as `python3 -m ignition.<name>`:
+  conformance    the conformance suite on Ignition and QEMU side by side
+  qemu_boot      boot the guest under QEMU, run commands, power off
+  cli_reference  write or check the book's command reference
+  bench.*        the benchmarks (ignition.bench: boot, qemu_boot, snapshot,
+                 diff_snapshot, net, oci)
+
+Install it with `pip install -e ./scripts` (scripts/setup.sh and scripts/test.sh
+do; the tests and front-ends find it only so) and `from ignition import Vm, VmConfig`:
 
     with Vm.boot(VmConfig(), disk="copy.ext4", store="vmstore", name="golden",
                  track_dirty=True, control=True) as vm:
@@ -41,5 +48,4 @@ from .control import Control, ControlError
 from .timeouts import Timeouts
 from .vm import Layer, Restored, Snapshot, Vm, VmConfig
 
-__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm",
-           "VmConfig"]
+__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm", "VmConfig"]

@@ -15,12 +15,13 @@ timeouts are the software-CPU base of timeouts.py; callers pass their backend's.
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import re
 import secrets
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pexpect
 
@@ -42,11 +43,11 @@ def spawn(
     argv: Sequence[str],
     *,
     timeout: float = BASE.cmd,
-    log_path: str | os.PathLike | None = None,
+    log_path: str | os.PathLike[str] | None = None,
     env: dict[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
+    cwd: str | os.PathLike[str] | None = None,
     dimensions: tuple[int, int] = (24, 80),
-) -> pexpect.spawn:
+) -> pexpect.spawn[str]:
     """Start argv on a new pty (fixed window size, host-side echo off).
 
     Output is decoded as UTF-8 with undecodable bytes replaced. With log_path,
@@ -65,30 +66,52 @@ def spawn(
     )
     child.delaybeforesend = None  # pexpect sleeps 50 ms per send() by default; paced_send paces instead
     if log_path is not None:
-        child.logfile_read = open(log_path, "w", encoding="utf-8", errors="replace")
+        # Lives as long as the child: wait_exit() and terminate() close it.
+        child.logfile_read = open(log_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
     return child
 
 
-def _tail(child: pexpect.spawn, n: int = 600) -> str:
-    before = child.before if isinstance(child.before, str) else ""
-    return before[-n:]
+def before(child: pexpect.spawn[str]) -> str:
+    """The console's text before what the last expect matched ("" if nothing was read)."""
+    return child.before if isinstance(child.before, str) else ""
 
 
-def expect(child: pexpect.spawn, patterns, timeout: float, what: str) -> int:
-    """child.expect(patterns), raising ConsoleError naming `what` on timeout or EOF."""
+def after(child: pexpect.spawn[str]) -> str:
+    """The text the last expect matched ("" if it matched EOF or TIMEOUT)."""
+    return child.after if isinstance(child.after, str) else ""
+
+
+def match(child: pexpect.spawn[str]) -> re.Match[str]:
+    """The re.Match of the last expect(), which must have matched a regular expression."""
+    m = child.match
+    if not isinstance(m, re.Match):
+        raise ConsoleError(f"the last expect() matched no regular expression but {m!r}")
+    return m
+
+
+def _tail(child: pexpect.spawn[str], n: int = 600) -> str:
+    return before(child)[-n:]
+
+
+def expect(
+    child: pexpect.spawn[str], patterns: str | type[pexpect.EOF] | Sequence[str], timeout: float, what: str
+) -> int:
+    """child.expect(patterns): the index of the pattern that matched (a regular expression,
+    pexpect.EOF, or a sequence of regular expressions); raises ConsoleError naming `what` on
+    timeout or EOF."""
     try:
-        return child.expect(patterns, timeout=timeout)
+        if isinstance(patterns, (str, type)):
+            return child.expect(patterns, timeout=timeout)
+        return child.expect([*patterns], timeout=timeout)
     except pexpect.TIMEOUT:
-        raise ConsoleError(
-            f"timed out after {timeout:g}s waiting for {what}; last output:\n{_tail(child)}"
-        ) from None
+        raise ConsoleError(f"timed out after {timeout:g}s waiting for {what}; last output:\n{_tail(child)}") from None
     except pexpect.EOF:
         raise ConsoleError(
             f"console closed (process exited) while waiting for {what}; last output:\n{_tail(child)}"
         ) from None
 
 
-def paced_send(child: pexpect.spawn, text: str, chunk: int = 8, delay: float = 0.02) -> None:
+def paced_send(child: pexpect.spawn[str], text: str, chunk: int = 8, delay: float = 0.02) -> None:
     """Type text in chunks of `chunk` bytes with `delay` seconds between them.
 
     A PL011's RX FIFO holds 16 bytes; writing faster than the guest drains it
@@ -101,7 +124,7 @@ def paced_send(child: pexpect.spawn, text: str, chunk: int = 8, delay: float = 0
 
 
 def login(
-    child: pexpect.spawn,
+    child: pexpect.spawn[str],
     timeout: float = BASE.boot,
     user: str = "root",
     password: str = "",
@@ -113,7 +136,7 @@ def login(
 
 
 def answer_login(
-    child: pexpect.spawn,
+    child: pexpect.spawn[str],
     timeout: float = BASE.boot,
     user: str = "root",
     password: str = "",
@@ -130,9 +153,7 @@ KERNEL_LINE = re.compile(r"^\[ *\d+\.\d+\] [^\n]*(?:\n|$)", re.MULTILINE)
 """A kernel message on the console (printk with CONFIG_PRINTK_TIME)."""
 
 
-def run_status(
-    child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT
-) -> tuple[int, str]:
+def run_status(child: pexpect.spawn[str], cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT) -> tuple[int, str]:
     """Run a shell command at the prompt; return (exit status, output).
 
     The command is bracketed by echoes of unique markers. The markers are typed
@@ -151,14 +172,14 @@ def run_status(
     paced_send(child, f"echo '{begin_a}''{begin_b}'; {{\n{cmd}\n}}; echo '{end_a}''{end_b}' $?\n")
     expect(child, re.escape(begin) + r"\r*\n", timeout, f"the start of output of {cmd!r}")
     expect(child, r"(?:\r*\n)?" + re.escape(end) + r" (\d+)\r*\n", timeout, f"the end of output of {cmd!r}")
-    output = re.sub(r"\r+\n", "\n", child.before)
+    output = re.sub(r"\r+\n", "\n", before(child))
     output = KERNEL_LINE.sub("", output)
-    status = int(child.match.group(1))
+    status = int(match(child).group(1))
     expect(child, prompt, timeout, f"the prompt after {cmd!r}")
     return status, output
 
 
-def run(child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT) -> str:
+def run(child: pexpect.spawn[str], cmd: str, timeout: float = BASE.cmd, prompt: str = PROMPT) -> str:
     """Run a shell command; return its output. Raises ConsoleError if it exits non-zero."""
     status, output = run_status(child, cmd, timeout, prompt)
     if status != 0:
@@ -166,33 +187,38 @@ def run(child: pexpect.spawn, cmd: str, timeout: float = BASE.cmd, prompt: str =
     return output
 
 
-def wait_exit(child: pexpect.spawn, timeout: float = BASE.cmd) -> int:
+def wait_exit(child: pexpect.spawn[str], timeout: float = BASE.cmd) -> int:
     """Wait for the process to exit; return its exit status (128+N if killed by signal N)."""
     expect(child, pexpect.EOF, timeout, "the process to exit")
     child.close()
-    if child.logfile_read is not None:
-        child.logfile_read.close()
+    _close_log(child)
     if child.exitstatus is not None:
         return child.exitstatus
     return 128 + (child.signalstatus or 0)
 
 
-def terminate(child: pexpect.spawn) -> None:
+def terminate(child: pexpect.spawn[str]) -> None:
     """Kill the process if it is still running and close the pty and log file."""
     try:
         if child.isalive():
             child.terminate(force=True)
         child.close(force=True)
     finally:
-        if child.logfile_read is not None and not child.logfile_read.closed:
-            child.logfile_read.close()
+        _close_log(child)
+
+
+def _close_log(child: pexpect.spawn[str]) -> None:
+    """Closes the console log spawn() opened, if any."""
+    log = child.logfile_read
+    if isinstance(log, io.IOBase) and not log.closed:
+        log.close()
 
 
 def time_to_login(
     argv: Sequence[str],
     timeout: float = BASE.boot,
     pattern: str = LOGIN,
-    log_path: os.PathLike | str | None = None,
+    log_path: os.PathLike[str] | str | None = None,
 ) -> float:
     """Seconds from spawning argv to `pattern` (default `login:`) on its console.
 

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+from typing import Any
 
 
 class ControlError(Exception):
@@ -21,7 +22,7 @@ class ControlError(Exception):
 class Control:
     """One connection to a VM's control socket."""
 
-    def __init__(self, path: os.PathLike | str, timeout: float = 60.0):
+    def __init__(self, path: os.PathLike[str] | str, timeout: float = 60.0):
         """Connects, waiting up to `timeout` s for the socket to appear."""
         deadline = time.monotonic() + timeout
         while True:
@@ -37,7 +38,7 @@ class Control:
         self.sock.settimeout(timeout)
         self.file = self.sock.makefile("rwb")
 
-    def raw(self, line: bytes) -> dict:
+    def raw(self, line: bytes) -> dict[str, Any]:
         """Sends one raw request line (newline added if missing); returns the decoded response."""
         if not line.endswith(b"\n"):
             line += b"\n"
@@ -46,16 +47,18 @@ class Control:
         reply = self.file.readline()
         if not reply:
             raise ConnectionError("the VM closed the control connection")
-        return json.loads(reply)
+        decoded: dict[str, Any] = json.loads(reply)
+        return decoded
 
-    def request(self, command: str, **args) -> dict:
+    def request(self, command: str, **args: Any) -> dict[str, Any]:
         """Sends a request; returns its result, or raises ControlError."""
         reply = self.raw(json.dumps({"command": command, **args}).encode())
         if not reply["ok"]:
             raise ControlError(reply["error"]["code"], reply["error"]["message"])
-        return reply["result"]
+        result: dict[str, Any] = reply["result"]
+        return result
 
-    def snapshot(self, name: str | None = None) -> dict:
+    def snapshot(self, name: str | None = None) -> dict[str, Any]:
         """Writes a snapshot; returns {name, kind, pages, pause_us, write_ms} once it is stored."""
         return self.request("snapshot", **({"name": name} if name else {}))
 
@@ -65,7 +68,7 @@ class Control:
     def resume(self) -> None:
         self.request("resume")
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return self.request("status")
 
     def quit(self) -> None:
@@ -78,5 +81,5 @@ class Control:
     def __enter__(self) -> Control:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

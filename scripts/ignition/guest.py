@@ -6,8 +6,9 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 
 def missing(kernel: Path, disk: Path) -> str | None:
@@ -19,7 +20,7 @@ def missing(kernel: Path, disk: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def disk_copy(disk: os.PathLike | str) -> Iterator[Path]:
+def disk_copy(disk: os.PathLike[str] | str) -> Iterator[Path]:
     """A temporary copy of disk, removed afterwards (the guest writes its root disk)."""
     with tempfile.TemporaryDirectory(prefix="ignition-qemu-") as tmp:
         copy = Path(tmp) / Path(disk).name

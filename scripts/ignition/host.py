@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import paths
 
 
-def summary() -> dict:
+def summary() -> dict[str, str | int | None]:
     """`machine`, `system` and `cpu_count`, as the boot benchmarks record them."""
     return {"machine": platform.machine(), "system": platform.system(), "cpu_count": os.cpu_count()}
 

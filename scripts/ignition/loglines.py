@@ -24,8 +24,10 @@ GUEST_BOOT_TIME = r"Guest-boot-time = (\d+) ms"
 """group 1: VM start -> the guest init's boot-timer write, whole ms."""
 SNAPSHOT_PAUSE_TIME = r"Snapshot-pause-time = (\d+) us"
 """group 1: vCPUs stopped -> vCPUs running again, whole us."""
-SNAPSHOT_SAVED_BEFORE_WRITE = (r"Snapshot-saved-before-write = (\d+) pages \((\d+) before a guest write, "
-                               r"(\d+) before a device write, of (\d+)\)")
+SNAPSHOT_SAVED_BEFORE_WRITE = (
+    r"Snapshot-saved-before-write = (\d+) pages \((\d+) before a guest write, "
+    r"(\d+) before a device write, of (\d+)\)"
+)
 """Background mode only; groups: saved early, by the guest, by devices, the layer's pages."""
 SNAPSHOT_DEVICE_HOLD_TIME = r"Snapshot-device-hold-time = (\d+) us"
 """Background mode only; group 1: devices held after the resume while pages were write-protected, us."""
@@ -74,8 +76,9 @@ def parse_disk_clone(text: str) -> DiskClone:
         raise ValueError(f"cannot parse Snapshot-disk-clone value {text!r}")
     note = m.group(4) or ""
     early = re.fullmatch(r"(\d+) copied before a guest write", note)
-    return DiskClone(m.group(1), int(m.group(2)), int(m.group(3)), note.startswith("unchanged"),
-                     int(early.group(1)) if early else 0)
+    return DiskClone(
+        m.group(1), int(m.group(2)), int(m.group(3)), note.startswith("unchanged"), int(early.group(1)) if early else 0
+    )
 
 
 @dataclass(frozen=True)

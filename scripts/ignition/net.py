@@ -16,12 +16,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # What the guest prints for its default gateway (busybox route).
 GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
 # Waits (at most 60 s) until eth0 has its DHCP lease; fails otherwise.
-LEASE_WAIT_CMD = ("i=0; until ifconfig eth0 | grep -q 'inet addr'; do "
-                  "i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done")
+LEASE_WAIT_CMD = (
+    "i=0; until ifconfig eth0 | grep -q 'inet addr'; do i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done"
+)
 
 
 def passt_bin() -> str | None:
@@ -38,9 +40,9 @@ class Passt:
     def __init__(self, directory: Path, name: str = "passt.sock"):
         self.socket = Path(directory) / name
         self.log = Path(directory) / (name + ".log")
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> "Passt":
+    def __enter__(self) -> Passt:
         binary = passt_bin()
         if binary is None:
             raise RuntimeError("passt is not installed (apt install passt)")
@@ -50,21 +52,20 @@ class Passt:
             # private test directory.
             argv = [binary, "-f", "-s", str(self.socket), "--runas", str(os.getuid())]
             argv += ["-e"] + (["-p", f"{self.log}.pcap"] if os.environ.get("PASST_PCAP") else [])
-            self.proc = subprocess.Popen(argv,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while not self.socket.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"passt exited with {self.proc.returncode}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"passt exited with {self.proc.returncode}: {self.log.read_text(errors='replace')[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 self.__exit__()
                 raise RuntimeError("passt did not create its socket in 30 s")
             time.sleep(0.02)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -78,9 +79,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """GET /NAME serves a registered blob; POST answers "<sha256> <bytes>"
     of its body."""
 
-    server: "LoopbackHttp"
+    server: LoopbackHttp
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         blob = self.server.blobs.get(self.path.lstrip("/"))
         if blob is None:
             self.send_error(404)
@@ -91,11 +92,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         view = memoryview(blob)
         t0 = time.perf_counter()
         for i in range(0, len(blob), 1 << 16):
-            self.wfile.write(view[i:i + (1 << 16)])
+            self.wfile.write(view[i : i + (1 << 16)])
         self.wfile.flush()
         self.server.transfers.append(("GET", len(blob), time.perf_counter() - t0))
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self) -> None:
         left = int(self.headers.get("Content-Length", "0"))
         h = hashlib.sha256()
         n = 0
@@ -113,8 +114,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the tests read the transfers, not a log."""
 
 
 class LoopbackHttp(http.server.ThreadingHTTPServer):
@@ -128,7 +129,7 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.blobs: dict[str, bytes] = {}
         # (method, body bytes, seconds from the body's first byte to its
@@ -142,11 +143,10 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
         self.blobs[name] = data
         return hashlib.sha256(data).hexdigest()
 
-    def __enter__(self) -> "LoopbackHttp":
+    def __enter__(self) -> LoopbackHttp:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
         self.server_close()
-

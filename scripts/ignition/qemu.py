@@ -14,36 +14,51 @@ DEFAULT_APPEND = "console=ttyAMA0 root=/dev/vda rw boottimer=off"
 
 
 def qemu_argv(
-    kernel: os.PathLike | str,
-    disk: os.PathLike | str,
+    kernel: os.PathLike[str] | str,
+    disk: os.PathLike[str] | str,
     cpus: int = 1,
     mem_mib: int = 512,
     append: str = DEFAULT_APPEND,
     cpu: str = "max",
     qemu: str = QEMU,
-    net_socket: os.PathLike | str | None = None,
+    net_socket: os.PathLike[str] | str | None = None,
 ) -> list[str]:
     """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device, and
     with `net_socket` a virtio-mmio network device on that stream socket (passt), in the
     second transport as in Ignition."""
-    net = [] if net_socket is None else [
-        "-netdev", f"stream,id=n0,server=off,addr.type=unix,addr.path={net_socket}",
-        "-device", "virtio-net-device,netdev=n0,bus=virtio-mmio-bus.1",
-    ]
+    net = (
+        []
+        if net_socket is None
+        else [
+            "-netdev",
+            f"stream,id=n0,server=off,addr.type=unix,addr.path={net_socket}",
+            "-device",
+            "virtio-net-device,netdev=n0,bus=virtio-mmio-bus.1",
+        ]
+    )
     return [
         qemu,
-        "-M", "virt,gic-version=3",
-        "-cpu", cpu,
-        "-smp", str(cpus),
-        "-m", str(mem_mib),
+        "-M",
+        "virt,gic-version=3",
+        "-cpu",
+        cpu,
+        "-smp",
+        str(cpus),
+        "-m",
+        str(mem_mib),
         "-nographic",
         "-no-reboot",
-        "-kernel", str(kernel),
-        "-append", append,
-        "-global", "virtio-mmio.force-legacy=false",
-        "-drive", f"if=none,file={disk},format=raw,id=hd0",
+        "-kernel",
+        str(kernel),
+        "-append",
+        append,
+        "-global",
+        "virtio-mmio.force-legacy=false",
+        "-drive",
+        f"if=none,file={disk},format=raw,id=hd0",
         # bus 0 = the first transport, 0x0a000000 (unqualified: the last one).
-        "-device", "virtio-blk-device,drive=hd0,bus=virtio-mmio-bus.0",
+        "-device",
+        "virtio-blk-device,drive=hd0,bus=virtio-mmio-bus.0",
         *net,
     ]
 

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 """Debian's `docker-registry` package (scripts/setup.sh installs it)."""
@@ -30,13 +31,15 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def htpasswd_line(user: str, password: str) -> str:
     """One htpasswd line with a bcrypt hash (the only kind distribution accepts)."""
     try:
         import bcrypt
+
         return f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()}"
     except ImportError:
         out = subprocess.run(["htpasswd", "-nbB", user, password], capture_output=True, text=True, check=True)
@@ -53,15 +56,33 @@ def auth_file(path: Path, host: str, user: str, password: str) -> Path:
 def make_tls(root: Path) -> tuple[Path, Path, Path]:
     """A throwaway CA and a server certificate for IP 127.0.0.1 signed by it (openssl);
     returns (ca.pem, cert.pem, key.pem)."""
+
     def ssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True)
+
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ignition-test-ca")
     ssl("req", *ec, "-keyout", "key.pem", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1")
-    (root / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-                                  "extendedKeyUsage=serverAuth\n")
-    ssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "cert.pem", "-days", "2", "-extfile", "ext.cnf")
+    (root / "ext.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+    )
+    ssl(
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    )
     return root / "ca.pem", root / "cert.pem", root / "key.pem"
 
 
@@ -72,8 +93,9 @@ class LocalRegistry:
     from a throwaway CA (self.ca: trust it with SSL_CERT_FILE). Stopped (and its process reaped)
     on exit."""
 
-    def __init__(self, root: Path, users: dict[str, str] | None = None, tls: bool = False,
-                 token: TokenServer | None = None):
+    def __init__(
+        self, root: Path, users: dict[str, str] | None = None, tls: bool = False, token: TokenServer | None = None
+    ):
         self.root = Path(root)
         self.users = users or {}
         self.tls = tls
@@ -81,7 +103,7 @@ class LocalRegistry:
         self.ca: Path | None = None
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def blobs(self) -> Path:
@@ -97,8 +119,16 @@ class LocalRegistry:
         if not REGISTRY_BIN.is_file():
             raise FileNotFoundError(f"{REGISTRY_BIN} missing: scripts/setup.sh installs Debian's docker-registry")
         self.root.mkdir(parents=True, exist_ok=True)
-        lines = ["version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:",
-                 f"    rootdirectory: {self.root / 'data'}", "http:", f"  addr: {self.host}"]
+        lines = [
+            "version: 0.1",
+            "log:",
+            "  level: warn",
+            "storage:",
+            "  filesystem:",
+            f"    rootdirectory: {self.root / 'data'}",
+            "http:",
+            f"  addr: {self.host}",
+        ]
         if self.tls:
             self.ca, cert, key = make_tls(self.root)
             lines += ["  tls:", f"    certificate: {cert}", f"    key: {key}"]
@@ -113,10 +143,10 @@ class LocalRegistry:
             scheme, context = "https", ssl.create_default_context(cafile=str(self.ca))
         config = self.root / "config.yml"
         config.write_text("\n".join(lines) + "\n")
-        log = open(self.root / "registry.log", "wb")
-        self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(config)], stdout=log, stderr=log,
-                                     stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.root / "registry.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(REGISTRY_BIN), "serve", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
@@ -149,11 +179,11 @@ class LocalRegistry:
     def __enter__(self) -> LocalRegistry:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def environ_with_auth(path: Path | None) -> dict:
+def environ_with_auth(path: Path | None) -> dict[str, str]:
     """os.environ with REGISTRY_AUTH_FILE set to path (or removed), and no other auth file found."""
     env = dict(os.environ)
     env.pop("DOCKER_CONFIG", None)
@@ -177,7 +207,7 @@ def _der_ecdsa_to_raw(der: bytes) -> bytes:
     for _ in range(2):
         assert der[i] == 0x02
         n = der[i + 1]
-        out += der[i + 2:i + 2 + n].lstrip(b"\0").rjust(32, b"\0")
+        out += der[i + 2 : i + 2 + n].lstrip(b"\0").rjust(32, b"\0")
         i += 2 + n
     return out
 
@@ -199,21 +229,42 @@ class TokenServer:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.users = users
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-keyout", "token.key", "-out", "token.pem", "-days", "2", "-subj",
-                        "/CN=ignition-test-token"], cwd=self.root, check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "token.key",
+                "-out",
+                "token.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=ignition-test-token",
+            ],
+            cwd=self.root,
+            check=True,
+            capture_output=True,
+        )
         self.cert = self.root / "token.pem"
-        der = subprocess.run(["openssl", "x509", "-in", "token.pem", "-outform", "DER"], cwd=self.root,
-                             check=True, capture_output=True).stdout
+        der = subprocess.run(
+            ["openssl", "x509", "-in", "token.pem", "-outform", "DER"], cwd=self.root, check=True, capture_output=True
+        ).stdout
         self.x5c = base64.b64encode(der).decode()
         self.issued: list[str] = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the tests read the registry's log, not this one."""
 
-            def do_GET(self):
+            def do_GET(self) -> None:
                 url = urllib.parse.urlparse(self.path)
                 q = urllib.parse.parse_qs(url.query)
                 auth = self.headers.get("Authorization", "")
@@ -247,17 +298,35 @@ class TokenServer:
             access.append({"type": kind, "name": name, "actions": actions.split(",")})
         now = int(time.time())
         header = {"typ": "JWT", "alg": "ES256", "x5c": [self.x5c]}
-        claims = {"iss": self.ISSUER, "sub": user, "aud": self.SERVICE, "exp": now + 300, "nbf": now - 10,
-                  "iat": now, "jti": os.urandom(8).hex(), "access": access}
+        claims = {
+            "iss": self.ISSUER,
+            "sub": user,
+            "aud": self.SERVICE,
+            "exp": now + 300,
+            "nbf": now - 10,
+            "iat": now,
+            "jti": os.urandom(8).hex(),
+            "access": access,
+        }
         signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
-        der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.root / "token.key")],
-                             input=signing_input.encode(), check=True, capture_output=True).stdout
+        der = subprocess.run(
+            ["openssl", "dgst", "-sha256", "-sign", str(self.root / "token.key")],
+            input=signing_input.encode(),
+            check=True,
+            capture_output=True,
+        ).stdout
         self.issued.append(user)
         return f"{signing_input}.{_b64url(_der_ecdsa_to_raw(der))}"
 
     def config_lines(self) -> list[str]:
-        return ["auth:", "  token:", f"    realm: {self.realm}", f"    service: {self.SERVICE}",
-                f"    issuer: {self.ISSUER}", f"    rootcertbundle: {self.cert}"]
+        return [
+            "auth:",
+            "  token:",
+            f"    realm: {self.realm}",
+            f"    service: {self.SERVICE}",
+            f"    issuer: {self.ISSUER}",
+            f"    rootcertbundle: {self.cert}",
+        ]
 
     def close(self) -> None:
         self.httpd.shutdown()

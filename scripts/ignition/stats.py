@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 
-def summarize(samples: Sequence[float]) -> dict:
+def summarize(samples: Sequence[float]) -> dict[str, Any]:
     """Seconds: `median_s`, `min_s`, `max_s` and `samples_s`, rounded to 0.1 ms."""
     return {
         "median_s": round(statistics.median(samples), 4),
@@ -18,7 +19,7 @@ def summarize(samples: Sequence[float]) -> dict:
     }
 
 
-def stats(samples: Sequence[float], nd: int = 1) -> dict:
+def stats(samples: Sequence[float], nd: int = 1) -> dict[str, Any]:
     """median/min/max of unit-less samples (throughputs, page counts), rounded to nd digits."""
     return {
         "median": round(statistics.median(samples), nd),

@@ -39,10 +39,15 @@ def work_entries(store: Path) -> list[str]:
     return sorted(found)
 
 
-def vmstore(store: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def vmstore(store: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Runs `vmstore --store STORE ARGS` (paths.vmstore_bin()); returns the result, output as text."""
-    return subprocess.run([str(paths.vmstore_bin()), "--store", str(store), *args], capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(paths.vmstore_bin()), "--store", str(store), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def digest(store: Path) -> dict[str, str]:
@@ -54,16 +59,16 @@ def digest(store: Path) -> dict[str, str]:
     return out
 
 
-def file_sizes(path: Path) -> dict:
+def file_sizes(path: Path) -> dict[str, int]:
     """Bytes of a file: `logical` (st_size) and `physical` (st_blocks*512)."""
     st = path.stat()
     return {"logical": st.st_size, "physical": st.st_blocks * 512}
 
 
-def tree_sizes(root: Path) -> dict:
+def tree_sizes(root: Path) -> dict[str, int]:
     """Summed st_size and st_blocks*512 of every regular file (hard links once)."""
     logical = physical = 0
-    seen = set()
+    seen: set[tuple[int, int]] = set()
     for p in root.rglob("*"):
         st = p.lstat()
         if not p.is_file() or p.is_symlink() or (st.st_dev, st.st_ino) in seen:

@@ -34,6 +34,9 @@ hvf runs the guest at native speed; its half keeps room for a first run."""
 SCALE_ENV = "IGNITION_TIMEOUT_SCALE"
 """A further factor from the environment, e.g. 3 on a slow or busy host."""
 
+TEST_BOOTS = 15
+"""One pytest test's hang limit, in boot timeouts (see hang_limit)."""
+
 
 def default_backend() -> str:
     """The backend `boot` picks without --backend: hvf on macOS/aarch64, else emu."""
@@ -55,3 +58,14 @@ def for_backend(backend: str | None) -> Timeouts:
         raise ValueError(f"${SCALE_ENV} must be a positive number, not {extra!r}")
     k = SCALE[name] * extra
     return Timeouts(boot=BASE.boot * k, cmd=BASE.cmd * k)
+
+
+def hang_limit(backend: str | None) -> float:
+    """Seconds one pytest test may take, set-up and tear-down included, before pytest-timeout
+    calls it hung: TEST_BOOTS boot timeouts of `backend` (None: boot's default), so 30 min on
+    emu and QEMU, 15 on hvf, times $IGNITION_TIMEOUT_SCALE.
+
+    The longest tests chain tens of boots, restores and snapshots, each far quicker than its
+    own timeout, and finish well inside. Raises ValueError as for_backend does.
+    """
+    return for_backend(backend).boot * TEST_BOOTS

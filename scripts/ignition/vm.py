@@ -16,12 +16,16 @@ console.ConsoleError naming what it waited for.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, overload
+from typing import overload
+
+import pexpect
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
@@ -43,7 +47,7 @@ class VmConfig:
     timeouts: timeouts.Timeouts | None = None
     """None: timeouts.for_backend(backend), set on creation."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.timeouts is None:
             object.__setattr__(self, "timeouts", timeouts.for_backend(self.backend))
 
@@ -129,8 +133,9 @@ class Vm:
     """A running `boot` on a pty. Use Vm.boot or Vm.restore; end it with quit(),
     poweroff(), kill() or terminate() (a `with` block terminates it)."""
 
-    def __init__(self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike | str | None = None,
-                 control: bool = False):
+    def __init__(
+        self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike[str] | str | None = None, control: bool = False
+    ):
         """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path. With
         control, `boot` also listens on a control socket in a private directory (snapshot(name))."""
         self.cfg = cfg
@@ -139,7 +144,7 @@ class Vm:
         if self.control_path is not None:
             args = [*args, "--control", str(self.control_path)]
         self._ctl: Control | None = None
-        self.timeouts = cfg.timeouts
+        self.timeouts = cfg.timeouts or timeouts.for_backend(cfg.backend)
         self.argv = cfg.argv(*args)
         self.log_path = log_path
         self.restored: Restored | None = None
@@ -148,10 +153,20 @@ class Vm:
         self.child = console.spawn(self.argv, log_path=log_path, timeout=self.timeouts.boot)
 
     @classmethod
-    def boot(cls, cfg: VmConfig, *, disk: os.PathLike | str, log_path: os.PathLike | str | None = None,
-             mem: int | None = None, cpus: int | None = None, store: os.PathLike | str | None = None,
-             name: str | None = None, track_dirty: bool = False, extra: Sequence[str] = (),
-             control: bool = False) -> Vm:
+    def boot(
+        cls,
+        cfg: VmConfig,
+        *,
+        disk: os.PathLike[str] | str,
+        log_path: os.PathLike[str] | str | None = None,
+        mem: int | None = None,
+        cpus: int | None = None,
+        store: os.PathLike[str] | str | None = None,
+        name: str | None = None,
+        track_dirty: bool = False,
+        extra: Sequence[str] = (),
+        control: bool = False,
+    ) -> Vm:
         """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login()).
         With control, snapshot(name) works over the VM's control socket."""
         args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
@@ -162,9 +177,19 @@ class Vm:
         return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path, control)
 
     @classmethod
-    def restore(cls, cfg: VmConfig, spec: str, *, store: os.PathLike | str,
-                log_path: os.PathLike | str | None = None, name: str | None = None, track_dirty: bool = False,
-                extra: Sequence[str] = (), wait: bool = True, control: bool = False) -> Vm:
+    def restore(
+        cls,
+        cfg: VmConfig,
+        spec: str,
+        *,
+        store: os.PathLike[str] | str,
+        log_path: os.PathLike[str] | str | None = None,
+        name: str | None = None,
+        track_dirty: bool = False,
+        extra: Sequence[str] = (),
+        wait: bool = True,
+        control: bool = False,
+    ) -> Vm:
         """`boot --restore spec`. With wait (the default), returns once the restore is logged
         (self.restored) and the shell answers an Enter with its prompt. With control, as boot()."""
         args = ["--restore", spec] + _snapshot_args(store, name, track_dirty) + list(extra)
@@ -180,10 +205,10 @@ class Vm:
     def __enter__(self) -> Vm:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.terminate()
 
-    def control(self, path: os.PathLike | str | None = None) -> Control:
+    def control(self, path: os.PathLike[str] | str | None = None) -> Control:
         """A new connection to this VM's control socket: `path` (`--control PATH` passed in
         extra), else the socket of a VM started with control=True."""
         path = path if path is not None else self.control_path
@@ -193,16 +218,17 @@ class Vm:
 
     @property
     def pid(self) -> int:
+        assert self.child.pid is not None, "spawned"
         return self.child.pid
 
     @property
-    def match(self):
+    def match(self) -> re.Match[str]:
         """The re.Match of the last expect()."""
-        return self.child.match
+        return console.match(self.child)
 
     # The console
 
-    def expect(self, patterns, what: str, timeout: float | None = None) -> int:
+    def expect(self, patterns: str | type[pexpect.EOF] | Sequence[str], what: str, timeout: float | None = None) -> int:
         """Waits for a pattern (or one of a list: returns its index); timeout default: cmd."""
         return console.expect(self.child, patterns, self.timeouts.cmd if timeout is None else timeout, what)
 
@@ -267,8 +293,10 @@ class Vm:
         mode the layer is still being written: see snapshot_finish."""
         t0 = time.perf_counter()
         self.send(CTRL_A + "s")
-        if self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED],
-                       f"Snapshot-pause-time of '{name}'") == 1:
+        if (
+            self.expect([loglines.SNAPSHOT_PAUSE_TIME, loglines.SNAPSHOT_FAILED], f"Snapshot-pause-time of '{name}'")
+            == 1
+        ):
             raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
         return PendingSnapshot(name, t0, int(self.match.group(1)))
 
@@ -276,8 +304,12 @@ class Vm:
         """The rest of snapshot(): waits until the layer is written."""
         name = pending.name
         saved_early = device_hold_us = None
-        pats = [loglines.SNAPSHOT_WRITE_TIME, loglines.SNAPSHOT_FAILED, loglines.SNAPSHOT_SAVED_BEFORE_WRITE,
-                loglines.SNAPSHOT_DEVICE_HOLD_TIME]
+        pats = [
+            loglines.SNAPSHOT_WRITE_TIME,
+            loglines.SNAPSHOT_FAILED,
+            loglines.SNAPSHOT_SAVED_BEFORE_WRITE,
+            loglines.SNAPSHOT_DEVICE_HOLD_TIME,
+        ]
         while (i := self.expect(pats, f"Snapshot-write-time of '{name}'")) != 0:
             if i == 1:
                 raise ConsoleError(f"the VMM refused the snapshot: {self.match.group(0).strip()}")
@@ -296,15 +328,25 @@ class Vm:
         got = self.match.group(1)
         if got != kind:
             raise ConsoleError(f"expected a {kind} snapshot of '{name}', the VMM wrote a {got}")
-        return Snapshot(name, kind, pending.pause_us, write_ms, saved_early, device_hold_us, int(self.match.group(2)),
-                        float(self.match.group(3)), disk, wall)
+        return Snapshot(
+            name,
+            kind,
+            pending.pause_us,
+            write_ms,
+            saved_early,
+            device_hold_us,
+            int(self.match.group(2)),
+            float(self.match.group(3)),
+            disk,
+            wall,
+        )
 
     def wait_restored(self) -> Restored:
         """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
         reports itself from its own thread: before or after the others), presses Enter and
         waits for the shell prompt. Sets and returns self.restored."""
         pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
-        seen = {}
+        seen: dict[int, re.Match[str]] = {}
         while len(seen) < len(pats):
             i = self.expect(pats, "the Restore-time, -stages and -disk-copy lines", self.timeouts.boot)
             seen[i] = self.match
@@ -316,8 +358,14 @@ class Vm:
         self.type("\n")
         self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
         t_prompt = time.perf_counter()
-        self.restored = Restored(int(seen[0].group(1)), stages, int(seen[2].group(1)), int(seen[2].group(3)),
-                                 t_logged - self.t_spawn, t_prompt - self.t_spawn)
+        self.restored = Restored(
+            int(seen[0].group(1)),
+            stages,
+            int(seen[2].group(1)),
+            int(seen[2].group(3)),
+            t_logged - self.t_spawn,
+            t_prompt - self.t_spawn,
+        )
         return self.restored
 
     # Ending
@@ -351,7 +399,7 @@ class Vm:
             self._control_dir.cleanup()
 
 
-def _snapshot_args(store, name, track_dirty) -> list[str]:
+def _snapshot_args(store: os.PathLike[str] | str | None, name: str | None, track_dirty: bool) -> list[str]:
     args = [] if store is None else ["--store", str(store)]
     if name is not None:
         args += ["--name", name]

@@ -8,11 +8,13 @@ a host program listens (EchoServer here).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # The guest's tool (guest/tools/vsock.c), installed as /bin/vsock.
@@ -58,7 +60,7 @@ def echo_round_trip(sock: socket.socket, data: bytes) -> str:
     digest = hashlib.sha256()
     got = [0]
 
-    def reader():
+    def reader() -> None:
         while True:
             b = sock.recv(1 << 16)
             if not b:
@@ -70,7 +72,7 @@ def echo_round_trip(sock: socket.socket, data: bytes) -> str:
     t.start()
     view = memoryview(data)
     for i in range(0, len(data), 1 << 16):
-        sock.sendall(view[i:i + (1 << 16)])
+        sock.sendall(view[i : i + (1 << 16)])
     sock.shutdown(socket.SHUT_WR)
     t.join(timeout=sock.gettimeout())
     assert not t.is_alive(), "the echo did not end"
@@ -83,7 +85,7 @@ class PortServer:
     (the socket `<uds>_<port>`), one thread per connection running
     `handle(conn)`. Use as a context manager."""
 
-    def __init__(self, uds: Path | str, port: int, handle):
+    def __init__(self, uds: Path | str, port: int, handle: Callable[[socket.socket], None]):
         self.path = Path(f"{uds}_{port}")
         self.handle = handle
         self.connections = 0
@@ -91,7 +93,7 @@ class PortServer:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> "PortServer":
+    def __enter__(self) -> PortServer:
         if self.path.exists():
             self.path.unlink()
         self._sock.bind(str(self.path))
@@ -100,7 +102,7 @@ class PortServer:
         t.start()
         return self
 
-    def _accept(self):
+    def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -111,19 +113,17 @@ class PortServer:
             t.start()
             self._threads.append(t)
 
-    def _run(self, conn: socket.socket):
+    def _run(self, conn: socket.socket) -> None:
         try:
             with conn:
                 self.handle(conn)
         except BaseException as e:  # reported by the test
             self.errors.append(e)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._sock.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def echo(conn: socket.socket) -> None:
@@ -154,7 +154,7 @@ def send_timed(uds: Path | str, port: int, size: int) -> float:
         t = time.monotonic()
         left = size
         while left > 0:
-            left -= s.send(chunk[:min(left, len(chunk))])
+            left -= s.send(chunk[: min(left, len(chunk))])
         s.shutdown(socket.SHUT_WR)
         answer = read_line(s)
         secs = time.monotonic() - t
@@ -166,7 +166,7 @@ class TimedCount:
     """A PortServer handler that counts each connection's bytes, answers the
     count, and records (bytes, seconds from first byte to end)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.transfers: list[tuple[int, float]] = []
 
     def __call__(self, conn: socket.socket) -> None:

@@ -1,26 +1,45 @@
-"""Shared pytest setup for scripts/tests: import path, --backend and --gic, guest and VM fixtures."""
+"""Shared pytest setup for scripts/tests: --backend and --gic, each test's hang limit, guest and VM fixtures."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ignition import paths, timeouts  # noqa: E402
-from ignition.vm import VmConfig  # noqa: E402
+from ignition import paths, timeouts
+from ignition.vm import VmConfig
 
 GUEST_OUT = paths.GUEST_OUT
 
 
 def pytest_addoption(parser):
-    parser.addoption("--backend", choices=["emu", "hvf"], default=None,
-                     help="Ignition backend for boot tests (default: the binary's platform default)")
-    parser.addoption("--gic", choices=["userspace", "hvf"], default=None,
-                     help="interrupt controller for boot tests, passed to boot as --gic "
-                          "(default: boot's, the userspace GIC; hvf needs --backend hvf and macOS 15)")
+    parser.addoption(
+        "--backend",
+        choices=["emu", "hvf"],
+        default=None,
+        help="Ignition backend for boot tests (default: the binary's platform default)",
+    )
+    parser.addoption(
+        "--gic",
+        choices=["userspace", "hvf"],
+        default=None,
+        help="interrupt controller for boot tests, passed to boot as --gic "
+        "(default: boot's, the userspace GIC; hvf needs --backend hvf and macOS 15)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets a pytest-timeout limit from the timeout policy (timeouts.hang_limit) of
+    the backend it runs on (QEMU's too for a test marked `qemu`), unless it sets its own; a
+    test that runs `boot` (the `cfg` fixture) must be marked `e2e`."""
+    backend = config.getoption("--backend")
+    for item in items:
+        if "cfg" in item.fixturenames and item.get_closest_marker("e2e") is None:
+            raise pytest.UsageError(f"{item.nodeid} boots a VM (fixture cfg) but is not marked e2e")
+        if item.get_closest_marker("timeout") is None:
+            runs_on = [backend, "qemu"] if item.get_closest_marker("qemu") else [backend]
+            item.add_marker(pytest.mark.timeout(max(timeouts.hang_limit(b) for b in runs_on)))
 
 
 @pytest.fixture(scope="session")

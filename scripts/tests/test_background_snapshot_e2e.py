@@ -3,8 +3,9 @@
 The writer of a background layer is held at a gate (the test hook
 IGNITION_TEST_SNAPSHOT_GATE) while the guest and the devices change pages,
 and the guest rewrites a file on its disk, all of which the layer must hold
-as they were at the pause; the restored guest must see them as they were. A layer whose write fails (a full file system) leaves
-nothing behind and loses no dirty page: the next snapshot holds them.
+as they were at the pause; the restored guest must see them as they were. A
+layer whose write fails (a full file system) leaves nothing behind and loses
+no dirty page: the next snapshot holds them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 
 from ignition import loglines
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 GATE_ENV = "IGNITION_TEST_SNAPSHOT_GATE"
@@ -38,8 +41,7 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
     store = tmp_path / "store"
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="bg",
-                 log_path=tmp_path / "bg.log") as vm:
+    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="bg", log_path=tmp_path / "bg.log") as vm:
         vm.login()
         vm.sh(f"yes before | head -c {BIG} > /dev/shm/a")
         vm.sh(f"yes disk | head -c {BIG} > /root/d && sync")
@@ -57,6 +59,7 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
             assert sha(vm, "/dev/shm/a") != before
             open_gate(gate)
             snap = vm.snapshot_finish(pending, kind)
+            assert snap.saved_early is not None, "a background snapshot logs its pages saved early"
             by_guest, by_devices = snap.saved_early
             assert by_guest > 0, "no page was saved before a guest write"
             assert by_devices > 0, "no page was saved before a device write"
@@ -86,8 +89,9 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
 
 def mount_tmpfs(path, size: str):
     path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs for a full store (needs root): {r.stderr.strip()}")
 
@@ -102,8 +106,9 @@ def test_a_failed_layer_leaves_nothing_and_loses_no_dirty_page(tmp_path, guest_o
         disk = tmp_path / "rootfs.ext4"
         shutil.copyfile(guest_out / "rootfs.ext4", disk)
         ballast = small / "ballast"
-        with Vm.boot(cfg, disk=disk, mem=128, store=store, track_dirty=True, name="f",
-                     log_path=tmp_path / "f.log") as vm:
+        with Vm.boot(
+            cfg, disk=disk, mem=128, store=store, track_dirty=True, name="f", log_path=tmp_path / "f.log"
+        ) as vm:
             vm.login()
             pending = vm.snapshot_start("f")
             open_gate(gate)

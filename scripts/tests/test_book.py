@@ -3,7 +3,7 @@ every shell command it shows is run (here, or by CI) or says why it cannot be, a
 Python example it shows is run here.
 
 The reference page (book/src/reference.md) is generated from `--help` by
-scripts/cli_reference.py; the link check follows every relative link and
+`python3 -m ignition.cli_reference`; the link check follows every relative link and
 `#anchor` (mdBook's heading ids) between the book's pages; the build runs
 mdBook when it is installed (.ci/run installs it).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import console, paths
+from ignition import console, paths, timeouts
 
 BOOK = paths.REPO_ROOT / "book"
 SRC = BOOK / "src"
@@ -46,8 +46,7 @@ def test_cli_reference_matches_the_binaries_help():
     for b in (paths.boot_bin(), paths.vmstore_bin()):
         if not b.exists():
             pytest.fail(f"{b} is missing: cargo build --release first")
-    r = subprocess.run([sys.executable, str(paths.SCRIPTS / "cli_reference.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "ignition.cli_reference", "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
@@ -88,13 +87,17 @@ def test_the_link_checker_sees_broken_links(tmp_path):
 
 def mdbook() -> str | None:
     return shutil.which("mdbook") or next(
-        (str(p) for p in [Path.home() / ".cargo" / "bin" / "mdbook"] if p.exists()), None)
+        (str(p) for p in [Path.home() / ".cargo" / "bin" / "mdbook"] if p.exists()), None
+    )
 
 
 @pytest.mark.skipif(mdbook() is None, reason="mdbook is not installed (.ci/run installs it)")
 def test_the_book_builds(tmp_path):
-    r = subprocess.run([mdbook(), "build", str(BOOK), "-d", str(tmp_path / "html")],
-                       capture_output=True, text=True, timeout=300)
+    exe = mdbook()
+    assert exe is not None
+    r = subprocess.run(
+        [exe, "build", str(BOOK), "-d", str(tmp_path / "html")], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ERROR" not in r.stderr, r.stderr
     assert (tmp_path / "html" / "reference.html").exists()
@@ -110,27 +113,29 @@ CI = {
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
 }
 RUN = [
-    "scripts/snapshot_bench.py --mem 512 --runs 1",
-    "scripts/conformance.py --groups sgi,vtimer -v",
+    "python3 -m ignition.bench.snapshot --mem 512 --runs 1",
+    "python3 -m ignition.conformance --groups sgi,vtimer -v",
     "guest/conformance/build.sh --out DIR",
-    "scripts/net_bench.py --runs 1 --mib 8",
-    "scripts/oci_bench.py --full-mib 64 --runs 1",
+    "python3 -m ignition.bench.net --runs 1 --mib 8",
+    "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
     "passt -f -s /tmp/passt.sock": "an interactive session; test_net_e2e.py starts passt and boot the same way",
     "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
-                                                                     "test_net_e2e.py boots with --net stream:PATH",
-    "scripts/conformance.py --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
-    "scripts/snapshot_bench.py": "the full benchmark (about 10 minutes); the same script runs with --mem 512 --runs 1",
-    "scripts/conformance.py": "every group; the CI test runs them all (test_conformance.py) and this script "
-                              "with two groups",
+    "test_net_e2e.py boots with --net stream:PATH",
+    "python3 -m ignition.conformance --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
+    "python3 -m ignition.bench.snapshot": "the full benchmark (about 10 minutes); the same module runs with "
+    "--mem 512 --runs 1",
+    "python3 -m ignition.conformance": "every group; the CI test runs them all (test_conformance.py) and this "
+    "module with two groups",
     "vmstore push golden+3 localhost:5000/sandboxes/py:v1 --plain-http": "needs a registry at localhost:5000; "
-        "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
+    "test_oci_e2e.py pushes golden+3 the same way to its own registry on a free port",
     "vmstore --store vmstore pull localhost:5000/sandboxes/py:v1 --plain-http": "needs that registry; "
-        "test_oci_e2e.py pulls the same way from its own registry into an empty store",
+    "test_oci_e2e.py pulls the same way from its own registry into an empty store",
     "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
-    "scripts/oci_bench.py": "the full benchmark (a few minutes); the same script runs with --full-mib 64 --runs 1",
+    "python3 -m ignition.bench.oci": "the full benchmark (a few minutes); the same module runs with --full-mib 64 "
+    "--runs 1",
 }
 
 
@@ -159,23 +164,32 @@ def test_every_book_command_is_run_by_a_test_or_ci():
     assert not stale, f"listed here but no longer in the book: {stale}"
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 @pytest.mark.parametrize("cmd", RUN)
 def test_book_command_runs(cmd, tmp_path, guest_out):
     argv = [a.replace("DIR", str(tmp_path / "out")) for a in shlex.split(cmd)]
+    if argv[0] == "python3":
+        argv[0] = sys.executable  # the interpreter the package is installed in
     # Benchmarks write their results under the test's directory, not bench-results/.
     env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
-    r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)
+    # Bounded inside the test's hang limit, so that a hung benchmark's output is kept.
+    r = subprocess.run(
+        argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=0.75 * timeouts.hang_limit("qemu"), env=env
+    )
     assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
+@pytest.mark.e2e
 def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
     """`cargo run --release --bin boot` boots guest/out's disk read-write: it is put back after."""
     rootfs = guest_out / "rootfs.ext4"
     saved = tmp_path / "rootfs.ext4"
     shutil.copy2(rootfs, saved)
     try:
-        child = console.spawn(shlex.split(RUN_TO_LOGIN), log_path=tmp_path / "boot.log", timeout=600,
-                              cwd=str(paths.REPO_ROOT))
+        child = console.spawn(
+            shlex.split(RUN_TO_LOGIN), log_path=tmp_path / "boot.log", timeout=600, cwd=str(paths.REPO_ROOT)
+        )
         try:
             console.expect(child, console.LOGIN, 600, "the login prompt of cargo run --release --bin boot")
         finally:
@@ -205,14 +219,13 @@ def test_every_book_python_example_is_run():
     shown = book_python_blocks()
     assert set(shown) == set(PY_RUN), (
         f"not run (add them to PY_RUN): {sorted(set(shown) - set(PY_RUN))}; "
-        f"no longer in the book: {sorted(set(PY_RUN) - set(shown))}")
+        f"no longer in the book: {sorted(set(PY_RUN) - set(shown))}"
+    )
 
 
 def run_python(block: str, cwd: Path, timeout: float = 60) -> str:
-    """Runs `block` in a fresh interpreter in `cwd`, with the `ignition` package importable."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(paths.SCRIPTS), os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-c", block], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                       env=env)
+    """Runs `block` in a fresh interpreter in `cwd` (the `ignition` package is installed: pip install -e ./scripts)."""
+    r = subprocess.run([sys.executable, "-c", block], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -231,6 +244,7 @@ def test_book_python_vmstore_example(tmp_path):
     assert re.search(r"^\d+ bytes hashed$", out, re.M), out
 
 
+@pytest.mark.e2e
 def test_book_python_ignition_example(tmp_path, guest_out):
     """Boots a copy of the guest's disk as ./copy.ext4 and snapshots it into ./vmstore."""
     shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
@@ -240,6 +254,7 @@ def test_book_python_ignition_example(tmp_path, guest_out):
     assert (tmp_path / "vmstore" / "golden" / "manifest.json").is_file()
 
 
+@pytest.mark.e2e
 def test_book_python_control_example(tmp_path, guest_out, cfg):
     """Against a VM listening on the example's socket path (a private one in its place)."""
     from ignition.vm import Vm
@@ -248,8 +263,15 @@ def test_book_python_control_example(tmp_path, guest_out, cfg):
     sock = tmp_path / "vm.sock"
     block = book_python_blocks()[("control-socket.md", "from ignition.control import Control")]
     assert "/tmp/vm.sock" in block
-    with Vm.boot(cfg, disk=tmp_path / "copy.ext4", store=tmp_path / "vmstore", name="golden", track_dirty=True,
-                 extra=["--control", str(sock)], log_path=tmp_path / "boot.log") as vm:
+    with Vm.boot(
+        cfg,
+        disk=tmp_path / "copy.ext4",
+        store=tmp_path / "vmstore",
+        name="golden",
+        track_dirty=True,
+        extra=["--control", str(sock)],
+        log_path=tmp_path / "boot.log",
+    ) as vm:
         vm.login()
         out = run_python(block.replace("/tmp/vm.sock", str(sock)), tmp_path, 900)
         assert out.split() == ["paused"], out

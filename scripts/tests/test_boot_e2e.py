@@ -8,15 +8,20 @@ another.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import threading
 import time
 
+import pytest
+
 from ignition import console
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import CTRL_A, Vm
+
+pytestmark = pytest.mark.e2e
 
 
 def test_boot_login_uname_poweroff(cfg, disk, tmp_path):
@@ -68,8 +73,9 @@ def test_ctrl_a_x_quits_promptly(cfg, disk, tmp_path):
 
 
 def run_boot(boot_bin, *args, timeout=30):
-    return subprocess.run([str(boot_bin), *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(boot_bin), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
@@ -95,8 +101,10 @@ def test_bad_arguments_give_one_clear_line(boot_bin, guest_out, tmp_path):
 
 def test_in_kernel_gic_is_refused_on_emu(boot_bin, guest_out, tmp_path):
     """--gic hvf needs the hvf backend: one clear line, before anything starts."""
-    for extra in (["--disk", str(guest_out / "rootfs.ext4")],
-                  ["--restore", "golden", "--store", str(tmp_path / "store")]):
+    for extra in (
+        ["--disk", str(guest_out / "rootfs.ext4")],
+        ["--restore", "golden", "--store", str(tmp_path / "store")],
+    ):
         r = run_boot(boot_bin, "--gic", "hvf", "--backend", "emu", *extra)
         assert r.returncode != 0, r.stderr
         lines = r.stderr.strip().splitlines()
@@ -111,11 +119,13 @@ def test_console_works_on_a_pipe(cfg, disk):
     """stdin and stdout are pipes (no terminal): login, a command, poweroff."""
     argv = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk))
     p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert p.stdin is not None and isinstance(p.stdout, io.BufferedReader)
+    stdin, stdout = p.stdin, p.stdout
     out = bytearray()
     seen = threading.Condition()
 
     def reader():
-        for chunk in iter(lambda: p.stdout.read1(4096), b""):
+        for chunk in iter(lambda: stdout.read1(4096), b""):
             with seen:
                 out.extend(chunk)
                 seen.notify_all()
@@ -129,8 +139,8 @@ def test_console_works_on_a_pipe(cfg, disk):
 
     def type_slowly(text: str):
         for i in range(0, len(text), 8):
-            p.stdin.write(text[i:i + 8].encode())
-            p.stdin.flush()
+            stdin.write(text[i : i + 8].encode())
+            stdin.flush()
             time.sleep(0.02)
 
     try:
@@ -159,9 +169,9 @@ def test_terminal_is_restored_after_sigterm(cfg, disk, tmp_path):
         assert len(pids) == 1, pids
         os.kill(int(pids[0]), signal.SIGTERM)
         console.expect(child, r"status=(\d+)", t.cmd, "boot's exit status")
-        assert int(child.match.group(1)) == 128 + signal.SIGTERM
+        assert int(console.match(child).group(1)) == 128 + signal.SIGTERM
         console.expect(child, r"(-?)icanon", t.cmd, "stty output")
-        assert child.match.group(1) == "", "the terminal was left in raw mode (-icanon)"
+        assert console.match(child).group(1) == "", "the terminal was left in raw mode (-icanon)"
         console.wait_exit(child, t.cmd)
     finally:
         console.terminate(child)

@@ -19,8 +19,7 @@ import pytest
 from ignition import conformance, paths, qemu, timeouts
 from ignition.conformance import GROUPS, Result
 
-EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {
-}
+EMU_KNOWN_GAPS: dict[str, tuple[set[str], str]] = {}
 """group -> (the checks that fail on emu today, the xfail reason naming what is missing)."""
 
 
@@ -50,12 +49,16 @@ def qemu_results(images) -> dict[str, Result]:
     return {g: conformance.run_qemu(g, images) for g in GROUPS}
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_qemu_reference(group, qemu_results):
     r = qemu_results[group]
     assert r.status == "pass", r.explain()
 
 
+@pytest.mark.e2e
+@pytest.mark.qemu
 def test_qemu_enters_at_el1_with_psci_over_hvc(qemu_results):
     # What the images assume of both machines: EL1 entry, PSCI through HVC as the DTB says.
     for r in qemu_results.values():
@@ -68,8 +71,10 @@ def run_cases():
     return [(g, False) for g in GROUPS] + [(g, True) for g, grp in GROUPS.items() if grp.paused]
 
 
-@pytest.mark.parametrize("group,across_snapshot", run_cases(),
-                         ids=[f"{g}{'+snapshot' if s else ''}" for g, s in run_cases()])
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "group,across_snapshot", run_cases(), ids=[f"{g}{'+snapshot' if s else ''}" for g, s in run_cases()]
+)
 def test_ignition(group, across_snapshot, images, boot_bin, backend, gic, request):
     on_emu = (backend or timeouts.default_backend()) == "emu"
     known, reason = EMU_KNOWN_GAPS.get(group, (set(), "")) if on_emu else (set(), "")
@@ -83,8 +88,9 @@ def test_ignition(group, across_snapshot, images, boot_bin, backend, gic, reques
     if known and failed == known and r.problem is None:
         raise KnownGap(r.explain())
     if known and failed < known:
-        raise AssertionError(f"{', '.join(sorted(known - failed))} now pass: remove them from EMU_KNOWN_GAPS\n"
-                             + r.explain())
+        raise AssertionError(
+            f"{', '.join(sorted(known - failed))} now pass: remove them from EMU_KNOWN_GAPS\n" + r.explain()
+        )
     raise AssertionError(r.explain())
 
 
@@ -93,13 +99,15 @@ def test_images_are_arm64_images(images):
     # BSS, flags 0 (little-endian, page size unspecified), magic "ARM\x64".
     for g, path in conformance.images(images).items():
         data = path.read_bytes()
-        header = {k: int.from_bytes(data[o:o + n], "little") for k, o, n in
-                  (("code0", 0, 4), ("text_offset", 8, 8), ("image_size", 16, 8), ("flags", 24, 8))}
+        header = {
+            k: int.from_bytes(data[o : o + n], "little")
+            for k, o, n in (("code0", 0, 4), ("text_offset", 8, 8), ("image_size", 16, 8), ("flags", 24, 8))
+        }
         assert header["code0"] >> 26 == 0b000101, f"{g}: code0 is not a B instruction"
         assert header["text_offset"] == 0x80000, g
         assert header["image_size"] >= len(data), g
         assert header["flags"] == 0, g
-        assert data[0x38:0x3c] == b"ARM\x64", g
+        assert data[0x38:0x3C] == b"ARM\x64", g
 
 
 def test_build_is_reproducible(images, tmp_path):
@@ -137,7 +145,9 @@ def test_parse_console():
 
 def test_parse_names_the_check_a_run_died_in():
     # Killed (hang) or exited without RESULT: the check that had started fails with the reason.
-    hung = conformance.parse(Result("demo", "emu", problem="killed after 60 s (hang)"), "# check a\nPASS a\n# check b\n")
+    hung = conformance.parse(
+        Result("demo", "emu", problem="killed after 60 s (hang)"), "# check a\nPASS a\n# check b\n"
+    )
     assert hung.status == "fail" and hung.checks == {"a": None, "b": "killed after 60 s (hang)"}
     crashed = conformance.parse(Result("demo", "emu", exit_code=1), "# check a\n")
     assert crashed.status == "fail" and crashed.checks == {"a": "no RESULT line (exit status 1)"}

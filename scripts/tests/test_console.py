@@ -14,8 +14,7 @@ FAKE_CONSOLE = 'stty {echo}; printf "box login: "; read user; echo "welcome $use
 
 @pytest.fixture(params=["echo", "-echo"])
 def console(request, tmp_path):
-    child = harness.spawn(["sh", "-c", FAKE_CONSOLE.format(echo=request.param)],
-                          log_path=tmp_path / "console.log")
+    child = harness.spawn(["sh", "-c", FAKE_CONSOLE.format(echo=request.param)], log_path=tmp_path / "console.log")
     yield child
     harness.terminate(child)
 

@@ -13,8 +13,10 @@ import time
 import pytest
 
 from ignition import store as vmstore
-from ignition.control import Control, ControlError
+from ignition.control import ControlError
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 
@@ -24,8 +26,16 @@ def vm_and_socket(tmp_path, guest_out, cfg):
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     path = tmp_path / "ctl.sock"
-    vm = Vm.boot(cfg, disk=disk, mem=MEM, store=tmp_path / "store", track_dirty=True, name="c",
-                 log_path=tmp_path / "c.log", extra=["--control", str(path)])
+    vm = Vm.boot(
+        cfg,
+        disk=disk,
+        mem=MEM,
+        store=tmp_path / "store",
+        track_dirty=True,
+        name="c",
+        log_path=tmp_path / "c.log",
+        extra=["--control", str(path)],
+    )
     try:
         vm.login()
         yield vm, path
@@ -74,8 +84,9 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         c.quit()
     assert vm.wait_exit() == 0
 
-    with Vm.restore(cfg, "c-two", store=tmp_path / "store", log_path=tmp_path / "r.log",
-                    extra=["--control", str(path)]) as r:
+    with Vm.restore(
+        cfg, "c-two", store=tmp_path / "store", log_path=tmp_path / "r.log", extra=["--control", str(path)]
+    ) as r:
         with r.control(path) as c:
             assert c.status()["restored_from"] == "c-two"
         assert r.sh("cat /dev/shm/marker") == "12345"
@@ -117,8 +128,13 @@ def test_the_socket_path_is_checked(vm_and_socket, tmp_path, cfg, guest_out):
     plain = tmp_path / "plain"
     plain.write_text("keep")
     for target, why in ((path, "in use"), (plain, "not a socket")):
-        r = subprocess.run(cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk), "--control", str(target)),
-                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            cfg.argv("--kernel", str(cfg.kernel), "--disk", str(disk), "--control", str(target)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode != 0 and why in r.stderr, r.stderr
     assert plain.read_text() == "keep"
     with vm.control(path) as c:
@@ -128,8 +144,9 @@ def test_the_socket_path_is_checked(vm_and_socket, tmp_path, cfg, guest_out):
 def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
     """The harness's Vm.snapshot(name) goes through the socket of a VM started with control=True."""
     store = tmp_path / "store"
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="h", control=True,
-                 log_path=tmp_path / "h.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="h", control=True, log_path=tmp_path / "h.log"
+    ) as vm:
         vm.login()
         vm.sh("echo via-control > /root/m && sync")
         first = vm.snapshot("h")
@@ -138,7 +155,7 @@ def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
         assert (second.name, second.kind) == ("h-two", "diff")
         assert vm.quit() == 0
     with Vm.restore(cfg, "h+1", store=store, log_path=tmp_path / "r.log") as vm:
-        assert vm.restored.restore_ms >= 0
+        assert vm.restored is not None and vm.restored.restore_ms >= 0
         assert vm.sh("cat /root/m") == "via-control"
         assert vm.quit() == 0
 
@@ -151,8 +168,16 @@ def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkey
     monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_GATE", str(gate))
     store = tmp_path / "store"
     path = tmp_path / "ctl.sock"
-    vm = Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q",
-                 log_path=tmp_path / "q.log", extra=["--control", str(path)])
+    vm = Vm.boot(
+        cfg,
+        disk=disk,
+        mem=MEM,
+        store=store,
+        track_dirty=True,
+        name="q",
+        log_path=tmp_path / "q.log",
+        extra=["--control", str(path)],
+    )
     try:
         vm.login()
         answers: list[dict] = []

@@ -22,11 +22,15 @@ import pytest
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 CYCLES = 3
 ONLINE = "/sys/devices/system/cpu/cpu1/online"
 # What a kernel prints when something went wrong.
-TROUBLE = re.compile(r"Oops|Internal error|Kernel panic|BUG:|WARNING:|Unable to handle|"
-                     r"failed to come online|rcu_sched self-detected|rcu: INFO")
+TROUBLE = re.compile(
+    r"Oops|Internal error|Kernel panic|BUG:|WARNING:|Unable to handle|"
+    r"failed to come online|rcu_sched self-detected|rcu: INFO"
+)
 
 
 def login(vm: Vm):
@@ -34,8 +38,10 @@ def login(vm: Vm):
     vm.login()
     status, _ = vm.sh_status(f"test -e {ONLINE}")
     if status != 0:
-        pytest.skip(f"the guest kernel has no CPU hotplug ({ONLINE} missing): "
-                    "build it with CONFIG_HOTPLUG_CPU=y (guest/kernel.fragment)")
+        pytest.skip(
+            f"the guest kernel has no CPU hotplug ({ONLINE} missing): "
+            "build it with CONFIG_HOTPLUG_CPU=y (guest/kernel.fragment)"
+        )
 
 
 def set_cpu1(vm: Vm, online: bool):
@@ -58,8 +64,9 @@ def cpu1_works(vm: Vm):
     status, _ = vm.sh_status("command -v taskset")
     if status == 0:
         # Field 39 of /proc/self/stat: the CPU the task last ran on.
-        cpu = vm.sh("taskset 2 sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; "
-                    "cut -d\" \" -f39 /proc/self/stat'")
+        cpu = vm.sh(
+            "taskset 2 sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cut -d\" \" -f39 /proc/self/stat'"
+        )
         assert cpu == "1", f"a task pinned to cpu1 ran on cpu{cpu}"
     before = cpu_busy_ticks(vm)["cpu1"]
     vm.sh("for i in 1 2; do (while :; do :; done) & done")

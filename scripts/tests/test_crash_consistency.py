@@ -26,9 +26,13 @@ import shutil
 import signal
 import time
 
+import pytest
+
 from ignition import loglines
 from ignition import store as vmstore
 from ignition.vm import CTRL_A, Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 128  # MiB: a full layer is written (and verified) many times
 KILLS = {"full": 10, "diff": 12}  # after a random delay, per kind
@@ -76,8 +80,9 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     for r, kind in enumerate(["full", "diff"] * 2):
         name = f"ref-{r}-{kind}"
         refs.append(name)
-        with Vm.restore(cfg, "golden", store=store, name=name, track_dirty=kind == "diff",
-                        log_path=logs / f"{name}.log") as vm:
+        with Vm.restore(
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+        ) as vm:
             dirty(vm, r)
             expected_s[kind] = max(expected_s[kind], vm.snapshot(name, kind).console_wall_s)
             assert vm.quit() == 0
@@ -88,8 +93,9 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     for i, (kind, delay) in enumerate(kills):
         name = f"kill-{i:02d}-{kind}"
         names.append(name)
-        with Vm.restore(cfg, "golden", store=store, name=name, track_dirty=kind == "diff",
-                        log_path=logs / f"{name}.log") as vm:
+        with Vm.restore(
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+        ) as vm:
             dirty(vm, i)
             t0 = time.perf_counter()
             vm.send(CTRL_A + "s")
@@ -99,32 +105,37 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
                 time.sleep(delay)
             waited = time.perf_counter() - t0
             assert vm.kill(signal.SIGKILL) == 128 + signal.SIGKILL, f"{name}: seed {seed}"
-        print(f"{name}: killed {waited * 1000:.0f} ms after Ctrl-A s{' (on commit)' if delay is None else ''}; "
-              f"layer {'present' if (store / name).exists() else 'absent'}")
+        print(
+            f"{name}: killed {waited * 1000:.0f} ms after Ctrl-A s{' (on commit)' if delay is None else ''}; "
+            f"layer {'present' if (store / name).exists() else 'absent'}"
+        )
 
     # Before gc: only layers (under names we gave) and work entries; no half-written layer.
     layers = vmstore.layer_names(store)
     left = vmstore.work_entries(store)
-    kinds = {k: sum(e.startswith(k) or f"/{k}" in e for e in left)
-             for k in (".tmp-run-", ".tmp-", ".del-", vmstore.VERIFIED_TMP_PREFIX)}
+    kinds = {
+        k: sum(e.startswith(k) or f"/{k}" in e for e in left)
+        for k in (".tmp-run-", ".tmp-", ".del-", vmstore.VERIFIED_TMP_PREFIX)
+    }
     kinds[".tmp-"] -= kinds[".tmp-run-"]
     print(f"before gc: {len(layers)} layers; work entries: {kinds}")
     assert set(layers) <= {"golden", *refs, *names}, f"seed {seed}: {layers}"
     for entry in store.iterdir():
-        assert entry.name in layers or entry.name.startswith(vmstore.WORK_PREFIXES), \
+        assert entry.name in layers or entry.name.startswith(vmstore.WORK_PREFIXES), (
             f"seed {seed}: {entry.name} is neither a layer nor a work directory"
+        )
 
-    r = vmstore.vmstore(store, "verify", "--all")
-    assert r.returncode == 0, f"seed {seed}: {r.stdout}{r.stderr}"
+    res = vmstore.vmstore(store, "verify", "--all")
+    assert res.returncode == 0, f"seed {seed}: {res.stdout}{res.stderr}"
     for name in layers:
-        assert f"ok   {name} (" in r.stdout, f"seed {seed}: {name} not verified: {r.stdout}"
+        assert f"ok   {name} (" in res.stdout, f"seed {seed}: {name} not verified: {res.stdout}"
 
-    r = vmstore.vmstore(store, "gc")
-    assert r.returncode == 0, f"seed {seed}: {r.stdout}{r.stderr}"
-    assert vmstore.work_entries(store) == [], f"seed {seed}: gc left {vmstore.work_entries(store)}\n{r.stdout}"
+    res = vmstore.vmstore(store, "gc")
+    assert res.returncode == 0, f"seed {seed}: {res.stdout}{res.stderr}"
+    assert vmstore.work_entries(store) == [], f"seed {seed}: gc left {vmstore.work_entries(store)}\n{res.stdout}"
     assert vmstore.layer_names(store) == layers, f"seed {seed}: gc changed the layers"
-    r = vmstore.vmstore(store, "verify", "--all")
-    assert r.returncode == 0, f"seed {seed}: after gc: {r.stdout}{r.stderr}"
+    res = vmstore.vmstore(store, "verify", "--all")
+    assert res.returncode == 0, f"seed {seed}: after gc: {res.stdout}{res.stderr}"
 
     # Every present layer restores to a shell with golden's disk; the parent too.
     for name in [n for n in layers if n != "golden"] + ["golden"]:

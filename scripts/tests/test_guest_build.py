@@ -23,13 +23,16 @@ def test_help():
     assert "--page-size 4k|16k" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--page-size", "64k"], "invalid --page-size '64k'"),
-    (["--page-size=8k"], "invalid --page-size '8k'"),
-    (["--bogus"], "unknown option: --bogus"),
-    (["--jobs", "0"], "invalid --jobs '0'"),
-    (["--out"], "option --out needs a value"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--page-size", "64k"], "invalid --page-size '64k'"),
+        (["--page-size=8k"], "invalid --page-size '8k'"),
+        (["--bogus"], "unknown option: --bogus"),
+        (["--jobs", "0"], "invalid --jobs '0'"),
+        (["--out"], "option --out needs a value"),
+    ],
+)
 def test_usage_errors(args, message):
     r = run_build(*args)
     assert r.returncode == 2
@@ -41,7 +44,8 @@ def write_kconfig_tree(root: Path) -> None:
     (root / "arch" / "arm64").mkdir(parents=True)
     (root / "Kconfig").write_text(
         "config PRINTK\n\tbool\nconfig NR_CPUS\n\tint\nmenuconfig SOUND\n\ttristate\n"
-        "config PROC_FS\n\tbool\nconfig EFI\n\tbool\n")
+        "config PROC_FS\n\tbool\nconfig EFI\n\tbool\n"
+    )
     (root / "arch" / "arm64" / "Kconfig").write_text("config ARM64_USE_LSE_ATOMICS\n\tbool\n")
 
 
@@ -50,28 +54,37 @@ def check_config(tmp_path: Path, fragment: str, dotconfig: str) -> subprocess.Co
     write_kconfig_tree(src)
     (tmp_path / "frag").write_text(fragment)
     (tmp_path / ".config").write_text(dotconfig)
-    return subprocess.run([str(GUEST / "check-config.sh"), str(tmp_path / "frag"), str(tmp_path / ".config"),
-                           str(src)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(GUEST / "check-config.sh"), str(tmp_path / "frag"), str(tmp_path / ".config"), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 DOTCONFIG = "CONFIG_PRINTK=y\nCONFIG_NR_CPUS=8\nCONFIG_PROC_FS=y\nCONFIG_ARM64_USE_LSE_ATOMICS=y\n"
 
 
 def test_config_check_accepts_matching_config(tmp_path):
-    r = check_config(tmp_path, "# comment\n\nCONFIG_PRINTK=y\nCONFIG_NR_CPUS=8\n"
-                     "CONFIG_ARM64_USE_LSE_ATOMICS=y\n# CONFIG_EFI is not set\n", DOTCONFIG)
+    r = check_config(
+        tmp_path,
+        "# comment\n\nCONFIG_PRINTK=y\nCONFIG_NR_CPUS=8\nCONFIG_ARM64_USE_LSE_ATOMICS=y\n# CONFIG_EFI is not set\n",
+        DOTCONFIG,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all 4 fragment options as requested" in r.stdout
 
 
 def test_config_check_names_dropped_options(tmp_path):
-    r = check_config(tmp_path,
-                     "CONFIG_PRINTK=y\n"
-                     "CONFIG_ARM64_USE_LSE_ATOMIC=y\n"       # misspelt: no Kconfig defines it
-                     "CONFIG_NR_CPUS=4\n"                    # other value in .config
-                     "CONFIG_SOUND=y\n"                      # defined, absent from .config
-                     "# CONFIG_PROC_FS is not set\n",        # set in .config
-                     DOTCONFIG)
+    r = check_config(
+        tmp_path,
+        "CONFIG_PRINTK=y\n"
+        "CONFIG_ARM64_USE_LSE_ATOMIC=y\n"  # misspelt: no Kconfig defines it
+        "CONFIG_NR_CPUS=4\n"  # other value in .config
+        "CONFIG_SOUND=y\n"  # defined, absent from .config
+        "# CONFIG_PROC_FS is not set\n",  # set in .config
+        DOTCONFIG,
+    )
     assert r.returncode == 1
     out = r.stdout
     assert "CONFIG_ARM64_USE_LSE_ATOMIC: no Kconfig defines it" in out
@@ -111,10 +124,14 @@ def test_refuses_macos_with_instructions(tmp_path):
 def test_missing_package_is_named(tmp_path):
     # dpkg-query that reports bison as not installed and defers to the real one otherwise.
     real = subprocess.run(["sh", "-c", "command -v dpkg-query"], capture_output=True, text=True).stdout.strip()
-    fake_tool(tmp_path / "bin", "dpkg-query",
-              f'for a; do [ "$a" = bison ] && {{ echo not-installed; exit 0; }}; done\nexec {real} "$@"\n')
-    r = run_build_with_path(tmp_path / "bin", "--no-install", "--out", str(tmp_path / "out"),
-                            "--cache", str(tmp_path / "cache"))
+    fake_tool(
+        tmp_path / "bin",
+        "dpkg-query",
+        f'for a; do [ "$a" = bison ] && {{ echo not-installed; exit 0; }}; done\nexec {real} "$@"\n',
+    )
+    r = run_build_with_path(
+        tmp_path / "bin", "--no-install", "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")
+    )
     assert r.returncode == 1
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert errors == ["[guest] error: missing package(s): bison; install with: sudo apt-get install bison"]

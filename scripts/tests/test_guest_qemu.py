@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from ignition import console
-from ignition import qemu, timeouts
-from ignition.paths import SCRIPTS
+from ignition import console, qemu, timeouts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.qemu]
 
 TIMEOUTS = timeouts.for_backend("qemu")
 BOOT_TIMEOUT = TIMEOUTS.boot
 CMD_TIMEOUT = TIMEOUTS.cmd
-QEMU_BOOT = SCRIPTS / "qemu_boot.py"
+QEMU_BOOT = [sys.executable, "-m", "ignition.qemu_boot"]
 
 
 @pytest.fixture(autouse=True)
@@ -100,20 +100,32 @@ def test_boottimer_cmdline(guest_out, tmp_path, boottimer, expected):
 
 
 def test_qemu_boot_script(guest_out):
-    """scripts/qemu_boot.py end to end: runs the commands, prints output, exits 0, leaves guest/out alone."""
-    r = subprocess.run([sys.executable, str(QEMU_BOOT), "--cmd", "echo hello-$((6*7))", "--cmd", "uname -m",
-                        "--cmd", "touch /written-by-test"],
-                       capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
+    """python3 -m ignition.qemu_boot end to end: runs the commands, prints output, exits 0, leaves guest/out alone."""
+    r = subprocess.run(
+        [*QEMU_BOOT, "--cmd", "echo hello-$((6*7))", "--cmd", "uname -m", "--cmd", "touch /written-by-test"],
+        capture_output=True,
+        text=True,
+        timeout=BOOT_TIMEOUT + 60,
+    )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["# echo hello-$((6*7))", "hello-42", "# uname -m", "aarch64",
-                                     "# touch /written-by-test"]
+    assert r.stdout.splitlines() == [
+        "# echo hello-$((6*7))",
+        "hello-42",
+        "# uname -m",
+        "aarch64",
+        "# touch /written-by-test",
+    ]
     manifest = json.loads((guest_out / "guest.json").read_text())
     digest = hashlib.sha256((guest_out / "rootfs.ext4").read_bytes()).hexdigest()
     assert digest == manifest["files"]["rootfs.ext4"]["sha256"], "qemu.py modified guest/out/rootfs.ext4"
 
 
 def test_qemu_boot_script_reports_failed_command(guest_out):
-    r = subprocess.run([sys.executable, str(QEMU_BOOT), "--cmd", "exit_code_test() { return 7; }; exit_code_test"],
-                       capture_output=True, text=True, timeout=BOOT_TIMEOUT + 60)
+    r = subprocess.run(
+        [*QEMU_BOOT, "--cmd", "exit_code_test() { return 7; }; exit_code_test"],
+        capture_output=True,
+        text=True,
+        timeout=BOOT_TIMEOUT + 60,
+    )
     assert r.returncode == 1
     assert "exited with status 7" in r.stderr

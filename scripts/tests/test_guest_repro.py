@@ -11,22 +11,34 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from ignition.paths import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 BUILD = REPO_ROOT / "guest" / "build.sh"
+BUILD_TIMEOUT = 3600  # s, one build (not a VM: the timeout policy's backends do not apply)
 OUTPUTS = ("Image", "rootfs.ext4", "guest.json")
 
 
 def build(out, tmpdir, umask):
     env = dict(os.environ, TMPDIR=str(tmpdir))
     tmpdir.mkdir()
-    r = subprocess.run([str(BUILD), "--out", str(out)], env=env, capture_output=True, text=True,
-                       timeout=3600, preexec_fn=lambda: os.umask(umask))
+    r = subprocess.run(
+        [str(BUILD), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        preexec_fn=lambda: os.umask(umask),
+    )
     assert r.returncode == 0, f"build.sh failed:\n{r.stdout}\n{r.stderr}"
     assert "[guest] rootfs: building" in r.stdout, r.stdout
     return r.stdout
 
 
+@pytest.mark.timeout(2 * BUILD_TIMEOUT + 600)
 def test_two_builds_identical(guest_out, tmp_path):
     a, b = tmp_path / "out-a", tmp_path / "elsewhere" / "out-b"
     build(a, tmp_path / "tmp-a", 0o022)

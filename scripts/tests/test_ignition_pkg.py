@@ -15,8 +15,9 @@ def test_disk_clone_lines():
     assert d == loglines.DiskClone("sparse copy", 34, 256, False, 0)
     d = loglines.parse_disk_clone("sparse copy (40 of 256 chunks hashed: 3 copied before a guest write)")
     assert d == loglines.DiskClone("sparse copy", 40, 256, False, 3)
-    d = loglines.parse_disk_clone("FICLONE (0 of 256 chunks hashed: unchanged since the parent, its image and "
-                                  "digests reused)")
+    d = loglines.parse_disk_clone(
+        "FICLONE (0 of 256 chunks hashed: unchanged since the parent, its image and digests reused)"
+    )
     assert d == loglines.DiskClone("FICLONE", 0, 256, True, 0)
     for bad in ("sparse copy", "copy (x of 2 chunks hashed)", "a (b) (1 of 2 chunks hashed)"):
         with pytest.raises(ValueError):
@@ -24,26 +25,39 @@ def test_disk_clone_lines():
 
 
 def test_restore_lines():
-    line = ("Restore-stages: total 3944 us, resolve 181 us, verify wait 156 us (verify 99 us), map base 20 us, "
-            "overlay 1 us, state 182 us, VM create 21 us, GIC 1 us, devices 16 us, vCPUs 3279 us\r\n")
+    line = (
+        "Restore-stages: total 3944 us, resolve 181 us, verify wait 156 us (verify 99 us), map base 20 us, "
+        "overlay 1 us, state 182 us, VM create 21 us, GIC 1 us, devices 16 us, vCPUs 3279 us\r\n"
+    )
     m = re.search(loglines.RESTORE_STAGES, line)
+    assert m
     st = loglines.parse_restore_stages(m.group(1))
     assert st.total_us == 3944
-    assert list(st.stages_us) == ["resolve", "verify wait", "map base", "overlay", "state", "VM create", "GIC",
-                                  "devices", "vCPUs"]
+    assert list(st.stages_us) == [
+        "resolve",
+        "verify wait",
+        "map base",
+        "overlay",
+        "state",
+        "VM create",
+        "GIC",
+        "devices",
+        "vCPUs",
+    ]
     assert st.stages_us["verify wait"] == 156 and st.parallel_us == {"verify": 99}
     with pytest.raises(ValueError, match="lacks the total"):
         loglines.parse_restore_stages("resolve 1 us, vCPUs 2 us")
     with pytest.raises(ValueError, match="cannot parse"):
         loglines.parse_restore_stages("total 1 us, resolve soon")
-    m = re.search(loglines.RESTORE_DISK_COPY, "Restore-disk-copy = 19101 us (sparse copy); ready 19367 us after "
-                                              "restore start")
-    assert m.groups() == ("19101", "sparse copy", "19367")
+    m = re.search(
+        loglines.RESTORE_DISK_COPY, "Restore-disk-copy = 19101 us (sparse copy); ready 19367 us after restore start"
+    )
+    assert m and m.groups() == ("19101", "sparse copy", "19367")
 
 
 def test_snapshot_lines():
     m = re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'd.2' (685 pages, 10.7 MiB) written")
-    assert m.groups() == ("diff", "685", "10.7")
+    assert m and m.groups() == ("diff", "685", "10.7")
     assert not re.search(loglines.snapshot_written("d.2"), "[snapshot] diff 'dx2' (685 pages, 10.7 MiB) written")
     assert re.search(loglines.snapshot_failed("x"), "[snapshot] 'x' failed, nothing was written: exists")
     assert re.search(loglines.SNAPSHOT_FAILED, "[snapshot] refused: no snapshot name (start boot with --name NAME)")
@@ -66,10 +80,23 @@ def test_timeouts_scale_by_backend(monkeypatch):
         timeouts.for_backend("kvm")
 
 
+def test_hang_limits_follow_the_policy(monkeypatch):
+    monkeypatch.delenv(timeouts.SCALE_ENV, raising=False)
+    assert timeouts.hang_limit("emu") == timeouts.TEST_BOOTS * timeouts.BASE.boot >= 600
+    assert timeouts.hang_limit("hvf") == timeouts.SCALE["hvf"] * timeouts.hang_limit("emu")
+    monkeypatch.setenv(timeouts.SCALE_ENV, "2")
+    assert timeouts.hang_limit("qemu") == 2 * timeouts.TEST_BOOTS * timeouts.BASE.boot
+
+
+def test_each_test_gets_its_backends_hang_limit(request, backend):
+    """conftest.py gives every test without a limit of its own the policy's (pytest-timeout)."""
+    (limit,) = request.node.get_closest_marker("timeout").args
+    assert limit == timeouts.hang_limit(backend)
+
+
 def test_vm_config_argv(tmp_path):
     cfg = VmConfig(boot=tmp_path / "boot", backend="hvf", gic="hvf")
-    assert cfg.argv("--restore", "a") == [str(tmp_path / "boot"), "--restore", "a", "--backend", "hvf",
-                                          "--gic", "hvf"]
+    assert cfg.argv("--restore", "a") == [str(tmp_path / "boot"), "--restore", "a", "--backend", "hvf", "--gic", "hvf"]
     assert VmConfig(boot=tmp_path / "boot").argv() == [str(tmp_path / "boot")]
 
 
@@ -79,8 +106,12 @@ def test_store_listing(tmp_path):
     (tmp_path / "stray").write_text("")
     (tmp_path / "d1" / ".verified.json.tmp-4242-00ff").write_text("")
     assert store.layer_names(tmp_path) == ["d1", "golden"]
-    assert store.work_entries(tmp_path) == [".del-x-1-ab", ".tmp-d2-4242-00ff", ".tmp-run-4242-00ff",
-                                            "d1/.verified.json.tmp-4242-00ff"]
+    assert store.work_entries(tmp_path) == [
+        ".del-x-1-ab",
+        ".tmp-d2-4242-00ff",
+        ".tmp-run-4242-00ff",
+        "d1/.verified.json.tmp-4242-00ff",
+    ]
 
 
 def test_the_package_builds_as_a_wheel(tmp_path):
@@ -96,10 +127,14 @@ def test_the_package_builds_as_a_wheel(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(SCRIPTS / "ignition", src / "ignition", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(SCRIPTS / "pyproject.toml", src)
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     (wheel,) = tmp_path.glob("ignition-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    modules = {f"ignition/{p.name}" for p in (SCRIPTS / "ignition").glob("*.py")}
+    modules = {p.relative_to(SCRIPTS).as_posix() for p in (SCRIPTS / "ignition").rglob("*.py")}
     assert modules <= names, modules - names

@@ -23,8 +23,11 @@ import pytest
 from ignition import net
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 MEM = 512
 BIG = 64 << 20
+
 
 def wait_for_lease(vm: Vm) -> str:
     """Waits (bounded, generously) for eth0's DHCP lease; returns the gateway."""
@@ -40,9 +43,9 @@ def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_disk, cfg):
     with net.Passt(tmp_path) as passt, net.LoopbackHttp() as http:
         page_sum = http.add("page", page)
         big_sum = http.add("big", big)
-        with Vm.boot(cfg, disk=guest_disk, mem=MEM,
-                     extra=["--net", f"stream:{passt.socket}"],
-                     log_path=tmp_path / "boot.log") as vm:
+        with Vm.boot(
+            cfg, disk=guest_disk, mem=MEM, extra=["--net", f"stream:{passt.socket}"], log_path=tmp_path / "boot.log"
+        ) as vm:
             vm.login()
             gw = wait_for_lease(vm)
             url = f"http://{gw}:{http.port}"
@@ -64,27 +67,37 @@ def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_disk,
     page = os.urandom(50_000)
     with net.LoopbackHttp() as http:
         page_sum = http.add("page", page)
-        with net.Passt(tmp_path, "a.sock") as a:
-            with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
-                         track_dirty=True, name="netbase",
-                         extra=["--net", f"stream:{a.socket}"],
-                         log_path=tmp_path / "boot.log") as vm:
-                vm.login()
-                gw = wait_for_lease(vm)
-                mac = vm.sh("cat /sys/class/net/eth0/address")
-                vm.snapshot("netbase", "full")
-                assert vm.quit() == 0
+        with (
+            net.Passt(tmp_path, "a.sock") as a,
+            Vm.boot(
+                cfg,
+                disk=guest_disk,
+                mem=MEM,
+                store=store,
+                track_dirty=True,
+                name="netbase",
+                extra=["--net", f"stream:{a.socket}"],
+                log_path=tmp_path / "boot.log",
+            ) as vm,
+        ):
+            vm.login()
+            gw = wait_for_lease(vm)
+            mac = vm.sh("cat /sys/class/net/eth0/address")
+            vm.snapshot("netbase", "full")
+            assert vm.quit() == 0
         # passt a is gone; b is new, at another path.
-        with net.Passt(tmp_path, "b.sock") as b:
-            with Vm.restore(cfg, "netbase", store=store, extra=["--net", f"stream:{b.socket}"],
-                            log_path=tmp_path / "restore.log") as vm:
-                assert vm.sh("cat /sys/class/net/eth0/address") == mac
-                # (timeout, not wget -T: busybox 1.35's wget crashes with -T,
-                # under QEMU as here.)
-                got = vm.sh(f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum",
-                            timeout=120)
-                assert got.split()[0] == page_sum
-                assert vm.quit() == 0
+        with (
+            net.Passt(tmp_path, "b.sock") as b,
+            Vm.restore(
+                cfg, "netbase", store=store, extra=["--net", f"stream:{b.socket}"], log_path=tmp_path / "restore.log"
+            ) as vm,
+        ):
+            assert vm.sh("cat /sys/class/net/eth0/address") == mac
+            # (timeout, not wget -T: busybox 1.35's wget crashes with -T,
+            # under QEMU as here.)
+            got = vm.sh(f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum", timeout=120)
+            assert got.split()[0] == page_sum
+            assert vm.quit() == 0
 
     # The device set must match the snapshot's, and the MAC is the snapshot's.
     boot = cfg.argv("--restore", "netbase", "--store", str(store))
@@ -94,32 +107,34 @@ def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_disk,
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(tmp_path / "l.sock"))
         listener.listen()
-        r = subprocess.run([*boot, "--net", f"stream:{tmp_path}/l.sock", "--mac",
-                            "52:54:00:00:00:01"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [*boot, "--net", f"stream:{tmp_path}/l.sock", "--mac", "52:54:00:00:00:01"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode != 0 and "cannot restore virtio-net" in r.stderr, r.stderr
     assert f"MAC {mac}, the command line asks for 52:54:00:00:00:01" in r.stderr, r.stderr
 
 
 def test_host_end_errors_are_clear(tmp_path, guest_disk, cfg):
     base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(guest_disk))
-    r = subprocess.run([*base, "--net", f"stream:{tmp_path}/absent.sock"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*base, "--net", f"stream:{tmp_path}/absent.sock"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert f"--net stream:{tmp_path}/absent.sock: cannot connect" in r.stderr, r.stderr
     for bad, says in [("udp:1.2.3.4", "not a host end"), ("tap:", "not a host end")]:
         r = subprocess.run([*base, "--net", bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr, r.stderr
-    r = subprocess.run([*base, "--mac", "52:54:00:00:00:01"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([*base, "--mac", "52:54:00:00:00:01"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--mac needs a network device" in r.stderr, r.stderr
-    r = subprocess.run([*base, "--net", "stream:x", "--mac", "01:00:00:00:00:01"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*base, "--net", "stream:x", "--mac", "01:00:00:00:00:01"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "multicast" in r.stderr, r.stderr
 
 
 def test_without_net_the_guest_has_no_network_device(tmp_path, guest_disk, cfg):
-    with Vm.boot(cfg, disk=guest_disk, mem=256,
-                 log_path=tmp_path / "boot.log") as vm:
+    with Vm.boot(cfg, disk=guest_disk, mem=256, log_path=tmp_path / "boot.log") as vm:
         vm.login()
         assert vm.sh_status("test -e /sys/class/net/eth0")[0] != 0
         assert vm.sh("ifconfig lo | grep -c 'inet addr:127.0.0.1'") == "1"
@@ -127,8 +142,7 @@ def test_without_net_the_guest_has_no_network_device(tmp_path, guest_disk, cfg):
 
 
 def in_netns(name: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True,
-                          check=check, timeout=60)
+    return subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True, check=check, timeout=60)
 
 
 @pytest.fixture
@@ -152,22 +166,42 @@ def test_tap_in_a_network_namespace(tmp_path, guest_disk, cfg, netns):
     page = os.urandom(200_000)
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "page").write_bytes(page)
-    server = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-m", "http.server",
-                               "--bind", "10.0.2.1", "--directory", str(tmp_path / "www"), "8080"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            sys.executable,
+            "-m",
+            "http.server",
+            "--bind",
+            "10.0.2.1",
+            "--directory",
+            str(tmp_path / "www"),
+            "8080",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wrapper = tmp_path / "boot-in-netns"
-    wrapper.write_text(f"#!/bin/sh\nexec ip netns exec {netns} {cfg.boot} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {netns} {cfg.boot} "$@"\n')
     wrapper.chmod(0o755)
     try:
-        with Vm.boot(dataclasses.replace(cfg, boot=wrapper),
-                     disk=guest_disk, mem=256,
-                     extra=["--net", "tap:tap0", "--mac", "52:54:00:aa:bb:cc"],
-                     log_path=tmp_path / "boot.log") as vm:
+        with Vm.boot(
+            dataclasses.replace(cfg, boot=wrapper),
+            disk=guest_disk,
+            mem=256,
+            extra=["--net", "tap:tap0", "--mac", "52:54:00:aa:bb:cc"],
+            log_path=tmp_path / "boot.log",
+        ) as vm:
             vm.login()
             assert vm.sh("cat /sys/class/net/eth0/address") == "52:54:00:aa:bb:cc"
             vm.sh("ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up")
-            got = vm.sh("timeout 60 sh -c 'until wget -q -O - http://10.0.2.1:8080/page; do "
-                        "sleep 0.2; done' | sha256sum", timeout=120)
+            got = vm.sh(
+                "timeout 60 sh -c 'until wget -q -O - http://10.0.2.1:8080/page; do sleep 0.2; done' | sha256sum",
+                timeout=120,
+            )
             assert got.split()[0] == hashlib.sha256(page).hexdigest()
             assert vm.quit() == 0
     finally:
@@ -183,34 +217,42 @@ def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, 
     big = os.urandom(BIG)
     with net.LoopbackHttp() as http:
         big_sum = http.add("big", big)
-        with net.Passt(tmp_path, "a.sock") as a:
-            with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
-                         track_dirty=True, name="busy", extra=["--net", f"stream:{a.socket}"],
-                         log_path=tmp_path / "boot.log") as vm:
-                vm.login()
-                gw = wait_for_lease(vm)
-                vm.sh(f"wget -q -O /dev/shm/big http://{gw}:{http.port}/big "
-                      "&& sha256sum /dev/shm/big > /dev/shm/big.sum &")
-                # Once some of it has arrived, snapshot mid-transfer.
-                vm.sh("i=0; until [ -s /dev/shm/big ]; do i=$((i+1)); [ $i -lt 600 ] || exit 1; "
-                      "sleep 0.1; done", timeout=120)
-                vm.snapshot("busy", "full")
-                vm.sh("i=0; until [ -s /dev/shm/big.sum ]; do i=$((i+1)); [ $i -lt 6000 ] || exit 1; "
-                      "sleep 0.1; done", timeout=900)
-                assert vm.sh("cut -d' ' -f1 /dev/shm/big.sum") == big_sum
-                vm.snapshot("busy.2", "diff")
-                assert vm.quit() == 0
+        with (
+            net.Passt(tmp_path, "a.sock") as a,
+            Vm.boot(
+                cfg,
+                disk=guest_disk,
+                mem=MEM,
+                store=store,
+                track_dirty=True,
+                name="busy",
+                extra=["--net", f"stream:{a.socket}"],
+                log_path=tmp_path / "boot.log",
+            ) as vm,
+        ):
+            vm.login()
+            gw = wait_for_lease(vm)
+            vm.sh(f"wget -q -O /dev/shm/big http://{gw}:{http.port}/big && sha256sum /dev/shm/big > /dev/shm/big.sum &")
+            # Once some of it has arrived, snapshot mid-transfer.
+            vm.sh(
+                "i=0; until [ -s /dev/shm/big ]; do i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done", timeout=120
+            )
+            vm.snapshot("busy", "full")
+            vm.sh(
+                "i=0; until [ -s /dev/shm/big.sum ]; do i=$((i+1)); [ $i -lt 6000 ] || exit 1; sleep 0.1; done",
+                timeout=900,
+            )
+            assert vm.sh("cut -d' ' -f1 /dev/shm/big.sum") == big_sum
+            vm.snapshot("busy.2", "diff")
+            assert vm.quit() == 0
         with net.Passt(tmp_path, "b.sock") as b:
             net_args = ["--net", f"stream:{b.socket}"]
-            with Vm.restore(cfg, "busy.2", store=store, extra=net_args,
-                            log_path=tmp_path / "r2.log") as vm:
+            with Vm.restore(cfg, "busy.2", store=store, extra=net_args, log_path=tmp_path / "r2.log") as vm:
                 assert vm.sh("sha256sum /dev/shm/big").split()[0] == big_sum
                 assert vm.quit() == 0
-            with Vm.restore(cfg, "busy", store=store, extra=net_args,
-                            log_path=tmp_path / "r1.log") as vm:
+            with Vm.restore(cfg, "busy", store=store, extra=net_args, log_path=tmp_path / "r1.log") as vm:
                 # The transfer's connection did not survive (a new passt); the network does.
                 vm.sh("kill %1 2>/dev/null; pkill wget; true")
-                got = vm.sh(f"timeout 600 wget -q -O - http://{gw}:{http.port}/big | sha256sum",
-                            timeout=900)
+                got = vm.sh(f"timeout 600 wget -q -O - http://{gw}:{http.port}/big | sha256sum", timeout=900)
                 assert got.split()[0] == big_sum
                 assert vm.quit() == 0

@@ -33,15 +33,24 @@ from ignition.registry import REGISTRY_BIN, LocalRegistry, TokenServer, auth_fil
 from ignition.store import layer_names, work_entries
 from ignition.vm import Vm
 
-pytestmark = pytest.mark.skipif(not REGISTRY_BIN.is_file(), reason="docker-registry not installed (scripts/setup.sh)")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not REGISTRY_BIN.is_file(), reason="docker-registry not installed (scripts/setup.sh)"),
+]
 
 MEM = 128
 CHAIN = ["golden", "d1", "d2", "d3", "d4"]
 
 
 def vmstore(store: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(paths.vmstore_bin()), "--store", str(store), *args], capture_output=True, text=True,
-                       timeout=600, stdin=subprocess.DEVNULL, env=env if env is not None else environ_with_auth(None))
+    r = subprocess.run(
+        [str(paths.vmstore_bin()), "--store", str(store), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        env=env if env is not None else environ_with_auth(None),
+    )
     if check:
         assert r.returncode == 0, f"vmstore {' '.join(args)}: {r.stdout}{r.stderr}"
     return r
@@ -59,8 +68,9 @@ def chain(tmp_path_factory, guest_out, cfg):
     disk = tmp / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     sums = {}
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden",
-                 log_path=tmp / "golden.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", log_path=tmp / "golden.log"
+    ) as vm:
         vm.login()
         vm.sh("dd if=/dev/urandom of=/dev/shm/golden bs=64k count=16 2>/dev/null")
         sums["golden"] = vm.sh("sha256sum /dev/shm/golden").split()[0]
@@ -91,14 +101,18 @@ def pushed(chain, registry):
 
 def blobs(report: dict, status: str | None = None) -> list[tuple[str, str, str]]:
     """(layer, file, digest) of the report's blobs, those with `status` if given."""
-    return [(l["name"], b["file"], b["digest"]) for l in report["layers"] for b in l["blobs"]
-            if status is None or b["status"] == status]
+    return [
+        (layer["name"], b["file"], b["digest"])
+        for layer in report["layers"]
+        for b in layer["blobs"]
+        if status is None or b["status"] == status
+    ]
 
 
 def test_push_pull_and_restore_from_the_pulled_store(chain, pushed, cfg, tmp_path):
     store_a, sums = chain
     ref, rep = pushed
-    assert [l["name"] for l in rep["layers"]] == CHAIN[:4]
+    assert [layer["name"] for layer in rep["layers"]] == CHAIN[:4]
     assert rep["compression"] == "none" and rep["digest"] == rep["layers"][-1]["manifest_digest"]
     # Everything new to the registry was sent; only blobs repeated inside the
     # chain (a disk image no guest write changed) were found already there.
@@ -110,7 +124,7 @@ def test_push_pull_and_restore_from_the_pulled_store(chain, pushed, cfg, tmp_pat
     store_b = tmp_path / "B"
     pulled = vmstore_json(store_b, "pull", ref, "--plain-http")
     assert pulled["name"] == "d3" and pulled["digest"] == rep["digest"]
-    assert [(l["name"], l["status"]) for l in pulled["layers"]] == [(n, "pulled") for n in CHAIN[:4]]
+    assert [(layer["name"], layer["status"]) for layer in pulled["layers"]] == [(n, "pulled") for n in CHAIN[:4]]
     assert layer_names(store_b) == sorted(CHAIN[:4]) and work_entries(store_b) == []
     # The same layers, byte for byte: the content hashes agree.
     for name in CHAIN[:4]:
@@ -123,7 +137,7 @@ def test_push_pull_and_restore_from_the_pulled_store(chain, pushed, cfg, tmp_pat
 
     # Pulling again fetches nothing.
     again = vmstore_json(store_b, "pull", ref, "--plain-http")
-    assert [l["status"] for l in again["layers"]] == ["present"] * 4 and again["bytes_received"] == 0
+    assert [layer["status"] for layer in again["layers"]] == ["present"] * 4 and again["bytes_received"] == 0
 
 
 def test_pushing_d4_sends_only_its_blobs(chain, pushed, registry, tmp_path):
@@ -131,19 +145,23 @@ def test_pushing_d4_sends_only_its_blobs(chain, pushed, registry, tmp_path):
     _, first = pushed
     ref = f"{registry.host}/sandboxes/py:v2"
     rep = vmstore_json(store_a, "push", "d4", ref, "--plain-http")
-    assert [l["name"] for l in rep["layers"]] == CHAIN
+    assert [layer["name"] for layer in rep["layers"]] == CHAIN
     sent = blobs(rep, "sent")
     assert sent and {layer for layer, _, _ in sent} == {"d4"}, sent
     assert {f for _, f, _ in sent} >= {"manifest.json", "memory.bin", "state.bin"}
     old = {d for _, _, d in blobs(first)}
     assert all(d in old for layer, _, d in blobs(rep) if layer != "d4")
-    assert rep["bytes_sent"] == sum(b["size"] for l in rep["layers"] for b in l["blobs"] if b["status"] == "sent")
+    assert rep["bytes_sent"] == sum(
+        b["size"] for layer in rep["layers"] for b in layer["blobs"] if b["status"] == "sent"
+    )
     assert rep["bytes_sent"] < first["bytes_sent"] / 4
     # A store with golden+3 pulls only d4.
     store = tmp_path / "S"
     vmstore(store, "pull", pushed[0], "--plain-http")
     got = vmstore_json(store, "pull", ref, "--plain-http")
-    assert [(l["name"], l["status"]) for l in got["layers"]] == [(n, "present") for n in CHAIN[:4]] + [("d4", "pulled")]
+    assert [(layer["name"], layer["status"]) for layer in got["layers"]] == [(n, "present") for n in CHAIN[:4]] + [
+        ("d4", "pulled")
+    ]
     assert vmstore_json(store, "verify", "d4")["ok"] is True
 
 
@@ -158,7 +176,7 @@ def test_a_corrupted_blob_is_refused_and_nothing_committed(pushed, registry, tmp
         if damage == "flip":
             data[len(data) // 2] ^= 0x40
         else:
-            del data[len(data) // 2:]
+            del data[len(data) // 2 :]
         blob.write_bytes(bytes(data))
         store = tmp_path / "C"
         r = vmstore(store, "pull", ref, "--plain-http", check=False)
@@ -184,9 +202,14 @@ def test_kill_during_pull_leaves_a_valid_store(pushed, registry, tmp_path):
 
     store = tmp_path / "D"
     vmstore(store, "pull", pushed[0], "--plain-http")
-    child = pexpect.spawn(str(paths.vmstore_bin()), ["--store", str(store), "pull", ref, "--plain-http"],
-                          env=environ_with_auth(None), timeout=120)
+    child = pexpect.spawn(
+        str(paths.vmstore_bin()),
+        ["--store", str(store), "pull", ref, "--plain-http"],
+        env=environ_with_auth(None),
+        timeout=120,
+    )
     child.expect(r"receiving big/memory\.bin: [1-9]")
+    assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
     child.expect(pexpect.EOF)
     child.close()
@@ -196,7 +219,7 @@ def test_kill_during_pull_leaves_a_valid_store(pushed, registry, tmp_path):
     v = vmstore_json(store, "verify", "--all")
     assert v["ok"] is True and {x["name"] for x in v["snapshots"]} == set(CHAIN[:4])
     got = vmstore_json(store, "pull", ref, "--plain-http")
-    assert [(l["name"], l["status"]) for l in got["layers"]] == [("big", "pulled")]
+    assert [(layer["name"], layer["status"]) for layer in got["layers"]] == [("big", "pulled")]
     assert vmstore_json(store, "verify", "big")["ok"] is True
     gc = vmstore_json(store, "gc")
     assert [x["name"] for x in gc["removed"]] and work_entries(store) == []
@@ -207,7 +230,7 @@ def test_zstd_transport_and_pull_as(chain, registry, tmp_path):
     ref = f"{registry.host}/sandboxes/zst:v1"
     rep = vmstore_json(store_a, "push", "d1", ref, "--plain-http", "--compress", "zstd")
     assert rep["compression"] == "zstd" and rep["compression_ratio"] > 1.0
-    media = [b["media_type"] for l in rep["layers"] for b in l["blobs"] if b["file"] != "manifest.json"]
+    media = [b["media_type"] for layer in rep["layers"] for b in layer["blobs"] if b["file"] != "manifest.json"]
     assert media and all(m.startswith("application/vnd.ignition.layer.") and m.endswith("+zstd") for m in media)
     store = tmp_path / "E"
     got = vmstore_json(store, "pull", ref, "--plain-http", "--as", "mine")
@@ -218,7 +241,7 @@ def test_zstd_transport_and_pull_as(chain, registry, tmp_path):
     # The same registry layers under the same name are found present; a name
     # taken below the top is refused before anything is fetched.
     again = vmstore_json(store, "pull", ref, "--plain-http", "--as", "mine")
-    assert [l["status"] for l in again["layers"]] == ["present", "present"]
+    assert [layer["status"] for layer in again["layers"]] == ["present", "present"]
     r = vmstore(store, "pull", ref, "--plain-http", "--as", "golden", check=False)
     assert r.returncode == 1 and "already has a layer 'golden' below its top" in r.stderr, r.stderr
     # Only the top layer's name changed; its files are d1's.
@@ -232,8 +255,16 @@ def test_mount_from_another_repository_sends_nothing(chain, pushed, registry):
     rep = vmstore_json(store_a, "push", "d1", f"{registry.host}/other/py:v1", "--plain-http", "--mount-from", src)
     assert rep["bytes_sent"] == 0 and blobs(rep, "sent") == []
     assert blobs(rep, "mounted"), rep
-    r = vmstore(store_a, "push", "d1", f"{registry.host}/other/py:v1", "--plain-http", "--mount-from",
-                "127.0.0.2:1/x", check=False)
+    r = vmstore(
+        store_a,
+        "push",
+        "d1",
+        f"{registry.host}/other/py:v1",
+        "--plain-http",
+        "--mount-from",
+        "127.0.0.2:1/x",
+        check=False,
+    )
     assert r.returncode == 1 and "same registry" in r.stderr, r.stderr
 
 
@@ -292,4 +323,4 @@ def test_https_by_default(chain, tmp_path):
         env["SSL_CERT_FILE"] = str(reg.ca)
         vmstore(store_a, "push", "d1", ref, env=env)
         got = vmstore_json(tmp_path / "G", "pull", ref, env=env)
-        assert got["name"] == "d1" and [l["status"] for l in got["layers"]] == ["pulled", "pulled"]
+        assert got["name"] == "d1" and [layer["status"] for layer in got["layers"]] == ["pulled", "pulled"]

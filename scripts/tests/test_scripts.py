@@ -65,8 +65,9 @@ def fake_mac(tmp_path: Path, macos: str = "15.1") -> dict[str, str]:
         f.chmod(0o755)
     calls = tmp_path / "calls"
     calls.write_text("")
-    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls),
-                MAC_CHECK_OUT=str(tmp_path / "out"))
+    return dict(
+        os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), MAC_CHECK_OUT=str(tmp_path / "out")
+    )
 
 
 def calls(env) -> list[str]:
@@ -74,8 +75,9 @@ def calls(env) -> list[str]:
 
 
 def run(script: str, env=None, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL
+    )
 
 
 def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
@@ -85,10 +87,21 @@ def test_test_sh_signs_boot_after_the_last_build_on_macos(tmp_path, boot_bin):
     c = calls(env)
     sign = [i for i, line in enumerate(c) if line.startswith("codesign")]
     assert len(sign) == 1 and "target/release/boot" in c[sign[0]], c
-    assert all(line.startswith("cargo") for line in c[:sign[0]]) and sign[0] >= 2, c
-    assert c[sign[0] + 1:] == ["pip -m pip install -q ./snapshot-store/python",
-                               "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
-                               "pytest -m pytest -q scripts/tests"], c
+    assert all(line.startswith("cargo") for line in c[: sign[0]]) and sign[0] >= 2, c
+    assert c[sign[0] + 1 :] == [
+        "pip -m pip install -q ./snapshot-store/python",
+        "pip -m pip install -q -e ./scripts",
+        "pytest -m pytest -q -p no:cacheprovider snapshot-store/python/tests",
+        "pytest -m pytest -q scripts/tests",
+    ], c
+
+
+def test_test_sh_passes_its_arguments_to_pytest(tmp_path):
+    env = fake_mac(tmp_path)
+    (tmp_path / "bin" / "uname").write_text("#!/bin/sh\necho Linux\n")
+    r = run("test.sh", env, "-m", "not e2e", "-k", "a b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls(env)[-1] == "pytest -m pytest -q scripts/tests -m not e2e -k a b", calls(env)
 
 
 def test_test_sh_does_not_sign_on_linux(tmp_path):
@@ -112,14 +125,16 @@ def test_mac_check_builds_signs_runs_both_gics_and_summarizes(tmp_path, guest_ou
     env = fake_mac(tmp_path, macos)
     r = run("mac-check.sh", env, "-x")
     c = calls(env)
-    assert c[0] == "cargo build --release --workspace --bins", c
-    assert c[1].startswith("codesign ") and c[1].endswith("target/release/boot"), c
-    suites = ("scripts/tests/test_boot_e2e.py scripts/tests/test_snapshot_e2e.py "
-              "scripts/tests/test_crash_consistency.py")
+    assert c[0] == "pip -m pip install -q -e ./scripts -r scripts/requirements-dev.txt", c
+    assert c[1] == "cargo build --release --workspace --bins", c
+    assert c[2].startswith("codesign ") and c[2].endswith("target/release/boot"), c
+    suites = "scripts/tests/test_boot_e2e.py scripts/tests/test_snapshot_e2e.py scripts/tests/test_crash_consistency.py"
     out = tmp_path / "out"
-    runs = [f"pytest -m pytest -q {suites} --backend hvf --gic {g} --junitxml={out}/gic-{g}.xml -x"
-            for g in (["userspace", "hvf"] if macos.startswith("15") else ["userspace"])]
-    assert c[2:] == runs, c
+    runs = [
+        f"pytest -m pytest -q {suites} --backend hvf --gic {g} --junitxml={out}/gic-{g}.xml -x"
+        for g in (["userspace", "hvf"] if macos.startswith("15") else ["userspace"])
+    ]
+    assert c[3:] == runs, c
 
     summary = (out / "summary.md").read_text()
     assert summary.strip() in r.stdout, "the summary is printed too"

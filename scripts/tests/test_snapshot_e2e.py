@@ -15,12 +15,16 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ignition import loglines, store as vmstore
+from ignition import loglines
+from ignition import store as vmstore
 from ignition.guest import cpu_busy_ticks
 from ignition.vm import CTRL_A, Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 
@@ -43,10 +47,11 @@ def chain(tmp_path_factory, guest_out, cfg):
     store = tmp / "store"
     disk = tmp / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    facts = {"sums": {}, "pages": {}}
+    facts: dict[str, Any] = {"sums": {}, "pages": {}}
 
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden",
-                 log_path=tmp / "golden.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", log_path=tmp / "golden.log"
+    ) as vm:
         vm.login()
         facts["pid"] = vm.sh("sleep 100000 & echo $!").strip()
         vm.sh("echo before-snapshot > /root/golden.txt && sync")
@@ -120,8 +125,13 @@ def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, cfg, tmp_path):
 
 
 def refused(cfg, store, spec):
-    return subprocess.run(cfg.argv("--store", str(store), "--restore", spec), capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cfg.argv("--store", str(store), "--restore", spec),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_damaged_store_is_refused_and_left_unchanged(chain, cfg, tmp_path):
@@ -150,15 +160,39 @@ def test_damaged_store_is_refused_and_left_unchanged(chain, cfg, tmp_path):
 def test_snapshot_names_are_checked(chain, boot_bin, guest_out):
     store, _ = chain
     # An existing name is refused before anything runs; nothing is overwritten.
-    r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "d2"],
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "d2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode != 0 and "d2" in r.stderr and "exists" in r.stderr, r.stderr
-    r = subprocess.run([str(boot_bin), "--store", str(store), "--name", "golden", "--kernel",
-                        str(guest_out / "Image"), "--disk", str(guest_out / "rootfs.ext4")],
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [
+            str(boot_bin),
+            "--store",
+            str(store),
+            "--name",
+            "golden",
+            "--kernel",
+            str(guest_out / "Image"),
+            "--disk",
+            str(guest_out / "rootfs.ext4"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode != 0 and "golden" in r.stderr and "exists" in r.stderr, r.stderr
-    r = subprocess.run([str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "bad+name"],
-                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [str(boot_bin), "--store", str(store), "--restore", "d1", "--name", "bad+name"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode != 0 and "name" in r.stderr, r.stderr
 
 
@@ -204,8 +238,9 @@ def test_two_vcpus_snapshot_and_restore(cfg, disk, tmp_path):
     are online and run (busy loops started before the snapshot keep both
     busy), and memory written before the snapshot is there."""
     store = tmp_path / "store"
-    with Vm.boot(cfg, disk=disk, mem=MEM, cpus=2, store=store, track_dirty=True, name="smp",
-                 log_path=tmp_path / "smp.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, cpus=2, store=store, track_dirty=True, name="smp", log_path=tmp_path / "smp.log"
+    ) as vm:
         vm.login()
         vm.sh("for i in 1 2; do (while :; do :; done) & done")
         vm.sh("echo two-cpus > /dev/shm/smp")

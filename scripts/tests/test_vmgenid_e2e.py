@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 256
 RESEEDED = "crng reseeded due to virtual machine fork"
@@ -27,8 +31,9 @@ def test_each_restore_reseeds_the_guest_rng(tmp_path, guest_out, cfg):
     store = tmp_path / "store"
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="base",
-                 log_path=tmp_path / "base.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="base", log_path=tmp_path / "base.log"
+    ) as vm:
         vm.login()
         # The driver bound to the device tree's node at boot, and nothing
         # has reseeded yet.

@@ -18,6 +18,8 @@ import pytest
 from ignition.paths import vmstore_bin
 from ignition.vm import Vm
 
+pytestmark = pytest.mark.e2e
+
 vmstore = pytest.importorskip("vmstore", reason="pip install ./snapshot-store/python")
 MEM = 128
 
@@ -28,8 +30,7 @@ def made(tmp_path_factory, guest_out, cfg):
     disk = tmp / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     store = tmp / "store"
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="g",
-                 log_path=tmp / "g.log") as vm:
+    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="g", log_path=tmp / "g.log") as vm:
         vm.login()
         vm.snapshot("g", "full")
         vm.sh("echo marker > /dev/shm/m")
@@ -41,18 +42,18 @@ def made(tmp_path_factory, guest_out, cfg):
 def test_list_inspect_resolve(made):
     s = vmstore.Store(str(made))
     assert s.root == str(made)
-    names = [l.name for l in s.list()]
+    names = [layer.name for layer in s.list()]
     assert names == ["g", "g.2"]
     g, d = s.layer("g"), s.layer("g.2")
     assert (g.kind, g.parent, g.diff_pages) == ("full", None, None)
     assert (d.kind, d.parent) == ("diff", "g") and d.diff_pages > 0
     assert g.ram_size == MEM << 20 and g.page_size == 16384 and g.disk_size > 0
-    assert g.creator.startswith("ignition-vmm") and 0 < g.physical_bytes
+    assert g.creator.startswith("ignition-vmm") and g.physical_bytes > 0
     assert isinstance(g.created, datetime.datetime) and g.created.tzinfo is not None
     assert abs((datetime.datetime.now(datetime.timezone.utc) - g.created).total_seconds()) < 24 * 3600
     assert len(g.content_sha256) == 64 and os.path.isdir(g.path)
-    assert [l.name for l in s.resolve("g+1")] == ["g", "g.2"]
-    assert [l.name for l in s.resolve("g.2")] == ["g", "g.2"]
+    assert [layer.name for layer in s.resolve("g+1")] == ["g", "g.2"]
+    assert [layer.name for layer in s.resolve("g.2")] == ["g", "g.2"]
     with pytest.raises(vmstore.StoreError, match="not found"):
         s.layer("nope")
     with pytest.raises(vmstore.StoreError):
@@ -93,7 +94,7 @@ def test_overlay_and_pack_match_the_store(made):
     # pack_diff of the diff's pages is the diff's memory.bin, byte for byte.
     diff = (made / "g.2" / "memory.bin").read_bytes()
     n = s.layer("g.2").diff_pages
-    index = [int.from_bytes(diff[96 + 8 * i:104 + 8 * i], "little") for i in range(n)]
+    index = [int.from_bytes(diff[96 + 8 * i : 104 + 8 * i], "little") for i in range(n)]
     packed, secs = vmstore.pack_diff(ram, index)
     assert secs >= 0 and hashlib.sha256(packed).digest() == hashlib.sha256(diff).digest()
     with pytest.raises(ValueError, match="strictly increasing"):
@@ -114,9 +115,10 @@ def test_remove_gc_squash_du(made, tmp_path):
     assert s.remove("g", recursive=True) == ["g.2", "g"]
     g = s.gc()
     assert (g.removed, g.kept) == ([], [])
-    assert [l.name for l in s.list()] == ["flat"]
+    assert [layer.name for layer in s.list()] == ["flat"]
     # The CLI agrees.
     import subprocess
+
     out = subprocess.run([str(vmstore_bin()), "--store", str(copy), "list"], capture_output=True, text=True)
     assert out.returncode == 0 and "flat" in out.stdout
 
@@ -136,8 +138,10 @@ def test_the_vmstore_binary_on_the_same_store(made):
     assert (root["name"], root["kind"]) == ("g", "full")
     assert [(c["name"], c["kind"]) for c in root["children"]] == [("g.2", "diff")]
     du = run("du", "--json")
-    assert [l["name"] for l in du["layers"]] == ["g", "g.2"]
-    assert du["total"]["physical_bytes"] == sum(l["physical_bytes"] for l in du["layers"])
+    assert [layer["name"] for layer in du["layers"]] == ["g", "g.2"]
+    assert du["total"]["physical_bytes"] == sum(layer["physical_bytes"] for layer in du["layers"])
     assert run("verify", "g.2", "--json")["ok"] is True
     s = vmstore.Store(str(made))
-    assert {u.name: u.physical_bytes for u in s.du()} == {l["name"]: l["physical_bytes"] for l in du["layers"]}
+    assert {u.name: u.physical_bytes for u in s.du()} == {
+        layer["name"]: layer["physical_bytes"] for layer in du["layers"]
+    }

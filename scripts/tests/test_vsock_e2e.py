@@ -16,8 +16,12 @@ import socket
 import subprocess
 import threading
 
+import pytest
+
 from ignition import vsock
 from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
 
 MEM = 512
 BIG = 16 << 20
@@ -48,8 +52,7 @@ def concurrent_echoes(uds, port: int) -> None:
 
 def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
     uds = tmp_path / "v.sock"
-    with Vm.boot(cfg, disk=guest_disk, mem=MEM,
-                 extra=["--vsock-uds", str(uds)], log_path=tmp_path / "boot.log") as vm:
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, extra=["--vsock-uds", str(uds)], log_path=tmp_path / "boot.log") as vm:
         vm.login()
         assert vm.sh("vsock cid") == "3"
         vm.sh("vsock echo-server 5000 &")
@@ -61,16 +64,20 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
         # Guest to host and back: 16 MiB, and 32 connections at once.
         with vsock.PortServer(uds, 6000, vsock.echo) as server:
             vm.sh(f"head -c {BIG} /dev/urandom > /dev/shm/big", timeout=300)
-            sums = vm.sh("sha256sum < /dev/shm/big; vsock connect 2 6000 < /dev/shm/big | sha256sum",
-                         timeout=600).split()
+            sums = vm.sh(
+                "sha256sum < /dev/shm/big; vsock connect 2 6000 < /dev/shm/big | sha256sum", timeout=600
+            ).split()
             assert sums[0] == sums[2] and len(sums) == 4, sums
             vm.sh(f"head -c {EACH} /dev/urandom > /dev/shm/each")
             # (wait for these only: the echo server is a job of this shell too)
-            out = vm.sh(f"pids=; for i in $(seq {CONCURRENT}); do "
-                        "vsock connect 2 6000 < /dev/shm/each > /dev/shm/out.$i & pids=\"$pids $!\"; "
-                        "done; wait $pids; "
-                        "sha256sum < /dev/shm/each; cat /dev/shm/out.* | wc -c; "
-                        "for f in /dev/shm/out.*; do sha256sum < $f; done | sort -u", timeout=600)
+            out = vm.sh(
+                f"pids=; for i in $(seq {CONCURRENT}); do "
+                'vsock connect 2 6000 < /dev/shm/each > /dev/shm/out.$i & pids="$pids $!"; '
+                "done; wait $pids; "
+                "sha256sum < /dev/shm/each; cat /dev/shm/out.* | wc -c; "
+                "for f in /dev/shm/out.*; do sha256sum < $f; done | sort -u",
+                timeout=600,
+            )
             lines = out.split("\n")
             want = lines[0].split()[0]
             assert lines[1].strip() == str(CONCURRENT * EACH), out
@@ -92,16 +99,25 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
 def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cfg):
     store = tmp_path / "store"
     uds = tmp_path / "a.sock"
-    with Vm.boot(cfg, disk=guest_disk, mem=MEM, store=store,
-                 track_dirty=True, name="vbase", extra=["--vsock-uds", str(uds)],
-                 log_path=tmp_path / "boot.log") as vm:
+    with Vm.boot(
+        cfg,
+        disk=guest_disk,
+        mem=MEM,
+        store=store,
+        track_dirty=True,
+        name="vbase",
+        extra=["--vsock-uds", str(uds)],
+        log_path=tmp_path / "boot.log",
+    ) as vm:
         vm.login()
         vm.sh("vsock echo-server 5000 &")
         with vsock.PortServer(uds, 6000, vsock.echo):
             # A guest connection open across the snapshot (its reader waits).
             # (stdin a FIFO a sleeping writer holds open: no data, no end)
-            vm.sh("mkfifo /dev/shm/idle; (vsock connect 2 6000 < /dev/shm/idle; "
-                  "echo \"exit $?\" > /dev/shm/held) & sleep 1000 > /dev/shm/idle &")
+            vm.sh(
+                "mkfifo /dev/shm/idle; (vsock connect 2 6000 < /dev/shm/idle; "
+                'echo "exit $?" > /dev/shm/held) & sleep 1000 > /dev/shm/idle &'
+            )
             held = vsock.connect(uds, 5000)
             vm.snapshot("vbase", "full")
             # The running VM keeps its connections.
@@ -111,12 +127,16 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cf
 
     # Restored with a new socket and a new CID.
     uds2 = tmp_path / "b.sock"
-    with Vm.restore(cfg, "vbase", store=store, extra=["--vsock-uds", str(uds2), "--vsock-cid", "42"],
-                    log_path=tmp_path / "restore.log") as vm:
+    with Vm.restore(
+        cfg,
+        "vbase",
+        store=store,
+        extra=["--vsock-uds", str(uds2), "--vsock-cid", "42"],
+        log_path=tmp_path / "restore.log",
+    ) as vm:
         # The transport reset dropped the guest's connection, and the guest
         # took the new CID.
-        vm.sh("i=0; until [ -e /dev/shm/held ] || [ $i -ge 600 ]; do i=$((i+1)); sleep 0.1; done",
-              timeout=120)
+        vm.sh("i=0; until [ -e /dev/shm/held ] || [ $i -ge 600 ]; do i=$((i+1)); sleep 0.1; done", timeout=120)
         assert vm.sh("cat /dev/shm/held") == "exit 1"
         assert vm.sh("vsock cid") == "42"
         # The listener survived; new connections work at once, both ways.
@@ -137,8 +157,12 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cf
 def test_vsock_errors_are_clear(tmp_path, guest_disk, cfg):
     base = cfg.argv("--kernel", str(cfg.kernel), "--disk", str(guest_disk))
     for cid in ["2", "0", "4294967295", "x"]:
-        r = subprocess.run([*base, "--vsock-uds", str(tmp_path / "v.sock"), "--vsock-cid", cid],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*base, "--vsock-uds", str(tmp_path / "v.sock"), "--vsock-cid", cid],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 2 and "--vsock-cid" in r.stderr, r.stderr
     r = subprocess.run([*base, "--vsock-cid", "5"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--vsock-uds" in r.stderr, r.stderr
@@ -146,10 +170,10 @@ def test_vsock_errors_are_clear(tmp_path, guest_disk, cfg):
     with socket.socket(socket.AF_UNIX) as live:
         live.bind(str(tmp_path / "live.sock"))
         live.listen()
-        r = subprocess.run([*base, "--vsock-uds", str(tmp_path / "live.sock")],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*base, "--vsock-uds", str(tmp_path / "live.sock")], capture_output=True, text=True, timeout=60
+        )
     assert r.returncode == 1 and "another process is listening on it" in r.stderr, r.stderr
     (tmp_path / "file").write_text("")
-    r = subprocess.run([*base, "--vsock-uds", str(tmp_path / "file")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*base, "--vsock-uds", str(tmp_path / "file")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "not a socket" in r.stderr, r.stderr

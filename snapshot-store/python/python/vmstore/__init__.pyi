@@ -4,12 +4,26 @@ Sizes are in bytes; times are timezone-aware `datetime` (UTC) or seconds as
 `float`. Calls that read, write or hash files release the GIL.
 """
 
+import builtins
 import os
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Union
+from typing import Union, final
 
 from typing_extensions import Buffer
+
+__all__ = [
+    "MAX_STATE_BYTES",
+    "MEMORY_CHUNK_SIZE",
+    "GcReport",
+    "Layer",
+    "Store",
+    "StoreError",
+    "Usage",
+    "VerifyError",
+    "VerifyReport",
+    "pack_diff",
+]
 
 _Path = Union[str, os.PathLike[str]]
 
@@ -29,6 +43,7 @@ class VerifyError(StoreError):
     problem: str
     """What is wrong with it."""
 
+@final
 class Layer:
     """One snapshot layer, as its manifest and directory describe it."""
 
@@ -64,6 +79,7 @@ class Layer:
     creator: str
     """Program and version that wrote the layer."""
 
+@final
 class Usage:
     """The disk space one layer takes, bytes (`Store.du`)."""
 
@@ -77,6 +93,7 @@ class Usage:
     (Linux FIEMAP), counted in every layer sharing them; None where the file
     system cannot tell (macOS)."""
 
+@final
 class VerifyReport:
     """What a verification checked."""
 
@@ -89,6 +106,7 @@ class VerifyReport:
     bytes_cached: int
     """Bytes in those files."""
 
+@final
 class GcReport:
     """What `Store.gc` did."""
 
@@ -97,10 +115,11 @@ class GcReport:
     kept: list[tuple[str, str]]
     """Work directories left alone, as (name, reason)."""
 
+@final
 class Store:
     """A snapshot store directory (Ignition's `./vmstore` by default)."""
 
-    def __init__(self, path: _Path) -> None:
+    def __new__(cls, path: _Path) -> Store:
         """Opens an existing store; raises StoreError if there is none."""
     @staticmethod
     def create(path: _Path) -> Store:
@@ -108,11 +127,11 @@ class Store:
     @property
     def root(self) -> str:
         """The store directory."""
-    def list(self) -> list[Layer]:
+    def list(self) -> builtins.list[Layer]:
         """Every readable layer, in name order."""
     def layer(self, name: str) -> Layer:
         """The layer `name`; StoreError if there is none."""
-    def resolve(self, spec: str) -> list[Layer]:
+    def resolve(self, spec: str) -> builtins.list[Layer]:
         """The chain `NAME` or `NAME+N` names, base first."""
     def verify(self, spec: str, cached: bool = False) -> VerifyReport:
         """Every file's size and digest, headers and parent links of the chain;
@@ -121,7 +140,7 @@ class Store:
     def verify_all(self) -> dict[str, VerifyReport | StoreError]:
         """Every layer (each file hashed once), with its report or the error
         it failed with (returned, not raised)."""
-    def remove(self, name: str, recursive: bool = False) -> list[str]:
+    def remove(self, name: str, recursive: bool = False) -> builtins.list[str]:
         """Removes a layer (and with `recursive` every layer built on it);
         returns the names removed, deepest first. StoreError if others build
         on it and not `recursive`."""
@@ -129,7 +148,7 @@ class Store:
         """Removes work directories whose process is gone."""
     def squash(self, spec: str, name: str) -> Layer:
         """Materialises the chain (verified first) into the new full layer `name`."""
-    def du(self) -> list[Usage]:
+    def du(self) -> builtins.list[Usage]:
         """Disk use of every readable layer, in name order."""
     def write_full(self, name: str, ram: Buffer, state: Buffer, *, disk: _Path | None = None,
                    page_size: int = 16384, ram_base_gpa: int = 0, vcpus: int = 1, backend: str = "emu",

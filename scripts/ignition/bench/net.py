@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): guest<->host TCP throughput through passt, Ignition
 against QEMU TCG's virtio-net on the same passt, guest and machine, in one run;
 and Ignition's vsock throughput in the same run.
@@ -28,17 +27,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, net, paths, qemu, timeouts, vsock  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
-from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256, stats  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, net, paths, qemu, timeouts, vsock
+from ignition.guest import disk_copy
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
+from ignition.stats import sha256, stats
+from ignition.vm import Vm, VmConfig
 
-def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict:
+
+def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict[str, Any]:
     """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
     guest shell command."""
     run(net.LEASE_WAIT_CMD, 120)
@@ -60,7 +60,7 @@ def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, 
     return {"down_mb_s": stats(down), "up_mb_s": stats(up), "mtu": run("cat /sys/class/net/eth0/mtu", 30)}
 
 
-def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
+def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict[str, Any]:
     """vsock MB/s to the guest and to the host over `runs` transfers of `mib` MiB each."""
     size = mib << 20
     to_guest, to_host = [], []
@@ -70,8 +70,7 @@ def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
             vm.sh("vsock sink 7000 > /dev/null &")
             to_guest.append(size / vsock.send_timed(uds, 7000, size) / 1e6)
             # (dd: busybox head -c is slower than the transfer under TCG)
-            got = vm.sh(f"dd if=/dev/zero bs=65536 count={size >> 16} 2>/dev/null | vsock connect 2 7001",
-                        timeout=900)
+            got = vm.sh(f"dd if=/dev/zero bs=65536 count={size >> 16} 2>/dev/null | vsock connect 2 7001", timeout=900)
             assert got == str(size), got
             n, secs = counter.transfers[i]
             assert n == size
@@ -81,7 +80,9 @@ def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.net", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=3, help="transfers each way per VMM (default: 3)")
     p.add_argument("--mib", type=int, default=64, help="MiB per transfer (default: 64)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT)
@@ -104,10 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = RESULTS_DIR / "logs" / "net"
     logs.mkdir(parents=True, exist_ok=True)
     cfg = VmConfig(boot=args.boot, backend=args.backend, kernel=args.kernel)
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "net_throughput_passt",
-        "config": {"mib": args.mib, "runs": args.runs, "mem_mib": args.mem,
-                   "kernel_sha256": sha256(args.kernel), "disk_sha256": sha256(args.disk)},
+        "config": {
+            "mib": args.mib,
+            "runs": args.runs,
+            "mem_mib": args.mem,
+            "kernel_sha256": sha256(args.kernel),
+            "disk_sha256": sha256(args.disk),
+        },
         "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -115,15 +121,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     with net.LoopbackHttp() as http:
         http.add("blob", blob)
         uds = logs / "vsock.sock"
-        with disk_copy(args.disk) as disk, net.Passt(logs, "ignition.sock") as passt:
-            with Vm.boot(cfg, disk=disk, mem=args.mem,
-                         extra=["--net", f"stream:{passt.socket}", "--vsock-uds", str(uds)],
-                         log_path=logs / "ignition.log") as vm:
-                vm.login()
-                result["ignition"] = {"backend": args.backend,
-                                      **measure(lambda c, t: vm.sh(c, timeout=t), http, args.mib, args.runs)}
-                result["ignition_vsock"] = measure_vsock(vm, uds, args.mib, args.runs)
-                vm.quit()
+        with (
+            disk_copy(args.disk) as disk,
+            net.Passt(logs, "ignition.sock") as passt,
+            Vm.boot(
+                cfg,
+                disk=disk,
+                mem=args.mem,
+                extra=["--net", f"stream:{passt.socket}", "--vsock-uds", str(uds)],
+                log_path=logs / "ignition.log",
+            ) as vm,
+        ):
+            vm.login()
+            result["ignition"] = {
+                "backend": args.backend,
+                **measure(lambda c, t: vm.sh(c, timeout=t), http, args.mib, args.runs),
+            }
+            result["ignition_vsock"] = measure_vsock(vm, uds, args.mib, args.runs)
+            vm.quit()
         if not args.no_qemu:
             qto = timeouts.for_backend("qemu")
             with disk_copy(args.disk) as disk, net.Passt(logs, "qemu.sock") as passt:
@@ -131,24 +146,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 child = console.spawn(argv, log_path=logs / "qemu.log")
                 try:
                     console.login(child, qto.boot)
-                    result["qemu_tcg"] = measure(lambda c, t: console.run(child, c, t), http,
-                                                 args.mib, args.runs)
+                    result["qemu_tcg"] = measure(lambda c, t: console.run(child, c, t), http, args.mib, args.runs)
                 finally:
                     console.terminate(child)
     ig = result["ignition"]
     vs = result["ignition_vsock"]
-    lines = [f"ignition ({args.backend}, MTU {ig['mtu']}): down {ig['down_mb_s']['median']} MB/s, "
-             f"up {ig['up_mb_s']['median']} MB/s",
-             f"ignition vsock: to the guest {vs['to_guest_mb_s']['median']} MB/s, "
-             f"to the host {vs['to_host_mb_s']['median']} MB/s"]
+    lines = [
+        f"ignition ({args.backend}, MTU {ig['mtu']}): down {ig['down_mb_s']['median']} MB/s, "
+        f"up {ig['up_mb_s']['median']} MB/s",
+        f"ignition vsock: to the guest {vs['to_guest_mb_s']['median']} MB/s, "
+        f"to the host {vs['to_host_mb_s']['median']} MB/s",
+    ]
     if "qemu_tcg" in result:
         q = result["qemu_tcg"]
-        lines.append(f"qemu tcg (MTU {q['mtu']}): down {q['down_mb_s']['median']} MB/s, "
-                     f"up {q['up_mb_s']['median']} MB/s")
+        lines.append(
+            f"qemu tcg (MTU {q['mtu']}): down {q['down_mb_s']['median']} MB/s, up {q['up_mb_s']['median']} MB/s"
+        )
         result["ratio_ignition_to_qemu"] = {
-            d: round(ig[f"{d}_mb_s"]["median"] / q[f"{d}_mb_s"]["median"], 3) for d in ("down", "up")}
-        lines.append(f"ratio ignition/qemu: down {result['ratio_ignition_to_qemu']['down']}x, "
-                     f"up {result['ratio_ignition_to_qemu']['up']}x")
+            d: round(ig[f"{d}_mb_s"]["median"] / q[f"{d}_mb_s"]["median"], 3) for d in ("down", "up")
+        }
+        lines.append(
+            f"ratio ignition/qemu: down {result['ratio_ignition_to_qemu']['down']}x, "
+            f"up {result['ratio_ignition_to_qemu']['up']}x"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print("\n".join(lines))

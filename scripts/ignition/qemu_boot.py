@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Boot the guest from guest/out under QEMU (the reference boot, not our VMM).
 
 Boots to login:, logs in as root, runs the given command(s), prints their
@@ -6,9 +5,9 @@ output, powers off and exits with QEMU's exit status (1 if a guest command
 failed or the console timed out). The disk is a temporary copy, so the build
 output is never modified.
 
-    scripts/qemu_boot.py                          # runs `uname -a`
-    scripts/qemu_boot.py --cmd 'cat /proc/cpuinfo' --cmd 'df -h'
-    scripts/qemu_boot.py --interactive            # your terminal; Ctrl-A x quits
+    python3 -m ignition.qemu_boot                          # runs `uname -a`
+    python3 -m ignition.qemu_boot --cmd 'cat /proc/cpuinfo' --cmd 'df -h'
+    python3 -m ignition.qemu_boot --interactive            # your terminal; Ctrl-A x quits
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, paths, qemu, timeouts  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
+from ignition import console, paths, qemu, timeouts
+from ignition.guest import disk_copy
 
 TIMEOUTS = timeouts.for_backend("qemu")
 
@@ -32,7 +30,7 @@ def boot_and_run(
     cmds: Sequence[str],
     boot_timeout: float = TIMEOUTS.boot,
     cmd_timeout: float = TIMEOUTS.cmd,
-    log_path: os.PathLike | str | None = None,
+    log_path: os.PathLike[str] | str | None = None,
 ) -> tuple[int, list[tuple[str, int, str]]]:
     """Boot argv, log in, run cmds, power off. Returns (QEMU status, [(cmd, status, output)])."""
     child = console.spawn(argv, log_path=log_path)
@@ -49,19 +47,32 @@ def boot_and_run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.qemu_boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--kernel", type=Path, default=paths.KERNEL, help="kernel Image (default: guest/out/Image)")
-    p.add_argument("--disk", type=Path, default=paths.ROOTFS,
-                   help="root disk image, copied before boot (default: guest/out/rootfs.ext4)")
+    p.add_argument(
+        "--disk",
+        type=Path,
+        default=paths.ROOTFS,
+        help="root disk image, copied before boot (default: guest/out/rootfs.ext4)",
+    )
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
     p.add_argument("--cpu", default="max", help="QEMU CPU model (default: max; a 16K kernel needs the 16K granule)")
-    p.add_argument("--append", default=qemu.DEFAULT_APPEND,
-                   help=f"kernel command line (default: {qemu.DEFAULT_APPEND!r})")
-    p.add_argument("--cmd", action="append", dest="cmds", metavar="CMD",
-                   help="shell command to run after login; repeatable (default: 'uname -a')")
-    p.add_argument("--timeout", type=float, default=TIMEOUTS.boot,
-                   help=f"seconds to wait for login: (default: {TIMEOUTS.boot:g})")
+    p.add_argument(
+        "--append", default=qemu.DEFAULT_APPEND, help=f"kernel command line (default: {qemu.DEFAULT_APPEND!r})"
+    )
+    p.add_argument(
+        "--cmd",
+        action="append",
+        dest="cmds",
+        metavar="CMD",
+        help="shell command to run after login; repeatable (default: 'uname -a')",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=TIMEOUTS.boot, help=f"seconds to wait for login: (default: {TIMEOUTS.boot:g})"
+    )
     p.add_argument("--log", type=Path, help="write the console transcript to this file")
     p.add_argument("--interactive", action="store_true", help="attach QEMU to this terminal instead")
     args = p.parse_args(argv)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): saving a running VM, Ignition against QEMU TCG, in one run.
 
 For each RAM size (default 512 MiB and 2 GiB) and each state (idle after
@@ -8,9 +7,10 @@ guest image:
 - Ignition: `boot --track-dirty --name X` (a background full layer), Ctrl-A s:
   `Snapshot-pause-time` (guest stopped), `Snapshot-device-hold-time` (after
   the resume, devices that write guest RAM wait while the layer's pages are
-  write-protected; QEMU: n/a), pause + `Snapshot-write-time` (total save time), the layer's memory.bin and state.bin as stored (allocated
-  bytes: holes are not counted; the disk is not counted either, QEMU's
-  migration stream does not hold it), then `boot --restore X`:
+  write-protected; QEMU: n/a), pause + `Snapshot-write-time` (total save
+  time), the layer's memory.bin and state.bin as stored (allocated bytes:
+  holes are not counted; the disk is not counted either, QEMU's migration
+  stream does not hold it), then `boot --restore X`:
   `Restore-time` (to running) and spawn -> the shell answering (to prompt).
 - QEMU: the same kernel and disk with a QMP socket; `migrate` to
   `exec:cat > FILE` while the guest runs (QEMU's live save): `downtime` and
@@ -22,29 +22,27 @@ Prints a table and writes bench-results/snapshot.json and
 bench-results/snapshot.md. Every run uses throwaway copies of the disk in a
 temporary directory.
 
-    scripts/snapshot_bench.py                      # 512 and 2048 MiB, both states
-    scripts/snapshot_bench.py --mem 512 --runs 3
+    python3 -m ignition.bench.snapshot                 # 512 and 2048 MiB, both states
+    python3 -m ignition.bench.snapshot --mem 512 --runs 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, paths, qemu, timeouts  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.stats import stats  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts
+from ignition.paths import RESULTS_DIR
+from ignition.stats import stats
+from ignition.vm import Vm, VmConfig
 
 DIRTY_MIB = 64
 STATES = ("idle", f"dirty-{DIRTY_MIB}MiB")
@@ -55,7 +53,7 @@ def allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def dirty(sh) -> None:
+def dirty(sh: Callable[[str], object]) -> None:
     sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty")
 
 
@@ -78,7 +76,8 @@ class Qmp:
         json.loads(self.f.readline())  # greeting
         self.cmd("qmp_capabilities")
 
-    def cmd(self, name: str, **args):
+    def cmd(self, name: str, **args: Any) -> Any:
+        """Runs a QMP command; returns its `return` value (JSON), or raises RuntimeError."""
         self.f.write(json.dumps({"execute": name, "arguments": args} if args else {"execute": name}) + "\n")
         self.f.flush()
         while True:
@@ -88,16 +87,17 @@ class Qmp:
             if "error" in msg:
                 raise RuntimeError(f"QMP {name}: {msg['error']}")
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
 
 
-def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) -> dict:
+def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) -> dict[str, Any]:
     store, disk = work / "store", work / "rootfs.ext4"
     shutil.rmtree(store, ignore_errors=True)
     shutil.copyfile(paths.ROOTFS, disk)
-    with Vm.boot(cfg, disk=disk, mem=mem, store=store, track_dirty=True, name="s",
-                 log_path=logs / f"ignition-{mem}-{state}.log") as vm:
+    with Vm.boot(
+        cfg, disk=disk, mem=mem, store=store, track_dirty=True, name="s", log_path=logs / f"ignition-{mem}-{state}.log"
+    ) as vm:
         vm.login()
         if state != "idle":
             dirty(vm.sh)
@@ -107,7 +107,7 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     size = allocated(layer / "memory.bin") + allocated(layer / "state.bin")
     with Vm.restore(cfg, "s", store=store, log_path=logs / f"ignition-restore-{mem}-{state}.log") as vm:
         r = vm.restored
-        assert vm.quit() == 0
+        assert r is not None and vm.quit() == 0
     return {
         "pause_ms": snap.pause_us / 1000,
         "device_hold_ms": (snap.device_hold_us or 0) / 1000,
@@ -118,7 +118,7 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     }
 
 
-def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts) -> dict:
+def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts) -> dict[str, Any]:
     disk, image, sock = work / "rootfs-q.ext4", work / "qemu.mig", work / "qmp.sock"
     shutil.copyfile(paths.ROOTFS, disk)
     image.unlink(missing_ok=True)
@@ -176,9 +176,11 @@ COLUMNS = [
 ]
 
 
-def table(results: dict) -> str:
-    lines = ["| RAM | state | VMM | " + " | ".join(c[1] for c in COLUMNS) + " |",
-             "|---|---|---|" + "---|" * len(COLUMNS)]
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| RAM | state | VMM | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(COLUMNS),
+    ]
     for key, r in results.items():
         mem, state = key.split("/")
         for vmm in ("ignition", "qemu"):
@@ -191,7 +193,11 @@ def table(results: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.snapshot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mem", type=int, action="append", help="RAM in MiB (repeatable; default: 512 and 2048)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (default: 3)")
     p.add_argument("--backend", help="Ignition backend (default: boot's)")
@@ -205,12 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     qt = timeouts.for_backend("qemu")
     logs = RESULTS_DIR / "logs" / "snapshot"
     logs.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="snapshot-bench-", dir=RESULTS_DIR) as tmp:
         work = Path(tmp)
         for mem in args.mem or [512, 2048]:
             for state in STATES:
-                samples = {"ignition": [], "qemu": []}
+                samples: dict[str, list[dict[str, Any]]] = {"ignition": [], "qemu": []}
                 for run in range(args.runs):
                     print(f"[snapshot_bench] {mem} MiB {state}: run {run + 1}/{args.runs}", flush=True)
                     samples["ignition"].append(ignition_run(cfg, mem, state, work, logs))
@@ -222,8 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = table(results)
     print(md)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"host": host.summary(), "date": time.strftime("%Y-%m-%d"),
-                                    "runs": args.runs, "results": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {"host": host.summary(), "date": time.strftime("%Y-%m-%d"), "runs": args.runs, "results": results}, indent=2
+        )
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text(md + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): `vmstore push` / `vmstore pull` throughput against a
 local registry (Debian's docker-registry, CNCF distribution 2.8, on 127.0.0.1),
 beside `skopeo copy` of an equivalent blob set, in one run.
@@ -31,13 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import paths  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.registry import LocalRegistry, environ_with_auth  # noqa: E402
+from ignition import paths
+from ignition.paths import RESULTS_DIR
+from ignition.registry import LocalRegistry, environ_with_auth
 
 PAGE = 16384
 SKOPEO = "/usr/bin/skopeo"
@@ -60,6 +59,7 @@ def vmstore(store: Path, *args: str) -> list[str]:
 def make_store(root: Path, full_mib: int, diff_mib: int) -> Path:
     """A store with `full` (random RAM) and `diff` on it (diff_mib of random pages)."""
     import vmstore as vm
+
     store = root / "src"
     s = vm.Store.create(str(store))
     ram = bytearray(os.urandom(full_mib << 20))
@@ -68,7 +68,7 @@ def make_store(root: Path, full_mib: int, diff_mib: int) -> Path:
     stride = max(1, (full_mib << 20) // PAGE // pages)
     dirty = [i * stride for i in range(pages)]
     for p in dirty:
-        ram[p * PAGE:(p + 1) * PAGE] = os.urandom(PAGE)
+        ram[p * PAGE : (p + 1) * PAGE] = os.urandom(PAGE)
     s.write_diff("diff", "full", ram, dirty, b"bench state 2")
     return store
 
@@ -91,9 +91,12 @@ def skopeo_dir(layer: Path, out: Path) -> None:
     for f in ("memory.bin", "state.bin"):
         d, s = put(layer / f)
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": f"sha256:{d}", "size": s})
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": f"sha256:{cd}",
-                           "size": cs}, "layers": layers}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": f"sha256:{cd}", "size": cs},
+        "layers": layers,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest))
     (out / "version").write_text("Directory Transport Version: 1.1\n")
 
@@ -102,7 +105,7 @@ def layer_bytes(layer: Path) -> int:
     return sum(p.stat().st_size for p in layer.iterdir() if p.name != "verified.json")
 
 
-def one_run(src: Path, work: Path, compress: bool) -> dict:
+def one_run(src: Path, work: Path, compress: bool) -> dict[str, Any]:
     """Push full, then diff, into a fresh registry; pull full, then diff, into an empty store. Seconds each."""
     out = {}
     extra = ["--compress", "zstd"] if compress else []
@@ -117,7 +120,7 @@ def one_run(src: Path, work: Path, compress: bool) -> dict:
     return out
 
 
-def skopeo_run(dirs: dict[str, Path], work: Path) -> dict:
+def skopeo_run(dirs: dict[str, Path], work: Path) -> dict[str, Any]:
     out = {}
     with LocalRegistry(work / "reg-skopeo") as reg:
         for name, d in dirs.items():
@@ -131,7 +134,9 @@ def skopeo_run(dirs: dict[str, Path], work: Path) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.oci", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--full-mib", type=int, default=512, help="full layer's RAM (default 512)")
     p.add_argument("--diff-mib", type=int, default=8, help="diff layer's pages, MiB (default 8)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported (default 3)")
@@ -150,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("full", "diff"):
             dirs[name] = work / f"dir-{name}"
             skopeo_dir(src / name, dirs[name])
-        runs: dict[str, list[dict]] = {"vmstore": [], "vmstore_zstd": [], "skopeo": []}
+        runs: dict[str, list[dict[str, Any]]] = {"vmstore": [], "vmstore_zstd": [], "skopeo": []}
         for _ in range(args.runs):
             runs["vmstore"].append(one_run(src, work, False))
             runs["vmstore_zstd"].append(one_run(src, work, True))
@@ -158,18 +163,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    result = {"full_mib": args.full_mib, "diff_mib": args.diff_mib, "runs": args.runs, "bytes": sizes,
-              "seconds": {}, "mb_per_s": {}}
-    print(f"layer files: full {sizes['full'] / 1e6:.1f} MB, diff {sizes['diff'] / 1e6:.1f} MB; "
-          f"median of {args.runs} run(s), MB/s (10^6 bytes of layer files per wall second)")
+    result = {
+        "full_mib": args.full_mib,
+        "diff_mib": args.diff_mib,
+        "runs": args.runs,
+        "bytes": sizes,
+        "seconds": {},
+        "mb_per_s": {},
+    }
+    print(
+        f"layer files: full {sizes['full'] / 1e6:.1f} MB, diff {sizes['diff'] / 1e6:.1f} MB; "
+        f"median of {args.runs} run(s), MB/s (10^6 bytes of layer files per wall second)"
+    )
     print(f"{'tool':<14} {'push full':>10} {'pull full':>10} {'push diff':>10} {'pull diff':>10}")
     for tool, rs in runs.items():
         secs = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         rate = {k: sizes[k.split("_")[1]] / v / 1e6 for k, v in secs.items()}
         result["seconds"][tool] = secs
         result["mb_per_s"][tool] = rate
-        print(f"{tool:<14} " + " ".join(f"{rate[k]:>10.0f}" for k in ("push_full", "pull_full", "push_diff",
-                                                                       "pull_diff")))
+        print(
+            f"{tool:<14} " + " ".join(f"{rate[k]:>10.0f}" for k in ("push_full", "pull_full", "push_diff", "pull_diff"))
+        )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out_path}")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): Ignition's boot time against QEMU TCG, in one run.
 
 For each of N runs: spawn `boot` on the built guest and time (wall clock)
@@ -17,15 +16,15 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, paths, qemu, timeouts  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
-from ignition.paths import DEFAULT_BOOT, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256, summarize  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts
+from ignition.guest import disk_copy
+from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
+from ignition.stats import sha256, summarize
+from ignition.vm import Vm, VmConfig
 
 RATIO_TARGET = 1.5
 
@@ -38,7 +37,9 @@ def time_ignition(cfg: VmConfig, disk: Path, cpus: int, mem: int, log_path: Path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.boot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=5, help="boots per VMM (default: 5)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
     p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")
@@ -79,11 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         guest.append(g / 1000)
         print(f"ignition run {i + 1}/{args.runs}: login {t:.3f} s, Guest-boot-time {g} ms")
 
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "boot_to_login",
         "ignition": {"backend": args.backend, "login": summarize(wall), "guest_boot_time": summarize(guest)},
-        "config": {"cpus": args.cpus, "mem_mib": args.mem, "runs": args.runs,
-                   "kernel_sha256": sha256(args.kernel), "disk_sha256": sha256(args.disk)},
+        "config": {
+            "cpus": args.cpus,
+            "mem_mib": args.mem,
+            "runs": args.runs,
+            "kernel_sha256": sha256(args.kernel),
+            "disk_sha256": sha256(args.disk),
+        },
         "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -107,13 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     ig = result["ignition"]
-    print(f"ignition ({args.backend}): login median {ig['login']['median_s']:.3f} s "
-          f"(min {ig['login']['min_s']:.3f}, max {ig['login']['max_s']:.3f}); "
-          f"Guest-boot-time median {ig['guest_boot_time']['median_s'] * 1000:.0f} ms")
+    print(
+        f"ignition ({args.backend}): login median {ig['login']['median_s']:.3f} s "
+        f"(min {ig['login']['min_s']:.3f}, max {ig['login']['max_s']:.3f}); "
+        f"Guest-boot-time median {ig['guest_boot_time']['median_s'] * 1000:.0f} ms"
+    )
     if "qemu_tcg" in result:
         q = result["qemu_tcg"]["login"]
-        print(f"qemu tcg: login median {q['median_s']:.3f} s (min {q['min_s']:.3f}, max {q['max_s']:.3f}); "
-              f"ratio {result['ratio_ignition_to_qemu']:.2f}x (target <= {RATIO_TARGET}x)")
+        print(
+            f"qemu tcg: login median {q['median_s']:.3f} s (min {q['min_s']:.3f}, max {q['max_s']:.3f}); "
+            f"ratio {result['ratio_ignition_to_qemu']:.2f}x (target <= {RATIO_TARGET}x)"
+        )
     print(f"wrote {args.out}")
     return 0
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): QEMU start -> `login:` wall time for the guest in guest/out.
 
 Runs N boots (default 5), prints median/min/max and writes
@@ -16,28 +15,35 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ignition import console, host, paths, qemu, timeouts  # noqa: E402
-from ignition.guest import disk_copy  # noqa: E402
-from ignition.paths import RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256, summarize  # noqa: E402
+from ignition import console, host, paths, qemu, timeouts
+from ignition.guest import disk_copy
+from ignition.paths import RESULTS_DIR
+from ignition.stats import sha256, summarize
 
 TIMEOUT = timeouts.for_backend("qemu").boot
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.qemu_boot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", type=int, default=5, help="number of boots (default: 5)")
     p.add_argument("--kernel", type=Path, default=paths.KERNEL)
     p.add_argument("--disk", type=Path, default=paths.ROOTFS)
     p.add_argument("--cpus", type=int, default=1, help="vCPUs (default: 1)")
     p.add_argument("--mem", type=int, default=512, help="memory in MiB (default: 512)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"seconds allowed per boot (default: {TIMEOUT:g})")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "qemu_boot.json",
-                   help="JSON results file (default: bench-results/qemu_boot.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR / "qemu_boot.json",
+        help="JSON results file (default: bench-results/qemu_boot.json)",
+    )
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
@@ -59,8 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples.append(t)
         print(f"run {i + 1}/{args.runs}: {t:.3f} s")
 
-    qemu_version = subprocess.run([qemu.QEMU, "--version"], capture_output=True, text=True,
-                                  check=True).stdout.splitlines()[0]
+    qemu_version = subprocess.run(
+        [qemu.QEMU, "--version"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()[0]
     result = {
         "benchmark": "qemu_boot_to_login",
         "description": "wall time from spawning qemu-system-aarch64 to 'login:' on the console",
@@ -79,8 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
-          f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}")
+    print(
+        f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
+        f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}"
+    )
     return 0
 
 

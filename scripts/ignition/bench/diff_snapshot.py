@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Benchmark (not a test): the cost and the payoff of diff snapshots, in one run.
 
-Reproduces, on the portable `emu` backend (or any --backend), the tables of the
-earlier spike's write-up (shared/seeds/003): median of N runs with min and max.
+On the portable `emu` backend (or any --backend), one table per measurement
+below, each figure the median of N runs with min and max:
 
   0. Host disk: sequential write bandwidth (256 MiB, fsync) into the store's
      directory, so snapshot write times can be read as a fraction of it.
@@ -26,8 +25,8 @@ removed at start and end) and disk copies in a temporary directory next to it;
 guest/out is only read. Writes bench-results/diff_snapshot.json and
 bench-results/diff_snapshot.md; console logs go to bench-results/logs/diff_snapshot/.
 
-    scripts/diff_snapshot_bench.py                 # N=3, 512 MiB, emu
-    scripts/diff_snapshot_bench.py --runs 5 --mem 1024
+    python3 -m ignition.bench.diff_snapshot                 # N=3, 512 MiB, emu
+    python3 -m ignition.bench.diff_snapshot --runs 5 --mem 1024
 
 Timeouts are the backend's (scripts/ignition/timeouts.py); on a slow host set
 IGNITION_TIMEOUT_SCALE (e.g. 2).
@@ -48,19 +47,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
+from types import FrameType
+from typing import Any, NoReturn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pexpect  # noqa: E402
-from ignition import console, host  # noqa: E402
-from ignition import store as vmstore  # noqa: E402
-from ignition.diff_snapshot_report import (  # noqa: E402
-    BANDWIDTH_MIB, CHAIN_DEPTH, CHAIN_MIB, DD_MIB, DIFF_MIB, DISK_WRITE_MIB, MIB, RESTORE_SPECS, report,
-    summarize_all)
-from ignition.paths import DEFAULT_BOOT, GUEST_OUT, REPO_ROOT as REPO, RESULTS_DIR  # noqa: E402
-from ignition.stats import sha256  # noqa: E402
-from ignition.vm import Vm, VmConfig  # noqa: E402
+import pexpect
+
+from ignition import console, host
+from ignition import store as vmstore
+from ignition.diff_snapshot_report import (
+    BANDWIDTH_MIB,
+    CHAIN_DEPTH,
+    CHAIN_MIB,
+    DD_MIB,
+    DIFF_MIB,
+    DISK_WRITE_MIB,
+    MIB,
+    RESTORE_SPECS,
+    report,
+    summarize_all,
+)
+from ignition.paths import DEFAULT_BOOT, GUEST_OUT, RESULTS_DIR
+from ignition.paths import REPO_ROOT as REPO
+from ignition.stats import sha256
+from ignition.vm import Vm, VmConfig
 
 DEFAULT_STORE = RESULTS_DIR / "vmstore-bench"
 LOG_DIR = RESULTS_DIR / "logs" / "diff_snapshot"
@@ -101,8 +112,14 @@ class Bench:
         except StepError:
             self.kill_all()
             raise
-        except (console.ConsoleError, OSError, ValueError, AssertionError, subprocess.SubprocessError,
-                pexpect.ExceptionPexpect) as e:
+        except (
+            console.ConsoleError,
+            OSError,
+            ValueError,
+            AssertionError,
+            subprocess.SubprocessError,
+            pexpect.ExceptionPexpect,
+        ) as e:
             self.kill_all()
             where = f" (console log: {self.log})" if self.log else ""
             raise StepError(f"step '{name}' failed{where}:\n{type(e).__name__}: {e}") from None
@@ -146,14 +163,20 @@ class Bench:
     # console pieces
 
     @staticmethod
-    def snapshot(vm: Vm, kind: str, name: str) -> dict:
+    def snapshot(vm: Vm, kind: str, name: str) -> dict[str, Any]:
         """Ctrl-A s; returns the VMM's write time, pages, disk clone method, and wall to the line."""
         snap = vm.snapshot(name, kind)
-        return {"write_ms": snap.write_ms, "pages": snap.pages, "mib": snap.mib,
-                "disk_clone": snap.disk.method, "disk_chunks_hashed": snap.disk.chunks_hashed,
-                "disk_chunks": snap.disk.chunks, "console_wall_s": snap.console_wall_s}
+        return {
+            "write_ms": snap.write_ms,
+            "pages": snap.pages,
+            "mib": snap.mib,
+            "disk_clone": snap.disk.method,
+            "disk_chunks_hashed": snap.disk.chunks_hashed,
+            "disk_chunks": snap.disk.chunks,
+            "console_wall_s": snap.console_wall_s,
+        }
 
-    def restore(self, spec: str, tag: str, name: str | None = None) -> tuple[Vm, dict]:
+    def restore(self, spec: str, tag: str, name: str | None = None) -> tuple[Vm, dict[str, Any]]:
         """Spawns `boot --restore spec` (with --track-dirty when naming a snapshot), waits for its
         log lines, presses Enter, waits for the prompt.
 
@@ -162,18 +185,37 @@ class Bench:
         goes on and after the guest starts (its first disk request waits for it): the copy's
         own time is `disk_copy_us`, and `disk_ready_us` is when it finished, from restore start.
         """
-        vm = self.started(Vm.restore(self.cfg, spec, store=self.store, name=name, track_dirty=name is not None,
-                                     log_path=self.next_log(tag), wait=False))
+        vm = self.started(
+            Vm.restore(
+                self.cfg,
+                spec,
+                store=self.store,
+                name=name,
+                track_dirty=name is not None,
+                log_path=self.next_log(tag),
+                wait=False,
+            )
+        )
         x = vm.wait_restored()
-        r = {"restore_ms": x.restore_ms, "total_us": x.total_us, "disk_copy_us": x.disk_copy_us,
-             "disk_ready_us": x.disk_ready_us, "stages_us": x.stages.stages_us, "parallel_us": x.stages.parallel_us,
-             "wall_s": x.wall_s, "logged_wall_s": x.logged_wall_s, "enter_to_prompt_s": x.wall_s - x.logged_wall_s}
+        r = {
+            "restore_ms": x.restore_ms,
+            "total_us": x.total_us,
+            "disk_copy_us": x.disk_copy_us,
+            "disk_ready_us": x.disk_ready_us,
+            "stages_us": x.stages.stages_us,
+            "parallel_us": x.stages.parallel_us,
+            "wall_s": x.wall_s,
+            "logged_wall_s": x.logged_wall_s,
+            "enter_to_prompt_s": x.wall_s - x.logged_wall_s,
+        }
         return vm, r
 
-    def dd_in_guest(self, vm: Vm, path: str, mib: int) -> dict:
+    def dd_in_guest(self, vm: Vm, path: str, mib: int) -> dict[str, Any]:
         """dd of mib MiB of zeros to a file, timed by the guest's clock (and the host's, around it)."""
-        cmd = (f"a=$({GUEST_CLOCK}); dd if=/dev/zero of={path} bs=1M count={mib} 2>/dev/null; "
-               f"s=$?; b=$({GUEST_CLOCK}); echo dd-clock $a $b; test $s = 0")
+        cmd = (
+            f"a=$({GUEST_CLOCK}); dd if=/dev/zero of={path} bs=1M count={mib} 2>/dev/null; "
+            f"s=$?; b=$({GUEST_CLOCK}); echo dd-clock $a $b; test $s = 0"
+        )
         t0 = time.perf_counter()
         out = vm.sh(cmd)
         host = time.perf_counter() - t0
@@ -188,16 +230,16 @@ class Bench:
 
     # phases
 
-    def disk_bandwidth(self, runs: int, when: str) -> list[dict]:
+    def disk_bandwidth(self, runs: int, when: str) -> list[dict[str, Any]]:
         """Sequential write of BANDWIDTH_MIB with fsync into a new file in the store's directory, N times.
 
         The files are kept until the batch ends, so that (like a snapshot) every
         sample writes into newly allocated page cache rather than reusing the
         pages a deleted previous sample freed.
         """
-        out = []
+        out: list[dict[str, Any]] = []
         buf = os.urandom(MIB)
-        paths = []
+        paths: list[Path] = []
         try:
             self._bandwidth_samples(runs, when, buf, paths, out)
         finally:
@@ -205,7 +247,9 @@ class Bench:
                 q.unlink(missing_ok=True)
         return out
 
-    def _bandwidth_samples(self, runs, when, buf, paths, out) -> None:
+    def _bandwidth_samples(
+        self, runs: int, when: str, buf: bytes, paths: list[Path], out: list[dict[str, Any]]
+    ) -> None:
         for i in range(runs):
             path = self.store / f".bench-bandwidth-{when}-{i + 1}"
             paths.append(path)
@@ -226,18 +270,34 @@ class Bench:
                 for _ in range(BANDWIDTH_MIB):
                     h.update(buf)
                 hash_s = time.perf_counter() - t1
-                out.append({"s": secs, "mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / secs, "buffered_s": t_buffered,
-                            "when": when, "sha256_mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / hash_s})
-                print(f"disk bandwidth ({when}) {i + 1}/{runs}: {BANDWIDTH_MIB} MiB + fsync in {secs * 1000:.0f} ms "
-                      f"(write() {t_buffered * 1000:.0f} ms) "
-                      f"= {out[-1]['mb_per_s']:.0f} MB/s; sha256 {out[-1]['sha256_mb_per_s']:.0f} MB/s")
+                out.append(
+                    {
+                        "s": secs,
+                        "mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / secs,
+                        "buffered_s": t_buffered,
+                        "when": when,
+                        "sha256_mb_per_s": BANDWIDTH_MIB * MIB / 1e6 / hash_s,
+                    }
+                )
+                print(
+                    f"disk bandwidth ({when}) {i + 1}/{runs}: {BANDWIDTH_MIB} MiB + fsync in {secs * 1000:.0f} ms "
+                    f"(write() {t_buffered * 1000:.0f} ms) "
+                    f"= {out[-1]['mb_per_s']:.0f} MB/s; sha256 {out[-1]['sha256_mb_per_s']:.0f} MB/s"
+                )
 
-    def boot_and_dd(self, tracked: bool, i: int) -> dict:
+    def boot_and_dd(self, tracked: bool, i: int) -> dict[str, Any]:
         mode = "tracked" if tracked else "untracked"
         with self.step(f"boot {mode} run {i + 1}"):
             disk = self.disk_copy(f"boot-{mode}-{i + 1}")
-            vm = self.started(Vm.boot(self.cfg, disk=disk, mem=self.args.mem, track_dirty=tracked,
-                                      log_path=self.next_log(f"boot-{mode}-{i + 1}")))
+            vm = self.started(
+                Vm.boot(
+                    self.cfg,
+                    disk=disk,
+                    mem=self.args.mem,
+                    track_dirty=tracked,
+                    log_path=self.next_log(f"boot-{mode}-{i + 1}"),
+                )
+            )
             guest_ms = vm.guest_boot_time_ms()
             wall = vm.wait_login()
             vm.login()
@@ -245,15 +305,26 @@ class Bench:
             dd = self.dd_in_guest(vm, "/dev/shm/blob", DD_MIB)
             self.quit_vm(vm)
             disk.unlink()
-        print(f"boot {mode:9} {i + 1}/{self.args.runs}: Guest-boot-time {guest_ms} ms, login {wall * 1000:.0f} ms; "
-              f"dd {DD_MIB} MiB {dd['mb_per_s']:.0f} MB/s ({dd['guest_s'] * 1000:.0f} ms)")
+        print(
+            f"boot {mode:9} {i + 1}/{self.args.runs}: Guest-boot-time {guest_ms} ms, login {wall * 1000:.0f} ms; "
+            f"dd {DD_MIB} MiB {dd['mb_per_s']:.0f} MB/s ({dd['guest_s'] * 1000:.0f} ms)"
+        )
         return {"guest_boot_ms": guest_ms, "login_wall_s": wall, "dd": dd}
 
-    def full_snapshot(self, name: str, i: int) -> dict:
+    def full_snapshot(self, name: str, i: int) -> dict[str, Any]:
         with self.step(f"full snapshot '{name}' (run {i + 1})"):
             disk = self.disk_copy(name)
-            vm = self.started(Vm.boot(self.cfg, disk=disk, mem=self.args.mem, store=self.store, name=name,
-                                      track_dirty=True, log_path=self.next_log(f"full-{name}")))
+            vm = self.started(
+                Vm.boot(
+                    self.cfg,
+                    disk=disk,
+                    mem=self.args.mem,
+                    store=self.store,
+                    name=name,
+                    track_dirty=True,
+                    log_path=self.next_log(f"full-{name}"),
+                )
+            )
             vm.login()
             # A prepared base image is synced: its restored children then start
             # with nothing left to write back, so a diff whose guest did not
@@ -262,11 +333,13 @@ class Bench:
             snap = self.snapshot(vm, "full", name)
             self.quit_vm(vm)
             disk.unlink()
-        print(f"full  {name:10} {i + 1}/{self.args.runs}: Snapshot-write-time {snap['write_ms']} ms, "
-              f"{snap['pages']} pages, Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms ({snap['disk_clone']})")
+        print(
+            f"full  {name:10} {i + 1}/{self.args.runs}: Snapshot-write-time {snap['write_ms']} ms, "
+            f"{snap['pages']} pages, Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms ({snap['disk_clone']})"
+        )
         return snap
 
-    def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+    def diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict[str, Any]:
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', dirty {mib} MiB, Ctrl-A s)"):
             vm, r = self.restore(parent, f"diff-{name}", name)
             vm.sh(f"dd if=/dev/zero of=/dev/shm/{name} bs=1M count={mib} 2>/dev/null")
@@ -274,11 +347,13 @@ class Bench:
             self.quit_vm(vm)
         snap["dirtied_mib"] = mib
         snap["restore_of_parent"] = r
-        print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
-              f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms")
+        print(
+            f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
+            f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms"
+        )
         return snap
 
-    def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict:
+    def disk_diff_snapshot(self, parent: str, name: str, mib: int, label: str) -> dict[str, Any]:
         """Like diff_snapshot, but the guest writes mib MiB to a file on its root disk and syncs."""
         with self.step(f"diff snapshot '{name}' ({label}: restore '{parent}', write {mib} MiB to /, sync, Ctrl-A s)"):
             vm, r = self.restore(parent, f"diff-{name}", name)
@@ -287,12 +362,14 @@ class Bench:
             self.quit_vm(vm)
         snap["disk_written_mib"] = mib
         snap["restore_of_parent"] = r
-        print(f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
-              f"{snap['disk_chunks_hashed']} of {snap['disk_chunks']} disk chunks hashed, "
-              f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms")
+        print(
+            f"diff  {name:10} ({label}): Snapshot-write-time {snap['write_ms']} ms, {snap['pages']} pages, "
+            f"{snap['disk_chunks_hashed']} of {snap['disk_chunks']} disk chunks hashed, "
+            f"Ctrl-A s -> line {snap['console_wall_s'] * 1000:.0f} ms"
+        )
         return snap
 
-    def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict:
+    def timed_restore(self, spec: str, layers: int, expect_files: list[str], i: int) -> dict[str, Any]:
         with self.step(f"restore '{spec}' ({layers} layers) run {i + 1}"):
             vm, r = self.restore(spec, f"restore-{spec}-{i + 1}")
             # Not timed: the restored guest must hold exactly the chain's files.
@@ -303,11 +380,13 @@ class Bench:
         named = sum(r["stages_us"].values())
         r["unattributed_us"] = max(0, r["total_us"] - named)
         top = max(r["stages_us"], key=r["stages_us"].get)
-        print(f"restore {spec:9} {i + 1}/{self.args.restore_runs}: Restore-time {r['restore_ms']} ms "
-              f"(largest stage: {top} {r['stages_us'][top] / 1000:.0f} ms), wall to prompt {r['wall_s'] * 1000:.0f} ms")
+        print(
+            f"restore {spec:9} {i + 1}/{self.args.restore_runs}: Restore-time {r['restore_ms']} ms "
+            f"(largest stage: {top} {r['stages_us'][top] / 1000:.0f} ms), wall to prompt {r['wall_s'] * 1000:.0f} ms"
+        )
         return r
 
-    def layer_footprint(self, name: str) -> dict:
+    def layer_footprint(self, name: str) -> dict[str, Any]:
         d = self.store / name
         files = {p.name: vmstore.file_sizes(p) for p in sorted(d.iterdir()) if p.is_file()}
         return {"files": files, "total": vmstore.tree_sizes(d)}
@@ -315,16 +394,16 @@ class Bench:
     def remove_layer(self, name: str) -> None:
         vmstore.remove_tree(self.store / name)
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         n = self.args.runs
-        res: dict = {}
+        res: dict[str, Any] = {}
         t_start = time.perf_counter()
 
         print(f"== host disk: sequential write bandwidth ({BANDWIDTH_MIB} MiB + fsync, {self.store})")
         res["disk_bandwidth"] = self.disk_bandwidth(n, "start")
 
         print("== boot and in-guest dd, untracked vs --track-dirty (interleaved)")
-        boots = {"untracked": [], "tracked": []}
+        boots: dict[str, list[dict[str, Any]]] = {"untracked": [], "tracked": []}
         for i in range(n):
             for tracked in (False, True):
                 boots["tracked" if tracked else "untracked"].append(self.boot_and_dd(tracked, i))
@@ -333,20 +412,24 @@ class Bench:
         print("== snapshot write: full (fresh boot) and diffs of the golden root")
         full_names = ["golden"] + [f"full-{i + 1}" for i in range(1, n)]
         res["full"] = [self.full_snapshot(name, i) for i, name in enumerate(full_names)]
-        diffs: dict = {str(m): [] for m in DIFF_MIB}
+        diffs: dict[str, Any] = {str(m): [] for m in DIFF_MIB}
         disk_diffs = []
         for i in range(n):
             for mib in DIFF_MIB:
                 diffs[str(mib)].append(self.diff_snapshot("golden", f"w{mib}-{i + 1}", mib, f"write run {i + 1}"))
-            disk_diffs.append(self.disk_diff_snapshot("golden", f"wd{DISK_WRITE_MIB}-{i + 1}", DISK_WRITE_MIB,
-                                                      f"write run {i + 1}"))
+            disk_diffs.append(
+                self.disk_diff_snapshot("golden", f"wd{DISK_WRITE_MIB}-{i + 1}", DISK_WRITE_MIB, f"write run {i + 1}")
+            )
         res["diff"] = diffs
         res["disk_diff"] = disk_diffs
 
         # Footprint of the write-measurement layers, then remove them so golden
         # has a single child chain for golden+N.
-        extra = [*full_names[1:], *(f"w{m}-{i + 1}" for m in DIFF_MIB for i in range(n)),
-                 *(f"wd{DISK_WRITE_MIB}-{i + 1}" for i in range(n))]
+        extra = [
+            *full_names[1:],
+            *(f"w{m}-{i + 1}" for m in DIFF_MIB for i in range(n)),
+            *(f"wd{DISK_WRITE_MIB}-{i + 1}" for i in range(n)),
+        ]
         with self.step("footprint of the write-measurement layers"):
             res["write_layers_footprint"] = {name: self.layer_footprint(name) for name in extra}
             for name in extra:
@@ -361,7 +444,7 @@ class Bench:
         res["chain_build"] = chain
 
         print("== restore by chain depth (interleaved)")
-        restores: dict = {spec: [] for spec, _ in RESTORE_SPECS}
+        restores: dict[str, Any] = {spec: [] for spec, _ in RESTORE_SPECS}
         for i in range(self.args.restore_runs):
             for spec, layers in RESTORE_SPECS:
                 files = [f"d{k}" for k in range(1, layers)]
@@ -369,9 +452,9 @@ class Bench:
         res["restore"] = restores
 
         with self.step("footprint of the store"):
-            layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
+            chain_layers = ["golden", *(f"d{k}" for k in range(1, CHAIN_DEPTH + 1))]
             res["footprint"] = {
-                "layers": {name: self.layer_footprint(name) for name in layers},
+                "layers": {name: self.layer_footprint(name) for name in chain_layers},
                 "store": vmstore.tree_sizes(self.store),
                 "store_entries": sorted(p.name for p in self.store.iterdir()),
             }
@@ -382,7 +465,7 @@ class Bench:
         return res
 
 
-def host_info(args: argparse.Namespace) -> dict:
+def host_info(args: argparse.Namespace) -> dict[str, Any]:
     boot = args.boot.resolve()
     fs = host.sh(["df", "-T", str(args.store)]).splitlines()
     store_fs = fs[-1].split()[1] if len(fs) >= 2 and len(fs[-1].split()) > 1 else "unknown"
@@ -414,23 +497,43 @@ def host_info(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m ignition.bench.diff_snapshot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--runs", type=int, default=3, help="runs per measurement (default: 3)")
-    p.add_argument("--restore-runs", type=int, default=15,
-                   help="runs per restore target (default: 15; restores are cheap, and a few ms are easily "
-                        "disturbed on a shared host)")
+    p.add_argument(
+        "--restore-runs",
+        type=int,
+        default=15,
+        help="runs per restore target (default: 15; restores are cheap, and a few ms are easily "
+        "disturbed on a shared host)",
+    )
     p.add_argument("--mem", type=int, default=512, help="guest RAM in MiB (default: 512)")
     p.add_argument("--boot", type=Path, default=DEFAULT_BOOT, help="the boot binary (default: target/release/boot)")
     p.add_argument("--backend", default="emu", choices=["emu", "hvf"], help="Ignition backend (default: emu)")
     p.add_argument("--kernel", type=Path, default=GUEST_OUT / "Image")
     p.add_argument("--disk", type=Path, default=GUEST_OUT / "rootfs.ext4", help="root disk (copied, never modified)")
-    p.add_argument("--store", type=Path, default=DEFAULT_STORE,
-                   help="throwaway snapshot store, removed at start and end (default: bench-results/vmstore-bench)")
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=DEFAULT_STORE,
+        help="throwaway snapshot store, removed at start and end (default: bench-results/vmstore-bench)",
+    )
     p.add_argument("--keep-store", action="store_true", help="leave the store in place at the end (for inspection)")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "diff_snapshot.json",
-                   help="JSON results (default: bench-results/diff_snapshot.json); the Markdown goes next to it (.md)")
-    p.add_argument("--from-json", type=Path, metavar="JSON",
-                   help="run nothing: rewrite the Markdown report of an earlier run's JSON (next to it)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR / "diff_snapshot.json",
+        help="JSON results (default: bench-results/diff_snapshot.json); the Markdown goes next to it (.md)",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: rewrite the Markdown report of an earlier run's JSON (next to it)",
+    )
     args = p.parse_args(argv)
     if args.from_json:
         prev = json.loads(args.from_json.read_text())
@@ -442,8 +545,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--runs and --restore-runs must be >= 1")
     if args.mem < 256:
         p.error("--mem must be >= 256 (the 64 MiB dd and diff need room in /dev/shm)")
-    for f, hint in ((args.boot, "cargo build --release --bin boot"), (args.kernel, "guest/build.sh"),
-                    (args.disk, "guest/build.sh")):
+    for f, hint in (
+        (args.boot, "cargo build --release --bin boot"),
+        (args.kernel, "guest/build.sh"),
+        (args.disk, "guest/build.sh"),
+    ):
         if not f.is_file():
             print(f"diff_snapshot_bench: {f} not found ({hint})", file=sys.stderr)
             return 1
@@ -451,13 +557,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.store == REPO or REPO.is_relative_to(args.store) or args.store.is_relative_to(GUEST_OUT.resolve()):
         p.error(f"refusing to use {args.store} as the throwaway store")
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    def wipe_store():
+    def wipe_store() -> None:
         if args.store.exists():
             vmstore.remove_tree(args.store)
 
@@ -485,8 +591,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             wipe_store()
 
     summary = summarize_all(raw, args.runs)
-    result = {"benchmark": "diff_snapshot", "config": info, "summary": summary, "raw": raw,
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "benchmark": "diff_snapshot",
+        "config": info,
+        "summary": summary,
+        "raw": raw,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")  # insertion order: the report's order
     md = report(raw, summary, info)

@@ -28,13 +28,14 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import pexpect
 
-from . import console, paths, qemu, timeouts
+from .. import console, paths, qemu, timeouts
 
 BUILD_SCRIPT = paths.REPO_ROOT / "guest" / "conformance" / "build.sh"
 IMAGES_DIR = paths.REPO_ROOT / "target" / "conformance"
@@ -56,16 +57,24 @@ class Group:
     across a snapshot takes and restores one (run_ignition_across_snapshot)."""
 
 
-GROUPS: dict[str, Group] = {g.name: g for g in (
-    Group("sgi", 4, "SGIs to self, to a target list and broadcast (IRM=1) reach CPUs spinning with IRQs enabled"),
-    Group("active", 1, "GICv3 active state: IAR/EOIR/DIR flow, GICR/GICD ISACTIVER, ICACTIVER, in a handler"),
-    Group("vtimer", 1, "virtual timer: ISTATUS, TVAL/CVAL, PPI 27 follows the output, IRQ, WFI with PSTATE.I set"),
-    Group("debug", 2, "BRK, hardware breakpoint, watchpoint and software step at EL1 and EL0"),
-    Group("pmu", 1, "an advertised PMUv3 counts: PMCCNTR_EL0 and the events PMCEID0_EL0 lists"),
-    Group("idregs", 2, "ID_AA64* values; advertised features work (ISA, debug counts, granules, DC ZVA, AArch32)"),
-    Group("snapshot", 1, "a breakpoint, a watchpoint, a timer and a pending SGI programmed before a pause point "
-                         "each fire once after it (across a snapshot and restore on Ignition)", paused=True),
-)}
+GROUPS: dict[str, Group] = {
+    g.name: g
+    for g in (
+        Group("sgi", 4, "SGIs to self, to a target list and broadcast (IRM=1) reach CPUs spinning with IRQs enabled"),
+        Group("active", 1, "GICv3 active state: IAR/EOIR/DIR flow, GICR/GICD ISACTIVER, ICACTIVER, in a handler"),
+        Group("vtimer", 1, "virtual timer: ISTATUS, TVAL/CVAL, PPI 27 follows the output, IRQ, WFI with PSTATE.I set"),
+        Group("debug", 2, "BRK, hardware breakpoint, watchpoint and software step at EL1 and EL0"),
+        Group("pmu", 1, "an advertised PMUv3 counts: PMCCNTR_EL0 and the events PMCEID0_EL0 lists"),
+        Group("idregs", 2, "ID_AA64* values; advertised features work (ISA, debug counts, granules, DC ZVA, AArch32)"),
+        Group(
+            "snapshot",
+            1,
+            "a breakpoint, a watchpoint, a timer and a pending SGI programmed before a pause point "
+            "each fire once after it (across a snapshot and restore on Ignition)",
+            paused=True,
+        ),
+    )
+}
 """Every group, in the order the suite runs them."""
 
 
@@ -80,7 +89,7 @@ class Result:
     """`pass`, `fail` (a check failed, or the run did not end cleanly) or `error` (could not run)."""
     checks: dict[str, str | None] = field(default_factory=dict)
     """Check name -> None (passed) or the failure detail, in output order."""
-    latency: dict[str, dict] = field(default_factory=dict)
+    latency: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Name -> latency_summary() of its samples."""
     ids: dict[str, int] = field(default_factory=dict)
     """ID register name -> value (group idregs)."""
@@ -119,9 +128,16 @@ class Result:
         tail = self.console.strip().splitlines()[-15:]
         return "\n".join(lines + ["  console (tail):"] + [f"  | {t}" for t in tail])
 
-    def as_json(self) -> dict:
-        return {"status": self.status, "summary": self.summary(), "checks": self.checks, "problem": self.problem,
-                "exit_code": self.exit_code, "elapsed_s": round(self.elapsed_s, 3), "header": self.header}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "summary": self.summary(),
+            "checks": self.checks,
+            "problem": self.problem,
+            "exit_code": self.exit_code,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "header": self.header,
+        }
 
 
 _BEGIN = re.compile(r"^# check ([\w.-]+)$")
@@ -132,15 +148,21 @@ _LAT = re.compile(r"^LAT ([\w-]+) hz=(\d+) ticks=([\d,]*)$")
 _RESULT = re.compile(r"^RESULT pass=(\d+) fail=(\d+)$")
 
 
-def latency_summary(ticks: Sequence[int], hz: int) -> dict:
+def latency_summary(ticks: Sequence[int], hz: int) -> dict[str, Any]:
     """Counter ticks -> ns: `n`, `median_ns`, `p99_ns` (nearest rank), `min_ns`, `max_ns`, `samples_ns`.
     With no samples only `n` = 0."""
     if not ticks:
         return {"n": 0}
     ns = sorted(t * 1e9 / hz for t in ticks)
     p99 = ns[max(0, math.ceil(0.99 * len(ns)) - 1)]
-    return {"n": len(ns), "median_ns": round(statistics.median(ns)), "p99_ns": round(p99),
-            "min_ns": round(ns[0]), "max_ns": round(ns[-1]), "samples_ns": [round(t * 1e9 / hz) for t in ticks]}
+    return {
+        "n": len(ns),
+        "median_ns": round(statistics.median(ns)),
+        "p99_ns": round(p99),
+        "min_ns": round(ns[0]),
+        "max_ns": round(ns[-1]),
+        "samples_ns": [round(t * 1e9 / hz) for t in ticks],
+    }
 
 
 def parse(result: Result, console: str) -> Result:
@@ -164,7 +186,7 @@ def parse(result: Result, console: str) -> Result:
                 result.checks[name] = detail or "failed"
                 failed = name
         elif line.startswith(_ALSO) and failed:
-            result.checks[failed] += "; " + line[len(_ALSO):]
+            result.checks[failed] = f"{result.checks[failed]}; {line[len(_ALSO) :]}"
         elif m := _ID.match(line):
             result.ids[m.group(1)] = int(m.group(2), 16)
         elif m := _LAT.match(line):
@@ -180,7 +202,7 @@ def parse(result: Result, console: str) -> Result:
         elif counts != (result.passed, len(result.failures)):
             result.problem = f"RESULT pass={counts[0]} fail={counts[1]} disagrees with the PASS/FAIL lines"
     if result.problem and counts is None and started and started not in result.checks:
-        result.checks[started] = result.problem     # the check that was running
+        result.checks[started] = result.problem  # the check that was running
     ok = result.problem is None and not result.failures and result.checks
     result.status = "pass" if ok else "fail"
     return result
@@ -200,8 +222,9 @@ def images(directory: Path) -> dict[str, Path]:
     return {g: directory / f"{g}.Image" for g in GROUPS}
 
 
-def boot_argv(boot: Path, image: Path, cpus: int, disk: Path, backend: str | None = None,
-              gic: str | None = None) -> list[str]:
+def boot_argv(
+    boot: Path, image: Path, cpus: int, disk: Path, backend: str | None = None, gic: str | None = None
+) -> list[str]:
     """`boot` running a conformance image (the disk is a placeholder the image never reads)."""
     argv = [str(boot), "--kernel", str(image), "--disk", str(disk), "--cpus", str(cpus), "--mem", str(MEM_MIB)]
     if backend:
@@ -213,8 +236,21 @@ def boot_argv(boot: Path, image: Path, cpus: int, disk: Path, backend: str | Non
 
 def qemu_argv(image: Path, cpus: int, qemu_bin: str = qemu.QEMU) -> list[str]:
     """The reference: QEMU virt with GICv3, `-cpu max`, entered at EL1 (no EL2/EL3), TCG."""
-    return [qemu_bin, "-M", "virt,gic-version=3", "-cpu", "max", "-m", str(MEM_MIB), "-smp", str(cpus),
-            "-nographic", "-no-reboot", "-kernel", str(image)]
+    return [
+        qemu_bin,
+        "-M",
+        "virt,gic-version=3",
+        "-cpu",
+        "max",
+        "-m",
+        str(MEM_MIB),
+        "-smp",
+        str(cpus),
+        "-nographic",
+        "-no-reboot",
+        "-kernel",
+        str(image),
+    ]
 
 
 READY = "# ready"
@@ -230,14 +266,14 @@ def run_paused(group: str, target: str, argv: Sequence[str], timeout: float) -> 
     out = []
     try:
         console.expect(child, READY, timeout, "the pause point")
-        out.append(child.before + child.after)
+        out.append(console.before(child) + console.after(child))
         child.send("g")
         child.expect(pexpect.EOF, timeout=timeout)
-        out.append(child.before)
+        out.append(console.before(child))
         child.close()
         result.exit_code = child.exitstatus
     except (console.ConsoleError, pexpect.TIMEOUT) as e:
-        out.append(child.before if isinstance(child.before, str) else "")
+        out.append(console.before(child))
         result.problem = f"did not finish: {e}"
         console.terminate(child)
     result.elapsed_s = time.perf_counter() - t0
@@ -245,8 +281,14 @@ def run_paused(group: str, target: str, argv: Sequence[str], timeout: float) -> 
     return result
 
 
-def run_ignition_across_snapshot(group: str, image_dir: Path, boot: Path, backend: str | None = None,
-                                 gic: str | None = None, timeout: float | None = None) -> Result:
+def run_ignition_across_snapshot(
+    group: str,
+    image_dir: Path,
+    boot: Path,
+    backend: str | None = None,
+    gic: str | None = None,
+    timeout: float | None = None,
+) -> Result:
     """A paused group on `boot --track-dirty`, snapshotted (Ctrl-A s) at its pause point and
     quit; then `boot --restore`, which gets the byte and runs the checks. The result is the
     restored run's (target `BACKEND+snapshot`)."""
@@ -283,11 +325,11 @@ def run_ignition_across_snapshot(group: str, image_dir: Path, boot: Path, backen
             console.expect(child, r"Restore-time = \d+ ms", timeout, "the restore")
             child.send("g")
             child.expect(pexpect.EOF, timeout=timeout)
-            out = child.before
+            out = console.before(child)
             child.close()
             result.exit_code = child.exitstatus
         except (console.ConsoleError, pexpect.TIMEOUT) as e:
-            out = child.before if isinstance(child.before, str) else ""
+            out = console.before(child)
             result.problem = f"did not finish: {e}"
             console.terminate(child)
         result.elapsed_s = time.perf_counter() - t0
@@ -319,8 +361,14 @@ def run_argv(group: str, target: str, argv: Sequence[str], timeout: float) -> Re
     return result
 
 
-def run_ignition(group: str, image_dir: Path, boot: Path, backend: str | None = None, gic: str | None = None,
-                 timeout: float | None = None) -> Result:
+def run_ignition(
+    group: str,
+    image_dir: Path,
+    boot: Path,
+    backend: str | None = None,
+    gic: str | None = None,
+    timeout: float | None = None,
+) -> Result:
     """One group on `boot` (backend None: boot's default); timeout default: the backend's cmd timeout."""
     name = backend or timeouts.default_backend()
     timeout = timeouts.for_backend(name).cmd if timeout is None else timeout
@@ -341,8 +389,9 @@ def run_qemu(group: str, image_dir: Path, timeout: float | None = None, qemu_bin
 def qemu_version(qemu_bin: str = qemu.QEMU) -> str:
     """First line of `qemu-system-aarch64 --version`, or "" if it cannot run."""
     try:
-        return subprocess.run([qemu_bin, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0]
+        return subprocess.run([qemu_bin, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[
+            0
+        ]
     except (OSError, subprocess.SubprocessError, IndexError):
         return ""
 
