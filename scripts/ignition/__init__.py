@@ -44,8 +44,18 @@ in (ignition.paths); an editable install keeps that link.
 """
 
 from .console import ConsoleError
-from .control import Control, ControlError
+from .control import ControlClient, ControlError
 from .timeouts import Timeouts
 from .vm import Layer, Restored, Snapshot, Vm, VmConfig
 
-__all__ = ["Control", "ControlError", "ConsoleError", "Layer", "Restored", "Snapshot", "Timeouts", "Vm", "VmConfig"]
+__all__ = [
+    "ControlClient",
+    "ControlError",
+    "ConsoleError",
+    "Layer",
+    "Restored",
+    "Snapshot",
+    "Timeouts",
+    "Vm",
+    "VmConfig",
+]

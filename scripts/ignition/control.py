@@ -19,7 +19,7 @@ class ControlError(Exception):
         self.message = message
 
 
-class Control:
+class ControlClient:
     """One connection to a VM's control socket."""
 
     def __init__(self, path: os.PathLike[str] | str, timeout: float = 60.0):
@@ -78,7 +78,7 @@ class Control:
         self.file.close()
         self.sock.close()
 
-    def __enter__(self) -> Control:
+    def __enter__(self) -> ControlClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,7 @@ import pexpect
 
 from . import console, loglines, paths, timeouts
 from .console import ConsoleError
-from .control import Control
+from .control import ControlClient
 
 CTRL_A = "\x01"
 
@@ -143,7 +143,7 @@ class Vm:
         self.control_path = Path(self._control_dir.name) / "control.sock" if self._control_dir else None
         if self.control_path is not None:
             args = [*args, "--control", str(self.control_path)]
-        self._ctl: Control | None = None
+        self._ctl: ControlClient | None = None
         self.timeouts = cfg.timeouts or timeouts.for_backend(cfg.backend)
         self.argv = cfg.argv(*args)
         self.log_path = log_path
@@ -208,13 +208,13 @@ class Vm:
     def __exit__(self, *exc: object) -> None:
         self.terminate()
 
-    def control(self, path: os.PathLike[str] | str | None = None) -> Control:
+    def control(self, path: os.PathLike[str] | str | None = None) -> ControlClient:
         """A new connection to this VM's control socket: `path` (`--control PATH` passed in
         extra), else the socket of a VM started with control=True."""
         path = path if path is not None else self.control_path
         if path is None:
             raise ValueError("this VM has no control socket: start it with control=True")
-        return Control(path, self.timeouts.boot)
+        return ControlClient(path, self.timeouts.boot)
 
     @property
     def pid(self) -> int:

@@ -203,7 +203,7 @@ def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
 PY_RUN = {
     ("python.md", "import vmstore"): "test_book_python_vmstore_example",
     ("python.md", "from ignition import Vm, VmConfig"): "test_book_python_ignition_example",
-    ("control-socket.md", "from ignition.control import Control"): "test_book_python_control_example",
+    ("control-socket.md", "from ignition.control import ControlClient"): "test_book_python_control_example",
 }
 
 
@@ -261,7 +261,7 @@ def test_book_python_control_example(tmp_path, guest_out, cfg):
 
     shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
     sock = tmp_path / "vm.sock"
-    block = book_python_blocks()[("control-socket.md", "from ignition.control import Control")]
+    block = book_python_blocks()[("control-socket.md", "from ignition.control import ControlClient")]
     assert "/tmp/vm.sock" in block
     with Vm.boot(
         cfg,
