@@ -154,7 +154,12 @@ def test_pushing_d4_sends_only_its_blobs(chain, pushed, registry, tmp_path):
     assert rep["bytes_sent"] == sum(
         b["size"] for layer in rep["layers"] for b in layer["blobs"] if b["status"] == "sent"
     )
-    assert rep["bytes_sent"] < first["bytes_sent"] / 4
+    # Exactly the blobs the registry lacked were sent: d4's own, less any it
+    # shares with its ancestors (its disk image, when the guest wrote nothing
+    # to the disk since d3). How much that is depends on what the guest did,
+    # not on this test: no bound on the size.
+    new = [b for layer in rep["layers"] for b in layer["blobs"] if b["digest"] not in old]
+    assert new and rep["bytes_sent"] == sum(b["size"] for b in new)
     # A store with golden+3 pulls only d4.
     store = tmp_path / "S"
     vmstore(store, "pull", pushed[0], "--plain-http")
