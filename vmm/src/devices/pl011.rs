@@ -12,9 +12,13 @@
 //!   empty FIFO alone does not raise it, so unmasking TXIM on a quiet UART
 //!   raises no interrupt until the next write.
 //! - RX: 16-byte FIFO when LCR_H.FEN is set, else a 1-byte holding register.
-//!   Input is accepted only while CR.UARTEN and CR.RXE are set; otherwise
-//!   [`Pl011::rx_space`] is 0 and the console layer keeps the bytes. Input
-//!   is flow-controlled by the caller, so there are no overruns or errors.
+//!   Input is accepted while CR.RXE is set (it is out of reset), whatever
+//!   CR.UARTEN says: like TX, so that a guest without firmware that polls
+//!   the UART without enabling it (kvm-unit-tests' `getchar`) reads its
+//!   input, as on QEMU. With RXE clear (Linux clears it when the tty
+//!   closes) [`Pl011::rx_space`] is 0 and the console layer keeps the
+//!   bytes. Input is flow-controlled by the caller, so there are no
+//!   overruns or errors.
 //! - RXIS: set when the FIFO level reaches the IFLS trigger level, cleared
 //!   when reads take it below the level (TRM 2.8.2).
 //! - RTIS (receive timeout): with no bit clock the 32-bit-period timeout is
@@ -72,7 +76,6 @@ const FR_RXFF: u32 = 1 << 6;
 const FR_TXFE: u32 = 1 << 7;
 
 const LCR_H_FEN: u32 = 1 << 4;
-const CR_UARTEN: u32 = 1 << 0;
 const CR_RXE: u32 = 1 << 9;
 
 /// Receive interrupt bit in RIS/MIS/IMSC/ICR.
@@ -191,9 +194,9 @@ impl Pl011 {
     }
 
     /// Bytes [`Pl011::enqueue_rx`] would accept now: free FIFO space, or 0
-    /// while the receiver is disabled (CR.UARTEN or CR.RXE clear).
+    /// while the receiver is disabled (CR.RXE clear).
     pub fn rx_space(&self) -> usize {
-        if self.cr & (CR_UARTEN | CR_RXE) != (CR_UARTEN | CR_RXE) {
+        if self.cr & CR_RXE == 0 {
             return 0;
         }
         self.rx_depth().saturating_sub(self.rx.len())
@@ -441,6 +444,7 @@ pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    const CR_UARTEN: u32 = 1 << 0;
     const CR_TXE: u32 = 1 << 8;
 
     /// An [`IrqLine`] that records every level it is driven to.
@@ -574,7 +578,8 @@ pub(crate) mod tests {
     #[test]
     fn rx_without_fifo_and_while_disabled() {
         let (mut u, _, _) = uart();
-        assert_eq!(u.rx_space(), 0, "UARTEN clear at reset");
+        w32(&mut u, CR, CR_UARTEN | CR_TXE);
+        assert_eq!(u.rx_space(), 0, "RXE clear");
         assert_eq!(u.enqueue_rx(b"x"), 0);
         w32(&mut u, CR, CR_UARTEN | CR_RXE);
         assert_eq!(u.enqueue_rx(b"ab"), 1, "1-byte holding register");
@@ -587,6 +592,23 @@ pub(crate) mod tests {
         assert_eq!(r32(&mut u, FR) & FR_RXFE, FR_RXFE);
         w32(&mut u, CR, CR_UARTEN);
         assert_eq!(u.rx_space(), 0, "RXE clear");
+    }
+
+    /// A guest that never enables the UART (UARTEN clear, CR at its reset
+    /// value) and polls it with byte reads, as kvm-unit-tests' `getchar`
+    /// does, gets its input.
+    #[test]
+    fn rx_reaches_a_polling_guest_that_never_enabled_the_uart() {
+        let (mut u, _, _) = uart();
+        assert_eq!(r32(&mut u, CR) & CR_UARTEN, 0);
+        assert_eq!(u.enqueue_rx(b"k"), 1);
+        let mut b = [0u8; 1];
+        u.read(0, FR, &mut b).unwrap();
+        assert_eq!(u32::from(b[0]) & FR_RXFE, 0, "RX FIFO not empty");
+        u.read(0, DR, &mut b).unwrap();
+        assert_eq!(b[0], b'k');
+        u.read(0, FR, &mut b).unwrap();
+        assert_eq!(u32::from(b[0]) & FR_RXFE, FR_RXFE);
     }
 
     #[test]
