@@ -1229,3 +1229,53 @@ fn watchpoints_fire_on_the_watched_bytes_only() {
     );
     assert_eq!(g.read_u64(watched), 7, "the watched store was not");
 }
+
+/// kvm-unit-tests' `debug ss`: MDSCR_EL1.SS and KDE set with debug
+/// exceptions masked and PSTATE.SS clear, then `msr daifclr, #8`: the step
+/// is active-pending, so a Software Step exception (no instruction stepped,
+/// ISV 0) is due before the next instruction (quirk 17).
+#[test]
+fn unmasking_debug_exceptions_takes_a_pending_software_step() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_SS};
+    let mut g = Guest::new(&[
+        0xd503_48ff, // 0x00: msr daifclr, #8
+        0xd503_201f, // 0x04: nop
+        0xd503_201f, // 0x08: nop
+        0xd400_0002, // 0x0c: hvc #0
+    ]);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_SS | MDSCR_KDE)
+        .unwrap();
+    // EL1h, D, A, I, F masked, PSTATE.SS clear.
+    g.cpu.set_reg(Reg::Pstate, 0x3c5).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL1H });
+    assert_eq!(g.sys(sr::ESR_EL1), 0xce00_0022, "EC 0x33, IL, ISV 0, debug");
+    assert_eq!(g.sys(sr::ELR_EL1), CODE + 4);
+}
+
+/// Stepping `msr daifset, #8` masks debug exceptions: no Software Step
+/// exception follows it (QEMU raises one anyway, quirk 17), execution goes
+/// on, and the step stays pending (PSTATE.SS clear).
+#[test]
+fn a_stepped_instruction_that_masks_debug_exceptions_is_not_followed_by_a_step() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_SS, PSTATE_SS};
+    let mut g = Guest::new(&[
+        0xd503_48df, // 0x00: msr daifset, #8
+        0xd503_201f, // 0x04: nop
+        0xd400_0002, // 0x08: hvc #0
+    ]);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_SS | MDSCR_KDE)
+        .unwrap();
+    // EL1h, D clear, PSTATE.SS set: the first instruction is stepped.
+    g.cpu.set_reg(Reg::Pstate, 0x1c5 | PSTATE_SS).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    assert_eq!(g.pc(), CODE + 12);
+    assert_eq!(
+        g.cpu.reg(Reg::Pstate).unwrap() & PSTATE_SS,
+        0,
+        "still pending"
+    );
+}

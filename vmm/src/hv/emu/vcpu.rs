@@ -174,6 +174,8 @@ impl EmuVcpu {
             spin_enabled: vm.vcpus.len() > 1,
             watch: Vec::new(),
             watch_bypass: None,
+            step_armed: false,
+            stepped_block: false,
         });
         let vcpu = EmuVcpu {
             id,
@@ -250,7 +252,8 @@ impl EmuVcpu {
 
     /// Reads the watchpoint registers back (after the guest or the VMM
     /// changed one, or an access was let through) and makes the TLB hook
-    /// check their pages again.
+    /// check their pages again; notes whether software step is enabled
+    /// (MDSCR_EL1.SS, quirk 17).
     pub(super) fn update_watchpoints(&mut self) -> Result<()> {
         let uc = self.uc;
         let mdscr = uc.cp_read(sr::MDSCR_EL1).unwrap_or(0);
@@ -265,6 +268,8 @@ impl EmuVcpu {
         let st = self.state();
         st.watch = watch;
         st.watch_bypass = None;
+        st.step_armed = mdscr & debug::MDSCR_SS != 0;
+        st.stepped_block = false;
         uc.flush_tlb().map_err(uc_err("flush TLB"))
     }
 
@@ -641,6 +646,11 @@ pub(crate) struct HookState {
     /// A watched 4 KiB page let through for an access that hit no
     /// watchpoint, and the blocks run since; the next block re-protects it.
     pub watch_bypass: Option<(u64, u8)>,
+    /// MDSCR_EL1.SS is set: the block hook checks the step state (quirk 17).
+    pub step_armed: bool,
+    /// The current block started with software step active-not-pending
+    /// (its instruction is stepped); kept only while `step_armed`.
+    pub stepped_block: bool,
 }
 
 impl HookState {
