@@ -63,6 +63,8 @@ GROUPS: dict[str, Group] = {g.name: g for g in (
     Group("debug", 2, "BRK, hardware breakpoint, watchpoint and software step at EL1 and EL0"),
     Group("pmu", 1, "an advertised PMUv3 counts: PMCCNTR_EL0 and the events PMCEID0_EL0 lists"),
     Group("idregs", 2, "ID_AA64* values; advertised features work (ISA, debug counts, granules, DC ZVA, AArch32)"),
+    Group("gic-minimal", 2, "SGIs and the timer PPI reach CPUs whose GIC was set up minimally (redistributors "
+                            "never woken through GICR_WAKER), as bare-metal suites do"),
     Group("snapshot", 1, "a breakpoint, a watchpoint, a timer and a pending SGI programmed before a pause point "
                          "each fire once after it (across a snapshot and restore on Ignition)", paused=True),
 )}
