@@ -1279,3 +1279,31 @@ fn a_stepped_instruction_that_masks_debug_exceptions_is_not_followed_by_a_step()
         "still pending"
     );
 }
+
+/// Spins on CNTV_CTL_EL0 until ISTATUS, then reads ISR_EL1 (IRQs masked).
+const VTIMER_SPIN: &[u32] = &[
+    0xd53b_e320, // 0x00: mrs x0, cntv_ctl_el0
+    0x3617_ffe0, // 0x04: tbz w0, #2, 0x00
+    0xd538_c101, // 0x08: mrs x1, isr_el1
+    0xd400_0002, // 0x0c: hvc #0
+];
+
+/// The virtual timer's output is ISTATUS: the read that first shows the
+/// condition raises the PPI (the IRQ is pending at the next instruction),
+/// not the timer thread when it next wakes (kvm-unit-tests' timer test
+/// checks for the interrupt right after its busy loop sees ISTATUS).
+#[test]
+fn a_read_showing_istatus_raises_the_vtimer_ppi_at_once() {
+    for _ in 0..5 {
+        let mut g = Guest::new(VTIMER_SPIN);
+        // 2 ms ahead, enabled, IRQs masked (PSTATE as at entry).
+        let cval = g.sys(sr::CNTVCT_EL0) + super::timer::COUNTER_HZ / 500;
+        g.cpu.set_sysreg(sr::CNTV_CVAL_EL0, cval).unwrap();
+        g.cpu.set_sysreg(sr::CNTV_CTL_EL0, 1).unwrap();
+        g.io.irq_follows_vtimer = true; // the GIC's answer once the PPI is raised
+        assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+        assert_eq!(g.x(0) & 0b101, 0b101, "ENABLE, ISTATUS");
+        assert_eq!(g.x(1) & (1 << 7), 1 << 7, "ISR_EL1.I: the IRQ is pending");
+        assert!(g.io.events.contains(&Ev::Timer(true)), "the PPI was raised");
+    }
+}
