@@ -173,6 +173,8 @@ def test_book_command_runs(cmd, tmp_path, guest_out):
     argv = [a.replace("DIR", str(tmp_path / "out")) for a in shlex.split(cmd)]
     # Benchmarks write their results under the test's directory, not bench-results/.
     env = dict(os.environ, IGNITION_RESULTS_DIR=str(tmp_path / "results"))
+    # `python3 -m ignition.X` runs this tree's package, as `pip install -e ./scripts` would.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(paths.SCRIPTS), env.get("PYTHONPATH", "")) if p)
     r = subprocess.run(argv, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
