@@ -6,7 +6,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-NAMES=(sgi active vtimer debug pmu idregs snapshot)
+NAMES=(sgi active vtimer debug pmu idregs snapshot gic-minimal)
 CROSS=${CROSS_COMPILE:-aarch64-linux-gnu-}
 OUT=$HERE/../out/conformance
 

@@ -384,6 +384,14 @@ static const char *fdt_psci_method(const u8 *fdt)
 
 static u64 rd_base[MAX_CPUS];
 
+/* A weak reference: 0 unless the group defines rt_gic_setup (rt.h). */
+extern const enum gic_setup rt_gic_setup __attribute__((weak));
+
+static enum gic_setup gic_setup(void)
+{
+    return &rt_gic_setup ? rt_gic_setup : GIC_SETUP_LINUX;
+}
+
 u64 gicr_rd(void)
 {
     return rd_base[cpu_id()];
@@ -401,12 +409,20 @@ void gic_wait_rwp(void)
 }
 
 /* Distributor (GICD_CTLR): affinity routing, group 1 on; every
- * SPI group 1, disabled, priority 0x80, routed to CPU 0. */
+ * SPI group 1, disabled, priority 0x80, routed to CPU 0 (GIC_SETUP_MINIMAL:
+ * only group 1, then enabled). */
 static void gic_init_dist(void)
 {
     w32(GICD_BASE + 0x0, 0);
     gic_wait_rwp();
     u32 lines = (bits(r32(GICD_BASE + 0x4), 0, 5) + 1) * 32;
+    if (gic_setup() == GIC_SETUP_MINIMAL) {
+        w32(GICD_BASE + 0x0, (1 << 4) | (1 << 1) | 1);  /* ARE_NS, EnableGrp1(A|NS) */
+        gic_wait_rwp();
+        for (u32 i = 0; i < lines; i += 32)
+            w32(GICD_BASE + 0x080 + i / 8, ~0u);    /* IGROUPR */
+        return;
+    }
     for (u32 i = 32; i < lines; i += 32) {
         w32(GICD_BASE + 0x080 + i / 8, ~0u);        /* IGROUPR */
         w32(GICD_BASE + 0x180 + i / 8, ~0u);        /* ICENABLER */
@@ -427,10 +443,25 @@ static u32 mpidr_aff(u64 mpidr)
     return bits(mpidr, 0, 24) | bits(mpidr, 32, 8) << 24;
 }
 
+/* GIC_SETUP_MINIMAL for this CPU's redistributor at `rd`: its SGIs and
+ * PPIs group 1, SGIs at priority 0xA0 and enabled, PMR 0xF0, group 1
+ * enabled; nothing else written. */
+static void gic_init_cpu_minimal(u64 rd)
+{
+    u64 sgi = rd + GICR_SGI;
+    w32(sgi + 0x080, ~0u);                          /* IGROUPR0 */
+    for (u32 i = 0; i < 16; i += 4)
+        w32(sgi + 0x400 + i, 0xa0a0a0a0);           /* IPRIORITYR: SGIs */
+    w32(sgi + 0x100, 0xffff);                       /* ISENABLER0: SGIs */
+    write_sysreg(ICC_PMR_EL1, 0xf0);
+    write_sysreg(ICC_IGRPEN1_EL1, 1);
+    isb();
+}
+
 /* This CPU's redistributor (GICv3 9.x: GICR_TYPER.Affinity_Value, Last)
  * woken (GICR_WAKER), its SGIs and PPIs group 1, priority 0x80, SGIs
  * enabled; the CPU interface through system registers (ICC_SRE_EL1.SRE),
- * PMR open, group 1 enabled. */
+ * PMR open, group 1 enabled. GIC_SETUP_MINIMAL: gic_init_cpu_minimal. */
 static void gic_init_cpu(void)
 {
     u32 me = mpidr_aff(read_sysreg(mpidr_el1));
@@ -445,6 +476,10 @@ static void gic_init_cpu(void)
         }
     }
     rd_base[cpu_id()] = rd;
+    if (gic_setup() == GIC_SETUP_MINIMAL) {
+        gic_init_cpu_minimal(rd);
+        return;
+    }
     w32(rd + 0x14, r32(rd + 0x14) & ~(1u << 1));    /* WAKER.ProcessorSleep */
     if (!wait_clear(rd + 0x14, 1u << 2))
         t_fail("GICR_WAKER.ChildrenAsleep stuck at 1");

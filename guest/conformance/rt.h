@@ -137,6 +137,17 @@ static inline u64 cnt_ms(u64 ms) { return cnt_freq() * ms / 1000; }
 #define BOUND_S 5   /* the bounded wait for any event, guest seconds */
 
 /* GICv3 (GICv3/v4 architecture specification, Arm IHI 0069). */
+/* How the runtime sets up the GIC before test_main and on each secondary
+ * CPU. Without a definition in the group, GIC_SETUP_LINUX: what
+ * Linux's GICv3 driver does (every redistributor woken through GICR_WAKER,
+ * private interrupts swept inactive and disabled, BPR1 and ICC_CTLR
+ * written). A group that defines it GIC_SETUP_MINIMAL gets only what the
+ * architecture needs for delivery, as bare-metal suites such as
+ * kvm-unit-tests do it: distributor enabled, everything group 1, SGIs at
+ * priority 0xA0 and enabled, PMR 0xF0, group 1 enabled; GICR_WAKER, BPR1,
+ * ICC_CTLR and IROUTER stay at their reset values. */
+enum gic_setup { GIC_SETUP_LINUX, GIC_SETUP_MINIMAL };
+extern const enum gic_setup rt_gic_setup;
 u64 gicr_rd(void);                  /* this CPU's RD_base */
 static inline u64 gicr_sgi(void) { return gicr_rd() + GICR_SGI; }
 void gic_enable_private(u32 intid, u8 prio);  /* SGI/PPI on this CPU */

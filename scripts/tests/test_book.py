@@ -111,6 +111,8 @@ CI = {
     "guest/build.sh": ".ci/run",
     "pip install ./snapshot-store/python": "scripts/test.sh",
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
+    "python3 -m pytest -q scripts/tests/test_kvm_unit_tests.py scripts/tests/test_kvm_unit_tests_e2e.py":
+        "scripts/test.sh",
 }
 RUN = [
     "python3 -m ignition.bench.snapshot --mem 512 --runs 1",
@@ -118,6 +120,7 @@ RUN = [
     "guest/conformance/build.sh --out DIR",
     "python3 -m ignition.bench.net --runs 1 --mib 8",
     "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
+    "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -136,6 +139,12 @@ EXCEPTIONS = {
     "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
     "python3 -m ignition.bench.oci": "the full benchmark (a few minutes); the same module runs with --full-mib 64 "
     "--runs 1",
+    "python3 -m ignition.kvm_unit_tests": "every entry (several minutes); test_kvm_unit_tests_e2e.py runs the "
+    "gating ones and this test two",
+    "python3 -m ignition.kvm_unit_tests --qemu live": "every entry on boot and on QEMU (about ten minutes); the "
+    "same runner runs with --entries here",
+    "python3 -m ignition.kvm_unit_tests --record-qemu": "rewrites the vendored record; test_kvm_unit_tests.py "
+    "checks the record against the suite",
 }
 
 

@@ -67,6 +67,12 @@ GROUPS: dict[str, Group] = {
         Group("pmu", 1, "an advertised PMUv3 counts: PMCCNTR_EL0 and the events PMCEID0_EL0 lists"),
         Group("idregs", 2, "ID_AA64* values; advertised features work (ISA, debug counts, granules, DC ZVA, AArch32)"),
         Group(
+            "gic-minimal",
+            2,
+            "SGIs and the timer PPI reach CPUs whose GIC was set up minimally (redistributors "
+            "never woken through GICR_WAKER), as bare-metal suites do",
+        ),
+        Group(
             "snapshot",
             1,
             "a breakpoint, a watchpoint, a timer and a pending SGI programmed before a pause point "

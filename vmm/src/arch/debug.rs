@@ -42,6 +42,47 @@ pub fn step_pending(el: u8, mdscr: u64, pstate: u64, os_lock: bool) -> bool {
     mdscr & MDSCR_SS != 0 && pstate & PSTATE_SS == 0 && enabled(el, mdscr, pstate, os_lock)
 }
 
+/// Whether software step is active-not-pending before the next instruction
+/// (Arm ARM D2.12): step enabled, debug exceptions enabled at `el`, and
+/// PSTATE.SS set, so that instruction is stepped: a Software Step exception
+/// is due after it.
+pub fn step_active_not_pending(el: u8, mdscr: u64, pstate: u64, os_lock: bool) -> bool {
+    mdscr & MDSCR_SS != 0 && pstate & PSTATE_SS != 0 && enabled(el, mdscr, pstate, os_lock)
+}
+
+/// What an undefined-instruction exception is when the CPU may have raised
+/// it for software step (QEMU, as the `emu` backend's CPU, reports a Software
+/// Step exception as an UNDEF without its syndrome).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undef {
+    /// A Software Step exception: step active-pending with debug exceptions
+    /// enabled.
+    SoftwareStep,
+    /// The end of a stepped instruction that masked debug exceptions (such
+    /// as `MSR DAIFSet` setting PSTATE.D): step is now inactive, so no
+    /// exception is taken, and it stays pending (PSTATE.SS clear) until
+    /// debug exceptions are unmasked. Execution goes on after the
+    /// instruction.
+    MaskedStep,
+    /// An undefined instruction.
+    Undefined,
+}
+
+/// Classifies an undefined-instruction exception raised at `el` with these
+/// MDSCR_EL1, PSTATE and OS Lock values; `stepped` says whether the
+/// instruction was stepped ([`step_active_not_pending`] held before it).
+/// Stepping an instruction clears PSTATE.SS; an undefined stepped
+/// instruction leaves it set.
+pub fn classify_undef(el: u8, mdscr: u64, pstate: u64, os_lock: bool, stepped: bool) -> Undef {
+    if step_pending(el, mdscr, pstate, os_lock) {
+        Undef::SoftwareStep
+    } else if stepped && mdscr & MDSCR_SS != 0 && pstate & PSTATE_SS == 0 {
+        Undef::MaskedStep
+    } else {
+        Undef::Undefined
+    }
+}
+
 /// Whether the breakpoint with control `bcr` and value `bvr` matches the
 /// A64 instruction at `pc` executed at `el` (Arm ARM D2.9): enabled (E),
 /// an unlinked address match (BT = 0b0000), PMC selecting `el` (bit 1: EL1,
@@ -162,6 +203,39 @@ mod tests {
         assert!(!step_pending(1, MDSCR_KDE, 0, false), "SS off");
         assert!(!step_pending(0, MDSCR_SS, 0, true), "OS Lock");
         assert!(step_pending(0, MDSCR_SS, 0, false));
+    }
+
+    #[test]
+    fn undefs_are_told_from_software_steps() {
+        let m = MDSCR_SS | MDSCR_KDE;
+        assert!(step_active_not_pending(1, m, PSTATE_SS, false));
+        assert!(!step_active_not_pending(1, m, PSTATE_SS | PSTATE_D, false));
+        assert!(!step_active_not_pending(1, m, 0, false), "active-pending");
+        // After a stepped instruction, debug enabled: the step exception.
+        assert_eq!(classify_undef(1, m, 0, false, true), Undef::SoftwareStep);
+        assert_eq!(
+            classify_undef(0, MDSCR_SS, 0, false, true),
+            Undef::SoftwareStep
+        );
+        // The stepped instruction set PSTATE.D: no exception, step pending.
+        assert_eq!(
+            classify_undef(1, m, PSTATE_D, false, true),
+            Undef::MaskedStep
+        );
+        // A stepped instruction that is itself undefined keeps PSTATE.SS.
+        assert_eq!(
+            classify_undef(1, m, PSTATE_SS, false, true),
+            Undef::Undefined
+        );
+        // Not stepping (debug masked all along): a plain UNDEF.
+        assert_eq!(
+            classify_undef(1, m, PSTATE_D, false, false),
+            Undef::Undefined
+        );
+        assert_eq!(
+            classify_undef(1, MDSCR_KDE, 0, false, true),
+            Undef::Undefined
+        );
     }
 
     #[test]

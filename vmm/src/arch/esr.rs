@@ -591,6 +591,19 @@ pub const fn software_step_esr(same_el: bool, ex: bool) -> u64 {
     encode(ec, true, 1 << 24 | (ex as u32) << 6 | FSC_DEBUG as u32)
 }
 
+/// ESR of a software step exception taken before any instruction was
+/// stepped (Arm ARM D2.12: active-pending on unmasking debug exceptions or
+/// on entering an exception handler): IL 1, ISV 0 (EX not valid), IFSC =
+/// debug; `same_el` selects EC 0x33 over 0x32.
+pub const fn software_step_pending_esr(same_el: bool) -> u64 {
+    let ec = if same_el {
+        ExceptionClass::SoftwareStepSame
+    } else {
+        ExceptionClass::SoftwareStepLower
+    };
+    encode(ec, true, FSC_DEBUG as u32)
+}
+
 /// ESR of a watchpoint exception (Arm ARM D2.10): IL 1, WnR (bit 6) set
 /// for a store, DFSC = debug; `same_el` selects EC 0x35 over 0x34.
 pub const fn watchpoint_esr(same_el: bool, wnr: bool) -> u64 {

@@ -5,12 +5,12 @@
 //! kernel that boots there finds the same description here. Bindings: Linux
 //! `Documentation/devicetree/bindings/` (`arm/cpus.yaml`, `arm/psci.yaml`,
 //! `timer/arm,arch_timer.yaml`, `interrupt-controller/arm,gic-v3.yaml`,
-//! `serial/arm,pl011.yaml`, `virtio/mmio.yaml`, `rng/microsoft,vmgenid.yaml`,
+//! `serial/arm,pl011.yaml`, `rtc/arm,pl031.yaml`, `virtio/mmio.yaml`, `rng/microsoft,vmgenid.yaml`,
 //! `reserved-memory/reserved-memory.yaml`, `chosen.yaml`).
 
 use crate::arch::layout::{
     self, RamRange, APB_PCLK_HZ, GICD_BASE, GICD_SIZE, GICR_BASE, GICR_STRIDE, MAX_VCPUS,
-    PAGE_SIZE, PL011, RAM_BASE, RAM_MAX, SPI_BASE_INTID, TIMER_PPIS, VIRTIO_MMIO_SLOTS,
+    PAGE_SIZE, PL011, PL031, RAM_BASE, RAM_MAX, SPI_BASE_INTID, TIMER_PPIS, VIRTIO_MMIO_SLOTS,
     VMGENID_INTID, VMGENID_SIZE,
 };
 use crate::arch::psci::mpidr_affinity;
@@ -129,10 +129,10 @@ fn pl011_node() -> String {
 /// method), `/psci` (1.0, method `hvc`), `/timer` (the four
 /// [`TIMER_PPIS`], no `clock-frequency`: the kernel reads CNTFRQ_EL0),
 /// `/intc@8000000` (GICv3; GICR sized for `vcpus`), `/apb-pclk`,
-/// `/pl011@9000000`, `/vmgenid@...` (the VM generation ID, in the last RAM
-/// page, which `/reserved-memory` keeps from the kernel), `/virtio_mmio@...`
-/// per slot (`dma-coherent`) and `/chosen` (bootargs, stdout-path,
-/// rng-seed).
+/// `/pl011@9000000`, `/pl031@9010000`, `/vmgenid@...` (the VM generation
+/// ID, in the last RAM page, which `/reserved-memory` keeps from the
+/// kernel), `/virtio_mmio@...` per slot (`dma-coherent`) and `/chosen`
+/// (bootargs, stdout-path, rng-seed).
 pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     validate(cfg)?;
     let mut fdt = FdtWriter::new()?;
@@ -257,6 +257,16 @@ fn device_nodes(fdt: &mut FdtWriter, cfg: &FdtConfig, vmgenid: u64) -> Result<()
     fdt.property_array_u32("clocks", &[APB_PCLK_PHANDLE, APB_PCLK_PHANDLE])?;
     fdt.property_string_list("clock-names", strings(&["uartclk", "apb_pclk"]))?;
     fdt.end_node(uart)?;
+
+    let rtc = fdt.begin_node(&format!("pl031@{:x}", PL031.base))?;
+    fdt.property_string_list("compatible", strings(&["arm,pl031", "arm,primecell"]))?;
+    fdt.property_array_u64("reg", &[PL031.base, PL031.size])?;
+    if let Some(intid) = PL031.intid {
+        fdt.property_array_u32("interrupts", &spi(intid))?;
+    }
+    fdt.property_u32("clocks", APB_PCLK_PHANDLE)?;
+    fdt.property_string("clock-names", "apb_pclk")?;
+    fdt.end_node(rtc)?;
 
     let genid = fdt.begin_node(&format!("vmgenid@{vmgenid:x}"))?;
     fdt.property_string("compatible", "microsoft,vmgenid")?;
@@ -420,6 +430,17 @@ mod tests {
         has("interrupts = <0x00 0x01 0x04>;");
         has("clocks = <0x02 0x02>;");
         has_list("clock-names", &["uartclk", "apb_pclk"]);
+
+        // PL031: SPI 3 (INTID 35), level-high; the APB clock.
+        let rtc = node(&dts, &format!("pl031@{:x}", PL031.base));
+        assert!(
+            rtc.contains("compatible = \"arm,pl031\\0arm,primecell\";"),
+            "{rtc}"
+        );
+        assert!(rtc.contains(&format!("reg = <{}>;", reg64(PL031.base, PL031.size))));
+        assert!(rtc.contains("interrupts = <0x00 0x03 0x04>;"), "{rtc}");
+        assert!(rtc.contains("clocks = <0x02>;"), "{rtc}");
+        assert!(rtc.contains("clock-names = \"apb_pclk\";"), "{rtc}");
 
         // virtio-mmio slots 0 and 3 only.
         assert_eq!(dts.matches("compatible = \"virtio,mmio\";").count(), 2);

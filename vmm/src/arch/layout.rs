@@ -7,6 +7,7 @@
 //! 0x0800_0000  GICv3 distributor (GICD)            64 KiB
 //! 0x080A_0000  GICv3 redistributors (GICR)         128 KiB per vCPU (RD + SGI frames)
 //! 0x0900_0000  PL011 UART                          4 KiB, SPI 1 (INTID 33), level
+//! 0x0901_0000  PL031 RTC                           4 KiB, SPI 3 (INTID 35), level
 //! 0x0910_0000  boot-timer                          4 KiB
 //! 0x0A00_0000  virtio-mmio slot n                  0x200 each, SPI 16+n (INTID 48+n), level:
 //!                                                  0 virtio-blk, 1 virtio-net
@@ -96,6 +97,8 @@ pub enum DeviceKind {
     GicRedistributors,
     /// ARM PL011 UART (console).
     Pl011,
+    /// ARM PL031 real-time clock.
+    Pl031,
     /// The boot-timer MMIO byte (logs `Guest-boot-time`).
     BootTimer,
     /// A virtio-mmio transport slot.
@@ -166,6 +169,17 @@ pub const PL011: MmioRegion = MmioRegion {
     access: MmioAccess::Split,
 };
 
+/// PL031 real-time clock region: where QEMU's `virt` has its RTC, right
+/// after the PL011. QEMU wires it to SPI 2, which here is the VM generation
+/// ID's ([`VMGENID_INTID`]), so it takes the next free SPI, 3.
+pub const PL031: MmioRegion = MmioRegion {
+    kind: DeviceKind::Pl031,
+    base: 0x0901_0000,
+    size: 0x1000,
+    intid: Some(SPI_BASE_INTID + 3),
+    access: MmioAccess::Split,
+};
+
 /// Boot-timer region. The guest's init writes one byte here (its address is
 /// passed on the kernel command line as `boottimer=`).
 pub const BOOT_TIMER: MmioRegion = MmioRegion {
@@ -209,7 +223,8 @@ pub const VIRTIO_MMIO_WINDOW: MmioRegion = MmioRegion {
 /// Every device region of the memory map (the virtio-mmio slots as one
 /// window), with its access policy. Guest-physical addresses below
 /// [`RAM_BASE`] outside these regions are backed by nothing.
-pub const MMIO_REGIONS: [MmioRegion; 5] = [GICD, GICR, PL011, BOOT_TIMER, VIRTIO_MMIO_WINDOW];
+pub const MMIO_REGIONS: [MmioRegion; 6] =
+    [GICD, GICR, PL011, PL031, BOOT_TIMER, VIRTIO_MMIO_WINDOW];
 
 /// Slot of the root block device (`/dev/vda`).
 pub const VIRTIO_BLK_SLOT: u32 = 0;
@@ -222,8 +237,9 @@ pub const VIRTIO_VSOCK_SLOT: u32 = 2;
 
 /// The MMIO devices the VMM may wire to an interrupt (each a
 /// level-triggered SPI; an absent device's line stays low).
-pub const IRQ_DEVICES: [MmioRegion; 4] = [
+pub const IRQ_DEVICES: [MmioRegion; 5] = [
     PL011,
+    PL031,
     virtio_mmio(VIRTIO_BLK_SLOT),
     virtio_mmio(VIRTIO_NET_SLOT),
     virtio_mmio(VIRTIO_VSOCK_SLOT),
@@ -277,6 +293,7 @@ mod tests {
             (GICD_BASE, GICD_SIZE),
             (GICR_BASE, GICR_SIZE),
             (PL011.base, PL011.size),
+            (PL031.base, PL031.size),
             (BOOT_TIMER.base, BOOT_TIMER.size),
             (
                 VIRTIO_MMIO_BASE,
@@ -302,7 +319,10 @@ mod tests {
         for (base, _) in regions {
             assert!(base == GICD_BASE || base == GICR_BASE || base >= GIC_WINDOW_END);
         }
-        assert_eq!(device_intids().collect::<Vec<_>>(), [33, 48, 49, 50, 34]);
+        assert_eq!(
+            device_intids().collect::<Vec<_>>(),
+            [33, 35, 48, 49, 50, 34]
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::devices::bus::MmioBus;
 use crate::devices::gicv3::{GicDistMmio, GicRedistMmio, Gicv3};
 use crate::devices::pl011::tests::TestIrq;
 use crate::devices::pl011::Pl011;
+use crate::devices::pl031::{HostClock, Pl031};
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::net::{Net, NetBackend, MAX_FRAME_LEN, RX_BACKLOG_FRAMES};
 use crate::devices::virtio::vsock::{self, Vsock, VsockHost};
@@ -98,6 +99,15 @@ fn machine(ram: &Arc<GuestRam>) -> Machine {
         layout::PL011.size,
         Arc::new(Mutex::new(Pl011::new(
             Box::new(std::io::sink()),
+            Arc::new(TestIrq::default()),
+        ))),
+    );
+    add(
+        "pl031",
+        layout::PL031.base,
+        layout::PL031.size,
+        Arc::new(Mutex::new(Pl031::new(
+            Arc::new(HostClock),
             Arc::new(TestIrq::default()),
         ))),
     );
@@ -234,6 +244,49 @@ fn random_gic_system_registers_never_panic_the_host() {
     // The state of a GIC driven like that still saves and restores.
     let state = gic.save();
     Gicv3::restore(VCPUS, &state).unwrap();
+}
+
+/// Saved PL031 states with any field values: the restore refuses or
+/// accepts them without panicking, and an accepted RTC then survives any
+/// access, its next alarm and updates.
+#[test]
+fn random_pl031_states_never_panic_the_host() {
+    use crate::devices::pl031::Pl031State;
+    let mut rng = Rng(0x0bad_c0de_0031_f00d);
+    let edge = [0, 1, -1, i64::MAX, i64::MIN, 1 << 40, -(1 << 40), 1 << 41];
+    for _ in 0..20_000 {
+        let pick = |rng: &mut Rng| {
+            if rng.below(2) == 0 {
+                edge[rng.below(edge.len() as u64) as usize]
+            } else {
+                rng.next() as i64 >> rng.below(64)
+            }
+        };
+        let state = Pl031State {
+            offset_s: pick(&mut rng),
+            seen: pick(&mut rng),
+            mr: rng.next() as u32,
+            lr: rng.next() as u32,
+            imsc: rng.below(4) as u32,
+            ris: rng.below(4) as u32,
+        };
+        let irq = Arc::new(TestIrq::default());
+        let Ok(mut rtc) = Pl031::restore((Arc::new(HostClock), irq), &state) else {
+            continue;
+        };
+        for _ in 0..4 {
+            let offset = rng.below(0x1100);
+            let mut data = vec![0u8; [1, 2, 4, 8, 3][rng.below(5) as usize]];
+            if rng.below(2) == 0 {
+                let _ = rtc.read(0, offset, &mut data);
+            } else {
+                data.iter_mut().for_each(|b| *b = rng.next() as u8);
+                let _ = rtc.write(0, offset, &data);
+            }
+        }
+        let _ = rtc.next_match();
+        rtc.update();
+    }
 }
 
 /// A virtio-blk request header: type IN, OUT, FLUSH, GET_ID or junk; sector.

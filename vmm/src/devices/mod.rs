@@ -11,6 +11,7 @@ pub mod gicv3;
 mod hostile_guest;
 mod persist;
 pub mod pl011;
+pub mod pl031;
 pub mod virtio;
 pub mod vmgenid;
 

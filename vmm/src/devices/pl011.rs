@@ -12,9 +12,13 @@
 //!   empty FIFO alone does not raise it, so unmasking TXIM on a quiet UART
 //!   raises no interrupt until the next write.
 //! - RX: 16-byte FIFO when LCR_H.FEN is set, else a 1-byte holding register.
-//!   Input is accepted only while CR.UARTEN and CR.RXE are set; otherwise
-//!   [`Pl011::rx_space`] is 0 and the console layer keeps the bytes. Input
-//!   is flow-controlled by the caller, so there are no overruns or errors.
+//!   Input is accepted while CR.RXE is set (it is out of reset), whatever
+//!   CR.UARTEN says: like TX, so that a guest without firmware that polls
+//!   the UART without enabling it (kvm-unit-tests' `getchar`) reads its
+//!   input, as on QEMU. With RXE clear (Linux clears it when the tty
+//!   closes) [`Pl011::rx_space`] is 0 and the console layer keeps the
+//!   bytes. Input is flow-controlled by the caller, so there are no
+//!   overruns or errors.
 //! - RXIS: set when the FIFO level reaches the IFLS trigger level, cleared
 //!   when reads take it below the level (TRM 2.8.2).
 //! - RTIS (receive timeout): with no bit clock the 32-bit-period timeout is
@@ -72,7 +76,6 @@ const FR_RXFF: u32 = 1 << 6;
 const FR_TXFE: u32 = 1 << 7;
 
 const LCR_H_FEN: u32 = 1 << 4;
-const CR_UARTEN: u32 = 1 << 0;
 const CR_RXE: u32 = 1 << 9;
 
 /// Receive interrupt bit in RIS/MIS/IMSC/ICR.
@@ -191,9 +194,9 @@ impl Pl011 {
     }
 
     /// Bytes [`Pl011::enqueue_rx`] would accept now: free FIFO space, or 0
-    /// while the receiver is disabled (CR.UARTEN or CR.RXE clear).
+    /// while the receiver is disabled (CR.RXE clear).
     pub fn rx_space(&self) -> usize {
-        if self.cr & (CR_UARTEN | CR_RXE) != (CR_UARTEN | CR_RXE) {
+        if self.cr & CR_RXE == 0 {
             return 0;
         }
         self.rx_depth().saturating_sub(self.rx.len())

@@ -11,7 +11,13 @@
 //!   no LPIs or ITS, 16-bit INTID space;
 //! - 5 priority bits (priorities and ICC_PMR_EL1 are masked to 0xF8), so 32
 //!   group priorities and a single active-priorities register, ICC_AP1R0_EL1;
-//! - vCPU `n` has affinity 0.0.0.n ([`mpidr`]).
+//! - vCPU `n` has affinity 0.0.0.n ([`mpidr`]);
+//! - GICR_WAKER.ProcessorSleep is the guest's power handshake and nothing
+//!   more: a VM has no power controller to act on the redistributor's
+//!   WakeRequest, so interrupts are forwarded whatever it says, as KVM's and
+//!   QEMU's GICv3 do. Guests that never wake their redistributor (bare-metal
+//!   tests such as kvm-unit-tests) rely on it. It only makes an asleep vCPU
+//!   the last choice for 1-of-N SPIs.
 //!
 //! Nothing here blocks, spawns or calls out: the backend forwards ICC_*
 //! system-register traps ([`Gicv3::sysreg_read`], [`Gicv3::sysreg_write`]),
@@ -141,8 +147,8 @@ impl Gicv3 {
         }
     }
 
-    /// Whether vCPU `vcpu`'s IRQ line should be asserted: its redistributor
-    /// is awake and it has an enabled, pending, inactive group-1 interrupt
+    /// Whether vCPU `vcpu`'s IRQ line should be asserted: it has an
+    /// enabled, pending, inactive group-1 interrupt
     /// whose priority is below ICC_PMR_EL1 and whose group priority is
     /// higher than the running priority, with group 1 enabled in GICD_CTLR
     /// and ICC_IGRPEN1_EL1 (IHI 0069H, "Interrupt prioritization" and
@@ -196,7 +202,7 @@ impl Gicv3 {
     /// Ties go to the lowest INTID.
     fn hppi(&self, vcpu: usize) -> Option<(u8, u32)> {
         let r = self.s.redists.get(vcpu)?;
-        if !self.s.enable_grp1 || r.processor_sleep {
+        if !self.s.enable_grp1 {
             return None;
         }
         let mut best: Option<(u8, u32)> = None;
@@ -218,23 +224,25 @@ impl Gicv3 {
 
     /// The vCPU an SPI is forwarded to (IHI 0069H, "Affinity routing" and
     /// `GICD_IROUTER<n>`). With Interrupt_Routing_Mode = 1 (1-of-N) it is the
-    /// lowest-numbered vCPU that participates (awake, ICC_IGRPEN1_EL1 set)
-    /// and could take it now (priority mask and running priority), else the
-    /// lowest participating one. Otherwise it is the vCPU whose affinity
-    /// matches Aff2.Aff1.Aff0, if any.
+    /// lowest-numbered vCPU that participates (ICC_IGRPEN1_EL1 set), is
+    /// awake (GICR_WAKER.ProcessorSleep clear) and could take it now
+    /// (priority mask and running priority); else the lowest participating
+    /// awake one; else the lowest participating one. Otherwise it is the
+    /// vCPU whose affinity matches Aff2.Aff1.Aff0, if any.
     fn spi_target(&self, spi: &SpiState) -> Option<usize> {
         if spi.router & regs::irouter::IRM != 0 {
-            let mut fallback = None;
-            for (v, r) in self.s.redists.iter().enumerate() {
-                if r.processor_sleep || !r.cpuif.igrpen1 {
-                    continue;
-                }
-                if can_signal(&r.cpuif, spi.irq.priority) {
-                    return Some(v);
-                }
-                fallback.get_or_insert(v);
-            }
-            fallback
+            let participating = || {
+                self.s
+                    .redists
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.cpuif.igrpen1)
+            };
+            participating()
+                .find(|(_, r)| !r.processor_sleep && can_signal(&r.cpuif, spi.irq.priority))
+                .or_else(|| participating().find(|(_, r)| !r.processor_sleep))
+                .or_else(|| participating().next())
+                .map(|(v, _)| v)
         } else {
             let aff = spi.router & 0x00FF_FFFF;
             (aff < self.vcpus() as u64).then_some(aff as usize)

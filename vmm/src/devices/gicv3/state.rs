@@ -101,7 +101,8 @@ impl Default for CpuIfState {
 /// One vCPU's redistributor and CPU interface.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedistState {
-    /// GICR_WAKER.ProcessorSleep (reset 1): nothing is forwarded while set.
+    /// GICR_WAKER.ProcessorSleep (reset 1): the guest's power handshake;
+    /// forwarding ignores it (see the module documentation).
     pub processor_sleep: bool,
     /// SGIs 0-15 and PPIs 16-31, indexed by INTID (32 entries).
     pub private: Vec<IrqState>,

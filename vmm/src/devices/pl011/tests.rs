@@ -1,6 +1,7 @@
 use super::*;
 use std::sync::Mutex;
 
+const CR_UARTEN: u32 = 1 << 0;
 const CR_TXE: u32 = 1 << 8;
 
 /// An [`IrqLine`] that records every level it is driven to.
@@ -134,7 +135,8 @@ fn rx_fifo_fill_drain_and_overflow() {
 #[test]
 fn rx_without_fifo_and_while_disabled() {
     let (mut u, _, _) = uart();
-    assert_eq!(u.rx_space(), 0, "UARTEN clear at reset");
+    w32(&mut u, CR, CR_UARTEN | CR_TXE);
+    assert_eq!(u.rx_space(), 0, "RXE clear");
     assert_eq!(u.enqueue_rx(b"x"), 0);
     w32(&mut u, CR, CR_UARTEN | CR_RXE);
     assert_eq!(u.enqueue_rx(b"ab"), 1, "1-byte holding register");
@@ -147,6 +149,23 @@ fn rx_without_fifo_and_while_disabled() {
     assert_eq!(r32(&mut u, FR) & FR_RXFE, FR_RXFE);
     w32(&mut u, CR, CR_UARTEN);
     assert_eq!(u.rx_space(), 0, "RXE clear");
+}
+
+/// A guest that never enables the UART (UARTEN clear, CR at its reset
+/// value) and polls it with byte reads, as kvm-unit-tests' `getchar`
+/// does, gets its input.
+#[test]
+fn rx_reaches_a_polling_guest_that_never_enabled_the_uart() {
+    let (mut u, _, _) = uart();
+    assert_eq!(r32(&mut u, CR) & CR_UARTEN, 0);
+    assert_eq!(u.enqueue_rx(b"k"), 1);
+    let mut b = [0u8; 1];
+    u.read(0, FR, &mut b).unwrap();
+    assert_eq!(u32::from(b[0]) & FR_RXFE, 0, "RX FIFO not empty");
+    u.read(0, DR, &mut b).unwrap();
+    assert_eq!(b[0], b'k');
+    u.read(0, FR, &mut b).unwrap();
+    assert_eq!(u32::from(b[0]) & FR_RXFE, FR_RXFE);
 }
 
 #[test]

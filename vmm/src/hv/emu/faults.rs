@@ -10,7 +10,7 @@ use super::shared::PaKind;
 use super::state::{FaultCause, HookState, PendingFault};
 use super::uc::{uc_err, Uc};
 use super::vcpu::EmuVcpu;
-use crate::arch::debug;
+use crate::arch::debug::{self, Undef};
 use crate::arch::esr;
 use crate::arch::exception::{exception_entry, GuestException, PSTATE_NRW};
 use crate::arch::idregs::{BREAKPOINTS, WATCHPOINTS};
@@ -34,7 +34,6 @@ mod excp {
 struct DebugState {
     el: u8,
     mdscr: u64,
-    step_pending: bool,
     enabled: bool,
 }
 
@@ -131,10 +130,16 @@ impl HookState {
             // syndrome unicorn does not show): tell them apart by the step
             // state, which leaves PSTATE.SS clear only after a stepped
             // instruction (a real UNDEF of the stepped one keeps it set).
-            excp::UDEF if self.debug_state().is_some_and(|d| d.step_pending) => {
-                self.deliver_or_stop(esr::software_step_esr(same_el, false), None, pc)
-            }
-            excp::UDEF => self.deliver_or_stop(esr::unknown_esr(), None, pc),
+            excp::UDEF => match self.classify_undef() {
+                Undef::SoftwareStep => {
+                    self.deliver_or_stop(esr::software_step_esr(same_el, false), None, pc)
+                }
+                // The stepped instruction masked debug exceptions (quirk
+                // 17): go on after it, with unicorn's cached flags rebuilt
+                // so that its next block is not stepped.
+                Undef::MaskedStep => self.refresh_cpu_flags(),
+                Undef::Undefined => self.deliver_or_stop(esr::unknown_esr(), None, pc),
+            },
             excp::SWI => {
                 // PC is past the SVC.
                 let imm = match self
@@ -205,19 +210,61 @@ impl HookState {
         }
     }
 
-    /// The self-hosted debug state of the current EL, `None` if unicorn
-    /// cannot read it.
-    fn debug_state(&self) -> Option<DebugState> {
+    /// What an UNDEF from unicorn is ([`debug::classify_undef`]).
+    fn classify_undef(&self) -> Undef {
+        let Some((el, mdscr, pstate, os_lock)) = self.debug_regs() else {
+            return Undef::Undefined;
+        };
+        debug::classify_undef(el, mdscr, pstate, os_lock, self.stepped_block)
+    }
+
+    /// Rebuilds unicorn's cached CPU flags from the registers (quirk 4:
+    /// writing VBAR_EL1 back is enough).
+    fn refresh_cpu_flags(&mut self) {
+        if let Ok(vbar) = self.uc.read(R::VBAR_EL1) {
+            let _ = self.uc.cp_write(sr::VBAR_EL1, vbar);
+        }
+    }
+
+    /// Called by the block hook at each block while MDSCR_EL1.SS is set
+    /// (quirk 17): unicorn decides whether a block is stepped from flags it
+    /// caches and does not rebuild when `MSR DAIFClr` unmasks debug
+    /// exceptions, so a step that became active-pending there would never
+    /// be taken. If one is due before the block's first instruction at
+    /// `pc`, takes the Software Step exception (no instruction stepped:
+    /// ISV 0) and returns `true`; the engine leaves the block before its
+    /// first instruction, as after any PC write from a hook. Otherwise
+    /// notes whether the block is stepped, for [`Self::classify_undef`].
+    pub(super) fn step_at_block(&mut self, pc: u64) -> bool {
+        let Some((el, mdscr, pstate, os_lock)) = self.debug_regs() else {
+            return false;
+        };
+        self.stepped_block = debug::step_active_not_pending(el, mdscr, pstate, os_lock);
+        if !debug::step_pending(el, mdscr, pstate, os_lock) {
+            return false;
+        }
+        self.stepped_block = false;
+        self.deliver_or_stop(esr::software_step_pending_esr(el == 1), None, pc);
+        true
+    }
+
+    /// (EL, MDSCR_EL1, PSTATE, OS Lock locked), `None` if unicorn cannot
+    /// read them.
+    fn debug_regs(&self) -> Option<(u8, u64, u64, bool)> {
         let mdscr = self.uc.cp_read(sr::MDSCR_EL1).ok()?;
         let oslsr = self.uc.cp_read(sr::OSLSR_EL1).ok()?;
         let pstate = self.uc.read(R::PSTATE).ok()?;
-        let el = self.el();
         // OSLSR_EL1.OSLK is bit 1.
-        let os_lock = oslsr & 0b10 != 0;
+        Some((self.el(), mdscr, pstate, oslsr & 0b10 != 0))
+    }
+
+    /// The self-hosted debug state of the current EL, `None` if unicorn
+    /// cannot read it.
+    fn debug_state(&self) -> Option<DebugState> {
+        let (el, mdscr, pstate, os_lock) = self.debug_regs()?;
         Some(DebugState {
             el,
             mdscr,
-            step_pending: debug::step_pending(el, mdscr, pstate, os_lock),
             enabled: debug::enabled(el, mdscr, pstate, os_lock),
         })
     }

@@ -65,6 +65,9 @@ unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, size: u32, ud
     let st = unsafe { &mut *ud.cast::<HookState>() };
     if st.me.pending() {
         stop_for_attention(st);
+    // SAFETY: as above.
+    } else if st.step_armed && unsafe { check_step(ud, address) } {
+        // A Software Step exception was due before this block: taken.
     } else if st.watch_bypass.is_some() {
         end_watch_bypass(st);
     } else if st.spin_enabled && st.spin.on_block(address, size) {
@@ -104,6 +107,18 @@ fn end_watch_bypass(st: &mut HookState) {
 unsafe fn check_spin(ud: *mut c_void) {
     // SAFETY: per the function contract.
     unsafe { with_state(ud, (), HookState::check_spin) }
+}
+
+/// While software step is enabled: takes a Software Step exception that is
+/// due before this block (quirk 17). Returns whether it did.
+///
+/// # Safety
+/// `ud` must be this engine's HookState.
+#[cold]
+#[inline(never)]
+unsafe fn check_step(ud: *mut c_void, address: u64) -> bool {
+    // SAFETY: per the function contract.
+    unsafe { with_state(ud, false, |st| st.step_at_block(address)) }
 }
 
 /// Interrupt hook: synchronous exceptions unicorn diverts (quirks 1, 2, 14).

@@ -115,6 +115,11 @@ pub(crate) struct HookState {
     /// A watched 4 KiB page let through for an access that hit no
     /// watchpoint, and the blocks run since; the next block re-protects it.
     pub watch_bypass: Option<(u64, u8)>,
+    /// MDSCR_EL1.SS is set: the block hook checks the step state (quirk 17).
+    pub step_armed: bool,
+    /// The current block started with software step active-not-pending
+    /// (its instruction is stepped); kept only while `step_armed`.
+    pub stepped_block: bool,
 }
 
 impl HookState {

@@ -129,14 +129,25 @@ impl HookState {
                     return 0; // unicorn's own access check traps it
                 }
                 let vcount = self.vcount();
-                match key {
+                let value = match key {
                     // The guest sees CNTVOFF_EL2 = 0 (crate::arch::timer).
                     sr::CNTVCT_EL0 | sr::CNTPCT_EL0 => vcount,
                     sr::CNTFRQ_EL0 => timer::COUNTER_HZ,
                     sr::CNTV_CTL_EL0 => self.vtimer.read_ctl(vcount),
                     sr::CNTV_CVAL_EL0 => self.vtimer.cval,
                     _ => self.vtimer.read_tval(vcount),
+                };
+                if matches!(key, sr::CNTV_CTL_EL0 | sr::CNTV_TVAL_EL0) {
+                    // The timer's output is its ISTATUS: once a read shows
+                    // the condition, the PPI is raised, not later when the
+                    // timer thread wakes. A read does not end the block, so
+                    // kick for the interrupt to be noticed.
+                    // SAFETY: sys hooks only run inside `emu_start`.
+                    if let Some(io) = unsafe { self.io() } {
+                        self.vtimer_update(io, false, true);
+                    }
                 }
+                value
             }
             k if idregs::is_pmu(k) => 0, // no PMU: RAZ at every EL, as on HVF
             k if idregs::advertised(k).is_some() => {
@@ -154,7 +165,9 @@ impl HookState {
                     return 0;
                 };
                 let v = io.sysreg_read(self.id, k);
-                self.update_irq(io, false);
+                // A read that shows the timer condition may raise the line;
+                // it does not end the block, so kick.
+                self.update_irq(io, true);
                 // A register unicorn knows cannot be made UNDEFINED in the
                 // middle of its block; the machine always answers these.
                 v.unwrap_or(0)

@@ -1229,3 +1229,81 @@ fn watchpoints_fire_on_the_watched_bytes_only() {
     );
     assert_eq!(g.read_u64(watched), 7, "the watched store was not");
 }
+
+/// kvm-unit-tests' `debug ss`: MDSCR_EL1.SS and KDE set with debug
+/// exceptions masked and PSTATE.SS clear, then `msr daifclr, #8`: the step
+/// is active-pending, so a Software Step exception (no instruction stepped,
+/// ISV 0) is due before the next instruction (quirk 17).
+#[test]
+fn unmasking_debug_exceptions_takes_a_pending_software_step() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_SS};
+    let mut g = Guest::new(&[
+        0xd503_48ff, // 0x00: msr daifclr, #8
+        0xd503_201f, // 0x04: nop
+        0xd503_201f, // 0x08: nop
+        0xd400_0002, // 0x0c: hvc #0
+    ]);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_SS | MDSCR_KDE)
+        .unwrap();
+    // EL1h, D, A, I, F masked, PSTATE.SS clear.
+    g.cpu.set_reg(Reg::Pstate, 0x3c5).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: SYNC_EL1H });
+    assert_eq!(g.sys(sr::ESR_EL1), 0xce00_0022, "EC 0x33, IL, ISV 0, debug");
+    assert_eq!(g.sys(sr::ELR_EL1), CODE + 4);
+}
+
+/// Stepping `msr daifset, #8` masks debug exceptions: no Software Step
+/// exception follows it (QEMU raises one anyway, quirk 17), execution goes
+/// on, and the step stays pending (PSTATE.SS clear).
+#[test]
+fn a_stepped_instruction_that_masks_debug_exceptions_is_not_followed_by_a_step() {
+    use crate::arch::debug::{MDSCR_KDE, MDSCR_SS, PSTATE_SS};
+    let mut g = Guest::new(&[
+        0xd503_48df, // 0x00: msr daifset, #8
+        0xd503_201f, // 0x04: nop
+        0xd400_0002, // 0x08: hvc #0
+    ]);
+    g.cpu.set_sysreg(sr::OSLSR_EL1, 0b1000).unwrap();
+    g.cpu
+        .set_sysreg(sr::MDSCR_EL1, MDSCR_SS | MDSCR_KDE)
+        .unwrap();
+    // EL1h, D clear, PSTATE.SS set: the first instruction is stepped.
+    g.cpu.set_reg(Reg::Pstate, 0x1c5 | PSTATE_SS).unwrap();
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    assert_eq!(g.pc(), CODE + 12);
+    assert_eq!(
+        g.cpu.reg(Reg::Pstate).unwrap() & PSTATE_SS,
+        0,
+        "still pending"
+    );
+}
+
+/// Spins on CNTV_CTL_EL0 until ISTATUS, then reads ISR_EL1 (IRQs masked).
+const VTIMER_SPIN: &[u32] = &[
+    0xd53b_e320, // 0x00: mrs x0, cntv_ctl_el0
+    0x3617_ffe0, // 0x04: tbz w0, #2, 0x00
+    0xd538_c101, // 0x08: mrs x1, isr_el1
+    0xd400_0002, // 0x0c: hvc #0
+];
+
+/// The virtual timer's output is ISTATUS: the read that first shows the
+/// condition raises the PPI (the IRQ is pending at the next instruction),
+/// not the timer thread when it next wakes (kvm-unit-tests' timer test
+/// checks for the interrupt right after its busy loop sees ISTATUS).
+#[test]
+fn a_read_showing_istatus_raises_the_vtimer_ppi_at_once() {
+    for _ in 0..5 {
+        let mut g = Guest::new(VTIMER_SPIN);
+        // 2 ms ahead, enabled, IRQs masked (PSTATE as at entry).
+        let cval = g.sys(sr::CNTVCT_EL0) + super::timer::COUNTER_HZ / 500;
+        g.cpu.set_sysreg(sr::CNTV_CVAL_EL0, cval).unwrap();
+        g.cpu.set_sysreg(sr::CNTV_CTL_EL0, 1).unwrap();
+        g.io.irq_follows_vtimer = true; // the GIC's answer once the PPI is raised
+        assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+        assert_eq!(g.x(0) & 0b101, 0b101, "ENABLE, ISTATUS");
+        assert_eq!(g.x(1) & (1 << 7), 1 << 7, "ISR_EL1.I: the IRQ is pending");
+        assert!(g.io.events.contains(&Ev::Timer(true)), "the PPI was raised");
+    }
+}

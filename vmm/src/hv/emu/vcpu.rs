@@ -120,6 +120,8 @@ impl EmuVcpu {
             spin_enabled: vm.vcpus.len() > 1,
             watch: Vec::new(),
             watch_bypass: None,
+            step_armed: false,
+            stepped_block: false,
         });
         let vcpu = EmuVcpu {
             id,
@@ -184,7 +186,8 @@ impl EmuVcpu {
 
     /// Reads the watchpoint registers back (after the guest or the VMM
     /// changed one, or an access was let through) and makes the TLB hook
-    /// check their pages again.
+    /// check their pages again; notes whether software step is enabled
+    /// (MDSCR_EL1.SS, quirk 17).
     pub(super) fn update_watchpoints(&mut self) -> Result<()> {
         let uc = self.uc;
         let mdscr = uc.cp_read(sr::MDSCR_EL1).unwrap_or(0);
@@ -199,6 +202,8 @@ impl EmuVcpu {
         let st = self.state();
         st.watch = watch;
         st.watch_bypass = None;
+        st.step_armed = mdscr & debug::MDSCR_SS != 0;
+        st.stepped_block = false;
         uc.flush_tlb().map_err(uc_err("flush TLB"))
     }
 
