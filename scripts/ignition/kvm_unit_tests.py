@@ -15,8 +15,9 @@ The exit status is 1 when an entry of GATING that passes on QEMU does not pass o
 
 A test prints `PASS:`/`FAIL:`/`SKIP:` lines, `SUMMARY: ...` and `EXIT: STATUS=N` with
 N = (code << 1) | 1: N = 1 (code 0) passes, N = 77 (every test skipped) skips, anything else
-fails; a run without the EXIT line (a hang, a crash) fails. A `.flat` is a position-independent raw binary: `boot` loads arm64
-Images, so the runner wraps each one in an Image header (wrap_flat). Entries of the
+fails; a run without the EXIT line (a hang, a crash) fails. A `.flat` is a position-independent
+raw binary: `boot` loads arm64 Images, so the runner wraps each one in an Image header
+(wrap_flat). Entries of the
 `migration` group print MIGRATE_PROMPT and wait for a key: on Ignition the runner takes a
 snapshot through the control socket there, quits, restores it in a new `boot` and presses the
 key on the restored console; on QEMU it migrates to a file and resumes from it with
@@ -28,21 +29,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
 import shlex
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import pexpect
 
 from . import console, paths, qemu, timeouts
-from .control import Control, ControlError
+from .control import ControlClient, ControlError
 
 SUITE_DIR = paths.REPO_ROOT / "third_party" / "kvm-unit-tests"
 SUITE_COMMIT = "1da1819e49fc4938985edca67df669099b4c87a7"
@@ -54,9 +55,23 @@ RECORD = SUITE_DIR / "qemu-verdicts.json"
 RECORD_COMMAND = "python3 -m ignition.kvm_unit_tests --record-qemu"
 
 GATING = (
-    "selftest-setup", "selftest-vectors-kernel", "selftest-vectors-user", "selftest-smp",
-    "gicv3-ipi", "gicv3-active", "psci", "timer", "cache", "debug-bp", "debug-wp", "debug-sstep",
-    "fpu-context", "pl031", "debug-bp-migration", "debug-wp-migration", "debug-sstep-migration",
+    "selftest-setup",
+    "selftest-vectors-kernel",
+    "selftest-vectors-user",
+    "selftest-smp",
+    "gicv3-ipi",
+    "gicv3-active",
+    "psci",
+    "timer",
+    "cache",
+    "debug-bp",
+    "debug-wp",
+    "debug-sstep",
+    "fpu-context",
+    "pl031",
+    "debug-bp-migration",
+    "debug-wp-migration",
+    "debug-sstep-migration",
 )
 """Entries that must pass on Ignition when they pass on QEMU. The rest run and are reported."""
 
@@ -100,6 +115,7 @@ VERDICTS = ("PASS", "FAIL", "SKIP", "n/a")
 
 
 # ----- unittests.cfg ---------------------------------------------------------------------------
+
 
 @dataclass
 class Entry:
@@ -200,7 +216,7 @@ def parse_cfg(text: str) -> list[Entry]:
         extra = raw.get("extra_params", "")
         if m := re.search(r"-append\s+('[^']*'|\"[^\"]*\"|\S+)", extra):
             e.test_args = _unquote(m.group(1))
-            extra = (extra[:m.start()] + extra[m.end():]).strip()
+            extra = (extra[: m.start()] + extra[m.end() :]).strip()
         e.qemu_params = " ".join(p for p in (raw.get("qemu_params", "").strip(), extra) if p)
         e.groups = raw.get("groups", "").split()
         if "timeout" in raw:
@@ -239,6 +255,24 @@ def eval_smp(expr: str, max_smp: int) -> int:
     if value < 1:
         raise CfgError(f"smp {expr!r} is {value}")
     return value
+
+
+_BINARY: dict[str, Callable[[int, int], int]] = {
+    "||": lambda v, w: int(bool(v) or bool(w)),
+    "&&": lambda v, w: int(bool(v) and bool(w)),
+    "==": lambda v, w: int(v == w),
+    "!=": lambda v, w: int(v != w),
+    "<": lambda v, w: int(v < w),
+    ">": lambda v, w: int(v > w),
+    "<=": lambda v, w: int(v <= w),
+    ">=": lambda v, w: int(v >= w),
+    "+": lambda v, w: v + w,
+    "-": lambda v, w: v - w,
+    "*": lambda v, w: v * w,
+    "/": lambda v, w: int(v / w),
+    "%": lambda v, w: v - w * int(v / w),
+}
+"""The shell arithmetic's binary operators (`$((...))` in `smp` lines)."""
 
 
 class _Arith:
@@ -296,14 +330,13 @@ class _Arith:
             w = self.binary(level + 1)
             if op in "/%" and w == 0:
                 raise CfgError(f"smp {self.original!r}: division by zero")
-            v = {
-                "||": lambda: int(bool(v) or bool(w)), "&&": lambda: int(bool(v) and bool(w)),
-                "==": lambda: int(v == w), "!=": lambda: int(v != w), "<": lambda: int(v < w),
-                ">": lambda: int(v > w), "<=": lambda: int(v <= w), ">=": lambda: int(v >= w),
-                "+": lambda: v + w, "-": lambda: v - w, "*": lambda: v * w,
-                "/": lambda: int(v / w), "%": lambda: v - w * int(v / w),
-            }[op]()
+            v = self._apply(op, v, w)
         return v
+
+    @staticmethod
+    def _apply(op: str, v: int, w: int) -> int:
+        """`v op w` with the shell's integer semantics (division truncates toward zero)."""
+        return _BINARY[op](v, w)
 
     def unary(self) -> int:
         tok = self.take()
@@ -366,14 +399,24 @@ class Outcome:
     @property
     def timing_only(self) -> bool:
         """Failed, and only on TIMING_CHECK lines."""
-        return (self.verdict == "FAIL" and self.problem is None and bool(self.failures)
-                and all(TIMING_CHECK.search(f) for f in self.failures))
+        return (
+            self.verdict == "FAIL"
+            and self.problem is None
+            and bool(self.failures)
+            and all(TIMING_CHECK.search(f) for f in self.failures)
+        )
 
-    def as_json(self, with_console: bool = False) -> dict:
-        d = {"verdict": self.verdict, "summary": self.summary, "exit_status": self.exit_status,
-             "failures": self.failures, "problem": self.problem, "retries": self.retries,
-             "elapsed_s": round(self.elapsed_s, 2),
-             "reports": [f"{k}: {t}" for k, t in self.reports]}
+    def as_json(self, with_console: bool = False) -> dict[str, Any]:
+        d = {
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "exit_status": self.exit_status,
+            "failures": self.failures,
+            "problem": self.problem,
+            "retries": self.retries,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "reports": [f"{k}: {t}" for k, t in self.reports],
+        }
         if with_console:
             d["console"] = self.console
         return d
@@ -399,7 +442,7 @@ def parse_output(text: str, problem: str | None = None) -> Outcome:
         if m := _REPORT.match(line):
             out.reports.append((m.group(1), m.group(2)))
         elif _SUMMARY.match(line):
-            out.summary = line[len("SUMMARY: "):]
+            out.summary = line[len("SUMMARY: ") :]
         elif m := _EXIT.match(line):
             out.exit_status = int(m.group(1))
     if out.exit_status is None:
@@ -425,13 +468,14 @@ def parse_output(text: str, problem: str | None = None) -> Outcome:
 
 # ----- images -----------------------------------------------------------------------------------
 
+
 def wrap_flat(flat: bytes) -> bytes:
     """A kvm-unit-tests `.flat` as an arm64 Image `boot` loads: the 64-byte header (code0 a
     branch to the flat, text_offset TEXT_OFFSET, image_size covering the file, its BSS and
     stack, flags 0: little-endian, no page-size preference), zeros to FLAT_PAD, the flat. The
     flat then starts at RAM + 0x80000 with X0 = the DTB, as under QEMU's `-kernel`."""
     header = bytearray(FLAT_PAD)
-    branch = 0x1400_0000 | (FLAT_PAD // 4)              # b . + FLAT_PAD
+    branch = 0x1400_0000 | (FLAT_PAD // 4)  # b . + FLAT_PAD
     size = FLAT_PAD + -(-len(flat) // 0x1_0000) * 0x1_0000 + BSS_AND_STACK
     header[0:4] = branch.to_bytes(4, "little")
     header[0x08:0x10] = TEXT_OFFSET.to_bytes(8, "little")
@@ -453,6 +497,7 @@ def wrapped_image(flat: Path, out_dir: Path) -> Path:
 
 # ----- running ----------------------------------------------------------------------------------
 
+
 def entry_timeout(entry: Entry, backend: str) -> float:
     """The cfg's timeout (the suite's default 90 s without one), never below the package's
     policy for the backend (timeouts.py): a slow, loaded machine must not fail a correct test."""
@@ -472,16 +517,17 @@ class _Run:
     def left(self) -> float:
         return max(0.1, self.deadline - time.monotonic())
 
-    def take(self, child: pexpect.spawn) -> None:
+    def take(self, child: pexpect.spawn[str]) -> None:
         before = child.before if isinstance(child.before, str) else ""
         after = child.after if isinstance(child.after, str) else ""
         self.parts.append(before + after)
 
-    def wait(self, child: pexpect.spawn, patterns: list) -> int:
+    def wait(self, child: pexpect.spawn[str], patterns: list[str]) -> int:
         """child.expect(patterns + [EOF]) within the deadline; the index, len(patterns) at EOF.
         Raises pexpect.TIMEOUT past the deadline (the output so far is kept)."""
         try:
-            i = child.expect(list(patterns) + [pexpect.EOF], timeout=self.left())
+            expected: list[str | type[pexpect.EOF]] = [*patterns, pexpect.EOF]
+            i = child.expect(expected, timeout=self.left())  # type: ignore[arg-type]
         except pexpect.TIMEOUT:
             self.take(child)
             raise
@@ -494,18 +540,28 @@ class _Run:
         return out
 
 
-def _finish(child: pexpect.spawn) -> None:
+def _finish(child: pexpect.spawn[str]) -> None:
     try:
         child.close()
     except pexpect.ExceptionPexpect:
         console.terminate(child)
 
 
-def boot_argv(boot: Path, image: Path, entry: Entry, max_smp: int, disk: Path,
-              backend: str | None) -> list[str]:
+def boot_argv(boot: Path, image: Path, entry: Entry, max_smp: int, disk: Path, backend: str | None) -> list[str]:
     """`boot` running a wrapped test (the disk is a placeholder the test never reads)."""
-    argv = [str(boot), "--kernel", str(image), "--disk", str(disk), "--cpus", str(entry.cpus(max_smp)),
-            "--mem", str(entry.mem_mib()), "--cmdline", entry.test_args]
+    argv = [
+        str(boot),
+        "--kernel",
+        str(image),
+        "--disk",
+        str(disk),
+        "--cpus",
+        str(entry.cpus(max_smp)),
+        "--mem",
+        str(entry.mem_mib()),
+        "--cmdline",
+        entry.test_args,
+    ]
     if backend:
         argv += ["--backend", backend]
     return argv
@@ -523,8 +579,14 @@ def with_timing_retries(once: Callable[[], Outcome]) -> Outcome:
     return out
 
 
-def run_ignition(entry: Entry, boot: Path, image_dir: Path, backend: str | None = None,
-                 max_smp: int = DEFAULT_MAX_SMP, timeout: float | None = None) -> Outcome:
+def run_ignition(
+    entry: Entry,
+    boot: Path,
+    image_dir: Path,
+    backend: str | None = None,
+    max_smp: int = DEFAULT_MAX_SMP,
+    timeout: float | None = None,
+) -> Outcome:
     """One entry on `boot` (with_timing_retries). At each MIGRATE_PROMPT: a snapshot through
     the control socket, quit, `boot --restore` in a new process, a key on its console; at
     SKIP_MIGRATION just the key."""
@@ -536,8 +598,9 @@ def run_ignition(entry: Entry, boot: Path, image_dir: Path, backend: str | None 
     return with_timing_retries(lambda: _run_ignition_once(entry, boot, image, backend, max_smp, limit))
 
 
-def _run_ignition_once(entry: Entry, boot: Path, image: Path, backend: str | None, max_smp: int,
-                       timeout: float) -> Outcome:
+def _run_ignition_once(
+    entry: Entry, boot: Path, image: Path, backend: str | None, max_smp: int, timeout: float
+) -> Outcome:
     run = _Run(timeout)
     with tempfile.TemporaryDirectory(prefix="ignition-kut-") as tmp:
         disk, store, sock = Path(tmp) / "disk.img", Path(tmp) / "store", Path(tmp) / "control.sock"
@@ -555,7 +618,7 @@ def _run_ignition_once(entry: Entry, boot: Path, image: Path, backend: str | Non
                 migrations += 1
                 layer = f"kut-migration-{migrations}"
                 try:
-                    with Control(sock, timeout=run.left()) as c:
+                    with ControlClient(sock, timeout=run.left()) as c:
                         c.snapshot(layer)
                         c.quit()
                 except (OSError, ControlError, ConnectionError) as e:
@@ -565,8 +628,18 @@ def _run_ignition_once(entry: Entry, boot: Path, image: Path, backend: str | Non
                 _finish(child)
                 if sock.exists():
                     sock.unlink()
-                argv = [str(boot), "--restore", layer, "--store", str(store), "--track-dirty",
-                        "--name", f"kut-{migrations}", "--control", str(sock)]
+                argv = [
+                    str(boot),
+                    "--restore",
+                    layer,
+                    "--store",
+                    str(store),
+                    "--track-dirty",
+                    "--name",
+                    f"kut-{migrations}",
+                    "--control",
+                    str(sock),
+                ]
                 if backend:
                     argv += ["--backend", backend]
                 child = console.spawn(argv, timeout=run.timeout)
@@ -586,9 +659,21 @@ def _run_ignition_once(entry: Entry, boot: Path, image: Path, backend: str | Non
 
 def qemu_argv(entry: Entry, max_smp: int, qemu_bin: str = qemu.QEMU) -> list[str]:
     """The suite README's reference command for an entry."""
-    argv = [qemu_bin, "-M", "virt,gic-version=3", "-cpu", "max", "-smp", str(entry.cpus(max_smp)),
-            "-m", str(entry.mem_mib()), "-nographic", "-no-reboot",
-            "-kernel", str(FLAT_DIR / entry.file)]
+    argv = [
+        qemu_bin,
+        "-M",
+        "virt,gic-version=3",
+        "-cpu",
+        "max",
+        "-smp",
+        str(entry.cpus(max_smp)),
+        "-m",
+        str(entry.mem_mib()),
+        "-nographic",
+        "-no-reboot",
+        "-kernel",
+        str(FLAT_DIR / entry.file),
+    ]
     argv += entry.extra_qemu_args()
     return argv + ["-append", entry.test_args]
 
@@ -621,8 +706,9 @@ def _poll(check: Callable[[], bool], run: _Run, what: str) -> None:
         time.sleep(0.05)
 
 
-def run_qemu(entry: Entry, max_smp: int = DEFAULT_MAX_SMP, qemu_bin: str = qemu.QEMU,
-             timeout: float | None = None) -> Outcome:
+def run_qemu(
+    entry: Entry, max_smp: int = DEFAULT_MAX_SMP, qemu_bin: str = qemu.QEMU, timeout: float | None = None
+) -> Outcome:
     """One entry on QEMU TCG (with_timing_retries). At each MIGRATE_PROMPT: `migrate` to a
     file over the monitor, quit, a new QEMU with `-incoming` from the file, a key on its
     console once it runs; at SKIP_MIGRATION just the key."""
@@ -665,39 +751,49 @@ def _run_qemu_once(entry: Entry, max_smp: int, qemu_bin: str, timeout: float) ->
 
 # ----- the record of QEMU's verdicts -----------------------------------------------------------
 
+
 def qemu_version(qemu_bin: str = qemu.QEMU) -> str:
     import subprocess
+
     try:
-        return subprocess.run([qemu_bin, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.splitlines()[0]
+        return subprocess.run([qemu_bin, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[
+            0
+        ]
     except (OSError, subprocess.SubprocessError, IndexError):
         return ""
 
 
-def load_record(path: Path = RECORD) -> dict:
+def load_record(path: Path = RECORD) -> dict[str, Any]:
     """The recorded QEMU verdicts: {suite_commit, qemu, max_smp, command, entries: {name:
     Outcome.as_json()}}. Raises FileNotFoundError or ValueError (malformed)."""
     rec = json.loads(path.read_text())
-    if not isinstance(rec.get("entries"), dict):
+    if not isinstance(rec, dict) or not isinstance(rec.get("entries"), dict):
         raise ValueError(f"{path}: no entries")
-    return rec
+    return dict(rec)
 
 
-def record_outcomes(rec: dict, max_smp: int) -> dict[str, Outcome]:
+def record_outcomes(rec: dict[str, Any], max_smp: int) -> dict[str, Outcome]:
     """The record's outcomes, if it was made for this suite commit and $MAX_SMP. Raises
     ValueError otherwise (re-record with RECORD_COMMAND)."""
     if rec.get("suite_commit") != SUITE_COMMIT or rec.get("max_smp") != max_smp:
-        raise ValueError(f"the QEMU record is for suite {rec.get('suite_commit')} with MAX_SMP="
-                         f"{rec.get('max_smp')}, not {SUITE_COMMIT} with {max_smp}: run {RECORD_COMMAND}")
+        raise ValueError(
+            f"the QEMU record is for suite {rec.get('suite_commit')} with MAX_SMP="
+            f"{rec.get('max_smp')}, not {SUITE_COMMIT} with {max_smp}: run {RECORD_COMMAND}"
+        )
     out = {}
     for name, d in rec["entries"].items():
-        out[name] = Outcome(verdict=d["verdict"], summary=d.get("summary", ""),
-                            exit_status=d.get("exit_status"), problem=d.get("problem"),
-                            elapsed_s=d.get("elapsed_s", 0.0))
+        out[name] = Outcome(
+            verdict=d["verdict"],
+            summary=d.get("summary", ""),
+            exit_status=d.get("exit_status"),
+            problem=d.get("problem"),
+            elapsed_s=d.get("elapsed_s", 0.0),
+        )
     return out
 
 
 # ----- the table and the gate ------------------------------------------------------------------
+
 
 @dataclass
 class Row:
@@ -712,8 +808,13 @@ class Row:
     @property
     def gate_failed(self) -> bool:
         """A gating entry QEMU passes that Ignition does not."""
-        return (self.gating and self.qemu is not None and self.qemu.verdict == "PASS"
-                and self.ignition is not None and self.ignition.verdict != "PASS")
+        return (
+            self.gating
+            and self.qemu is not None
+            and self.qemu.verdict == "PASS"
+            and self.ignition is not None
+            and self.ignition.verdict != "PASS"
+        )
 
 
 def table(rows: Sequence[Row], backend: str) -> str:
@@ -729,7 +830,10 @@ def table(rows: Sequence[Row], backend: str) -> str:
             summary += "; failed: " + ", ".join(r.ignition.failures[:4])
         body.append([r.entry.name + (" *" if r.gating else ""), ig, qe, summary])
     widths = [max(len(head[i]), *(len(b[i]) for b in body)) if body else len(head[i]) for i in range(4)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body])
 
 
@@ -743,6 +847,7 @@ def counts(rows: Iterable[Row], which: str) -> dict[str, int]:
 
 
 # ----- main -------------------------------------------------------------------------------------
+
 
 def select(entries: list[Entry], names: str | None, gating_only: bool) -> list[Entry]:
     """The entries named (comma-separated, in cfg order) or, with gating_only, the GATING ones.
@@ -760,17 +865,24 @@ def select(entries: list[Entry], names: str | None, gating_only: bool) -> list[E
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m ignition.kvm_unit_tests",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m ignition.kvm_unit_tests", description=__doc__.split("\n\n")[0])
     ap.add_argument("--entries", help="comma-separated cfg entries (default: all)")
     ap.add_argument("--gating", action="store_true", help="only the gating entries")
     ap.add_argument("--backend", default=None, help="boot's backend (default: boot's default)")
-    ap.add_argument("--boot", type=Path, default=None, help="the boot binary (default: $IGNITION_BOOT or "
-                    "target/release/boot)")
-    ap.add_argument("--qemu", choices=["record", "live", "none"], default="record",
-                    help=f"QEMU's verdicts: from {RECORD.relative_to(paths.REPO_ROOT)} (default), run now, or none")
-    ap.add_argument("--record-qemu", action="store_true",
-                    help="run every entry on QEMU and rewrite the record (Ignition is not run)")
+    ap.add_argument(
+        "--boot", type=Path, default=None, help="the boot binary (default: $IGNITION_BOOT or target/release/boot)"
+    )
+    ap.add_argument(
+        "--qemu",
+        choices=["record", "live", "none"],
+        default="record",
+        help=f"QEMU's verdicts: from {RECORD.relative_to(paths.REPO_ROOT)} (default), run now, or none",
+    )
+    ap.add_argument(
+        "--record-qemu",
+        action="store_true",
+        help="run every entry on QEMU and rewrite the record (Ignition is not run)",
+    )
     ap.add_argument("--qemu-bin", default=qemu.QEMU)
     ap.add_argument("--max-smp", type=int, default=DEFAULT_MAX_SMP, help="$MAX_SMP in the cfg (default %(default)s)")
     ap.add_argument("--json", type=Path, default=paths.RESULTS_DIR / "kvm-unit-tests.json")
@@ -784,10 +896,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.record_qemu:
         if args.entries or args.gating:
             raise SystemExit("--record-qemu records every entry; drop --entries/--gating")
-        rec = {"suite_commit": SUITE_COMMIT, "qemu": qemu_version(args.qemu_bin), "max_smp": args.max_smp,
-               "command": RECORD_COMMAND, "reference": "qemu-system-aarch64 -M virt,gic-version=3 -cpu max "
-               "-smp N -m M -nographic -no-reboot -kernel T.flat -append ARGS (plus the entry's qemu_params)",
-               "recorded": datetime.date.today().isoformat(), "entries": {}}
+        rec = {
+            "suite_commit": SUITE_COMMIT,
+            "qemu": qemu_version(args.qemu_bin),
+            "max_smp": args.max_smp,
+            "command": RECORD_COMMAND,
+            "reference": "qemu-system-aarch64 -M virt,gic-version=3 -cpu max "
+            "-smp N -m M -nographic -no-reboot -kernel T.flat -append ARGS (plus the entry's qemu_params)",
+            "recorded": datetime.date.today().isoformat(),
+            "entries": {},
+        }
         for e in entries:
             o = run_qemu(e, args.max_smp, args.qemu_bin)
             print(f"{e.name}: {o.verdict} ({o.summary})", flush=True)
@@ -803,16 +921,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             recorded = record_outcomes(load_record(), args.max_smp)
         except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(f"cannot use the QEMU record: {e}")
+            raise SystemExit(f"cannot use the QEMU record: {e}") from e
     boot = args.boot or paths.boot_bin()
     if not boot.is_file():
         raise SystemExit(f"{boot} not built: cargo build --release --bin boot")
     image_dir = paths.REPO_ROOT / "target" / "kvm-unit-tests"
-    for e in entries:
-        ig = run_ignition(e, boot, image_dir, args.backend, args.max_smp)
-        qe = run_qemu(e, args.max_smp, args.qemu_bin) if args.qemu == "live" else recorded.get(e.name)
-        rows.append(Row(e, ig, qe))
-        print(f"{e.name}: Ignition {ig.verdict}, QEMU {qe.verdict if qe else '-'} ({ig.summary})", flush=True)
+    for entry in entries:
+        ig = run_ignition(entry, boot, image_dir, args.backend, args.max_smp)
+        qe = run_qemu(entry, args.max_smp, args.qemu_bin) if args.qemu == "live" else recorded.get(entry.name)
+        rows.append(Row(entry, ig, qe))
+        print(f"{entry.name}: Ignition {ig.verdict}, QEMU {qe.verdict if qe else '-'} ({ig.summary})", flush=True)
         if args.verbose and ig.verdict == "FAIL":
             tail = ig.console.replace("\r", "").strip().splitlines()[-30:]
             print("\n".join(f"  | {t}" for t in tail), flush=True)
@@ -822,14 +940,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     gate = [r.entry.name for r in rows if r.gate_failed]
     print(f"\nIgnition: {counts(rows, 'ignition')}; QEMU: {counts(rows, 'qemu')}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "suite_commit": SUITE_COMMIT, "backend": backend, "max_smp": args.max_smp, "qemu_source": args.qemu,
-        "gate_failures": gate,
-        "entries": {r.entry.name: {"gating": r.gating, "cpus": r.entry.cpus(args.max_smp),
-                                   "mem_mib": r.entry.mem_mib(), "args": r.entry.test_args,
-                                   "ignition": r.ignition.as_json(with_console=True) if r.ignition else None,
-                                   "qemu": r.qemu.as_json() if r.qemu else None}
-                    for r in rows}}, indent=1) + "\n")
+    args.json.write_text(
+        json.dumps(
+            {
+                "suite_commit": SUITE_COMMIT,
+                "backend": backend,
+                "max_smp": args.max_smp,
+                "qemu_source": args.qemu,
+                "gate_failures": gate,
+                "entries": {
+                    r.entry.name: {
+                        "gating": r.gating,
+                        "cpus": r.entry.cpus(args.max_smp),
+                        "mem_mib": r.entry.mem_mib(),
+                        "args": r.entry.test_args,
+                        "ignition": r.ignition.as_json(with_console=True) if r.ignition else None,
+                        "qemu": r.qemu.as_json() if r.qemu else None,
+                    }
+                    for r in rows
+                },
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {args.json}")
     if gate:
         print(f"GATE: {', '.join(gate)} pass on QEMU but not on Ignition", file=sys.stderr)
@@ -839,4 +973,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -111,8 +111,9 @@ CI = {
     "guest/build.sh": ".ci/run",
     "pip install ./snapshot-store/python": "scripts/test.sh",
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
-    "python3 -m pytest -q scripts/tests/test_kvm_unit_tests.py scripts/tests/test_kvm_unit_tests_e2e.py":
-        "scripts/test.sh",
+    (
+        "python3 -m pytest -q scripts/tests/test_kvm_unit_tests.py scripts/tests/test_kvm_unit_tests_e2e.py"
+    ): "scripts/test.sh",
 }
 RUN = [
     "python3 -m ignition.bench.snapshot --mem 512 --runs 1",

@@ -10,8 +10,7 @@ import struct
 import pytest
 
 from ignition import kvm_unit_tests as kut
-from ignition.kvm_unit_tests import CfgError, Entry, Outcome, Row
-
+from ignition.kvm_unit_tests import CfgError, Outcome, Row
 
 CFG = """
 ##############################
@@ -55,7 +54,12 @@ def test_cfg_entries_fields_and_defaults():
     assert list(es) == ["selftest-setup", "gicv2-ipi", "timer", "debug-ss-migration", "old-style"]
     s = es["selftest-setup"]
     assert (s.file, s.cpus(4), s.test_args, s.groups, s.mem_mib()) == (
-        "selftest.flat", 2, "setup smp=2 mem=256", ["selftest"], 256)
+        "selftest.flat",
+        2,
+        "setup smp=2 mem=256",
+        ["selftest"],
+        256,
+    )
     assert s.extra_qemu_args() == [] and s.unsupported_on_ignition() is None
     t = es["timer"]
     assert (t.cpus(4), t.test_args, t.timeout_s, t.mem_mib(), t.arch) == (1, "", 10.0, 512, "arm64")
@@ -64,7 +68,7 @@ def test_cfg_entries_fields_and_defaults():
     assert d.disabled_if == '[[ "$TARGET" != qemu ]]'
     g = es["gicv2-ipi"]
     assert g.extra_qemu_args() == ["-machine", "gic-version=2"]
-    assert "gic-version=2" in g.unsupported_on_ignition()
+    assert "gic-version=2" in (g.unsupported_on_ignition() or "")
     o = es["old-style"]
     assert o.test_args == "vectors-user x"
     assert o.extra_qemu_args() == ["-machine", "gic-version=3"]
@@ -72,24 +76,34 @@ def test_cfg_entries_fields_and_defaults():
     assert o.accel == "kvm" and o.cpus(3) == 3
 
 
-@pytest.mark.parametrize("bad", [
-    "file = x.flat\n",                          # a key outside a section
-    "[a]\nsmp = 1\n",                           # no file
-    "[a]\nfile = a.flat\n[a]\nfile = b.flat\n",  # the same name twice
-    "[a]\nfile = a.flat\ntimeout = soon\n",
-    "[a]\nfile = a.flat\nthis is not a key\n",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "file = x.flat\n",  # a key outside a section
+        "[a]\nsmp = 1\n",  # no file
+        "[a]\nfile = a.flat\n[a]\nfile = b.flat\n",  # the same name twice
+        "[a]\nfile = a.flat\ntimeout = soon\n",
+        "[a]\nfile = a.flat\nthis is not a key\n",
+    ],
+)
 def test_cfg_errors(bad):
     with pytest.raises(CfgError):
         kut.parse_cfg(bad)
 
 
-@pytest.mark.parametrize("expr, max_smp, want", [
-    ("1", 8, 1), ("$MAX_SMP", 2, 2), ("${MAX_SMP}", 6, 6),
-    ("$((($MAX_SMP < 8)?$MAX_SMP:8))", 2, 2), ("$((($MAX_SMP < 8)?$MAX_SMP:8))", 64, 8),
-    ("$((($MAX_SMP < 3)?$MAX_SMP:3))", 4, 3), ("$(($MAX_SMP / 2 + 1))", 4, 3),
-    ("$(($MAX_SMP >= 4 && $MAX_SMP % 2 == 0 ? 4 : 1))", 6, 4),
-])
+@pytest.mark.parametrize(
+    "expr, max_smp, want",
+    [
+        ("1", 8, 1),
+        ("$MAX_SMP", 2, 2),
+        ("${MAX_SMP}", 6, 6),
+        ("$((($MAX_SMP < 8)?$MAX_SMP:8))", 2, 2),
+        ("$((($MAX_SMP < 8)?$MAX_SMP:8))", 64, 8),
+        ("$((($MAX_SMP < 3)?$MAX_SMP:3))", 4, 3),
+        ("$(($MAX_SMP / 2 + 1))", 4, 3),
+        ("$(($MAX_SMP >= 4 && $MAX_SMP % 2 == 0 ? 4 : 1))", 6, 4),
+    ],
+)
 def test_smp_arithmetic(expr, max_smp, want):
     assert kut.eval_smp(expr, max_smp) == want
 
@@ -153,8 +167,9 @@ def test_output_without_an_exit_line_fails_with_the_reason():
 def test_timing_only_failures_are_told_apart():
     timing = kut.parse_output("FAIL: vtimer-busy-loop: latency within 10 ms\nEXIT: STATUS=3\n")
     assert timing.timing_only
-    both = kut.parse_output("FAIL: vtimer-busy-loop: latency within 10 ms\n"
-                            "FAIL: vtimer-busy-loop: interrupt received\nEXIT: STATUS=3\n")
+    both = kut.parse_output(
+        "FAIL: vtimer-busy-loop: latency within 10 ms\nFAIL: vtimer-busy-loop: interrupt received\nEXIT: STATUS=3\n"
+    )
     assert not both.timing_only
     assert not kut.parse_output(PASSED).timing_only
     assert not kut.parse_output("", "timed out").timing_only
@@ -169,6 +184,7 @@ def test_timing_retries_rerun_only_timing_failures():
     def always_late():
         calls.append(1)
         return kut.parse_output("FAIL: t: latency within 10 ms\nEXIT: STATUS=3\n")
+
     out = kut.with_timing_retries(always_late)
     assert (out.verdict, out.retries, len(calls)) == ("FAIL", kut.TIMING_RETRIES, kut.TIMING_RETRIES + 1)
     calls.clear()
@@ -176,11 +192,12 @@ def test_timing_retries_rerun_only_timing_failures():
     def real_failure():
         calls.append(1)
         return kut.parse_output("FAIL: ss: single step\nEXIT: STATUS=3\n")
+
     assert kut.with_timing_retries(real_failure).retries == 0 and len(calls) == 1
 
 
 def test_wrap_flat_is_an_image_boot_accepts():
-    flat = bytes(range(256)) * 300                  # 76800 bytes
+    flat = bytes(range(256)) * 300  # 76800 bytes
     img = kut.wrap_flat(flat)
     code0, code1, text_offset, image_size, flags = struct.unpack_from("<IIQQQ", img, 0)
     assert struct.unpack_from("<I", img, 0x38)[0] == 0x644D5241, "ARM\\x64"
@@ -188,7 +205,7 @@ def test_wrap_flat_is_an_image_boot_accepts():
     assert (code1, flags) == (0, 0)
     # The flat lands at RAM + 0x80000, where QEMU puts a raw -kernel (64 KiB aligned).
     assert text_offset + kut.FLAT_PAD == 0x80000
-    assert img[kut.FLAT_PAD:] == flat and len(img) == kut.FLAT_PAD + len(flat)
+    assert img[kut.FLAT_PAD :] == flat and len(img) == kut.FLAT_PAD + len(flat)
     assert image_size >= kut.FLAT_PAD + len(flat) + 0x10000, "room for BSS and the boot stack"
     assert image_size % 0x10000 == 0
 
@@ -210,8 +227,12 @@ def test_the_record_matches_this_suite_and_gates():
 def test_gate_and_table():
     e = {x.name: x for x in kut.load_entries()}
     ok, bad = Outcome(verdict="PASS", summary="3 tests"), Outcome(verdict="FAIL", summary="boom")
-    rows = [Row(e["gicv3-ipi"], bad, ok), Row(e["gicv2-ipi"], Outcome(verdict="n/a"), ok),
-            Row(e["pmu-event-introspection"], Outcome(verdict="SKIP"), bad), Row(e["timer"], ok, bad)]
+    rows = [
+        Row(e["gicv3-ipi"], bad, ok),
+        Row(e["gicv2-ipi"], Outcome(verdict="n/a"), ok),
+        Row(e["pmu-event-introspection"], Outcome(verdict="SKIP"), bad),
+        Row(e["timer"], ok, bad),
+    ]
     assert [r.gate_failed for r in rows] == [True, False, False, False]
     t = kut.table(rows, "emu").splitlines()
     assert [c.strip() for c in t[0].split("|")[1:5]] == ["entry", "Ignition (emu)", "QEMU", "summary"]
@@ -228,6 +249,7 @@ def test_main_gates_on_the_record(tmp_path, monkeypatch):
 
     def fake_run(entry, *a, **k):
         return Outcome(verdict=verdict.get(entry.name, "PASS"), summary="fake")
+
     monkeypatch.setattr(kut, "run_ignition", fake_run)
     out = tmp_path / "r.json"
     args = ["--entries", "timer,cache,micro-bench", "--boot", str(boot), "--json", str(out)]

@@ -13,17 +13,19 @@ from ignition import kvm_unit_tests as kut
 
 KNOWN_GAPS: dict[str, str] = {
     "pl031": "the PL031 model (devices::pl031) is not in the machine's device set yet: "
-             "the test finds the device-tree node but reads no device",
+    "the test finds the device-tree node but reads no device",
 }
 """Gating entries Ignition does not pass yet -> why. Each is a strict xfail: it fails as soon as
 the entry passes, so the entry leaves this list in the change that makes it pass."""
 
 RACES: dict[str, tuple[set[str], str]] = {
-    "timer": ({"ptimer-busy-loop: interrupt received"},
-              "the machine's physical timer (machine::clock) raises its PPI when its thread wakes for "
-              "the deadline, not when a CNTP_CTL_EL0 read first shows ISTATUS, so the interrupt can "
-              "come after the test looks for it (about one run in twenty on a loaded host); "
-              "Clock::sysreg_read must report the output as the emu backend does for CNTV"),
+    "timer": (
+        {"ptimer-busy-loop: interrupt received"},
+        "the machine's physical timer (machine::clock) raises its PPI when its thread wakes for "
+        "the deadline, not when a CNTP_CTL_EL0 read first shows ISTATUS, so the interrupt can "
+        "come after the test looks for it (about one run in twenty on a loaded host); "
+        "Clock::sysreg_read must report the output as the emu backend does for CNTV",
+    ),
 }
 """Entry -> (report lines that may fail, why): a known race outside the runner's reach. Those
 lines alone failing passes the case (and says so); any other failure fails it. An entry
@@ -58,4 +60,5 @@ def test_gating_entry_passes_where_qemu_does(name, entries, qemu_verdicts, boot_
         return
     assert out.verdict == "PASS", (
         f"{name}: Ignition {out.verdict} ({out.summary}), QEMU PASS ({qemu.summary})\n"
-        f"failed: {out.failures}\nproblem: {out.problem}\nconsole (tail):\n{tail}")
+        f"failed: {out.failures}\nproblem: {out.problem}\nconsole (tail):\n{tail}"
+    )
