@@ -15,12 +15,14 @@
 
 pub mod irqchip;
 pub mod root_disk;
+mod rtc;
 
 use crate::arch::layout::{self, MmioRegion};
 use crate::console;
 use crate::devices::boot_timer::{BootTimer, BootTimerState};
 use crate::devices::bus::BusRegion;
 use crate::devices::pl011::{Pl011, Pl011State};
+use crate::devices::pl031::{HostClock, Pl031, Pl031State, WallClock};
 use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
@@ -33,6 +35,7 @@ use crate::devices::{IrqLine, MmioDevice, Persist};
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
+use rtc::Rtc;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -143,6 +146,8 @@ impl<D: VirtioDevice + 'static> VirtioSlot<D> {
 pub struct Devices {
     /// The console UART, fed by the console input thread.
     uart: Arc<Mutex<Pl011>>,
+    /// The real-time clock and its alarm thread.
+    rtc: Rtc,
     boot_timer: Arc<Mutex<BootTimer>>,
     /// The root block device, whose disk snapshots capture.
     blk: VirtioSlot<Block>,
@@ -162,6 +167,10 @@ pub struct Devices {
 pub struct DevicesState {
     /// The console UART.
     pub pl011: Pl011State,
+    /// The real-time clock (absent in snapshots from before it existed:
+    /// such a VM gets a fresh one, reading the host's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pl031: Option<Pl031State>,
     /// The boot-timer.
     pub boot_timer: BootTimerState,
     /// The root block device and its transport.
@@ -274,6 +283,9 @@ impl Devices {
     pub fn new(args: DeviceArgs) -> anyhow::Result<Self> {
         let p = args.split();
         let (out, irq) = p.uart;
+        let (clock, irq_rtc) = p.rtc;
+        let rtc = Rtc::start(Pl031::new(clock.clone(), irq_rtc), clock)
+            .context("cannot start the RTC's alarm thread")?;
         let (start, report) = p.boot_timer;
         let (disk, ram, irq_blk) = p.blk;
         let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
@@ -287,6 +299,7 @@ impl Devices {
             .transpose()?;
         Ok(Devices {
             uart: Arc::new(Mutex::new(Pl011::new(out, irq))),
+            rtc,
             boot_timer: Arc::new(Mutex::new(BootTimer::new(start, report))),
             blk: VirtioSlot::without_io(
                 VirtioMmio::new(disk, ram, irq_blk).expect("a fresh virtio-blk transport is valid"),
@@ -304,6 +317,8 @@ impl Devices {
         let at = |name, r: MmioRegion, dev| (name, r.base, r.size, dev);
         vec![
             at("pl011", layout::PL011, uart),
+            self.rtc
+                .region("pl031", layout::PL031.base, layout::PL031.size),
             at("boot-timer", layout::BOOT_TIMER, timer),
             self.blk.region(BLK),
         ]
@@ -380,6 +395,7 @@ impl Persist for Devices {
     fn save(&self) -> DevicesState {
         DevicesState {
             pl011: self.uart.locked().save(),
+            pl031: Some(self.rtc.device().locked().save()),
             boot_timer: self.boot_timer.locked().save(),
             virtio_blk: self.blk.dev.locked().save(),
             vmgenid: self.vmgenid.as_ref().map(VmGenId::save),
@@ -393,6 +409,14 @@ impl Persist for Devices {
     fn restore(args: DeviceArgs, state: &DevicesState) -> anyhow::Result<Self> {
         let p = args.split();
         let uart = Pl011::restore(p.uart, &state.pl011).context("cannot restore the PL011")?;
+        let (clock, irq_rtc) = p.rtc;
+        let rtc = match &state.pl031 {
+            Some(s) => {
+                Pl031::restore((clock.clone(), irq_rtc), s).context("cannot restore the PL031")?
+            }
+            None => Pl031::new(clock.clone(), irq_rtc),
+        };
+        let rtc = Rtc::start(rtc, clock).context("cannot start the RTC's alarm thread")?;
         let boot_timer = BootTimer::restore(p.boot_timer, &state.boot_timer)?;
         let blk =
             VirtioMmio::restore(p.blk, &state.virtio_blk).context("cannot restore virtio-blk")?;
@@ -428,6 +452,7 @@ impl Persist for Devices {
             .transpose()?;
         Ok(Devices {
             uart: Arc::new(Mutex::new(uart)),
+            rtc,
             boot_timer: Arc::new(Mutex::new(boot_timer)),
             blk: VirtioSlot::without_io(blk),
             vmgenid,
@@ -440,6 +465,7 @@ impl Persist for Devices {
 /// Each device's construction arguments ([`Persist::Args`]).
 struct Parts {
     uart: <Pl011 as Persist>::Args,
+    rtc: <Pl031 as Persist>::Args,
     boot_timer: <BootTimer as Persist>::Args,
     blk: <VirtioMmio<Block> as Persist>::Args,
     vmgenid: VmGenIdArgs,
@@ -460,6 +486,10 @@ impl DeviceArgs {
         };
         Parts {
             uart: (self.console, spi(layout::PL011, "PL011 has an interrupt")),
+            rtc: (
+                Arc::new(HostClock) as Arc<dyn WallClock>,
+                spi(layout::PL031, "PL031 has an interrupt"),
+            ),
             boot_timer: (self.start, Box::new(report_boot_time)),
             vmgenid: VmGenIdArgs {
                 ram: self.ram.clone(),
@@ -525,6 +555,7 @@ mod tests {
             regions,
             [
                 ("pl011", layout::PL011.base, layout::PL011.size),
+                ("pl031", layout::PL031.base, layout::PL031.size),
                 (
                     "boot-timer",
                     layout::BOOT_TIMER.base,
@@ -546,7 +577,11 @@ mod tests {
     #[test]
     fn save_restore_round_trip() {
         let d = Devices::new(args(1 << 20)).unwrap();
-        assert_eq!(d.console_input(b"x"), 0, "the receiver starts disabled");
+        assert_eq!(
+            d.console_input(b"x"),
+            1,
+            "the receiver takes input out of reset (CR.RXE)"
+        );
         let state = d.save();
         let mut fresh = args(1 << 20);
         fresh.generation_id = [0xee; 16];

@@ -229,6 +229,7 @@ mod tests {
     use crate::devices::boot_timer::BootTimer;
     use crate::devices::gicv3::Gicv3;
     use crate::devices::pl011::Pl011;
+    use crate::devices::pl031::{HostClock, Pl031};
     use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
     use crate::devices::virtio::mmio::VirtioMmio;
     use crate::devices::virtio::net::{Net, NetArgs, NetBackend};
@@ -323,6 +324,7 @@ mod tests {
             gic,
             devices: DevicesState {
                 pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
+                pl031: Some(Pl031::new(Arc::new(HostClock), Arc::new(NoIrq)).save()),
                 boot_timer: BootTimer::new(std::time::Instant::now(), Box::new(|_| {})).save(),
                 virtio_blk: blk.save(),
                 vmgenid: Some(VmGenIdState {
@@ -380,6 +382,7 @@ mod tests {
             "clock",
             "gic",
             "pl011",
+            "pl031",
             "boot_timer",
             "virtio_blk",
             "vmgenid",
@@ -392,7 +395,8 @@ mod tests {
         assert_eq!(sorted, expected);
         // Serialised in declaration order, devices last.
         let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
-        assert!(at("gic") < at("pl011") && at("pl011") < at("boot_timer"));
+        assert!(at("gic") < at("pl011") && at("pl011") < at("pl031"));
+        assert!(at("pl031") < at("boot_timer"));
         assert!(at("boot_timer") < at("virtio_blk") && at("virtio_blk") < at("vmgenid"));
         assert!(at("vmgenid") < at("virtio_net") && at("virtio_net") < at("virtio_vsock"));
         let extra = json.replacen('{', "{\"extra\":1,", 1);
@@ -661,6 +665,9 @@ mod tests {
             }
             let devices = &st.devices;
             let _ = Pl011::restore((Box::new(std::io::sink()), Arc::new(NoIrq)), &devices.pl011);
+            if let Some(rtc) = &devices.pl031 {
+                let _ = Pl031::restore((Arc::new(HostClock), Arc::new(NoIrq)), rtc);
+            }
             let _ = BootTimer::restore((Instant::now(), Box::new(|_| {})), &devices.boot_timer);
             let disk = tempfile::tempfile().unwrap();
             disk.set_len(1 << 20).unwrap();

@@ -218,16 +218,21 @@ impl Clock {
 
     /// A guest read of `reg` on vCPU `vcpu`, if it is a physical timer
     /// register (else `None`).
+    /// A read that shows the timer condition also raises the output at
+    /// once, so that a guest that sees ISTATUS and waits for the interrupt
+    /// does not depend on when this module's thread wakes.
     pub fn sysreg_read(&self, vcpu: VcpuId, reg: SysReg) -> Option<u64> {
-        let st = self.inner.state.locked();
+        let mut st = self.inner.state.locked();
         let t = st.ptimers.get(vcpu)?;
         let count = self.inner.now(&st);
-        match reg {
-            CNTP_CTL_EL0 => Some(t.read_ctl(count)),
-            CNTP_CVAL_EL0 => Some(t.cval),
-            CNTP_TVAL_EL0 => Some(t.read_tval(count)),
-            _ => None,
-        }
+        let value = match reg {
+            CNTP_CTL_EL0 => t.read_ctl(count),
+            CNTP_CVAL_EL0 => t.cval,
+            CNTP_TVAL_EL0 => t.read_tval(count),
+            _ => return None,
+        };
+        self.inner.report(&mut st, vcpu, count);
+        Some(value)
     }
 
     /// A guest write of `reg` on vCPU `vcpu`: `true` if it is a physical
@@ -491,6 +496,25 @@ mod tests {
         assert!(!clock.sysreg_write(0, SysReg::new(3, 3, 14, 3, 1), 1));
         assert_eq!(clock.sysreg_read(2, CNTP_CTL_EL0), None);
         assert!(!clock.sysreg_write(2, CNTP_CTL_EL0, 1));
+    }
+
+    /// The timer condition a read shows is on the line when the read
+    /// returns, not when the thread next wakes (here, not for 1000 s).
+    #[test]
+    fn a_read_showing_istatus_raises_the_line_at_once() {
+        let c = FakeCounter::manual(0, 0);
+        let (l, rx) = line();
+        let clock = Clock::new(c.clone(), 1, None, l).unwrap();
+        assert_eq!(next(&rx), (0, false));
+        let far = 1_000_000_000_000; // 1000 s of the fake counter's 1 GHz
+        assert!(clock.sysreg_write(0, CNTP_CVAL_EL0, far));
+        assert!(clock.sysreg_write(0, CNTP_CTL_EL0, CTL_ENABLE));
+        c.advance(far + 1);
+        assert_eq!(
+            clock.sysreg_read(0, CNTP_CTL_EL0),
+            Some(CTL_ENABLE | CTL_ISTATUS)
+        );
+        assert_eq!(seen(&rx), [(0, true)]);
     }
 
     #[test]
