@@ -24,7 +24,7 @@ fi
 say() { printf '[mac-check] %s\n' "$*"; }
 die() { printf '[mac-check] error: %s\n' "$*" >&2; exit 1; }
 
-suites=(test_boot_e2e test_snapshot_e2e test_crash_consistency)
+suites=(test_boot_e2e test_snapshot_e2e test_crash_consistency test_kvm_unit_tests_e2e)
 out=${MAC_CHECK_OUT:-target/mac-check}
 
 for f in Image rootfs.ext4 guest.json; do
