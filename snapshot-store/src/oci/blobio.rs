@@ -53,7 +53,7 @@ pub(crate) fn file_stream(
     path: PathBuf,
     size: u64,
     tag: Tag,
-) -> Result<impl Stream<Item = oci_client::errors::Result<Bytes>> + Send + 'static, RegistryError> {
+) -> Result<impl Stream<Item = std::io::Result<Bytes>> + Send + 'static, RegistryError> {
     let f = File::open(&path).map_err(|e| io_err(&path, "open", e))?;
     let state = (f, path, 0u64, tag);
     Ok(futures_util::stream::unfold(
@@ -65,7 +65,7 @@ pub(crate) fn file_stream(
                 return match f.read(&mut probe) {
                     Ok(0) => None,
                     Ok(_) => Some((Err(grew(&path, size)), None)),
-                    Err(e) => Some((Err(e.into()), None)),
+                    Err(e) => Some((Err(e), None)),
                 };
             }
             let want = (size - done).min(CHUNK as u64) as usize;
@@ -82,11 +82,11 @@ pub(crate) fn file_stream(
                                 done + got as u64
                             ),
                         );
-                        return Some((Err(e.into()), None));
+                        return Some((Err(e), None));
                     }
                     Ok(n) => got += n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Some((Err(e.into()), None)),
+                    Err(e) => return Some((Err(e), None)),
                 }
             }
             let done = done + want as u64;
@@ -96,12 +96,11 @@ pub(crate) fn file_stream(
     ))
 }
 
-fn grew(path: &Path, size: u64) -> oci_client::errors::OciDistributionError {
+fn grew(path: &Path, size: u64) -> std::io::Error {
     std::io::Error::other(format!(
         "{} grew beyond {size} bytes while being sent",
         path.display()
     ))
-    .into()
 }
 
 /// A writer that hashes and counts what passes through.

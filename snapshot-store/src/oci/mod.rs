@@ -7,7 +7,10 @@
 //! `subject` naming the parent's OCI manifest, so the tag of the top layer
 //! reaches the whole chain. The byte layout is in FORMAT.md ("Registry
 //! artifacts") and [`layout`]. The wire protocol is the OCI
-//! distribution-spec v1.1, spoken by the `oci-client` crate; this module
+//! distribution-spec v1.1, spoken over `reqwest` by `client` under the
+//! transfer limits of `transport` ([`Limits`]: every answer's size capped
+//! while it streams, connection and idle timeouts, a deadline per request
+//! that grows with its bytes, retries of idempotent requests); this module
 //! runs it on a tokio current-thread runtime of its own, so its entry
 //! points ([`push()`], [`pull()`]) are blocking.
 //!
@@ -21,9 +24,10 @@
 // The submodules in layers, bottom first, as in `lib.rs`
 // (`tests/layering.rs` checks it).
 
-// The artifacts' layout, registry credentials.
+// The artifacts' layout, registry credentials, HTTP under limits.
 mod auth;
 pub mod layout;
+mod transport;
 
 // Blobs to and from files, the registry client, the cache of pushed
 // blobs' digests.
@@ -46,6 +50,9 @@ pub use layout::{
 };
 pub use pull::{pull, PullOptions, PullReport, PulledLayer};
 pub use push::{push, BlobStatus, PushOptions, PushReport, PushedBlob, PushedLayer};
+pub use transport::{
+    Limits, TransferProblem, MAX_DEADLINE, MAX_ERROR_BODY_BYTES, MAX_REDIRECTS, MAX_TOKEN_BYTES,
+};
 
 /// Everything that can go wrong moving layers to or from a registry, one
 /// variant per kind of failure. Each message is one line naming the
@@ -89,15 +96,36 @@ pub enum RegistryError {
         /// The registry's answer.
         msg: String,
     },
-    /// A request to the registry failed.
+    /// A request to the registry failed: the registry answered with an
+    /// error status (its body's start in the message, printable), or its
+    /// answer was unusable.
     ///
-    /// Message: `OP: MSG`.
+    /// Message: `OP: METHOD URL answered HTTP STATUS: BODY[; gave up after
+    /// N attempts]`, or `OP: MSG`.
     #[error("{op}: {msg}")]
     Registry {
         /// What was being done, naming the reference or digest.
         op: String,
-        /// The client's or registry's error.
+        /// The registry's answer, or what is wrong with it.
         msg: String,
+    },
+    /// A request did not get through the transfer limits ([`Limits`]):
+    /// no connection, an answer larger than its cap, no byte for the idle
+    /// timeout, not complete by its deadline, too many redirects, or a
+    /// broken connection; after the retries an idempotent request gets.
+    ///
+    /// Message: `METHOD URL: PROBLEM[; gave up after N attempts]`, e.g.
+    /// `GET http://127.0.0.1:5000/v2/sandboxes/py/manifests/v1: manifest
+    /// from 127.0.0.1:5000/sandboxes/py:v1 exceeds 4 MiB` (PROBLEM is the
+    /// [`TransferProblem`]'s message).
+    #[error("{request}: {problem}{}", if *attempts > 1 { format!("; gave up after {attempts} attempts") } else { String::new() })]
+    Transfer {
+        /// `METHOD URL` (the URL without its query).
+        request: String,
+        /// What went wrong.
+        problem: TransferProblem,
+        /// Attempts made.
+        attempts: u32,
     },
     /// An OCI manifest is not an Ignition layer artifact.
     ///
@@ -203,6 +231,8 @@ pub struct Connection {
     pub plain_http: bool,
     /// Credentials; `None` reads them from [`AuthFile::from_environment`].
     pub credential: Option<Credential>,
+    /// Timeouts, deadlines and retries of every request.
+    pub limits: Limits,
 }
 
 /// `io::Error` with a path, as [`RegistryError::Io`].
@@ -220,6 +250,8 @@ pub(crate) fn io_err(
 
 /// Run `fut` to completion on a new tokio current-thread runtime, with
 /// ring as the process's TLS crypto provider (unless one is installed).
+/// The runtime is then shut down without waiting for its blocking threads
+/// (a name lookup the connection timeout gave up on may still be running).
 pub(crate) fn block_on<T>(
     fut: impl std::future::Future<Output = Result<T, RegistryError>>,
 ) -> Result<T, RegistryError> {
@@ -229,5 +261,7 @@ pub(crate) fn block_on<T>(
         .enable_all()
         .build()
         .map_err(|e| io_err("tokio runtime", "start", e))?;
-    rt.block_on(fut)
+    let r = rt.block_on(fut);
+    rt.shutdown_background();
+    r
 }

@@ -5,12 +5,12 @@
 //! not have are downloaded into work directories, every blob checked
 //! against its digest as it arrives, then committed base first with the
 //! store's own verification ([`crate::LayerImport::commit`]). A blob that
-//! fails its digest stops the pull before anything is committed.
+//! fails its digest, or a request that fails a transfer limit, stops the
+//! pull before anything is committed. A blob is never read past the size
+//! its descriptor declares, and a declared size must fit the layer's file
+//! (exactly, or for a zstd blob within zstd's bound for that file).
 
 use std::time::Instant;
-
-use futures_util::StreamExt;
-use oci_client::RegistryOperation;
 
 use crate::format::chunks::{disk_chunk_count, disk_chunks_file_size};
 use crate::format::manifest::{
@@ -23,7 +23,7 @@ use crate::name::validate_name;
 use crate::store::{Store, MAX_CHAIN_DEPTH};
 
 use super::blobio::{Receiver, Tag};
-use super::client::Registry;
+use super::client::{scopes, Registry};
 use super::layout::{digest_hex, ArtifactManifest, Compression, FileBlob};
 use super::{block_on, io_err, Connection, Event, EventFn, RegistryError};
 
@@ -106,7 +106,10 @@ pub fn pull(
         validate_name(n)?;
     }
     block_on(async {
-        let reg = Registry::connect(reference, &opts.connection, RegistryOperation::Pull).await?;
+        let reg = Registry::connect(reference, &opts.connection, |r| {
+            scopes(r.repository(), false, None)
+        })
+        .await?;
         stage(opts, &format!("resolving {reference}"));
         let mut chain = fetch_chain(&reg).await?;
         if let Some(new) = &opts.rename_top {
@@ -238,8 +241,9 @@ fn stage(opts: &PullOptions, s: &str) {
 async fn fetch_chain(reg: &Registry) -> Result<Vec<Remote>, RegistryError> {
     let mut chain: Vec<Remote> = Vec::new();
     let mut next = reg.reference.clone();
+    let mut declared = None;
     loop {
-        let (bytes, digest) = reg.pull_manifest(&next).await?;
+        let (bytes, digest) = reg.pull_manifest(&next, declared).await?;
         let what = format!("{}@{digest}", reg.repository());
         let (art, files) = ArtifactManifest::parse(&bytes, &what)?;
         let config = fetch_small(reg, &art.config.digest, art.config.size, &what).await?;
@@ -293,6 +297,7 @@ async fn fetch_chain(reg: &Registry) -> Result<Vec<Remote>, RegistryError> {
                     )));
                 }
                 next = reg.at(&s.digest);
+                declared = Some(s.size);
             }
         }
     }
@@ -313,8 +318,20 @@ fn file_size(m: &Manifest, file: &str) -> u64 {
     }
 }
 
+/// The largest zstd frame of a file of `size` bytes: zstd's
+/// `ZSTD_compressBound`, plus room for the frame's header and checksum.
+fn zstd_bound(size: u64) -> u64 {
+    let small = if size < 128 << 10 {
+        ((128 << 10) - size) >> 11
+    } else {
+        0
+    };
+    size.saturating_add(size >> 8).saturating_add(small) + 64
+}
+
 /// The blobs must be exactly the files the manifest lists; an
-/// uncompressed blob must have the file's size.
+/// uncompressed blob must have the file's size, a zstd one at most
+/// [`zstd_bound`] of it.
 fn check_files(m: &Manifest, files: &[FileBlob], what: &str) -> Result<(), RegistryError> {
     let mut want: Vec<&str> = listed_files(m).into_iter().skip(1).collect();
     let mut have: Vec<&str> = files.iter().map(|f| f.file).collect();
@@ -332,6 +349,20 @@ fn check_files(m: &Manifest, files: &[FileBlob], what: &str) -> Result<(), Regis
         });
     }
     for f in files {
+        let bound = zstd_bound(file_size(m, f.file));
+        if f.compression == Compression::Zstd && f.descriptor.size > bound {
+            return Err(RegistryError::Artifact {
+                what: what.to_string(),
+                msg: format!(
+                    "blob {} ({}) declares {} bytes, more than a zstd frame of the {} bytes layer '{}' gives that file can be ({bound})",
+                    f.descriptor.digest,
+                    f.file,
+                    f.descriptor.size,
+                    file_size(m, f.file),
+                    m.name
+                ),
+            });
+        }
         if f.compression == Compression::None && f.descriptor.size != file_size(m, f.file) {
             return Err(RegistryError::Artifact {
                 what: what.to_string(),
@@ -365,26 +396,8 @@ async fn fetch_small(
             "is {size} bytes, more than {MAX_MANIFEST_BYTES}"
         )));
     }
-    let mut s = reg.blob_stream(digest, size).await?;
-    let mut out = Vec::new();
-    while let Some(chunk) = s.next().await {
-        match chunk {
-            Ok(b) if out.len() + b.len() <= size as usize => out.extend_from_slice(&b),
-            Ok(_) => return Err(bad(format!("is longer than its descriptor's {size} bytes"))),
-            Err(e) if out.len() as u64 == size || is_digest_error(&e) => {
-                return Err(bad(format!(
-                    "is corrupted: sha256:{} ({e})",
-                    hex(&sha256(&out))
-                )))
-            }
-            Err(e) => {
-                return Err(bad(format!(
-                    "download failed after {} bytes: {e}",
-                    out.len()
-                )))
-            }
-        }
-    }
+    let op = format!("fetch config {digest} of {what}");
+    let out = reg.small_blob(digest, size, &op).await?;
     let found = super::layout::digest_of(&out);
     if found != digest || out.len() as u64 != size {
         return Err(bad(format!(
@@ -395,15 +408,10 @@ async fn fetch_small(
     Ok(out)
 }
 
-/// Whether a stream error is the client's digest verification failing.
-fn is_digest_error(e: &std::io::Error) -> bool {
-    e.get_ref()
-        .and_then(|x| x.downcast_ref::<oci_client::errors::DigestError>())
-        .is_some_and(|x| matches!(x, oci_client::errors::DigestError::VerificationError { .. }))
-}
-
-/// Download one file blob of layer `r` into the import's work directory.
-/// Returns (blob bytes received, file bytes written).
+/// Download one file blob of layer `r` into the import's work directory,
+/// starting again from its first byte after a transient failure (as many
+/// times as the connection's limits allow). Returns (blob bytes received,
+/// file bytes written).
 async fn download(
     reg: &Registry,
     r: &Remote,
@@ -415,11 +423,28 @@ async fn download(
     let layer = imp.name();
     let want_file = file_size(&r.manifest, blob.file);
     let path = imp.work_dir().join(blob.file);
-    let mut rx = Receiver::create(&path, blob.compression, want_file)?;
     let tag = Tag {
         layer: layer.into(),
         file: blob.file,
         progress: opts.progress.clone(),
+    };
+    let what = format!("blob {} ({layer}/{})", d.digest, blob.file);
+    let mut backoff = reg.backoff();
+    let rx = loop {
+        if backoff.attempts() > 0 {
+            std::fs::remove_file(&path).map_err(|e| io_err(&path, "remove", e))?;
+        }
+        let mut rx = Receiver::create(&path, blob.compression, want_file)?;
+        tag.report(0, d.size);
+        match receive(reg, blob, &what, &mut rx, &tag).await {
+            Ok(()) => break rx,
+            Err(Received::Failed(f)) if backoff.retry(&f).await => {}
+            Err(Received::Failed(f)) => {
+                let op = format!("layer '{layer}': fetch {what}");
+                return Err(reg.error(&op, f, backoff.attempts()));
+            }
+            Err(Received::Refused(e)) => return Err(e),
+        }
     };
     let corrupt = |rx: &Receiver| RegistryError::BlobDigest {
         layer: layer.to_string(),
@@ -429,48 +454,71 @@ async fn download(
         received: rx.received(),
         found: rx.digest_so_far(),
     };
-    let blob_err = |msg: String| RegistryError::Blob {
-        layer: layer.to_string(),
-        file: blob.file.to_string(),
-        digest: d.digest.clone(),
-        msg,
-    };
-    tag.report(0, d.size);
-    let mut s = reg.blob_stream(&d.digest, d.size).await?;
-    while let Some(chunk) = s.next().await {
-        match chunk {
-            Ok(b) => {
-                if rx.received() + b.len() as u64 > d.size {
-                    return Err(corrupt(&rx));
-                }
-                rx.push(&b).map_err(|e| blob_err(e.to_string()))?;
-                tag.report(rx.received(), d.size);
-            }
-            // The client checks the digest at the end of the stream: the
-            // bytes that arrived (all of them, or fewer if the registry's
-            // copy is truncated) do not match.
-            Err(e) if rx.received() == d.size || is_digest_error(&e) => return Err(corrupt(&rx)),
-            Err(e) => {
-                return Err(blob_err(format!(
-                    "download failed after {} of {} bytes: {e}",
-                    rx.received(),
-                    d.size
-                )))
-            }
-        }
-    }
     if rx.received() != d.size || format!("sha256:{}", rx.digest_so_far()) != d.digest {
         return Err(corrupt(&rx));
     }
-    let got = rx.finish().map_err(|e| blob_err(e.to_string()))?;
+    let got = rx
+        .finish()
+        .map_err(|e| blob_error(imp, blob, e.to_string()))?;
     debug_assert_eq!(format!("sha256:{}", got.sha256), d.digest);
     if got.file_size != want_file {
-        return Err(blob_err(format!(
-            "decodes to {} bytes, layer '{layer}' gives {want_file}",
-            got.file_size
-        )));
+        return Err(blob_error(
+            imp,
+            blob,
+            format!(
+                "decodes to {} bytes, layer '{layer}' gives {want_file}",
+                got.file_size
+            ),
+        ));
     }
     Ok((got.received, got.file_size))
+}
+
+/// A [`RegistryError::Blob`] of `blob` of the layer being imported.
+fn blob_error(imp: &LayerImport, blob: &FileBlob, msg: String) -> RegistryError {
+    RegistryError::Blob {
+        layer: imp.name().to_string(),
+        file: blob.file.to_string(),
+        digest: blob.descriptor.digest.clone(),
+        msg,
+    }
+}
+
+/// Why one attempt at a blob stopped.
+enum Received {
+    /// The transfer failed (perhaps only for a moment: it may be retried).
+    Failed(super::transport::Failure),
+    /// The bytes were refused here (a write error, a bad zstd frame, a
+    /// file longer than the layer's manifest gives): no retry.
+    Refused(RegistryError),
+}
+
+/// One attempt at receiving `blob` into `rx`, until the registry ends the
+/// body (its size and digest are the caller's to check).
+async fn receive(
+    reg: &Registry,
+    blob: &FileBlob,
+    what: &str,
+    rx: &mut Receiver,
+    tag: &Tag,
+) -> Result<(), Received> {
+    let d = &blob.descriptor;
+    let mut body = reg
+        .blob(&d.digest, d.size, what)
+        .await
+        .map_err(Received::Failed)?;
+    while let Some(b) = body.chunk().await.map_err(Received::Failed)? {
+        rx.push(&b).map_err(|e| {
+            Received::Refused(RegistryError::Blob {
+                layer: tag.layer.to_string(),
+                file: blob.file.to_string(),
+                digest: d.digest.clone(),
+                msg: e.to_string(),
+            })
+        })?;
+        tag.report(rx.received(), d.size);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -537,5 +585,47 @@ mod tests {
         ];
         check_files(&m, &with_disk, "x").unwrap();
         assert_eq!(file_size(&m, DISK_CHUNKS_FILE), 72 + 32 * 4);
+    }
+
+    #[test]
+    fn zstd_frames_of_incompressible_files_fit_the_bound() {
+        // What `--compress zstd` makes of random bytes (which it cannot
+        // shrink) must be accepted, however long the file.
+        let d = tempfile::tempdir().unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for size in [0usize, 1, 1000, 128 << 10, (1 << 20) + 7, 5 << 20] {
+            let data: Vec<u8> = (0..size)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let src = d.path().join(format!("f{size}"));
+            std::fs::write(&src, &data).unwrap();
+            let dst = d.path().join(format!("f{size}.zst"));
+            let (_, blob) = crate::oci::blobio::compress_file(&src, size as u64, &dst).unwrap();
+            assert!(
+                blob <= zstd_bound(size as u64),
+                "{size}: {blob} > {}",
+                zstd_bound(size as u64)
+            );
+        }
+        // A blob declared longer than the bound is refused.
+        let mut m = sample(LayerKind::Full);
+        m.disk = None;
+        let too_long = zstd_bound(m.memory.size) + 1;
+        let e = check_files(
+            &m,
+            &[
+                blob(MEMORY_FILE, Compression::Zstd, too_long),
+                blob(STATE_FILE, Compression::None, m.state.size),
+            ],
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("more than a zstd frame"), "{e}");
     }
 }

@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use oci_client::RegistryOperation;
-
 use crate::file_hash::sha256_open_file;
 use crate::format::manifest::listed_files;
 use crate::format::verified::Stamp;
@@ -19,7 +17,7 @@ use crate::store::Store;
 use crate::verify::verify_chain_cached;
 
 use super::blobio::{compress_file, file_stream, Tag};
-use super::client::{parse_reference, Registry};
+use super::client::{parse_reference, scopes, Registry};
 use super::digests::DigestCache;
 use super::layout::{digest_of, file_media_type, ArtifactManifest, Compression};
 use super::{block_on, io_err, Connection, Event, EventFn, RegistryError};
@@ -164,24 +162,27 @@ pub fn push(
     verify_chain_cached(&chain)?;
     let mut digests = DigestCache::load(store.root());
     let cache = &mut digests;
-    let r = block_on(async {
-        let reg = Registry::connect(reference, &opts.connection, RegistryOperation::Push).await?;
-        let mount_from = match &opts.mount_from {
-            None => None,
-            Some(m) => {
-                let src = parse_reference(m)?;
-                if src.resolve_registry() != reg.reference.resolve_registry() {
-                    return Err(RegistryError::Reference {
-                        reference: m.clone(),
-                        msg: format!(
-                            "can only mount from the same registry, {}",
-                            reg.reference.resolve_registry()
-                        ),
-                    });
-                }
-                Some(src)
+    let mount_from = match &opts.mount_from {
+        None => None,
+        Some(m) => {
+            let src = parse_reference(m)?;
+            if src.resolve_registry() != r.resolve_registry() {
+                return Err(RegistryError::Reference {
+                    reference: m.clone(),
+                    msg: format!(
+                        "can only mount from the same registry, {}",
+                        r.resolve_registry()
+                    ),
+                });
             }
-        };
+            Some(src)
+        }
+    };
+    let r = block_on(async {
+        let reg = Registry::connect(reference, &opts.connection, |r| {
+            scopes(r.repository(), true, mount_from.as_ref())
+        })
+        .await?;
         let mut report = PushReport {
             reference: format!(
                 "{}:{}",
@@ -237,7 +238,7 @@ fn stage(opts: &PushOptions, s: &str) {
 struct Pusher<'a> {
     reg: &'a Registry,
     opts: &'a PushOptions,
-    mount_from: Option<oci_client::Reference>,
+    mount_from: Option<oci_spec::distribution::Reference>,
     scratch: Scratch,
     cache: &'a mut DigestCache,
     report: &'a mut PushReport,
@@ -447,10 +448,13 @@ impl Pusher<'_> {
             file,
             progress: self.opts.progress.clone(),
         };
-        tag.report(0, size);
         let t = Instant::now();
-        let stream = file_stream(path.to_path_buf(), size, tag)?;
-        self.reg.push_blob_stream(stream, digest, size).await?;
+        self.reg
+            .upload(digest, size, || {
+                tag.report(0, size);
+                file_stream(path.to_path_buf(), size, tag.clone())
+            })
+            .await?;
         self.report.upload_seconds += t.elapsed().as_secs_f64();
         Ok(BlobStatus::Sent)
     }

@@ -158,6 +158,8 @@ enum Cmd {
         /// Plain HTTP instead of HTTPS (a local registry).
         #[arg(long)]
         plain_http: bool,
+        #[command(flatten)]
+        limits: registry::LimitArgs,
         /// One JSON object instead of text: {reference, digest,
         /// compression, layers: [{name, manifest_digest, manifest_size,
         /// blobs: [{file, media_type, digest, size, file_size, status:
@@ -185,6 +187,8 @@ enum Cmd {
         /// Plain HTTP instead of HTTPS (a local registry).
         #[arg(long)]
         plain_http: bool,
+        #[command(flatten)]
+        limits: registry::LimitArgs,
         /// One JSON object instead of text: {reference, digest, name,
         /// layers: [{name, manifest_digest, content_sha256, status:
         /// pulled|present, bytes_received, file_bytes, compression}],
@@ -278,9 +282,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             compress,
             mount_from,
             plain_http,
+            limits,
             json,
         } => {
-            let opts = registry::push_options(compress.as_deref(), mount_from, plain_http);
+            let opts = registry::push_options(compress.as_deref(), mount_from, plain_http, &limits);
             registry::push(&open()?, &spec, &reference, opts, json, out)?
         }
         #[cfg(feature = "registry")]
@@ -288,6 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reference,
             rename,
             plain_http,
+            limits,
             json,
         } => {
             // The store is created if missing.
@@ -295,6 +301,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let conn = snapshot_store::oci::Connection {
                 plain_http,
                 credential: None,
+                limits: limits.limits(),
             };
             registry::pull(&store, &reference, rename, conn, json, out)?
         }

@@ -4,10 +4,69 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use snapshot_store::oci::{self, BlobStatus, Compression, Connection, Event, EventFn};
+use snapshot_store::oci::{self, BlobStatus, Compression, Connection, Event, EventFn, Limits};
 use snapshot_store::Store;
 
 use super::mib;
+
+/// The transfer limits of `push` and `pull` (`oci::Limits`), as options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Seconds a connection may take to open (DNS, TCP, TLS).
+    #[arg(long, value_name = "SECS", value_parser = seconds,
+          default_value_t = Limits::DEFAULT.connect_timeout.as_secs_f64())]
+    connect_timeout: f64,
+    /// Seconds a request may go with no byte moving either way (its answer
+    /// awaited, its body sent or read); then it fails, naming what it was
+    /// doing.
+    #[arg(long, value_name = "SECS", value_parser = seconds,
+          default_value_t = Limits::DEFAULT.idle_timeout.as_secs_f64())]
+    idle_timeout: f64,
+    /// Seconds a request may take all told, plus the time to move its
+    /// bytes (a blob's declared size, a manifest's 4 MiB cap, a token's
+    /// 1 MiB) at --min-rate: a registry that sends a byte now and then
+    /// fails by this deadline.
+    #[arg(long, value_name = "SECS", value_parser = seconds,
+          default_value_t = Limits::DEFAULT.request_timeout.as_secs_f64())]
+    request_timeout: f64,
+    /// Slowest average rate accepted, in KiB/s (see --request-timeout).
+    #[arg(long, value_name = "KIB_PER_S", value_parser = clap::value_parser!(u64).range(1..),
+          default_value_t = Limits::DEFAULT.min_rate / 1024)]
+    min_rate: u64,
+    /// Further attempts of a request that failed for a moment (no
+    /// connection, idle timeout, broken connection, HTTP 408, 429 or 5xx),
+    /// after 0.5 s, 1 s, 2 s ... (at most 8 s, less a random part of up to
+    /// half); a blob is then sent or received again from its start. Never
+    /// after a size limit, a deadline or a digest mismatch.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10),
+          default_value_t = Limits::DEFAULT.retries)]
+    retries: u32,
+}
+
+/// A positive, finite number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v <= oci::MAX_DEADLINE.as_secs_f64() => Ok(v),
+        Ok(_) => Err(format!(
+            "must be more than 0 and at most {} s",
+            oci::MAX_DEADLINE.as_secs()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl LimitArgs {
+    /// As the library's limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            connect_timeout: Duration::from_secs_f64(self.connect_timeout),
+            idle_timeout: Duration::from_secs_f64(self.idle_timeout),
+            request_timeout: Duration::from_secs_f64(self.request_timeout),
+            min_rate: self.min_rate.saturating_mul(1024),
+            retries: self.retries,
+        }
+    }
+}
 
 /// Least time between two redraws of the progress line.
 const REDRAW: Duration = Duration::from_millis(100);
@@ -112,16 +171,18 @@ fn end_line(p: &Option<EventFn>) {
 }
 
 /// The options of `vmstore push --compress ALGO --mount-from REPO
-/// [--plain-http]`.
+/// [--plain-http]` and the limits.
 pub fn push_options(
     compress: Option<&str>,
     mount_from: Option<String>,
     plain_http: bool,
+    limits: &LimitArgs,
 ) -> oci::PushOptions {
     oci::PushOptions {
         connection: Connection {
             plain_http,
             credential: None,
+            limits: limits.limits(),
         },
         compression: match compress {
             Some("zstd") => Compression::Zstd,
