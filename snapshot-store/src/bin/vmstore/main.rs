@@ -210,6 +210,8 @@ fn main() -> ExitCode {
                 }),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, not in logs and pipes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match run(cli) {
