@@ -67,26 +67,39 @@
 
 pub mod abi;
 pub mod exits;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod ffi;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub mod gic;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod host;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod regs;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod shared;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod vcpu;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod vm;
 
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use host::host_count;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use vcpu::{HvfKicker, HvfVcpu};
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use vm::{HvfHypervisor, HvfVm, SIGN_HINT};
+/// The FFI layer's items: compiled on macOS on Apple Silicon against
+/// Hypervisor.framework, and, for tests only, on other hosts against the
+/// simulated framework of the `hvf-sim` feature (the `hvf-sim` crate).
+macro_rules! ffi_layer {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            all(target_os = "macos", target_arch = "aarch64"),
+            all(not(target_os = "macos"), feature = "hvf-sim"),
+        ))]
+        $item
+    )*};
+}
+
+ffi_layer! {
+    mod ffi;
+    pub mod gic;
+    mod host;
+    mod regs;
+    mod shared;
+    mod vcpu;
+    mod vm;
+
+    pub use host::host_count;
+    pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
+    pub use vcpu::{HvfKicker, HvfVcpu};
+    pub use vm::{HvfHypervisor, HvfVm, SIGN_HINT};
+}
+
+// The stand-ins are found by the linker through the symbols the FFI layer
+// references; this makes the crate part of the link.
+#[cfg(all(not(target_os = "macos"), feature = "hvf-sim"))]
+use hvf_sim as _;
+
+#[cfg(all(test, not(target_os = "macos"), feature = "hvf-sim"))]
+mod sim_tests;
