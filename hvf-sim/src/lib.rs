@@ -5,7 +5,10 @@
 //! It exports, with `#[no_mangle]` and the C signatures of Apple's headers,
 //! exactly the functions the backend calls (39 `hv_*` functions and
 //! `os_release`, plus `mach_absolute_time`, `mach_timebase_info` and
-//! `sysctlbyname`, the host clock and sysctls the backend reads). The
+//! `sysctlbyname`, the host clock and sysctls the backend reads). Off
+//! AArch64, `hv_vcpu_set_simd_fp_reg`, whose vector argument only AArch64
+//! code can pass as the C prototype does, is replaced by a test-only entry
+//! taking the value by pointer (`hvf_sim_vcpu_set_simd_fp_reg`). The
 //! values and layouts are Apple's ([`apple`], each cited); applevisor-sys is
 //! used only by a self-test that lists where it disagrees with them.
 //!

@@ -217,7 +217,10 @@ pub enum Step {
         /// The value.
         value: u64,
     },
-    /// Time passes: the host count moves by this many ticks.
+    /// Time passes: the host count moves by this many ticks. If the
+    /// vtimer's output becomes asserted while unmasked (no in-kernel GIC),
+    /// the run exits with `VTIMER_ACTIVATED` and the framework masks the
+    /// timer, as before any step.
     AdvanceClock(u64),
     /// Called on the vCPU's thread at the start of the `hv_vcpu_run` that
     /// reaches it, before the vCPU counts as running, with the simulator
