@@ -33,8 +33,8 @@ pub(super) type HvVcpuId = u64;
 struct SimdFp([u8; 16]);
 
 // Apple's hv_vcpu.h (macOS 11.0), with the C types spelled out. Elsewhere
-// (the test-only `hvf-sim` feature) the same symbols come from the
-// simulator, linked as a crate.
+// (the test-only `hvf-sim` and `hvf-abi-probe` features) the same symbols
+// come from the stand-ins, linked as a crate.
 #[cfg_attr(target_os = "macos", link(name = "Hypervisor", kind = "framework"))]
 extern "C" {
     fn hv_vcpu_create(

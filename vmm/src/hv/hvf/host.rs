@@ -7,8 +7,8 @@ use std::ffi::{c_void, CStr};
 #[cfg(target_os = "macos")]
 use libc as sys;
 
-/// Elsewhere (the test-only `hvf-sim` feature) the simulator provides the
-/// macOS host functions, with their macOS prototypes
+/// Elsewhere (the test-only `hvf-sim` and `hvf-abi-probe` features) the
+/// stand-ins provide the macOS host functions, with their macOS prototypes
 /// (`mach/mach_time.h`, `sys/sysctl.h`): the simulated host clock and
 /// sysctls.
 #[cfg(not(target_os = "macos"))]
