@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Ignition needs on a Debian-based Linux
 # host: the C toolchain for unicorn-engine (cmake, libclang for bindgen),
-# QEMU (the reference boot), Python test tools and maturin, the Rust targets and
+# QEMU (the reference boot; qemu-user and the aarch64 cross compiler for the
+# hvf ABI probe), Python test tools and maturin, the Rust targets and
 # components CI checks with, and mdBook for the book. Idempotent; fast when everything is present.
 # The guest image's own packages are installed by guest/build.sh.
 set -euo pipefail
@@ -20,6 +21,11 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
 # push/pull tests and python3 -m ignition.bench.oci run throwaway local registries
 # (one over HTTPS with a throwaway CA).
 apt_pkgs=(build-essential cmake pkg-config clang libclang-dev qemu-system-arm python3-pip device-tree-compiler e2fsprogs xfsprogs passt docker-registry skopeo openssl)
+# The hvf ABI probe (.ci/run) builds for aarch64-unknown-linux-gnu: on other
+# hosts with the cross C toolchain, and runs under qemu-user.
+if [ "$(uname -m)" != aarch64 ]; then
+    apt_pkgs+=(qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+fi
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -63,6 +69,7 @@ fi
 if command -v rustup >/dev/null; then
     installed=$(rustup target list --installed)
     grep -qx aarch64-apple-darwin <<<"$installed" || { say "rustup: adding target aarch64-apple-darwin"; rustup target add aarch64-apple-darwin >/dev/null; }
+    grep -qx aarch64-unknown-linux-gnu <<<"$installed" || { say "rustup: adding target aarch64-unknown-linux-gnu (the hvf ABI probe)"; rustup target add aarch64-unknown-linux-gnu >/dev/null; }
     comps=$(rustup component list --installed)
     for c in clippy rustfmt; do
         grep -q "^$c" <<<"$comps" || { say "rustup: adding component $c"; rustup component add "$c" >/dev/null; }

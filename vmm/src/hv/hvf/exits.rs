@@ -215,6 +215,49 @@ pub fn decide(exit: &ExitRecord, ram: RamRange, write_protect: bool) -> Action {
     }
 }
 
+/// Stops a vCPU whose dirty-tracking write faults make no progress.
+///
+/// [`decide`] takes a write fault's page from the exit's IPA. For a stage-2
+/// permission fault that is not on a stage-1 table walk the Arm ARM leaves
+/// HPFAR_EL2 UNKNOWN (KVM recomputes the IPA from FAR with a stage-1
+/// translation), and Apple does not document where Hypervisor.framework's
+/// `physical_address` comes from. Were it ever another page of RAM, the VMM
+/// would unprotect that page and retry, and the guest would fault again,
+/// forever, with no error. A vCPU's handled write fault makes its page
+/// writable, so the same access (FAR) faulting on the same page as the
+/// vCPU's very previous exit cannot be on that page: this turns it into an
+/// error naming both addresses. (The alternative, translating FAR through
+/// the guest's stage-1 tables on every fault, needs a page-table walker
+/// this backend does not have, and reads guest tables other vCPUs may be
+/// changing; detecting the loop needs nothing.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteFaultGuard {
+    /// FAR and page of the previous exit, if it was a write fault.
+    last: Option<(u64, u64)>,
+}
+
+impl WriteFaultGuard {
+    /// A write fault on `page` (from [`Action::WriteProtectFault`]) at
+    /// virtual address `far`, about to be handled. An error if the
+    /// previous exit was a write fault at the same `far` and `page`.
+    pub fn write_fault(&mut self, far: u64, page: u64) -> hv::Result<()> {
+        if self.last.replace((far, page)) == Some((far, page)) {
+            return Err(HvError::Call {
+                call: "hv_vcpu_run",
+                detail: format!(
+                    "the write at FAR {far:#x} faulted on IPA page {page:#x} again right after                      that page was made writable: the exit's IPA is not the page the guest                      writes (a stage-2 permission fault leaves HPFAR_EL2 UNKNOWN), so the vCPU                      would fault forever; it is stopped instead"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Any other exit: the vCPU made progress.
+    pub fn progress(&mut self) {
+        self.last = None;
+    }
+}
+
 fn sysreg_action(access: SysRegAccess) -> GuestAction {
     use crate::arch::sysreg::CNTPCT_EL0;
     let local = |op| GuestAction::LocalSysReg { access, op };

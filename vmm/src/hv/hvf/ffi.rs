@@ -32,8 +32,10 @@ pub(super) type HvVcpuId = u64;
 #[repr(C, align(16))]
 struct SimdFp([u8; 16]);
 
-// Apple's hv_vcpu.h (macOS 11.0), with the C types spelled out.
-#[link(name = "Hypervisor", kind = "framework")]
+// Apple's hv_vcpu.h (macOS 11.0), with the C types spelled out. Elsewhere
+// (the test-only `hvf-sim` and `hvf-abi-probe` features) the same symbols
+// come from the stand-ins, linked as a crate.
+#[cfg_attr(target_os = "macos", link(name = "Hypervisor", kind = "framework"))]
 extern "C" {
     fn hv_vcpu_create(
         vcpu: *mut HvVcpuId,
@@ -71,6 +73,7 @@ fn result(ret: HvReturn) -> Result<(), HypervisorError> {
 /// `hv_return_t` comes back in `w0`. Rust cannot declare a vector argument
 /// on stable (applevisor-sys's `u128` goes in `x2:x3`), hence the call in
 /// assembly.
+#[cfg(target_arch = "aarch64")]
 fn set_simd_fp_reg_raw(vcpu: HvVcpuId, reg: u32, value: u128) -> HvReturn {
     let value = SimdFp(value.to_le_bytes());
     let ret: u64;
@@ -96,6 +99,24 @@ fn set_simd_fp_reg_raw(vcpu: HvVcpuId, reg: u32, value: u128) -> HvReturn {
     }
     // hv_return_t is 32 bits (w0); the upper half of x0 is undefined.
     ret as u32 as HvReturn
+}
+
+/// Test-only (the `hvf-sim` feature on a host that is not AArch64, where
+/// the vector call above cannot be made): `hv_vcpu_set_simd_fp_reg` through
+/// the simulator's entry that takes the value by pointer. It tests what
+/// the backend does with the value; only AArch64 code tests the calling
+/// convention (the aarch64 ABI probe runs the assembly above).
+#[cfg(not(target_arch = "aarch64"))]
+fn set_simd_fp_reg_raw(vcpu: HvVcpuId, reg: u32, value: u128) -> HvReturn {
+    extern "C" {
+        fn hvf_sim_vcpu_set_simd_fp_reg(vcpu: HvVcpuId, reg: u32, value: *const SimdFp)
+            -> HvReturn;
+    }
+    let value = SimdFp(value.to_le_bytes());
+    // SAFETY: the simulator's function reads 16 bytes at `value`, a live
+    // buffer; the vCPU belongs to the calling thread (the caller's
+    // contract).
+    unsafe { hvf_sim_vcpu_set_simd_fp_reg(vcpu, reg, &value) }
 }
 
 /// A Hypervisor.framework vCPU: created on, bound to and destroyed on the

@@ -7,12 +7,19 @@
 //! The exit handling ([`exits`]: decide, complete, inject) and the raw
 //! values and layouts of the C interface with the decisions on them
 //! ([`abi`]: exit reasons, SME snapshot safety, SIMD read-back) are compiled
-//! and unit-tested on every host. The rest is the thin FFI layer, compiled
-//! only on macOS on Apple Silicon: `vm` (the VM, RAM mapping), `shared`
-//! (what the VM shares with its vCPUs, stage-2 protection), `vcpu` (the
+//! and unit-tested on every host. The rest is the thin FFI layer, built on
+//! macOS on Apple Silicon: `vm` (the VM, RAM mapping), `shared` (what the
+//! VM shares with its vCPUs, stage-2 protection), `vcpu` (the
 //! `hv_vcpu_run` loop, registers, kicks), `ffi` (the vCPU calls, `dlsym`
 //! lookups, return codes as errors), `host` (sysctls and the host counter),
 //! `regs` (register identifiers) and `gic` (the in-kernel GIC).
+//!
+//! For tests the FFI layer is also built on Linux, unchanged but for its
+//! edges (the framework's link attribute, the host clock and sysctls, and
+//! off AArch64 the SIMD setter's entry): with the `hvf-sim` feature against
+//! the simulated framework (`sim_tests`), and with `hvf-abi-probe` for
+//! `aarch64-unknown-linux-gnu` against C stand-ins that check every
+//! declaration's argument placement (`abi_probe`, under `qemu-aarch64`).
 //!
 //! # Processes and threads
 //! One VM per process (`hv_vm_create` answers `HV_BUSY` otherwise). A vCPU
@@ -67,26 +74,52 @@
 
 pub mod abi;
 pub mod exits;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod ffi;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub mod gic;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod host;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod regs;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod shared;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod vcpu;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-mod vm;
 
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use host::host_count;
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use vcpu::{HvfKicker, HvfVcpu};
-#[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-pub use vm::{HvfHypervisor, HvfVm, SIGN_HINT};
+/// The FFI layer's items: compiled on macOS on Apple Silicon against
+/// Hypervisor.framework, and, for tests only, on other hosts against the
+/// simulated framework (the `hvf-sim` feature and crate) or the ABI
+/// probe's C stand-ins (the `hvf-abi-probe` feature and crate).
+macro_rules! ffi_layer {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            all(target_os = "macos", target_arch = "aarch64"),
+            all(not(target_os = "macos"), feature = "hvf-sim"),
+            all(not(target_os = "macos"), feature = "hvf-abi-probe"),
+        ))]
+        $item
+    )*};
+}
+
+ffi_layer! {
+    mod ffi;
+    pub mod gic;
+    mod host;
+    mod regs;
+    mod shared;
+    mod vcpu;
+    mod vm;
+
+    pub use host::host_count;
+    pub use regs::{HVF_SYSREGS, SNAPSHOT_SYSREGS};
+    pub use vcpu::{HvfKicker, HvfVcpu};
+    pub use vm::{HvfHypervisor, HvfVm, SIGN_HINT};
+}
+
+// The stand-ins are found by the linker through the symbols the FFI layer
+// references; these make their crates part of the link.
+#[cfg(all(not(target_os = "macos"), feature = "hvf-abi-probe"))]
+use hvf_abi_probe as _;
+#[cfg(all(not(target_os = "macos"), feature = "hvf-sim"))]
+use hvf_sim as _;
+#[cfg(all(feature = "hvf-sim", feature = "hvf-abi-probe"))]
+compile_error!("the `hvf-sim` and `hvf-abi-probe` features both define the framework's symbols");
+
+#[cfg(all(
+    test,
+    target_arch = "aarch64",
+    target_os = "linux",
+    feature = "hvf-abi-probe"
+))]
+mod abi_probe;
+#[cfg(all(test, not(target_os = "macos"), feature = "hvf-sim"))]
+mod sim_tests;

@@ -1,7 +1,7 @@
 //! HVF vCPUs: the loop around `hv_vcpu_run`, register access and kicks.
 
 use super::abi::{check_vreg_readback, sme_snapshot_check};
-use super::exits::{complete, decide, Action, ExitRecord, LocalState, Step};
+use super::exits::{complete, decide, Action, ExitRecord, LocalState, Step, WriteFaultGuard};
 use super::ffi::{call_err, vcpus_exit, HvVcpuId, RawVcpu};
 use super::host::host_count;
 use super::regs;
@@ -89,6 +89,8 @@ pub struct HvfVcpu {
     /// and the vtimer PPI itself.
     kernel_gic: bool,
     local: LocalState,
+    /// Stops the vCPU if a write fault repeats without progress.
+    write_faults: WriteFaultGuard,
 }
 
 /// Writes the ID registers both backends advertise ([`idregs::ADVERTISED`],
@@ -150,6 +152,7 @@ impl HvfVcpu {
             counter_offset,
             kernel_gic,
             local: LocalState::default(),
+            write_faults: WriteFaultGuard::default(),
         })
     }
 
@@ -237,7 +240,11 @@ impl Vcpu for HvfVcpu {
             self.vcpu.run().map_err(call_err("hv_vcpu_run"))?;
             let exit = self.exit_record()?;
             let armed = self.shared.write_protect_armed.load(Ordering::Acquire);
-            match decide(&exit, ram, armed) {
+            let action = decide(&exit, ram, armed);
+            if !matches!(action, Action::WriteProtectFault { .. }) {
+                self.write_faults.progress();
+            }
+            match action {
                 Action::Kicked => {
                     if self.kicker.pending.swap(false, Ordering::AcqRel) {
                         self.sync_vtimer(io)?;
@@ -257,7 +264,10 @@ impl Vcpu for HvfVcpu {
                     self.vtimer_masked = true;
                     self.report_vtimer(io, true);
                 }
-                Action::WriteProtectFault { page } => self.shared.write_fault(page)?,
+                Action::WriteProtectFault { page } => {
+                    self.write_faults.write_fault(exit.far, page)?;
+                    self.shared.write_fault(page)?;
+                }
                 Action::Guest(action) => {
                     let mut local = self.local;
                     let offset = self.counter_offset;

@@ -649,3 +649,30 @@ fn sysreg_completion() {
     assert!(read_xt(&mut v, 32).is_err());
     assert!(write_xt(&mut v, 255, 0).is_err());
 }
+
+#[test]
+fn a_write_fault_repeating_on_the_same_page_stops_the_vcpu() {
+    let page = RAM_BASE + 3 * PAGE_SIZE;
+    let far = 0xffff_8000_0123_4008;
+    let mut g = WriteFaultGuard::default();
+    assert!(g.write_fault(far, page).is_ok());
+    // The same access on the page just made writable: no progress.
+    let e = g.write_fault(far, page).unwrap_err().to_string();
+    assert!(e.contains("FAR 0xffff800001234008"), "{e}");
+    assert!(e.contains(&format!("IPA page {page:#x}")), "{e}");
+    assert!(e.contains("HPFAR_EL2 UNKNOWN"), "{e}");
+
+    // Progress in between (another exit), another page or another access:
+    // each fault is handled.
+    let mut g = WriteFaultGuard::default();
+    g.write_fault(far, page).unwrap();
+    g.progress();
+    g.write_fault(far, page).unwrap();
+    g.write_fault(far, page + PAGE_SIZE).unwrap();
+    g.write_fault(far + 8, page + PAGE_SIZE).unwrap();
+    // A store whose stage-1 walk faults first (the table's page), then the
+    // data page: same FAR, two pages.
+    let mut g = WriteFaultGuard::default();
+    g.write_fault(far, RAM_BASE).unwrap();
+    g.write_fault(far, page).unwrap();
+}
