@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::LayerKind;
 use crate::format::verified::VERIFIED_TMP_PREFIX;
-use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
+use crate::fsutil::{nonce, open_regular, pid_alive, shared_bytes, sync_dir, Links};
 use crate::layer::{Chain, Layer};
 use crate::name::{validate_name, Spec};
 
@@ -97,7 +97,7 @@ fn layer_usage(dir: &Path) -> Result<LayerUsage> {
         }
         u.logical_bytes += m.len();
         u.physical_bytes += m.blocks() * 512;
-        let f = std::fs::File::open(&path).ctx(&path, "open")?;
+        let f = open_regular(&path, Links::Refuse)?;
         u.shared_bytes = match (u.shared_bytes, shared_bytes(&f, &path)?) {
             (Some(a), Some(b)) => Some(a + b.min(m.blocks() * 512)),
             _ => None,
