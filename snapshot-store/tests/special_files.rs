@@ -47,7 +47,7 @@ const SPECIALS: [Special; 4] = [
 
 /// Creates `kind` at `path`; returns what the store must call it.
 fn make(kind: Special, path: &Path) -> &'static str {
-    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    use nix::sys::stat::{mknod, Mode, SFlag};
     match kind {
         Special::Fifo => {
             nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o644)).unwrap();
@@ -59,8 +59,8 @@ fn make(kind: Special, path: &Path) -> &'static str {
             "a socket"
         }
         Special::Device => {
-            // /dev/zero's numbers: a device that reads forever.
-            let dev = makedev(1, 5);
+            // Linux's /dev/zero: a device that reads forever.
+            let dev = libc::makedev(1, 5);
             match mknod(path, SFlag::S_IFCHR, Mode::from_bits_truncate(0o644), dev) {
                 Ok(()) => "a character device",
                 Err(_) => {
