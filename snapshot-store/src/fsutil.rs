@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, IoContext, Result};
 
-/// What a file that is not a regular file is, for error messages: `a
-/// directory`, `a FIFO`, `a socket`, `a character device`, `a block
-/// device`, `a symbolic link`.
-pub(crate) fn file_kind(t: FileType) -> &'static str {
+/// What kind of file `t` is, in words, for error messages: `a regular
+/// file`, `a directory`, `a FIFO`, `a socket`, `a character device`, `a
+/// block device`, `a symbolic link`.
+pub fn file_kind(t: FileType) -> &'static str {
     if t.is_file() {
         "a regular file"
     } else if t.is_dir() {
