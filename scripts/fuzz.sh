@@ -7,7 +7,7 @@
 # fuzz/artifacts/TARGET/). Installs the nightly toolchain and cargo-fuzz
 # (pinned) if they are missing.
 #
-#   snapshot-store/fuzz/run.sh [SECONDS_PER_TARGET]
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]
 set -euo pipefail
 
 CARGO_FUZZ_VERSION=0.13.2
@@ -18,7 +18,7 @@ if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then
     echo "usage: $0 [SECONDS_PER_TARGET]" >&2
     exit 2
 fi
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../snapshot-store"
 
 if ! rustup toolchain list | grep -q '^nightly-'; then
     rustup toolchain install nightly --profile minimal
