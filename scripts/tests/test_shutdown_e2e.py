@@ -98,9 +98,7 @@ def end(vm: Vm, ender: str) -> None:
 
 @pytest.mark.parametrize("ender", ENDERS)
 @pytest.mark.parametrize("starter", STARTERS)
-def test_a_snapshot_under_way_is_committed_whatever_ends_the_vm(
-    golden, tmp_path, cfg, monkeypatch, starter, ender
-):
+def test_a_snapshot_under_way_is_committed_whatever_ends_the_vm(golden, tmp_path, cfg, monkeypatch, starter, ender):
     gate = tmp_path / "gate"
     monkeypatch.setenv(GATE_ENV, str(gate))
     store = private_store(golden, tmp_path)
