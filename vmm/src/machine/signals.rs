@@ -161,3 +161,48 @@ impl Signals {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::ops::{OpError, Reply};
+
+    /// Verbs that record what they were asked.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<Op>>);
+
+    impl Verbs for Recorded {
+        fn execute(&self, op: Op) -> Result<Reply, OpError> {
+            self.0.locked().push(op);
+            Ok(Reply::Done {})
+        }
+    }
+
+    fn front_end() -> Signals {
+        Signals {
+            shared: Arc::new(Shared {
+                stage: Mutex::new(Stage::Starting { pending: None }),
+                received: Mutex::new(0),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_signal_quits_the_running_vm() {
+        let s = front_end();
+        let verbs = Arc::new(Recorded::default());
+        s.serve(verbs.clone());
+        assert!(verbs.0.locked().is_empty());
+        s.shared.received(Signal::SIGTERM);
+        assert_eq!(*verbs.0.locked(), [Op::Quit]);
+    }
+
+    #[test]
+    fn a_signal_before_the_vm_runs_waits_for_it() {
+        let s = front_end();
+        s.shared.received(Signal::SIGHUP);
+        let verbs = Arc::new(Recorded::default());
+        s.serve(verbs.clone());
+        assert_eq!(*verbs.0.locked(), [Op::Quit]);
+    }
+}
