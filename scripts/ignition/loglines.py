@@ -10,6 +10,8 @@ the parsers turn a matched line into numbers.
     Snapshot-disk-clone = METHOD (H of N chunks hashed[: NOTE])
     [snapshot] KIND 'NAME' (P pages, M MiB) written
     [snapshot] 'NAME' failed, nothing was written: ...   (or: refused: ...)
+    [snapshot] the VM has ended; finishing the snapshot being written before exiting
+    [boot] SIGTERM: quitting (another signal ends boot at once)
     Restore-time = N ms
     Restore-stages: total N us, STAGE N us, STAGE N us (PARALLEL N us), ...
     Restore-disk-copy = N us (METHOD); ready N us after restore start
@@ -35,6 +37,10 @@ SNAPSHOT_WRITE_TIME = r"Snapshot-write-time = (\d+) ms"
 SNAPSHOT_DISK_CLONE = r"Snapshot-disk-clone = ([^\r\n]+)\r*\n"
 """group 1: the value, for parse_disk_clone."""
 SNAPSHOT_FAILED = r"\[snapshot\][^\r\n]*(?:failed|refused)[^\r\n]*"
+SNAPSHOT_WAIT_AT_EXIT = r"\[snapshot\] the VM has ended; finishing the snapshot being written before exiting"
+"""The VM ended (any way) while a snapshot was being taken or written: boot exits once it is done."""
+QUIT_SIGNAL = r"\[boot\] (SIG[A-Z]+): quitting"
+"""SIGTERM, SIGINT or SIGHUP: the VM winds down as with Ctrl-A x; group 1: the signal."""
 RESTORE_TIME = r"Restore-time = (\d+) ms"
 RESTORE_STAGES = r"Restore-stages: (total \d+ us, [^\r\n]*vCPUs \d+ us[^\r\n]*)\r*\n"
 """group 1: the items, for parse_restore_stages."""

@@ -103,6 +103,9 @@ def test_bad_requests_change_nothing(vm_and_socket):
             (b'{"command": "pause", "force": true}', "bad_request"),
             (b'{"command": "snapshot", "name": 7}', "bad_request"),
             (b'{"command": "reboot"}', "unknown_command"),
+            # A key given twice: not the last one winning (this would quit).
+            (b'{"command": "status", "command": "quit"}', "bad_request"),
+            (b'{"command": "snapshot", "name": "a", "name": "b"}', "bad_request"),
             (b'{"command": "snapshot", "name": "' + b"x" * 70000 + b'"}', "too_large"),
         ]
         for line, code in cases:
@@ -117,6 +120,48 @@ def test_bad_requests_change_nothing(vm_and_socket):
         s.close()
         assert c.status()["state"] == "running"
         assert c.status()["parent"] is None, "nothing was snapshotted"
+    assert vm.sh("echo alive") == "alive"
+
+
+def test_clients_are_capped_and_a_stalled_line_times_out(vm_and_socket):
+    """64 clients at once are served; the next gets one `too_many_clients` line and is closed;
+    a client that stops in the middle of a line gets `timeout` and is closed, an idle one stays."""
+    vm, path = vm_and_socket
+    held = [vm.control(path) for _ in range(64)]
+    try:
+        for c in held:
+            assert c.status()["state"] == "running"
+        extra = socket.socket(socket.AF_UNIX)
+        extra.settimeout(30)
+        extra.connect(str(path))
+        refused = extra.makefile("rb").read()
+        extra.close()
+        assert refused.count(b"\n") == 1 and b'"too_many_clients"' in refused, refused
+        held.pop().close()
+        deadline = time.monotonic() + 60
+        while True:
+            # The closed client's seat is given back once its thread sees the close.
+            try:
+                with vm.control(path) as c:
+                    assert c.status()["state"] == "running"
+                    break
+            except ControlError as e:
+                assert e.code == "too_many_clients", e
+                assert time.monotonic() < deadline, "no seat came free"
+                time.sleep(0.05)
+    finally:
+        for c in held:
+            c.close()
+    with vm.control(path) as idle:
+        stalled = socket.socket(socket.AF_UNIX)
+        stalled.settimeout(60)
+        stalled.connect(str(path))
+        stalled.sendall(b'{"command": "qu')
+        reply = stalled.makefile("rb").read()
+        stalled.close()
+        assert b'"timeout"' in reply, reply
+        # The idle connection was never timed out.
+        assert idle.status()["state"] == "running"
     assert vm.sh("echo alive") == "alive"
 
 

@@ -157,6 +157,35 @@ def test_damaged_store_is_refused_and_left_unchanged(chain, cfg, tmp_path):
     assert r.returncode != 0 and "state.bin" in r.stderr, r.stderr
 
 
+def test_a_state_from_another_backend_is_refused(chain, cfg, tmp_path):
+    """A layer whose manifest names this backend but whose machine state names the other (both
+    sealed by the manifest, so it verifies) is refused at restore, naming both."""
+    import vmstore as store_py  # the store's Python module
+
+    store = fresh_copy(chain, tmp_path)
+    golden = store / "golden"
+    m = json.loads((golden / "manifest.json").read_text())
+    state = json.loads((golden / "state.bin").read_bytes()[56:])  # after the 56-byte header
+    backend = m["backend"]
+    assert state["backend"] == backend
+    other = "hvf" if backend == "emu" else "emu"
+    state["backend"] = other
+    store_py.Store(store).write_full(
+        "forged",
+        (golden / "memory.bin").read_bytes(),
+        json.dumps(state).encode(),
+        disk=golden / "disk.img",
+        page_size=m["page_size"],
+        ram_base_gpa=m["ram_base_gpa"],
+        vcpus=m["vcpus"],
+        backend=backend,
+        gic_mode=m["gic_mode"],
+    )
+    r = refused(cfg, store, "forged")
+    assert r.returncode != 0, r.stderr
+    assert f"written by the {other} backend, but the manifest says {backend}" in r.stderr, r.stderr
+
+
 def test_snapshot_names_are_checked(chain, boot_bin, guest_out):
     store, _ = chain
     # An existing name is refused before anything runs; nothing is overwritten.

@@ -2,7 +2,7 @@
 //! valid files made by this store (`valid-*`) and a few edge cases
 //! (`edge-*`) for each of the five targets, a few KiB each. Replaces what
 //! is there. The seeds are checked in; `tests/fuzz_seeds.rs` checks that
-//! the valid ones still parse, and `fuzz/run.sh` fuzzes a copy of them.
+//! the valid ones still parse, and `scripts/fuzz.sh` fuzzes a copy of them.
 //!
 //! ```text
 //! cargo run -p snapshot-store --example fuzz_seeds

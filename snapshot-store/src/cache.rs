@@ -29,12 +29,12 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::format::verified::{
     encode, parse, CacheEntry, Entries, Stamp, MAX_VERIFIED_BYTES, VERIFIED_FILE,
     VERIFIED_TMP_PREFIX,
 };
-use crate::fsutil::nonce;
+use crate::fsutil::{is_not_found, nonce, open_regular, Links};
 
 /// A ctime must be at least this much older than the clock reading taken
 /// before the stamp (nanoseconds) for the stamp to be recorded, on file
@@ -119,30 +119,18 @@ pub(crate) fn load(dir: &Path) -> (Entries, Option<String>) {
 }
 
 fn read_cache(path: &Path) -> std::result::Result<Option<Entries>, String> {
-    let meta = match path.symlink_metadata() {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("stat: {e}")),
+    let f = match open_regular(path, Links::Refuse) {
+        Ok(f) => f,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(Error::Corrupt { msg, .. }) => return Err(msg),
+        Err(e) => return Err(e.io_error().map_or(e.to_string(), |e| format!("open: {e}"))),
     };
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    if meta.len() > MAX_VERIFIED_BYTES {
+    let fmeta = f.metadata().map_err(|e| format!("stat: {e}"))?;
+    if fmeta.len() > MAX_VERIFIED_BYTES {
         return Err(format!(
             "{} bytes, larger than the {MAX_VERIFIED_BYTES}-byte limit",
-            meta.len()
+            fmeta.len()
         ));
-    }
-    // O_NOFOLLOW: not through a symlink swapped in since the lstat;
-    // O_NONBLOCK: never hang opening a FIFO.
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("open: {e}"))?;
-    let fmeta = f.metadata().map_err(|e| format!("stat: {e}"))?;
-    if !fmeta.is_file() {
-        return Err("not a regular file".into());
     }
     // Sized from the stat (bounded), so the file is read in one call.
     let mut bytes = Vec::with_capacity(fmeta.len().min(MAX_VERIFIED_BYTES) as usize + 1);

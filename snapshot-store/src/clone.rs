@@ -6,6 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{open_regular, Links};
 
 /// How [`clone_file`] produced the copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,18 +54,26 @@ fn clone_unsupported(e: &io::Error) -> bool {
 /// ENOSYS). Returns the method used so the caller can log it. On error
 /// `dst` is removed if this call created it.
 pub fn clone_file(src: &Path, dst: &Path) -> Result<CloneMethod> {
-    let meta = std::fs::metadata(src).ctx(src, "stat")?;
-    if !meta.is_file() {
-        return Err(Error::Usage(format!(
-            "{}: not a regular file; only regular files can be cloned",
-            src.display()
-        )));
-    }
+    open_source(src)?;
     match native_clone(src, dst) {
         Ok(Some(method)) => Ok(method),
         Ok(None) => sparse_copy(src, dst).map(|()| CloneMethod::SparseCopy),
         Err(e) => Err(e),
     }
+}
+
+/// Opens `src`, a file to copy (following a symbolic link), checking
+/// through the descriptor that it is a regular file, without blocking on
+/// anything else. Error: [`Error::Usage`] `SRC: not a regular file (KIND);
+/// only regular files can be cloned`, or the open's.
+pub(crate) fn open_source(src: &Path) -> Result<File> {
+    open_regular(src, Links::Follow).map_err(|e| match e {
+        Error::Corrupt { path, msg } => Error::Usage(format!(
+            "{}: {msg}; only regular files can be cloned",
+            path.display()
+        )),
+        e => e,
+    })
 }
 
 /// Clones `src` to the new file `dst` with the filesystem's own clone, if
@@ -90,7 +99,7 @@ pub(crate) fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>
 #[cfg(target_os = "linux")]
 pub(crate) fn native_clone(src: &Path, dst: &Path) -> Result<Option<CloneMethod>> {
     use std::os::fd::AsRawFd;
-    let s = File::open(src).ctx(src, "open")?;
+    let s = open_source(src)?;
     let d = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -133,7 +142,7 @@ fn sparse_copy(src: &Path, dst: &Path) -> Result<()> {
 
 /// [`sparse_copy`], with the kernel copy allowed or not (tests cover both).
 fn sparse_copy_with(src: &Path, dst: &Path, in_kernel: bool) -> Result<()> {
-    let s = File::open(src).ctx(src, "open")?;
+    let s = open_source(src)?;
     let d = OpenOptions::new()
         .write(true)
         .create_new(true)

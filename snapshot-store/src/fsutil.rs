@@ -1,23 +1,131 @@
-//! Small filesystem helpers: durable syncs, no-replace rename, pids.
+//! Small filesystem helpers: opening a store file safely, durable syncs,
+//! no-replace rename, pids.
 
-use std::fs::File;
+use std::fs::{File, FileType, OpenOptions};
 use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 
-/// fsync a file (on macOS `sync_all` is `F_FULLFSYNC`).
+/// What kind of file `t` is, in words, for error messages: `a regular
+/// file`, `a directory`, `a FIFO`, `a socket`, `a character device`, `a
+/// block device`, `a symbolic link`.
+pub fn file_kind(t: FileType) -> &'static str {
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "of an unknown type"
+    }
+}
+
+/// The error for `path`, which is `kind` ([`file_kind`]) where a regular
+/// file must be: `PATH: not a regular file (a FIFO)`.
+pub(crate) fn not_regular(path: &Path, kind: &str) -> Error {
+    Error::corrupt(path, format!("not a regular file ({kind})"))
+}
+
+/// How [`open_regular`] treats a symbolic link at the path's last
+/// component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Links {
+    /// Refused, as a file that is not a regular file (a store's files).
+    Refuse,
+    /// Followed (a file the user names, such as a VM's disk image).
+    Follow,
+}
+
+/// Opens `path` read-only and checks, through the open descriptor
+/// (`fstat`), that it is a regular file. The open never blocks (a FIFO, a
+/// socket or a device in a file's place is refused, not waited on:
+/// `O_NONBLOCK`, cleared again once the file is known to be regular) and
+/// never makes a terminal the controlling one (`O_NOCTTY`).
+///
+/// Errors: [`Error::Corrupt`] `PATH: not a regular file (KIND)` for
+/// anything else (see [`file_kind`]); [`Error::Io`] (op `open`) if it
+/// cannot be opened, of kind `NotFound` if it does not exist.
+pub(crate) fn open_regular(path: &Path, links: Links) -> Result<File> {
+    let mut flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+    if links == Links::Refuse {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| {
+            // A symbolic link met with O_NOFOLLOW, a socket (which cannot
+            // be opened), a device on a `nodev` mount: name what is there.
+            let there = match links {
+                Links::Refuse => path.symlink_metadata(),
+                Links::Follow => path.metadata(),
+            };
+            match there {
+                Ok(m) if !m.is_file() => not_regular(path, file_kind(m.file_type())),
+                _ => Error::io(path, "open", e),
+            }
+        })?;
+    let t = f.metadata().ctx(path, "stat")?.file_type();
+    if !t.is_file() {
+        return Err(not_regular(path, file_kind(t)));
+    }
+    set_blocking(&f).ctx(path, "fcntl")?;
+    Ok(f)
+}
+
+/// Whether `e` is [`open_regular`]'s error for a path that does not exist.
+pub(crate) fn is_not_found(e: &Error) -> bool {
+    e.io_error()
+        .is_some_and(|e| e.kind() == io::ErrorKind::NotFound)
+}
+
+/// Clears `O_NONBLOCK` on `f`.
+fn set_blocking(f: &File) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(f, FcntlArg::F_GETFL)?);
+    fcntl(f, FcntlArg::F_SETFL(flags & !OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Opens the directory `path` without blocking, never through a symbolic
+/// link at its last component.
+fn open_dir(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match path.symlink_metadata() {
+            Ok(m) if !m.is_dir() => Error::corrupt(
+                path,
+                format!("not a directory ({})", file_kind(m.file_type())),
+            ),
+            _ => Error::io(path, "open directory", e),
+        })
+}
+
+/// fsync a regular file (on macOS `sync_all` is `F_FULLFSYNC`).
 pub(crate) fn sync_file(path: &Path) -> Result<()> {
-    File::open(path)
-        .ctx(path, "open")?
+    open_regular(path, Links::Refuse)?
         .sync_all()
         .ctx(path, "fsync")
 }
 
 /// fsync a directory, so that entries created or renamed in it are durable.
 pub(crate) fn sync_dir(path: &Path) -> Result<()> {
-    let d = File::open(path).ctx(path, "open directory")?;
+    let d = open_dir(path)?;
     match d.sync_all() {
         Ok(()) => Ok(()),
         // Some filesystems refuse F_FULLFSYNC on a directory; plain fsync

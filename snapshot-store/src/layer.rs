@@ -15,6 +15,7 @@ use crate::format::manifest::{
 };
 use crate::format::state::STATE_HEADER_LEN;
 use crate::format::{DISK_FILE, FORMAT_VERSION, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::fsutil::{is_not_found, open_regular, Links};
 use crate::hash::{hex, sha256};
 use crate::readers::read_state_file;
 use crate::time::rfc3339;
@@ -37,12 +38,10 @@ impl Layer {
     /// Read and check `dir/manifest.json` of the layer `name` (bounded read).
     pub(crate) fn load(dir: PathBuf, name: &str) -> Result<Layer> {
         let path = dir.join(MANIFEST_FILE);
-        let mut f = match File::open(&path) {
+        let mut f = match open_regular(&path, Links::Refuse) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::corrupt(&path, "missing"))
-            }
-            Err(e) => return Err(Error::io(&path, "open", e)),
+            Err(e) if is_not_found(&e) => return Err(Error::corrupt(&path, "missing")),
+            Err(e) => return Err(e),
         };
         // Room for a typical manifest (about 1 KiB) up front: one read.
         let mut bytes = Vec::with_capacity(8192);
@@ -66,6 +65,16 @@ impl Layer {
             manifest,
             content_sha256: hex(&sha256(&bytes)),
         })
+    }
+
+    /// Opens the layer's file `file` (a name of
+    /// [`crate::format::LAYER_FILES`]) for reading, checking through the
+    /// descriptor that it is a regular file; never through a symbolic
+    /// link, never waiting on a FIFO or a device. Errors:
+    /// [`Error::Corrupt`] `PATH: not a regular file (a FIFO)` and the
+    /// like, or the open's [`Error::Io`].
+    pub fn open_file(&self, file: &str) -> Result<File> {
+        open_regular(&self.dir.join(file), Links::Refuse)
     }
 
     /// Path of `manifest.json`.

@@ -136,6 +136,7 @@ pub mod oci;
 pub use clone::{clone_file, CloneMethod};
 pub use error::{Error, Result};
 pub use format::chunks::DISK_CHUNK_SIZE;
+pub use fsutil::file_kind;
 pub use hash::{hex, sha256, Sha256Digest};
 pub use import::LayerImport;
 pub use layer::{Chain, Layer, LayerMeta};

@@ -3,9 +3,9 @@
 //! whole `state.bin`, and `disk.chunks`. Every length is checked before
 //! anything is allocated or read, and every error names the file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::error::{Error, IoContext, Result};
@@ -15,12 +15,13 @@ use crate::format::chunks::{
 use crate::format::diff::{parse_diff_header, parse_diff_prefix, DiffHeader, DIFF_HEADER_LEN};
 use crate::format::manifest::{DiskEntry, Manifest};
 use crate::format::state::{parse_state, parse_state_header, STATE_HEADER_LEN};
+use crate::fsutil::{file_kind, is_not_found, not_regular, open_regular, Links};
 use crate::hash::hex;
 
 /// Read `state.bin` at `path` with bounded reads: the header first, then
 /// exactly the payload it announces (never more than [`crate::format::state::MAX_STATE_BYTES`]).
 pub(crate) fn read_state_file(path: &Path) -> Result<Vec<u8>> {
-    let mut f = File::open(path).ctx(path, "open")?;
+    let mut f = open_regular(path, Links::Refuse)?;
     let file_len = f.metadata().ctx(path, "stat")?.len();
     let mut head = [0u8; STATE_HEADER_LEN];
     let got = read_up_to(&mut f, &mut head).ctx(path, "read")?;
@@ -108,16 +109,13 @@ pub(crate) fn check_diff_against_manifest(m: &Manifest, path: &Path, h: &DiffHea
 /// Read `disk.chunks` at `path` (untrusted, bounded) and check it against
 /// the manifest's disk entry; see [`check_disk_chunks_file`].
 pub(crate) fn read_disk_chunks(path: &Path, entry: &DiskEntry) -> Result<DiskChunks> {
-    // O_NOFOLLOW: never through a symlink; O_NONBLOCK: never hang on a FIFO.
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::corrupt(path, "not a regular file"),
-            _ if e.kind() == std::io::ErrorKind::NotFound => Error::corrupt(path, "missing"),
-            _ => Error::io(path, "open", e),
-        })?;
+    let f = open_regular(path, Links::Refuse).map_err(|e| {
+        if is_not_found(&e) {
+            Error::corrupt(path, "missing")
+        } else {
+            e
+        }
+    })?;
     check_disk_chunks_file(&f, path, entry)
 }
 
@@ -136,7 +134,7 @@ pub(crate) fn check_disk_chunks_file(
     let want = disk_chunks_file_size(n);
     let meta = f.metadata().ctx(path, "stat")?;
     if !meta.is_file() {
-        return Err(Error::corrupt(path, "not a regular file"));
+        return Err(not_regular(path, file_kind(meta.file_type())));
     }
     if meta.len() != want {
         return Err(Error::corrupt(

@@ -9,6 +9,7 @@ use memmap2::{MmapMut, MmapOptions};
 use crate::error::{Error, IoContext, Result};
 use crate::format::diff::DiffHeader;
 use crate::format::manifest::LayerKind;
+use crate::fsutil::{open_regular, Links};
 use crate::layer::{Chain, Layer};
 use crate::readers::{check_diff_against_manifest, read_diff_prefix};
 
@@ -38,7 +39,7 @@ pub fn map_base_memory(base: &Layer) -> Result<MmapMut> {
         )));
     }
     let len = ram_len(base)?;
-    let f = File::open(&path).ctx(&path, "open")?;
+    let f = open_regular(&path, Links::Refuse)?;
     let file_len = f.metadata().ctx(&path, "stat")?.len();
     if file_len != base.manifest.ram_size {
         return Err(Error::corrupt(
@@ -82,7 +83,7 @@ fn open_diff(layer: &Layer, ram_len: usize) -> Result<OpenDiff> {
             ram_len, layer.name, m.ram_size
         )));
     }
-    let file = File::open(&path).ctx(&path, "open")?;
+    let file = open_regular(&path, Links::Refuse)?;
     let file_len = file.metadata().ctx(&path, "stat")?.len();
     if file_len != m.memory.size {
         return Err(Error::corrupt(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 use crate::format::manifest::LayerKind;
 use crate::format::verified::VERIFIED_TMP_PREFIX;
-use crate::fsutil::{nonce, pid_alive, shared_bytes, sync_dir};
+use crate::fsutil::{file_kind, nonce, open_regular, pid_alive, shared_bytes, sync_dir, Links};
 use crate::layer::{Chain, Layer};
 use crate::name::{validate_name, Spec};
 
@@ -97,7 +97,7 @@ fn layer_usage(dir: &Path) -> Result<LayerUsage> {
         }
         u.logical_bytes += m.len();
         u.physical_bytes += m.blocks() * 512;
-        let f = std::fs::File::open(&path).ctx(&path, "open")?;
+        let f = open_regular(&path, Links::Refuse)?;
         u.shared_bytes = match (u.shared_bytes, shared_bytes(&f, &path)?) {
             (Some(a), Some(b)) => Some(a + b.min(m.blocks() * 512)),
             _ => None,
@@ -131,7 +131,13 @@ impl Store {
         let root = root.into();
         match std::fs::metadata(&root) {
             Ok(m) if m.is_dir() => Ok(Store { root }),
-            Ok(_) => Err(Error::corrupt(&root, "store path is not a directory")),
+            Ok(m) => Err(Error::corrupt(
+                &root,
+                format!(
+                    "not a directory (it is {}): a store is a directory",
+                    file_kind(m.file_type())
+                ),
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::io(
                 &root,
                 "open store",
@@ -147,7 +153,13 @@ impl Store {
     /// Open a store, creating the directory (and its parents) if needed.
     pub fn create(root: impl Into<PathBuf>) -> Result<Store> {
         let root = root.into();
-        std::fs::create_dir_all(&root).ctx(&root, "create store")?;
+        if let Err(e) = std::fs::create_dir_all(&root) {
+            // Something that is not a directory is there: say what.
+            return Err(match Store::open(&root) {
+                Err(Error::Corrupt { path, msg }) => Error::Corrupt { path, msg },
+                _ => Error::io(&root, "create store", e),
+            });
+        }
         Store::open(root)
     }
 
@@ -547,7 +559,13 @@ mod tests {
         assert!(e.contains("nope") && e.contains("no such store"), "{e}");
         let f = d.path().join("file");
         std::fs::write(&f, b"").unwrap();
-        assert!(Store::open(&f).is_err());
+        for e in [Store::open(&f).unwrap_err(), Store::create(&f).unwrap_err()] {
+            let e = e.to_string();
+            assert!(
+                e.ends_with("file: not a directory (it is a regular file): a store is a directory"),
+                "{e}"
+            );
+        }
         let s = Store::create(d.path().join("a/b")).unwrap();
         assert!(s.layer_names().unwrap().is_empty());
         let e = s.layer("x").unwrap_err().to_string();

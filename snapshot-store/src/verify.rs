@@ -2,8 +2,7 @@
 //! optionally skipping files that a layer's verified-file cache
 //! (`verified.json`, see `cache.rs`) vouches for.
 
-use std::fs::{File, Metadata, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{File, Metadata};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -16,6 +15,7 @@ use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::format::verified::{CacheEntry, Entries, Stamp, VERIFIED_FILE};
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::fsutil::{is_not_found, open_regular, Links};
 use crate::hash::hex;
 use crate::layer::{check_link, Chain, Layer};
 use crate::progress::ProgressFn;
@@ -127,35 +127,28 @@ impl LayerCache {
     }
 }
 
-/// `lstat` `path` and check that it is a regular file of `size` bytes.
-fn check_regular(path: &std::path::Path, size: u64) -> Result<Metadata> {
-    let meta = match path.symlink_metadata() {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+/// Open the layer's `file` and check, through the descriptor, that it is
+/// a regular file of `size` bytes.
+fn check_file(layer: &Layer, file: &str, size: u64) -> Result<(PathBuf, File, Metadata)> {
+    let path = layer.dir.join(file);
+    let f = match open_regular(&path, Links::Refuse) {
+        Ok(f) => f,
+        Err(e) if is_not_found(&e) => {
             return Err(Error::corrupt(
-                path,
+                &path,
                 format!("missing ({MANIFEST_FILE} implies {size} bytes)"),
             ))
         }
-        Err(e) => return Err(Error::io(path, "stat", e)),
+        Err(e) => return Err(e),
     };
-    if !meta.is_file() {
-        return Err(Error::corrupt(path, "not a regular file"));
-    }
+    let meta = f.metadata().ctx(&path, "stat")?;
     if meta.len() != size {
         return Err(Error::corrupt(
-            path,
+            &path,
             format!("is {} bytes, {MANIFEST_FILE} says {size}", meta.len()),
         ));
     }
-    Ok(meta)
-}
-
-/// Check that the layer's `file` is a regular file of `size` bytes.
-fn check_file(layer: &Layer, file: &str, size: u64) -> Result<(PathBuf, Metadata)> {
-    let path = layer.dir.join(file);
-    let meta = check_regular(&path, size)?;
-    Ok((path, meta))
+    Ok((path, f, meta))
 }
 
 /// Cheap checks of one layer's files (presence, sizes, diff and state
@@ -163,10 +156,9 @@ fn check_file(layer: &Layer, file: &str, size: u64) -> Result<(PathBuf, Metadata
 fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> {
     let m = &layer.manifest;
     let mpath = layer.dir.join(MANIFEST_FILE);
-    let mmeta = std::fs::symlink_metadata(&mpath).ctx(&mpath, "stat")?;
-    if !mmeta.is_file() {
-        return Err(Error::corrupt(&mpath, "not a regular file"));
-    }
+    let mmeta = open_regular(&mpath, Links::Refuse)?
+        .metadata()
+        .ctx(&mpath, "stat")?;
     if mmeta.len() > MAX_MANIFEST_BYTES as u64 {
         return Err(Error::corrupt(
             &mpath,
@@ -183,9 +175,8 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         stamp: Stamp::of(&mmeta),
     });
 
-    let (mem, meta) = check_file(layer, MEMORY_FILE, m.memory.size)?;
+    let (mem, f, meta) = check_file(layer, MEMORY_FILE, m.memory.size)?;
     if m.kind == LayerKind::Diff {
-        let f = File::open(&mem).ctx(&mem, "open")?;
         let (h, _) = read_diff_prefix(&f, &mem, m.memory.size)?;
         check_diff_against_manifest(m, &mem, &h)?;
     }
@@ -199,10 +190,9 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
         stamp: Stamp::of(&meta),
     });
 
-    let (state, meta) = check_file(layer, STATE_FILE, m.state.size)?;
+    let (state, mut f, meta) = check_file(layer, STATE_FILE, m.state.size)?;
     let mut head = [0u8; STATE_HEADER_LEN];
-    let got =
-        read_up_to(&mut File::open(&state).ctx(&state, "open")?, &mut head).ctx(&state, "read")?;
+    let got = read_up_to(&mut f, &mut head).ctx(&state, "read")?;
     let sh = parse_state_header(&head[..got]).map_err(|e| Error::corrupt(&state, e.0))?;
     if STATE_HEADER_LEN as u64 + sh.payload_len != m.state.size {
         return Err(Error::corrupt(
@@ -226,7 +216,7 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     if let Some(disk) = &m.disk {
         // The manifest's geometry was checked when it was parsed.
         let list_size = disk_chunks_file_size(disk_chunk_count(disk.size, disk.chunk_size));
-        let (list, meta) = check_file(layer, DISK_CHUNKS_FILE, list_size)?;
+        let (list, _, meta) = check_file(layer, DISK_CHUNKS_FILE, list_size)?;
         jobs.push(Job {
             path: list.clone(),
             file: DISK_CHUNKS_FILE,
@@ -236,7 +226,7 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
             owner,
             stamp: Stamp::of(&meta),
         });
-        let (path, meta) = check_file(layer, DISK_FILE, disk.size)?;
+        let (path, _, meta) = check_file(layer, DISK_FILE, disk.size)?;
         jobs.push(Job {
             path,
             file: DISK_FILE,
@@ -268,23 +258,10 @@ fn hash_job(
     clock: &dyn Clock,
 ) -> Result<Option<Stamp>> {
     let t0 = clock.now_ns();
-    // O_NOFOLLOW: not through a symlink swapped in after the checks;
-    // O_NONBLOCK: never hang on a FIFO swapped in (regular files ignore it).
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&job.path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                Error::corrupt(&job.path, "not a regular file")
-            } else {
-                Error::io(&job.path, "open", e)
-            }
-        })?;
+    // Opened again, checked again: the file may have been replaced since
+    // the layer's checks.
+    let f = open_regular(&job.path, Links::Refuse)?;
     let before = f.metadata().ctx(&job.path, "stat")?;
-    if !before.is_file() {
-        return Err(Error::corrupt(&job.path, "not a regular file"));
-    }
     match &job.check {
         Check::File | Check::Memory => {
             let found = hex(&if matches!(job.check, Check::Memory) {

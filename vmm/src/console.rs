@@ -59,12 +59,15 @@ impl EscapeParser {
     }
 }
 
-/// The terminal settings to restore, shared with the signal and panic paths.
+/// The terminal settings to restore, shared with the panic hook and the
+/// signal front-end's immediate exit.
 static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
 
 /// Puts stdin's terminal (if it is one) into raw mode until dropped. Also
-/// installs a panic hook and SIGTERM/SIGINT/SIGHUP handlers that restore the
-/// terminal before the process ends, so no exit path leaves it raw.
+/// installs a panic hook that restores the terminal first; the signals
+/// that end `boot` wind the VM down and drop this (or, a second time,
+/// restore the terminal before the process ends), so no exit path leaves
+/// it raw.
 pub struct RawTerminal {
     active: bool,
 }
@@ -109,29 +112,12 @@ pub fn restore_terminal() {
     }
 }
 
-extern "C" fn on_signal(sig: libc::c_int) {
-    restore_terminal();
-    // SAFETY: _exit is async-signal-safe and ends the process at once.
-    unsafe { libc::_exit(128 + sig) };
-}
-
 fn install_restore_paths() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         restore_terminal();
         previous(info);
     }));
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: `on_signal` is an `extern "C"` function that only calls
-        // `restore_terminal` (tcsetattr, async-signal-safe; the lock is only
-        // tried, never waited on) and `_exit`.
-        unsafe {
-            libc::signal(
-                sig,
-                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
-        }
-    }
 }
 
 /// Writes a VMM message to the console (stderr), on its own line.

@@ -8,6 +8,7 @@
 pub mod arch;
 pub mod console;
 pub mod devices;
+pub mod host_socket;
 pub mod hv;
 pub mod logging;
 pub mod machine;

@@ -20,8 +20,8 @@
 //! runs the VM and serves its verbs, may use them all):
 //!
 //! ```text
-//! {config, ops, device_manager, vcpu} <- {plan, console_input, control_socket}
-//!     <- vm <- snapshot <- mod.rs
+//! {config, ops, device_manager, vcpu}
+//!     <- {plan, console_input, control_socket, signals} <- vm <- snapshot <- mod.rs
 //! ```
 //!
 //! | wing              | may use (of `machine`)                                   |
@@ -29,13 +29,13 @@
 //! | `config`, `ops`   | itself                                                   |
 //! | `device_manager`  | itself                                                   |
 //! | `vcpu`            | itself                                                   |
-//! | `console_input`, `control_socket` | itself, `ops`                            |
+//! | `console_input`, `control_socket`, `signals` | itself, `ops`                 |
 //! | `plan`            | itself, `config`, `device_manager`, `vcpu`               |
 //! | `vm`              | the above but the front-ends                             |
 //! | `snapshot`        | the above, `vm`                                          |
 //!
-//! The crate-level utilities `sync`, `logging` and the `warn_ratelimited!`
-//! macro may be used from every layer. External crates are not checked.
+//! The crate-level utilities `sync`, `logging`, `host_socket` and the
+//! `warn_ratelimited!` macro may be used from every layer. External crates are not checked.
 //!
 //! Test code counts like any other code: a `#[cfg(test)]` module that
 //! imports from a higher layer makes the lower layer depend on it too. The
@@ -46,7 +46,7 @@
 use std::path::{Path, PathBuf};
 
 /// Modules every layer may use.
-const UTILITIES: &[&str] = &["sync", "logging", "warn_ratelimited"];
+const UTILITIES: &[&str] = &["sync", "logging", "warn_ratelimited", "host_socket"];
 
 /// The top-level modules a file of layer `layer` may reach, or `None` if the
 /// layer is unconstrained.
@@ -70,6 +70,7 @@ fn machine_allowed(wing: &str) -> Option<&'static [&'static str]> {
         "vcpu" => Some(&["vcpu"]),
         "console_input" => Some(&["console_input", "ops"]),
         "control_socket" => Some(&["control_socket", "ops"]),
+        "signals" => Some(&["signals", "ops"]),
         "plan" => Some(&["config", "device_manager", "vcpu", "plan"]),
         "vm" => Some(&["config", "ops", "device_manager", "vcpu", "plan", "vm"]),
         "snapshot" => Some(&[

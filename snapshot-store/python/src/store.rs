@@ -264,10 +264,12 @@ impl Store {
         }
         let r = with_bytes_mut(py, &ram, |mem| {
             let t = Instant::now();
-            let base = chain.base().memory_path();
-            std::fs::File::open(&base)
-                .and_then(|f| f.read_exact_at(mem, 0))
-                .map_err(|e| Err(format!("{}: read: {e}", base.display())))?;
+            let base = chain.base();
+            let path = base.memory_path();
+            base.open_file(ss::format::MEMORY_FILE)
+                .map_err(Ok)?
+                .read_exact_at(mem, 0)
+                .map_err(|e| Err(format!("{}: read: {e}", path.display())))?;
             let pages = ss::overlay_diffs(mem, &chain.layers()[1..]).map_err(Ok)?;
             Ok((t.elapsed().as_secs_f64(), pages))
         })?;

@@ -2,7 +2,7 @@
 //! or the parent's, and its chunk digests (`disk.chunks`) computed on a
 //! background thread that commit joins.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use super::disk_copy::DiskCopy;
 use super::SnapshotWriter;
-use crate::clone::{clone_file, native_clone, CloneMethod};
+use crate::clone::{clone_file, native_clone, open_source, CloneMethod};
 use crate::error::{Error, IoContext, Result};
 use crate::file_hash::{data_chunks, ChunkHasher};
 use crate::format::chunks::{
@@ -18,6 +18,7 @@ use crate::format::chunks::{
 };
 use crate::format::manifest::DiskEntry;
 use crate::format::{DISK_CHUNKS_FILE, DISK_FILE};
+use crate::fsutil::{open_regular, Links};
 use crate::hash::hex;
 use crate::readers::read_disk_chunks;
 use crate::store::Store;
@@ -166,14 +167,7 @@ impl SnapshotWriter {
     pub fn begin_disk(&mut self, src: &Path, written: Option<&[u64]>) -> Result<Option<DiskCopy>> {
         self.check_no_disk()?;
         let dst = self.tmp.join(DISK_FILE);
-        let meta = std::fs::metadata(src).ctx(src, "stat")?;
-        if !meta.is_file() {
-            return Err(Error::Usage(format!(
-                "disk image {}: not a regular file",
-                src.display()
-            )));
-        }
-        let size = meta.len();
+        let size = open_source(src)?.metadata().ctx(src, "stat")?.len();
         let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
             .map_err(|e| Error::Usage(format!("disk image {}: {e}", src.display())))?;
         let written = match written {
@@ -225,7 +219,7 @@ impl SnapshotWriter {
             None => 0,
         };
         let dst = self.tmp.join(DISK_FILE);
-        let file = File::open(&dst).ctx(&dst, "open")?;
+        let file = open_regular(&dst, Links::Refuse)?;
         let size = file.metadata().ctx(&dst, "stat")?.len();
         let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
             .map_err(|e| Error::Usage(format!("disk image {}: {e}", dst.display())))?;

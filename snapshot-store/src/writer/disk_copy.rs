@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::clone::open_source;
 use crate::error::{Error, IoContext, Result};
 use crate::file_hash::data_chunks;
 use crate::format::chunks::{check_chunk_geometry, DISK_CHUNK_SIZE};
@@ -75,7 +76,7 @@ impl DiskCopy {
     /// [`DiskCopy::before_write`]'s work. Errors if `dst` exists, `src`
     /// cannot be read, or its length is not a valid disk size.
     pub(crate) fn start(src_path: &Path, dst_path: &Path) -> Result<Self> {
-        let src = File::open(src_path).ctx(src_path, "open")?;
+        let src = open_source(src_path)?;
         let size = src.metadata().ctx(src_path, "stat")?.len();
         let chunks = check_chunk_geometry(DISK_CHUNK_SIZE, size)
             .map_err(|e| Error::Usage(format!("disk image {}: {e}", src_path.display())))?;

@@ -12,6 +12,15 @@
 //! 0x04 u32 code1        0x18 u64 flags         0x20..0x38 reserved
 //! 0x38 u32 magic = 0x644d5241 ("ARM\x64")      0x3c u32 PE header offset
 //! ```
+//!
+//! A file cut short is refused ([`ImageError::Truncated`]) rather than run
+//! with zeros where its code should be. `image_size` cannot tell: it counts
+//! the BSS and initial page tables, which the file does not hold (most of
+//! a small kernel's footprint). What the file must hold: the code its first
+//! instructions jump to (code0 or code1, an unconditional `B`: the
+//! kernel's branch to its entry code), and for an EFI-stub kernel (code0
+//! starts with `MZ`) every byte its PE section table places in the file
+//! (`PointerToRawData + SizeOfRawData`, PE/COFF spec §3).
 
 use crate::arch::layout::{RamRange, KERNEL_ALIGN};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError};
@@ -44,6 +53,18 @@ pub enum ImageError {
     BadMagic {
         /// The value found.
         found: u32,
+    },
+    /// The file is shorter than its header implies.
+    #[error(
+        "truncated arm64 Image: the file is {len} bytes, but {what} implies at least {needed}"
+    )]
+    Truncated {
+        /// File length in bytes.
+        len: u64,
+        /// Bytes the file must hold at least.
+        needed: u64,
+        /// What says so: `image_size N` or `its PE section table`.
+        what: String,
     },
     /// Header flags bit 0 is set.
     #[error("big-endian kernel (Image header flags {flags:#x}, bit 0 set): only little-endian kernels boot")]
@@ -169,9 +190,92 @@ pub struct LoadedImage {
     pub page_size: Option<u64>,
 }
 
+/// `"MZ"`, the start of an EFI-stub kernel's code0 (its PE/COFF DOS header).
+const EFI_STUB_MAGIC: &[u8; 2] = b"MZ";
+/// Size of a PE section table entry, and of the COFF file header after the
+/// `PE\0\0` signature (PE/COFF spec §3, §3.3).
+const PE_SECTION_SIZE: u64 = 40;
+const COFF_HEADER_SIZE: u64 = 20;
+
+/// The kernel's branch to its entry code: code0 or code1 (the first that
+/// is an unconditional `B`: A64 bits 31:26 `0b000101`, a signed 26-bit word
+/// offset from the instruction), as the field's name and the file offset
+/// it jumps to (forward only).
+fn entry_branch(image: &[u8]) -> Option<(&'static str, u64)> {
+    [("code0", 0u64), ("code1", 4)]
+        .into_iter()
+        .find_map(|(code, at)| {
+            let bytes = image.get(at as usize..at as usize + 4)?;
+            let insn = u32::from_le_bytes(bytes.try_into().ok()?);
+            if insn >> 26 != 0b000101 {
+                return None;
+            }
+            // Sign-extend imm26, in words.
+            let words = i64::from((insn << 6) as i32 >> 6);
+            let target = u64::try_from(at as i64 + words * 4).ok()?;
+            Some((code, target))
+        })
+}
+
+/// Checks that `image` holds what its header implies it holds (see the
+/// module's doc).
+fn check_length(image: &[u8]) -> Result<(), ImageError> {
+    let len = image.len() as u64;
+    let truncated = |needed: u64, what: String| ImageError::Truncated { len, needed, what };
+    if let Some((code, target)) = entry_branch(image) {
+        if len < target + 4 {
+            return Err(truncated(
+                target + 4,
+                format!("its entry branch ({code}: b {target:#x})"),
+            ));
+        }
+    }
+    if image.get(..2) != Some(&EFI_STUB_MAGIC[..]) {
+        return Ok(());
+    }
+    let what = || "its PE section table".to_string();
+    let u16_at = |off: u64| -> Option<u64> {
+        let off = usize::try_from(off).ok()?;
+        Some(u16::from_le_bytes(image.get(off..off.checked_add(2)?)?.try_into().ok()?).into())
+    };
+    let u32_at = |off: u64| -> Option<u64> {
+        let off = usize::try_from(off).ok()?;
+        Some(u32::from_le_bytes(image.get(off..off.checked_add(4)?)?.try_into().ok()?).into())
+    };
+    // The header's fields are inside `image` once each length is checked.
+    let pe = u32_at(0x3c).unwrap_or(0);
+    let coff_end = pe + 4 + COFF_HEADER_SIZE;
+    if len < coff_end {
+        return Err(truncated(coff_end, what()));
+    }
+    if image.get(pe as usize..pe as usize + 4) != Some(&b"PE\0\0"[..]) {
+        // "MZ" but no PE header: not an EFI stub after all.
+        return Ok(());
+    }
+    let sections = u16_at(pe + 6).unwrap_or(0);
+    let table = coff_end + u16_at(pe + 20).unwrap_or(0);
+    let table_end = table + sections * PE_SECTION_SIZE;
+    if len < table_end {
+        return Err(truncated(table_end, what()));
+    }
+    let mut needed = 0;
+    for i in 0..sections {
+        let entry = table + i * PE_SECTION_SIZE;
+        let (size, at) = (u32_at(entry + 16), u32_at(entry + 20));
+        if let (Some(size), Some(at)) = (size, at) {
+            needed = needed.max(at + size);
+        }
+    }
+    if len < needed {
+        return Err(truncated(needed, what()));
+    }
+    Ok(())
+}
+
 /// Copies `image` into guest memory `mem` at the first 2 MiB-aligned address
-/// of `ram` plus `text_offset`, after checking the header and that
-/// `image_size` bytes (the whole footprint including BSS) fit in `ram`.
+/// of `ram` plus `text_offset`, after checking the header, that the file is
+/// not cut short ([`ImageError::Truncated`]), and that `image_size` bytes
+/// (the whole footprint including BSS) fit in `ram`.
 pub fn load_image<M>(mem: &M, ram: RamRange, image: &[u8]) -> Result<LoadedImage, ImageError>
 where
     M: Bytes<GuestAddress, E = GuestMemoryError> + ?Sized,
@@ -192,6 +296,7 @@ where
             offset,
             ram_size,
         })?;
+    check_length(image)?;
     let entry = ram_base + offset;
     mem.write_slice(image, GuestAddress(entry))
         .map_err(|source| ImageError::Write { gpa: entry, source })?;
@@ -344,6 +449,84 @@ mod tests {
         // Overflowing header values do not panic.
         assert!(load_image(&mem, ram, &image(u64::MAX, u64::MAX, 0, 100)).is_err());
         assert!(load_image(&mem, ram, &image(0, u64::MAX, 0, 100)).is_err());
+    }
+
+    /// `image`, its code1 a branch to `target` (as the guest's kernel:
+    /// code0 a `nop`, code1 `b primary_entry`).
+    fn branching(target: u64, image_size: u64, body: usize) -> Vec<u8> {
+        let mut v = image(0, image_size, 2 << 1, body);
+        v[0..4].copy_from_slice(&0xd503_201fu32.to_le_bytes());
+        let b = 0x1400_0000 | ((target - 4) / 4) as u32;
+        v[4..8].copy_from_slice(&b.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn refuses_a_truncated_kernel() {
+        let (mem, ram) = guest_ram();
+        // A valid header, 100 bytes in all, of a kernel whose entry code
+        // is 5 MiB in (as the guest's, whose code1 jumps to 0x521038).
+        let cut = branching(0x52_1038, 7 * MIB + MIB / 2, 100 - HEADER_SIZE);
+        let e = load_image(&mem, ram, &cut).unwrap_err();
+        assert!(matches!(e, ImageError::Truncated { len: 100, .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "truncated arm64 Image: the file is 100 bytes, but its entry branch (code1: b 0x521038) implies at least 5378108"
+        );
+        // Whole, it loads.
+        let whole = branching(0x52_1038, 7 * MIB + MIB / 2, 7 * MIB as usize);
+        assert!(load_image(&mem, ram, &whole).is_ok());
+        // A small kernel with a large BSS (the conformance images: 16 KiB
+        // of file, 1.6 MiB of image) loads: code0 jumps to 0x800.
+        let mut small = image(0x8_0000, 1_671_360, 0, 16_679 - HEADER_SIZE);
+        small[0..4].copy_from_slice(&(0x1400_0000u32 | (0x800 / 4)).to_le_bytes());
+        assert!(load_image(&mem, ram, &small).is_ok());
+        small.truncate(0x700);
+        assert!(matches!(
+            load_image(&mem, ram, &small),
+            Err(ImageError::Truncated { needed: 0x804, .. })
+        ));
+    }
+
+    /// An EFI-stub Image: `MZ`, a PE header at 0x40 with `sections`
+    /// `(raw offset, raw size)`, and `body` bytes in all after the header.
+    fn efi_image(sections: &[(u32, u32)], len: usize) -> Vec<u8> {
+        let mut v = image(0, MIB, 0, len - HEADER_SIZE);
+        v[0..2].copy_from_slice(b"MZ");
+        v[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+        let pe = 0x40;
+        let table = pe + 24;
+        v[pe..pe + 4].copy_from_slice(b"PE\0\0");
+        v[pe + 6..pe + 8].copy_from_slice(&(sections.len() as u16).to_le_bytes());
+        v[pe + 20..pe + 22].copy_from_slice(&0u16.to_le_bytes());
+        for (i, (at, size)) in sections.iter().enumerate() {
+            let e = table + i * 40;
+            v[e..e + 40].fill(0);
+            v[e + 16..e + 20].copy_from_slice(&size.to_le_bytes());
+            v[e + 20..e + 24].copy_from_slice(&at.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn refuses_an_efi_stub_kernel_shorter_than_its_sections() {
+        let (mem, ram) = guest_ram();
+        let len = (MIB as usize) * 3 / 4;
+        let ok = efi_image(&[(0x1000, 0x8000), (0x9000, (len - 0x9000) as u32)], len);
+        assert!(load_image(&mem, ram, &ok).is_ok());
+        // The last section's raw data runs past the end of the file.
+        let short = efi_image(&[(0x1000, 0x8000), (0x9000, len as u32)], len);
+        let e = load_image(&mem, ram, &short).unwrap_err();
+        assert!(
+            matches!(e, ImageError::Truncated { needed, .. } if needed == 0x9000 + len as u64),
+            "{e}"
+        );
+        assert!(e.to_string().contains("its PE section table"), "{e}");
+        // Cut inside the PE header itself.
+        let mut cut = ok.clone();
+        cut[0x3c..0x40].copy_from_slice(&(len as u32 - 8).to_le_bytes());
+        let e = load_image(&mem, ram, &cut).unwrap_err();
+        assert!(matches!(e, ImageError::Truncated { .. }), "{e}");
     }
 
     #[test]

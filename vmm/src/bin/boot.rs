@@ -69,6 +69,15 @@ fn default_cmdline() -> String {
 /// Ctrl-A s writes a snapshot, Ctrl-A h lists the escapes, Ctrl-A a sends a
 /// literal Ctrl-A. `poweroff` in the guest ends `boot` with exit status 0.
 ///
+/// SIGTERM, SIGINT and SIGHUP quit as Ctrl-A x and the control socket's
+/// `quit` do. Whatever ends the VM, a snapshot being taken or written is
+/// committed (or cleanly fails) first, and the control socket, the vsock
+/// socket and a restored VM's working directory are removed. Exit status:
+/// 0 for a quit, a power-off or a reset; 1 if the VM could not start or a
+/// vCPU failed; 2 for bad arguments; 128+N if a second signal N came while
+/// the VM was winding down (it ends `boot` at once: a layer being written
+/// is not committed, and `vmstore gc` removes what it left).
+///
 /// Snapshots (Ctrl-A s) go to the store (--store) under --name; a second
 /// Ctrl-A s in the same run writes NAME.2, then NAME.3, ... A fresh boot's
 /// first snapshot is a full layer; with --track-dirty, later ones (and the
@@ -204,24 +213,13 @@ fn main() -> ExitCode {
 fn run(args: Args) -> anyhow::Result<VmExit> {
     let source = match args.restore {
         Some(spec) => BootSource::Restore { spec },
-        None => {
-            for (what, path) in [("kernel", &args.kernel), ("disk image", &args.disk)] {
-                if !path.is_file() {
-                    anyhow::bail!(
-                        "{what} {} not found (build the guest with guest/build.sh, or pass --{})",
-                        path.display(),
-                        if what == "kernel" { "kernel" } else { "disk" }
-                    );
-                }
-            }
-            BootSource::Fresh(FreshBoot {
-                kernel: args.kernel,
-                disk: args.disk,
-                mem_bytes: args.mem * 1024 * 1024,
-                cpus: usize::try_from(args.cpus).context("--cpus")?,
-                cmdline: args.cmdline.unwrap_or_else(default_cmdline),
-            })
-        }
+        None => BootSource::Fresh(FreshBoot {
+            kernel: args.kernel,
+            disk: args.disk,
+            mem_bytes: args.mem * 1024 * 1024,
+            cpus: usize::try_from(args.cpus).context("--cpus")?,
+            cmdline: args.cmdline.unwrap_or_else(default_cmdline),
+        }),
     };
     let backend = args.backend.unwrap_or(DEFAULT_BACKEND);
     let gic = args.gic.map(GicMode::from);

@@ -108,12 +108,23 @@ pub struct NetConfig {
 
 impl SnapshotOptions {
     /// Refuses, before anything runs, a background mode without dirty
-    /// tracking and a snapshot name (`--name`) that is invalid or already
-    /// taken in the store.
-    pub fn check(&self) -> anyhow::Result<()> {
+    /// tracking, a snapshot name (`--name`) that is invalid or already
+    /// taken in the store, and, with a name or for a restore (`restoring`),
+    /// a store path that is there but not a directory.
+    pub fn check(&self, restoring: bool) -> anyhow::Result<()> {
         let opts = self;
         if opts.mode == SnapshotMode::Background && !opts.track_dirty {
             bail!("background snapshots need --track-dirty (its write protection saves each page before the guest changes it); use --snapshot-mode stop without it");
+        }
+        if opts.name.is_some() || restoring {
+            match std::fs::metadata(&opts.store) {
+                Ok(m) if !m.is_dir() => bail!(
+                    "--store {} is not a directory (it is {}); name the snapshot store's directory",
+                    opts.store.display(),
+                    snapshot_store::file_kind(m.file_type())
+                ),
+                _ => {}
+            }
         }
         if let Some(name) = &opts.name {
             snapshot_store::validate_name(name)?;
@@ -126,5 +137,40 @@ impl SnapshotOptions {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(store: PathBuf, name: Option<&str>) -> SnapshotOptions {
+        SnapshotOptions {
+            store,
+            name: name.map(str::to_string),
+            track_dirty: false,
+            mode: SnapshotMode::Stop,
+        }
+    }
+
+    #[test]
+    fn a_store_that_is_not_a_directory_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("store");
+        std::fs::write(&file, b"").unwrap();
+        for (name, restoring) in [(Some("a"), false), (None, true)] {
+            let e = opts(file.clone(), name).check(restoring).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("store is not a directory (it is a regular file)"),
+                "{e}"
+            );
+        }
+        // Not used: not checked.
+        opts(file, None).check(false).unwrap();
+        // Not there yet: the first snapshot creates it.
+        opts(dir.path().join("new"), Some("a"))
+            .check(false)
+            .unwrap();
     }
 }

@@ -13,31 +13,53 @@
 //! Responses are `{"ok": true, "result": {...}}` or `{"ok": false, "error":
 //! {"code": CODE, "message": "..."}}` with CODE one of [`ErrorCode`]'s. A
 //! request line is at most [`MAX_REQUEST_BYTES`]; a longer, malformed or
-//! unknown request gets an error and changes nothing. Several clients may be
-//! connected, each served on its own thread: one client's long request (a
-//! snapshot) holds back only requests that must wait for it, never another
-//! client's `status`. A client that goes away mid-request changes nothing
-//! but what the request did. The protocol is documented, with a schema, in
-//! the book's control-socket chapter.
+//! unknown request (a key given twice included) gets an error and changes
+//! nothing. At most [`MAX_CLIENTS`] clients may be connected at once, each
+//! served on its own thread: one client's long request (a snapshot) holds
+//! back only requests that must wait for it, never another client's
+//! `status`. A further client gets a `too_many_clients` error line and is
+//! closed. A client may stay connected and idle for as long as it likes,
+//! but one that has sent part of a line must finish it within
+//! [`PARTIAL_LINE_TIMEOUT`], and read its responses within
+//! [`WRITE_TIMEOUT`], or it is closed. A client that goes away mid-request
+//! changes nothing but what the request did. The protocol is documented,
+//! with a schema, in the book's control-socket chapter.
 //!
 //! This is a front-end: each request is a verb ([`crate::machine::ops`]).
 
 use crate::machine::ops::{Op, OpError, SnapshotWait, Verbs};
-use serde::{Deserialize, Serialize};
+use crate::sync::{Locked, Waited};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Longest request line, in bytes (newline included).
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Most clients connected at once; a further one is refused
+/// ([`ErrorCode::TooManyClients`]). Far more than a supervisor needs (one
+/// connection for its requests, one more for `status` while a snapshot is
+/// under way), few enough that the threads serving them stay cheap.
+pub const MAX_CLIENTS: usize = 64;
+
+/// How long a client may take to finish a line it has begun; then it gets
+/// [`ErrorCode::Timeout`] and is closed. An idle client (no partial line)
+/// is never timed out.
+pub const PARTIAL_LINE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long writing a response may wait for a client that does not read;
+/// then the client is closed.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Error codes of the control socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// Not JSON, or not a request object.
+    /// Not JSON, not a request object, a key given twice, or a field the
+    /// command does not take.
     BadRequest,
     /// Longer than [`MAX_REQUEST_BYTES`].
     TooLarge,
@@ -48,6 +70,11 @@ pub enum ErrorCode {
     Refused,
     /// The snapshot failed; nothing was written.
     SnapshotFailed,
+    /// [`MAX_CLIENTS`] clients are connected: this one is closed.
+    TooManyClients,
+    /// A line begun was not finished within [`PARTIAL_LINE_TIMEOUT`]: the
+    /// client is closed.
+    Timeout,
 }
 
 impl ErrorCode {
@@ -60,58 +87,116 @@ impl ErrorCode {
     }
 }
 
-/// A request.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
-enum Request {
-    Snapshot {
-        #[serde(default)]
-        name: Option<String>,
-    },
-    Pause,
-    Resume,
-    Status,
-    Quit,
+/// Why a request line is refused: its code and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    /// [`ErrorCode::BadRequest`] or [`ErrorCode::UnknownCommand`].
+    pub code: ErrorCode,
+    /// What is wrong, for the client.
+    pub message: String,
 }
 
-impl From<Request> for Op {
-    fn from(r: Request) -> Op {
-        match r {
-            Request::Snapshot { name } => Op::Snapshot {
-                name,
-                wait: SnapshotWait::Committed,
-            },
-            Request::Pause => Op::Pause,
-            Request::Resume => Op::Resume,
-            Request::Status => Op::Status,
-            Request::Quit => Op::Quit,
-        }
-    }
+/// A request line's fields, deserialized straight from its bytes, as the
+/// store deserializes a manifest: serde's derive refuses a key given twice
+/// (which a detour through `serde_json::Value` would let the last one win)
+/// and, with `deny_unknown_fields`, a key no command takes.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fields {
+    command: String,
+    /// `Some` when the key is there (its value may be `null`).
+    #[serde(default, deserialize_with = "present")]
+    name: Option<Option<String>>,
 }
 
+/// A key that is there: `Some` of its value.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// The commands, for the unknown command's message.
 const COMMANDS: [&str; 5] = ["snapshot", "pause", "resume", "status", "quit"];
 
-/// Requests being answered, counted so that the VM's end waits for their
-/// answers.
+/// Parses one request line (untrusted) into its verb: a snapshot answered
+/// once its layer is committed, or another verb. Errors:
+/// [`ErrorCode::BadRequest`] (not JSON, not an object with a string
+/// `command`, a key given twice, a field the command does not take) and
+/// [`ErrorCode::UnknownCommand`].
+pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
+    let bad = |message: String| RequestError {
+        code: ErrorCode::BadRequest,
+        message,
+    };
+    // An object, not an array serde would take as the struct's fields.
+    if line.trim_ascii_start().first() != Some(&b'{') {
+        return Err(bad(
+            "a request is an object with a string \"command\"".into()
+        ));
+    }
+    let f: Fields = serde_json::from_slice(line).map_err(|e| bad(format!("bad request: {e}")))?;
+    let op = match f.command.as_str() {
+        "snapshot" => {
+            return Ok(Op::Snapshot {
+                name: f.name.flatten(),
+                wait: SnapshotWait::Committed,
+            })
+        }
+        "pause" => Op::Pause,
+        "resume" => Op::Resume,
+        "status" => Op::Status,
+        "quit" => Op::Quit,
+        c => {
+            return Err(RequestError {
+                code: ErrorCode::UnknownCommand,
+                message: format!("unknown command '{c}' (commands: {})", COMMANDS.join(", ")),
+            })
+        }
+    };
+    if f.name.is_some() {
+        return Err(bad(format!(
+            "unknown field 'name' in a '{}' request",
+            f.command
+        )));
+    }
+    Ok(op)
+}
+
+/// The connected clients and the requests being answered, counted so that
+/// a further client is refused and the VM's end waits for the answers.
 #[derive(Default)]
-struct InFlight {
-    count: Mutex<usize>,
+struct Clients {
+    count: Mutex<Counts>,
     done: Condvar,
 }
 
-/// The socket file (removed when dropped) and the requests in flight on it.
+#[derive(Default)]
+struct Counts {
+    connected: usize,
+    in_flight: usize,
+}
+
+/// A connected client's place, given back when dropped.
+struct Seat(Arc<Clients>);
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.count.locked().connected -= 1;
+    }
+}
+
+/// The socket file (removed when dropped) and its clients.
 pub struct Socket {
     path: PathBuf,
-    in_flight: Arc<InFlight>,
+    clients: Arc<Clients>,
 }
 
 impl Socket {
     /// Waits until every request being answered has its answer written
     /// (the VM has ended: verbs still arriving are refused at once).
     pub fn drain(&self) {
-        let mut n = crate::sync::Locked::locked(&self.in_flight.count);
-        while *n > 0 {
-            n = crate::sync::Waited::waited(&self.in_flight.done, n);
+        let mut n = self.clients.count.locked();
+        while n.in_flight > 0 {
+            n = self.clients.done.waited(n);
         }
     }
 }
@@ -122,77 +207,101 @@ impl Drop for Socket {
     }
 }
 
-/// Listens on `path` (replacing a stale socket there, refusing a live one
-/// or any other file) and serves `verbs` on a thread per client.
+/// Listens on `path` (mode 0600; a stale socket there replaced, a live one
+/// or any other file refused: [`crate::host_socket::listen`]) and serves
+/// `verbs` on a thread per client, at most [`MAX_CLIENTS`] at once.
 pub fn listen(path: &Path, verbs: Arc<dyn Verbs>) -> anyhow::Result<Socket> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                anyhow::bail!(
-                    "control socket {} is in use by another process",
-                    path.display()
-                );
-            }
-            std::fs::remove_file(path).map_err(|e| {
-                anyhow::anyhow!("cannot remove stale socket {}: {e}", path.display())
-            })?;
-        }
-        Ok(_) => anyhow::bail!(
-            "{} exists and is not a socket; choose another --control path",
-            path.display()
-        ),
-        Err(_) => {}
-    }
-    // Owner-only from the start: no other user may connect in between.
-    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    nix::sys::stat::umask(old);
-    let listener =
-        bound.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
-    let in_flight = Arc::new(InFlight::default());
-    let flights = in_flight.clone();
+    let listener = crate::host_socket::listen(path)
+        .map_err(|e| anyhow::anyhow!("--control {}: {e}", path.display()))?;
+    let clients = Arc::new(Clients::default());
+    let all = clients.clone();
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (verbs, flights) = (verbs.clone(), flights.clone());
+                let Some(seat) = seat(&all) else {
+                    refuse(stream);
+                    continue;
+                };
+                let (verbs, all) = (verbs.clone(), all.clone());
                 let _ = std::thread::Builder::new()
                     .name("control-client".into())
-                    .spawn(move || serve(&*verbs, &flights, stream));
+                    .spawn(move || serve(&*verbs, &all, seat, stream));
             }
         })?;
     Ok(Socket {
         path: path.to_path_buf(),
-        in_flight,
+        clients,
     })
 }
 
-/// Serves one client until it disconnects.
-fn serve(verbs: &dyn Verbs, in_flight: &InFlight, stream: UnixStream) {
+/// A seat for a new client, if fewer than [`MAX_CLIENTS`] are connected.
+fn seat(clients: &Arc<Clients>) -> Option<Seat> {
+    let mut n = clients.count.locked();
+    if n.connected >= MAX_CLIENTS {
+        return None;
+    }
+    n.connected += 1;
+    Some(Seat(clients.clone()))
+}
+
+/// Tells a client there is no room for it, without waiting for it, and
+/// closes it.
+fn refuse(mut stream: UnixStream) {
+    let line = error(
+        ErrorCode::TooManyClients,
+        format!("{MAX_CLIENTS} control clients are connected; try again once one has closed"),
+    );
+    // A new socket's send buffer is empty: the line fits without waiting.
+    let _ = stream.set_nonblocking(true);
+    let _ = writeln!(stream, "{line}");
+}
+
+/// Serves one client until it disconnects (or is closed for a timeout).
+fn serve(verbs: &dyn Verbs, clients: &Clients, _seat: Seat, stream: UnixStream) {
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
+    // The read timeout wakes the reader to check a partial line's age.
+    if stream.set_read_timeout(Some(PARTIAL_LINE_TIMEOUT)).is_err()
+        || out.set_write_timeout(Some(WRITE_TIMEOUT)).is_err()
+    {
+        return;
+    }
     let mut input = BufReader::new(stream);
     loop {
-        let line = match read_line(&mut input) {
+        let (answer, last) = match read_line(&mut input, PARTIAL_LINE_TIMEOUT) {
             Line::Eof => return,
-            Line::TooLarge => error(
-                ErrorCode::TooLarge,
-                format!("request longer than {MAX_REQUEST_BYTES} bytes"),
+            Line::TooLarge => (
+                error(
+                    ErrorCode::TooLarge,
+                    format!("request longer than {MAX_REQUEST_BYTES} bytes"),
+                ),
+                false,
+            ),
+            Line::TimedOut => (
+                error(
+                    ErrorCode::Timeout,
+                    format!(
+                        "no end of line within {} s of its start; closing",
+                        PARTIAL_LINE_TIMEOUT.as_secs()
+                    ),
+                ),
+                true,
             ),
             Line::Request(bytes) => {
-                *crate::sync::Locked::locked(&in_flight.count) += 1;
+                clients.count.locked().in_flight += 1;
                 let answer = handle(verbs, &bytes);
                 let written = writeln!(out, "{answer}");
-                *crate::sync::Locked::locked(&in_flight.count) -= 1;
-                in_flight.done.notify_all();
+                clients.count.locked().in_flight -= 1;
+                clients.done.notify_all();
                 if written.is_err() {
                     return;
                 }
                 continue;
             }
         };
-        if writeln!(out, "{line}").is_err() {
+        if writeln!(out, "{answer}").is_err() || last {
             return;
         }
     }
@@ -202,19 +311,38 @@ fn serve(verbs: &dyn Verbs, in_flight: &InFlight, stream: UnixStream) {
 enum Line {
     Request(Vec<u8>),
     TooLarge,
+    /// A line begun and not finished in time.
+    TimedOut,
     Eof,
 }
 
 /// Reads one line of at most [`MAX_REQUEST_BYTES`]; a longer one is read to
-/// its end and dropped.
-fn read_line(input: &mut impl BufRead) -> Line {
+/// its end and dropped. `input`'s reads time out now and then (the
+/// stream's read timeout): a line begun more than `limit` ago is
+/// [`Line::TimedOut`]; with nothing begun, the wait goes on.
+fn read_line(input: &mut impl BufRead, limit: Duration) -> Line {
     let mut line = Vec::new();
     let mut too_large = false;
+    let mut begun: Option<Instant> = None;
     loop {
         let buf = match input.fill_buf() {
-            Ok([]) | Err(_) => return Line::Eof,
+            Ok([]) => return Line::Eof,
             Ok(b) => b,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if begun.is_some_and(|t| t.elapsed() >= limit) {
+                    return Line::TimedOut;
+                }
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Line::Eof,
         };
+        begun.get_or_insert_with(Instant::now);
         let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..=i], true),
             None => (buf, false),
@@ -236,55 +364,23 @@ fn read_line(input: &mut impl BufRead) -> Line {
                 Line::Request(line)
             };
         }
+        // A line trickling in, a byte now and then, times out too.
+        if begun.is_some_and(|t| t.elapsed() >= limit) {
+            return Line::TimedOut;
+        }
     }
 }
 
 /// Answers one request line.
 fn handle(verbs: &dyn Verbs, bytes: &[u8]) -> String {
-    let req = match parse(bytes) {
-        Ok(r) => r,
-        Err((code, message)) => return error(code, message),
+    let op = match parse_request(bytes) {
+        Ok(op) => op,
+        Err(e) => return error(e.code, e.message),
     };
-    match verbs.execute(req.into()) {
+    match verbs.execute(op) {
         Ok(reply) => serde_json::json!({"ok": true, "result": reply}).to_string(),
         Err(e) => error(ErrorCode::of(&e), e.to_string()),
     }
-}
-
-/// Parses a request line, telling a bad request from an unknown command.
-fn parse(bytes: &[u8]) -> Result<Request, (ErrorCode, String)> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|e| (ErrorCode::BadRequest, format!("not JSON: {e}")))?;
-    match value.get("command") {
-        Some(serde_json::Value::String(c)) if !COMMANDS.contains(&c.as_str()) => {
-            return Err((
-                ErrorCode::UnknownCommand,
-                format!("unknown command '{c}' (commands: {})", COMMANDS.join(", ")),
-            ));
-        }
-        Some(serde_json::Value::String(c)) => {
-            // serde lets unit variants ignore extra keys: check them here.
-            let allowed: &[&str] = if c == "snapshot" {
-                &["command", "name"]
-            } else {
-                &["command"]
-            };
-            let keys = value.as_object().map(|o| o.keys()).into_iter().flatten();
-            if let Some(k) = keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
-                return Err((
-                    ErrorCode::BadRequest,
-                    format!("unknown field '{k}' in a '{c}' request"),
-                ));
-            }
-        }
-        _ => {
-            return Err((
-                ErrorCode::BadRequest,
-                "a request is an object with a string \"command\"".into(),
-            ))
-        }
-    }
-    serde_json::from_value(value).map_err(|e| (ErrorCode::BadRequest, e.to_string()))
 }
 
 fn error(code: ErrorCode, message: String) -> String {
@@ -296,26 +392,33 @@ mod tests {
     use super::*;
 
     fn code(bytes: &[u8]) -> Option<ErrorCode> {
-        parse(bytes).err().map(|e| e.0)
+        parse_request(bytes).err().map(|e| e.code)
     }
 
     #[test]
     fn requests_parse_and_bad_ones_say_why() {
-        assert!(matches!(
-            parse(br#"{"command":"snapshot","name":"a"}"#),
-            Ok(Request::Snapshot { name: Some(n) }) if n == "a"
-        ));
-        assert!(matches!(
-            parse(br#"{"command":"snapshot"}"#),
-            Ok(Request::Snapshot { name: None })
-        ));
-        assert!(matches!(
-            parse(b"{\"command\":\"status\"}\n"),
-            Ok(Request::Status)
-        ));
+        assert_eq!(
+            parse_request(br#"{"command":"snapshot","name":"a"}"#),
+            Ok(Op::Snapshot {
+                name: Some("a".into()),
+                wait: SnapshotWait::Committed
+            })
+        );
+        assert_eq!(
+            parse_request(br#" {"command":"snapshot"}"#),
+            Ok(Op::Snapshot {
+                name: None,
+                wait: SnapshotWait::Committed
+            })
+        );
+        assert_eq!(parse_request(b"{\"command\":\"status\"}\n"), Ok(Op::Status));
+        assert_eq!(parse_request(br#"{"command":"quit"}"#), Ok(Op::Quit));
         assert_eq!(code(b"{"), Some(ErrorCode::BadRequest));
+        assert_eq!(code(b""), Some(ErrorCode::BadRequest));
         assert_eq!(code(b"[1]"), Some(ErrorCode::BadRequest));
+        assert_eq!(code(br#"["status"]"#), Some(ErrorCode::BadRequest));
         assert_eq!(code(br#"{"command":7}"#), Some(ErrorCode::BadRequest));
+        assert_eq!(code(br#"{}"#), Some(ErrorCode::BadRequest));
         assert_eq!(
             code(br#"{"command":"reboot"}"#),
             Some(ErrorCode::UnknownCommand)
@@ -325,8 +428,31 @@ mod tests {
             Some(ErrorCode::BadRequest)
         );
         assert_eq!(
+            code(br#"{"command":"pause","name":null}"#),
+            Some(ErrorCode::BadRequest)
+        );
+        assert_eq!(
             code(br#"{"command":"snapshot","name":3}"#),
             Some(ErrorCode::BadRequest)
+        );
+    }
+
+    #[test]
+    fn a_key_given_twice_is_a_bad_request() {
+        // The last one must not win: this is not a quit.
+        let e = parse_request(br#"{"command":"status","command":"quit"}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        assert!(
+            e.message.contains("duplicate field `command`"),
+            "{}",
+            e.message
+        );
+        let e = parse_request(br#"{"command":"snapshot","name":"a","name":"b"}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        assert!(
+            e.message.contains("duplicate field `name`"),
+            "{}",
+            e.message
         );
     }
 
@@ -336,13 +462,107 @@ mod tests {
         big.push(b'\n');
         big.extend_from_slice(b"{\"command\":\"status\"}\n");
         let mut r = BufReader::with_capacity(1000, &big[..]);
-        assert!(matches!(read_line(&mut r), Line::TooLarge));
+        let limit = Duration::from_secs(3600);
+        assert!(matches!(read_line(&mut r, limit), Line::TooLarge));
         assert!(
-            matches!(read_line(&mut r), Line::Request(l) if l == b"{\"command\":\"status\"}\n")
+            matches!(read_line(&mut r, limit), Line::Request(l) if l == b"{\"command\":\"status\"}\n")
         );
-        assert!(matches!(read_line(&mut r), Line::Eof));
+        assert!(matches!(read_line(&mut r, limit), Line::Eof));
         // A line without its newline at the end of input is not a request.
         let mut r = BufReader::new(&b"{\"command\":\"quit\"}"[..]);
-        assert!(matches!(read_line(&mut r), Line::Eof));
+        assert!(matches!(read_line(&mut r, limit), Line::Eof));
+    }
+
+    /// A reader whose every read times out after its first bytes, as a
+    /// socket with a read timeout does when its client stops mid-line.
+    struct Stalled(&'static [u8]);
+
+    impl std::io::Read for Stalled {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let n = self.0.len().min(buf.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_partial_line_times_out_and_an_idle_client_does_not() {
+        let mut r = BufReader::new(Stalled(b"{\"command\": \"pau"));
+        assert!(matches!(read_line(&mut r, Duration::ZERO), Line::TimedOut));
+        // Nothing begun: the reader waits on (here, until the line ends).
+        struct IdleThenLine(u32);
+        impl std::io::Read for IdleThenLine {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.0 += 1;
+                if self.0 < 5 {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                let line = b"{\"command\":\"status\"}\n";
+                buf[..line.len()].copy_from_slice(line);
+                Ok(line.len())
+            }
+        }
+        let mut r = BufReader::new(IdleThenLine(0));
+        assert!(matches!(
+            read_line(&mut r, Duration::ZERO),
+            Line::Request(_)
+        ));
+    }
+
+    /// Verbs that answer `status` with nothing.
+    struct NoVerbs;
+
+    impl Verbs for NoVerbs {
+        fn execute(&self, _: Op) -> Result<crate::machine::ops::Reply, OpError> {
+            Ok(crate::machine::ops::Reply::Done {})
+        }
+    }
+
+    #[test]
+    fn clients_beyond_the_cap_are_refused_with_a_line() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let socket = listen(&path, Arc::new(NoVerbs)).unwrap();
+        let ask = |c: &mut UnixStream| {
+            let _ = c.write_all(b"{\"command\":\"status\"}\n");
+            let mut line = String::new();
+            let _ = BufReader::new(c.try_clone().unwrap()).read_line(&mut line);
+            line
+        };
+        let mut held: Vec<UnixStream> = (0..MAX_CLIENTS)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        // Each is served (so each has its seat).
+        for c in &mut held {
+            assert!(ask(c).contains("\"ok\":true"));
+        }
+        let mut extra = UnixStream::connect(&path).unwrap();
+        let mut refused = String::new();
+        extra.read_to_string(&mut refused).unwrap();
+        assert!(refused.contains("too_many_clients"), "{refused}");
+        assert_eq!(refused.lines().count(), 1, "{refused}");
+        // Once one closes, a new client is served.
+        drop(held.pop());
+        let mut next = loop {
+            let mut c = UnixStream::connect(&path).unwrap();
+            let line = ask(&mut c);
+            if line.contains("\"ok\":true") {
+                break c;
+            }
+            // The closed client's seat is given back by its thread.
+            assert!(
+                line.is_empty() || line.contains("too_many_clients"),
+                "{line}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(ask(&mut next).contains("\"ok\":true"));
+        drop(socket);
+        assert!(!path.exists());
     }
 }

@@ -8,8 +8,8 @@
 //! - `device_manager/`: the device set, the interrupt controller, the root
 //!   disk; `vcpu/`: the vCPU threads and their run loop, the run state
 //!   every thread shares, the guest's clock, a vCPU's state.
-//! - `console_input` and [`control_socket`]: the two front-ends, each
-//!   turning its input into verbs.
+//! - `console_input`, [`control_socket`] and [`signals`]: the front-ends,
+//!   each turning its input into verbs.
 //! - `plan`: what gets built (a fresh boot's plan).
 //! - `vm`: the running VM ([`vm::Vmm`]): built from a plan, it owns RAM,
 //!   the bus, the interrupt controller, the devices, the run state and the
@@ -20,8 +20,9 @@
 //! - here: [`run`], and the VM's [`ops::Verbs`].
 //!
 //! Threads: one per vCPU, or one for all vCPUs round-robin when the backend
-//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; a
-//! thread per control-socket client; the clock's physical timer thread; a
+//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
+//! signal thread; a thread per control-socket client (at most
+//! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
 //! background snapshot's writer; and the caller's thread, which waits for
 //! the VM to end. Lock order: a device lock (the clock's counts as one),
 //! then the GIC lock (interrupt lines), then the run state's; never the
@@ -43,6 +44,7 @@ pub mod control_socket;
 mod device_manager;
 pub mod ops;
 mod plan;
+pub mod signals;
 mod snapshot;
 mod vcpu;
 mod vm;
@@ -142,16 +144,27 @@ impl<V: Vm + 'static> console_input::Uart for Arc<Machine<V>> {
     }
 }
 
-/// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends.
-/// Before it returns, a snapshot being taken is committed or cleanly
-/// failed, and every control-socket request has its answer.
+/// Boots or restores `cfg` on hypervisor `hv` and runs it until it ends:
+/// the guest powers off or resets, a vCPU fails, or a front-end quits
+/// (`Ctrl-A x`, the control socket's `quit`, `SIGTERM`, `SIGINT`,
+/// `SIGHUP`). Before it returns, a snapshot being taken is committed or
+/// cleanly failed, every control-socket request has its answer, and the
+/// files the VM made on the host (the control socket, the vsock socket, a
+/// restored VM's working directory) are removed.
 pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> Result<VmExit, StartError>
 where
     H::Vm: 'static,
 {
     let t0 = Instant::now();
     let mut stages = Stages::default();
-    cfg.snapshots.check().map_err(StartError::Options)?;
+    // First: a signal during a restore's verification waits for the VM.
+    let signals = signals::install()
+        .context("cannot handle SIGTERM, SIGINT and SIGHUP")
+        .map_err(StartError::Start)?;
+    let restoring = matches!(cfg.source, BootSource::Restore { .. });
+    cfg.snapshots
+        .check(restoring)
+        .map_err(StartError::Options)?;
     let plan = match &cfg.source {
         BootSource::Fresh(f) => {
             let gic = cfg.gic.unwrap_or_default();
@@ -168,11 +181,11 @@ where
                 .map_err(StartError::Restore)?
         }
     };
-    let (vmm, launch) = Vmm::build(&hv, plan).map_err(StartError::Build)?;
+    let (vmm, mut launch) = Vmm::build(&hv, plan).map_err(StartError::Build)?;
     stages.vm_create = launch.times.vm_create;
     stages.gic = launch.times.gic;
     stages.devices = launch.times.devices;
-    let snapshots = Snapshots::new(&cfg.snapshots, launch.parent, H::NAME);
+    let snapshots = Snapshots::new(&cfg.snapshots, launch.parent.take(), H::NAME);
     snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
     let _raw = console::RawTerminal::enter()
         .context("cannot put the terminal into raw mode")
@@ -187,6 +200,24 @@ where
             BootSource::Fresh(_) => None,
         },
     });
+    let ran = serve(&machine, cfg, &signals, launch, stages, t0);
+    // However it ended: the front-ends may still hold the VM (an idle
+    // control client, the console thread waiting for input), but nothing
+    // it made on the host outlives it.
+    machine.vmm.remove_host_files();
+    ran
+}
+
+/// Starts the front-ends and the vCPUs of `machine`, and waits for the VM
+/// to end and wind down.
+fn serve<V: Vm + 'static>(
+    machine: &Arc<Machine<V>>,
+    cfg: &MachineConfig,
+    signals: &signals::Signals,
+    launch: vm::Launch,
+    mut stages: Stages,
+    t0: Instant,
+) -> Result<VmExit, StartError> {
     let verbs: Arc<dyn ops::Verbs> = machine.clone();
     let socket = cfg
         .control
@@ -194,7 +225,8 @@ where
         .map(|path| control_socket::listen(path, verbs.clone()))
         .transpose()
         .map_err(StartError::Start)?;
-    console_input::spawn(verbs, Box::new(machine.clone()));
+    console_input::spawn(verbs.clone(), Box::new(machine.clone()));
+    signals.serve(verbs);
 
     let t = Instant::now();
     let (threads, gic_load) = machine

@@ -15,6 +15,8 @@ use crate::machine::vcpu::state::VcpuPower;
 use crate::machine::vcpu::{BootRegs, Start};
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
+use std::fs::File;
+use std::path::Path;
 use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -91,13 +93,8 @@ pub fn fresh(
         v.cid.get_or_insert(DEFAULT_GUEST_CID);
         v
     });
-    let kernel = std::fs::read(&f.kernel)
-        .with_context(|| format!("cannot read kernel {}", f.kernel.display()))?;
-    let disk = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&f.disk)
-        .with_context(|| format!("cannot open disk image {} read-write", f.disk.display()))?;
+    let kernel = read_kernel(f)?;
+    let disk = open_input("disk image", "--disk", &f.disk, true)?;
     let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
     // Not into the VM generation ID's page.
     let load = layout::loadable_ram(ram.range());
@@ -135,6 +132,72 @@ pub fn fresh(
         net,
         vsock,
     })
+}
+
+/// Opens the user's file `path` (`what`, given with `flag`), read-write
+/// if `write`: a regular file (or a symbolic link to one), checked
+/// through the open descriptor; the open never waits on a FIFO or a
+/// device. Errors say what is there instead: `kernel PATH is a directory`,
+/// `disk image PATH is not a regular file (a character device)`, `...
+/// not found`.
+fn open_input(what: &str, flag: &str, path: &Path, write: bool) -> anyhow::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let named = |is: String| anyhow::anyhow!("{what} {} {is}", path.display());
+    let kind = |t: std::fs::FileType| match t {
+        t if t.is_dir() => "is a directory".to_string(),
+        t => format!("is not a regular file ({})", snapshot_store::file_kind(t)),
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match std::fs::metadata(path) {
+            Err(m) if m.kind() == std::io::ErrorKind::NotFound => named(format!(
+                "not found (build the guest with guest/build.sh, or pass {flag})"
+            )),
+            Ok(m) if !m.is_file() => named(kind(m.file_type())),
+            _ => anyhow::anyhow!(
+                "cannot open {what} {}{}: {e}",
+                path.display(),
+                if write { " read-write" } else { "" }
+            ),
+        })?;
+    let t = f
+        .metadata()
+        .with_context(|| format!("cannot use {what} {}", path.display()))?
+        .file_type();
+    if !t.is_file() {
+        return Err(named(kind(t)));
+    }
+    {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        let flags = fcntl(&f, FcntlArg::F_GETFL).map(OFlag::from_bits_truncate);
+        flags
+            .and_then(|fl| fcntl(&f, FcntlArg::F_SETFL(fl - OFlag::O_NONBLOCK)))
+            .with_context(|| format!("cannot use {what} {}", path.display()))?;
+    }
+    Ok(f)
+}
+
+/// The kernel of `f`, read whole: a regular file no larger than guest
+/// RAM.
+fn read_kernel(f: &FreshBoot) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open_input("kernel", "--kernel", &f.kernel, false)?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > f.mem_bytes {
+        bail!(
+            "kernel {} is {len} bytes, more than the guest's {} bytes of RAM",
+            f.kernel.display(),
+            f.mem_bytes
+        );
+    }
+    let mut kernel = Vec::with_capacity(len as usize);
+    file.take(f.mem_bytes + 1)
+        .read_to_end(&mut kernel)
+        .with_context(|| format!("cannot read kernel {}", f.kernel.display()))?;
+    Ok(kernel)
 }
 
 /// `N` bytes of host randomness (the OS's CSPRNG): the device tree's

@@ -55,8 +55,9 @@ pub struct Vmm<V: Vm> {
     cmdline: String,
     /// A restored VM's working disk, still being copied when the VM starts:
     /// the block device waits for it on first use. Kept for as long as the
-    /// VM runs; dropping it removes its work directory.
-    _work_disk: Option<CopyingDisk>,
+    /// VM runs; dropping it removes its work directory
+    /// ([`Vmm::remove_host_files`]).
+    work_disk: Mutex<Option<CopyingDisk>>,
 }
 
 /// How long each part of [`Vmm::build`] took (a restore reports them).
@@ -199,7 +200,7 @@ impl<V: Vm + 'static> Vmm<V> {
             held: Mutex::new(None),
             disk_path: disk.path,
             cmdline: plan.cmdline,
-            _work_disk: disk.work,
+            work_disk: Mutex::new(disk.work),
         };
         let launch = Launch {
             start: plan.start,
@@ -288,6 +289,16 @@ impl<V: Vm> Vmm<V> {
     /// Waits for the VM to end and says why.
     pub fn wait_exit(&self) -> VmExit {
         self.core.run_state.wait_exit()
+    }
+
+    /// Once the VM has ended and its snapshots are done: removes what it
+    /// made on the host file system (the vsock device's socket file, a
+    /// restored VM's working directory with its disk), whichever threads
+    /// still hold the VM (an idle control-socket client, the console
+    /// thread waiting for input).
+    pub fn remove_host_files(&self) {
+        self.core.devices.remove_host_files();
+        drop(self.work_disk.locked().take());
     }
 
     /// The pause verb: parks every vCPU and stops the guest's clock until

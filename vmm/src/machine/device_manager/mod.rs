@@ -360,6 +360,14 @@ impl Devices {
         }
     }
 
+    /// At the VM's end: removes the files the devices made on the host
+    /// (the vsock device's socket file), whoever still holds them.
+    pub fn remove_host_files(&self) {
+        if let Some(v) = &self.vsock {
+            v.dev.locked().device_mut().remove_socket_file();
+        }
+    }
+
     /// The root block device, whose disk image a snapshot captures.
     pub fn root_disk(&self) -> MutexGuard<'_, VirtioMmio<Block>> {
         self.blk.dev.locked()

@@ -105,8 +105,7 @@ pub fn plan<H: Hypervisor>(
     stages: &mut Stages,
 ) -> anyhow::Result<Plan> {
     let t = Instant::now();
-    let store = Store::open(store)
-        .with_context(|| format!("cannot open the snapshot store {}", store.display()))?;
+    let store = Store::open(store).context("cannot open the snapshot store")?;
     let chain = store.resolve(spec)?;
     let top = chain.top();
     let m = &top.manifest;
@@ -208,24 +207,9 @@ fn map_and_decode(
     let state_path = top.state_path();
     let state = MachineState::decode(&top.read_state()?)
         .with_context(|| format!("{}", state_path.display()))?;
-    let cpus = state.vcpus.len();
-    if state.gic_mode() != gic {
-        bail!(
-            "{}: the GIC state is for mode '{}', but the manifest says '{gic}'",
-            state_path.display(),
-            state.gic_mode()
-        );
-    }
-    if u32::try_from(cpus).ok() != Some(m.vcpus) || state.ram_size != m.ram_size {
-        bail!(
-            "{}: {} vCPUs and {} bytes of RAM, but the manifest says {} and {}",
-            state_path.display(),
-            cpus,
-            state.ram_size,
-            m.vcpus,
-            m.ram_size
-        );
-    }
+    state
+        .check_manifest(&m.backend, gic, m.vcpus, m.ram_size)
+        .with_context(|| format!("{}", state_path.display()))?;
     stages.state = t.elapsed();
     Ok((ram, state))
 }

@@ -61,6 +61,11 @@ pub const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
 /// (`scripts/tests/test_background_snapshot_e2e.py`).
 pub const TEST_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_GATE";
 
+/// The console line of a VM that has ended while a snapshot is being taken
+/// or written: `boot` exits once the layer is committed or cleanly failed.
+pub const WAIT_AT_EXIT: &str =
+    "[snapshot] the VM has ended; finishing the snapshot being written before exiting";
+
 /// The snapshots of one running VM: where they go, what the next one
 /// builds on, and the background layer being written.
 pub struct Snapshots {
@@ -257,8 +262,12 @@ impl Snapshots {
 
     /// At the VM's end: waits for a snapshot being taken (its layer is
     /// committed or cleanly failed), a background layer being written, and
-    /// the verified-file caches being recorded.
+    /// the verified-file caches being recorded. Says so on the console
+    /// ([`WAIT_AT_EXIT`]) if a snapshot is under way.
     pub fn finish(&self) {
+        if self.writing() {
+            console::message(WAIT_AT_EXIT);
+        }
         let _one = self.taking.locked();
         let _ = self.finish_background(false);
         let writers = std::mem::take(&mut *self.cache_writers.locked());
@@ -292,8 +301,7 @@ impl Snapshots {
             gic: captured.gic,
             devices: captured.devices,
         };
-        let store = Store::create(&self.store)
-            .with_context(|| format!("cannot open the snapshot store {}", self.store.display()))?;
+        let store = Store::create(&self.store).context("cannot open the snapshot store")?;
         let lineage = self.lineage.locked();
         let meta = LayerMeta {
             parent: lineage.parent.as_ref().map(Layer::parent_ref),

@@ -81,6 +81,40 @@ impl MachineState {
         self.gic.mode()
     }
 
+    /// Checks the state against what its layer's manifest says of the
+    /// machine, which the restore has checked against itself: the backend
+    /// that wrote it (the one restoring it), the GIC mode, the vCPUs and
+    /// the RAM. Error: [`StateError::Inconsistent`], naming both values.
+    pub fn check_manifest(
+        &self,
+        backend: &str,
+        gic: GicMode,
+        vcpus: u32,
+        ram_size: u64,
+    ) -> Result<(), StateError> {
+        let bad = |m: String| Err(StateError::Inconsistent(m));
+        if self.backend != backend {
+            return bad(format!(
+                "written by the {} backend, but the manifest says {backend} (the backend restoring it)",
+                self.backend
+            ));
+        }
+        if self.gic_mode() != gic {
+            return bad(format!(
+                "the GIC state is for mode '{}', but the manifest says '{gic}'",
+                self.gic_mode()
+            ));
+        }
+        if u32::try_from(self.vcpus.len()).ok() != Some(vcpus) || self.ram_size != ram_size {
+            return bad(format!(
+                "{} vCPUs and {} bytes of RAM, but the manifest says {vcpus} and {ram_size}",
+                self.vcpus.len(),
+                self.ram_size
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses and checks the shape of an untrusted state. Versions 1 to 3
     /// are upgraded to the current encoding (a version 2 state's clock is
     /// its vCPUs' largest count; a version 3 state's debug registers are 0).
@@ -343,6 +377,31 @@ mod tests {
 
     fn hvf() -> MachineState {
         state(IrqchipState::Hvf(vec![0, 1, 0xab, 0xff, 0x10]), icc())
+    }
+
+    #[test]
+    fn a_state_that_disagrees_with_its_manifest_is_refused_naming_both() {
+        let s = userspace();
+        let (gic, n, ram) = (GicMode::Userspace, 2, 64 << 20);
+        s.check_manifest("hvf", gic, n, ram).unwrap();
+        // Written by hvf, restored by emu (whose manifest says emu).
+        let e = s
+            .check_manifest("emu", gic, n, ram)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("written by the hvf backend, but the manifest says emu"),
+            "{e}"
+        );
+        let e = s.check_manifest("hvf", GicMode::Hvf, n, ram).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("'userspace', but the manifest says 'hvf'"),
+            "{e}"
+        );
+        let e = s.check_manifest("hvf", gic, 4, ram).unwrap_err();
+        assert!(e.to_string().contains("2 vCPUs"), "{e}");
+        assert!(s.check_manifest("hvf", gic, n, ram + 1).is_err());
     }
 
     #[test]

@@ -115,6 +115,12 @@ impl Vsock {
         self.mux.pending_control_packets()
     }
 
+    /// Removes the host end's socket file (`--vsock-uds PATH`): at the VM's
+    /// end, whoever still holds the device.
+    pub fn remove_socket_file(&mut self) {
+        self.mux.host.remove_socket_file();
+    }
+
     /// Who to wake when what the host thread should wait for changes.
     pub fn set_waker(&mut self, waker: Waker) {
         self.waker = Some(waker);

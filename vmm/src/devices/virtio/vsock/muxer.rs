@@ -16,7 +16,6 @@ use crate::devices::virtio::host_io::{Interest, Ready, Wait, Watch};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,44 +48,38 @@ struct Handshake {
 }
 
 /// The listening socket at `PATH` and the prefix of the guest's
-/// destinations (`PATH_P`). The socket file is removed on drop.
+/// destinations (`PATH_P`). The socket file is removed by
+/// [`VsockHost::remove_socket_file`] or on drop.
 pub struct VsockHost {
     listener: UnixListener,
     path: PathBuf,
+    /// The socket file was removed.
+    removed: bool,
 }
 
 impl VsockHost {
-    /// Listens on `path`. A socket file left by a VMM that is gone (no one
-    /// accepts on it) is replaced; one in use, or a file that is not a
-    /// socket, is an error naming it.
+    /// Listens on `path`, mode 0600 ([`crate::host_socket::listen`]): a
+    /// socket file left by a VMM that is gone (no one accepts on it) is
+    /// replaced; one in use, or a file that is not a socket, is an error
+    /// naming it.
     pub fn bind(path: &Path) -> io::Result<Self> {
         let named =
             |e: io::Error| io::Error::new(e.kind(), format!("--vsock-uds {}: {e}", path.display()));
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
-                Ok(_) => {
-                    return Err(named(io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        "another process is listening on it",
-                    )))
-                }
-                Err(_) => std::fs::remove_file(path).map_err(named)?,
-            },
-            Ok(_) => {
-                return Err(named(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "the path exists and is not a socket",
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(named(e)),
-        }
-        let listener = UnixListener::bind(path).map_err(named)?;
+        let listener = crate::host_socket::listen(path).map_err(named)?;
         listener.set_nonblocking(true).map_err(named)?;
         Ok(VsockHost {
             listener,
             path: path.to_path_buf(),
+            removed: false,
         })
+    }
+
+    /// Removes the socket file (once): no host program can connect any
+    /// more. The VM's end calls it; dropping does it too.
+    pub fn remove_socket_file(&mut self) {
+        if !std::mem::replace(&mut self.removed, true) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 
     /// The listening socket's path.
@@ -156,7 +149,7 @@ fn set_nonblocking_cloexec(fd: &OwnedFd) -> io::Result<()> {
 
 impl Drop for VsockHost {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.remove_socket_file();
     }
 }
 
@@ -673,8 +666,10 @@ impl Muxer {
     }
 }
 
-/// `CONNECT <port>` (decimal) → the port.
-pub(super) fn parse_connect_line(line: &[u8]) -> Option<u32> {
+/// A host program's handshake line, `CONNECT <port>` (decimal digits, a
+/// `\r` allowed at the end; the `\n` already taken off; untrusted, at most
+/// 32 bytes as read) → the port; `None` for anything else.
+pub fn parse_connect_line(line: &[u8]) -> Option<u32> {
     let s = std::str::from_utf8(line).ok()?;
     let s = s.strip_suffix('\r').unwrap_or(s);
     let port = s.strip_prefix("CONNECT ")?;

@@ -1,0 +1,32 @@
+//! Fuzz the control socket's request parser (`parse_request`): never
+//! panics; whatever it accepts is a request object whose command is the
+//! verb it returns, and that verb's own request line parses back to it.
+#![no_main]
+
+use ignition_vmm::machine::control_socket::{parse_request, ErrorCode};
+use ignition_vmm::machine::ops::Op;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    match parse_request(data) {
+        Ok(op) => {
+            let line = match &op {
+                Op::Snapshot { name, .. } => {
+                    serde_json::json!({"command": "snapshot", "name": name})
+                }
+                Op::Pause => serde_json::json!({"command": "pause"}),
+                Op::Resume => serde_json::json!({"command": "resume"}),
+                Op::Status => serde_json::json!({"command": "status"}),
+                Op::Quit => serde_json::json!({"command": "quit"}),
+            };
+            assert_eq!(parse_request(line.to_string().as_bytes()), Ok(op));
+        }
+        Err(e) => {
+            assert!(matches!(
+                e.code,
+                ErrorCode::BadRequest | ErrorCode::UnknownCommand
+            ));
+            assert!(!e.message.is_empty());
+        }
+    }
+});
