@@ -8,7 +8,9 @@
 # target, "fuzz TARGET: N execs in S s", and exits 1 if any target found a
 # crash, a panic or a hang (the input is kept under
 # <crate>/fuzz/artifacts/TARGET/). Installs the nightly toolchain and
-# cargo-fuzz (pinned) if they are missing.
+# cargo-fuzz (pinned) if they are missing. Both crates build into one target
+# directory, $IGNITION_FUZZ_TARGET_DIR (default target/fuzz), so what they
+# share (the store, serde, ...) is built once.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]
 set -euo pipefail
@@ -28,6 +30,7 @@ if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then
 fi
 cd "$(dirname "$0")/.."
 root=$PWD
+target_dir=${IGNITION_FUZZ_TARGET_DIR:-$root/target/fuzz}
 
 if ! rustup toolchain list | grep -q '^nightly-'; then
     rustup toolchain install nightly --profile minimal
@@ -50,7 +53,7 @@ max_len() {
 
 start=$SECONDS
 for crate in snapshot-store vmm; do
-    (cd "$root/$crate" && cargo +nightly fuzz build)
+    (cd "$root/$crate" && cargo +nightly fuzz build --target-dir "$target_dir")
 done
 echo "fuzz: targets built in $((SECONDS - start)) s"
 
@@ -62,7 +65,7 @@ for ct in "${TARGETS[@]}"; do
     mkdir -p "$work/corpus/$t"
     cp "$root/$crate"/fuzz/seeds/"$t"/* "$work/corpus/$t/"
     log="$work/$t.log"
-    if (cd "$root/$crate" && cargo +nightly fuzz run "$t" "$work/corpus/$t" -- \
+    if (cd "$root/$crate" && cargo +nightly fuzz run --target-dir "$target_dir" "$t" "$work/corpus/$t" -- \
         -max_total_time="$secs" -max_len="$(max_len "$t")" -timeout=10 \
         -print_final_stats=1) >"$log" 2>&1; then
         done_line=$(grep -E '^Done [0-9]+ runs in [0-9]+ second' "$log" | tail -n 1)
