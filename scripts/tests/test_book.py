@@ -109,6 +109,10 @@ def test_the_book_builds(tmp_path):
 CI = {
     "scripts/setup.sh": ".ci/run",
     "guest/build.sh": ".ci/run",
+    (
+        "scripts/mac-check.sh --backend emu --suites test_boot_e2e,test_vmgenid_e2e,test_guest_fetch_e2e "
+        "--benches boot,snapshot --bench-runs 1"
+    ): ".ci/run",
     "pip install ./snapshot-store/python": "scripts/test.sh",
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",
     (
@@ -129,6 +133,7 @@ EXCEPTIONS = {
     "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
     "test_net_e2e.py boots with --net stream:PATH",
     "python3 -m ignition.conformance --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
+    "scripts/mac-check.sh": "the hvf backend: macOS on Apple silicon only (CI runs it on emu, with fewer suites)",
     "python3 -m ignition.bench.snapshot": "the full benchmark (about 10 minutes); the same module runs with "
     "--mem 512 --runs 1",
     "python3 -m ignition.conformance": "every group; the CI test runs them all (test_conformance.py) and this "
