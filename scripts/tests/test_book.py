@@ -196,6 +196,11 @@ def test_book_command_runs(cmd, tmp_path, guest_out):
 
 
 @pytest.mark.e2e
+@pytest.mark.skipif(
+    sys.platform == "darwin",
+    reason="on a Mac, cargo run relinks boot without the hypervisor entitlement (HV_DENIED), and would leave "
+    "the signed boot the other tests run unsigned; the README's Mac path builds, signs, then runs it",
+)
 def test_book_boot_command_reaches_the_login_prompt(guest_out, tmp_path):
     """`cargo run --release --bin boot` boots guest/out's disk read-write: it is put back after."""
     rootfs = guest_out / "rootfs.ext4"

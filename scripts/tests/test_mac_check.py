@@ -30,13 +30,13 @@ def plan(h: Host, backend: str | None = None, benches=("boot", "snapshot", "net"
 def test_a_mac_on_15_runs_both_gics_with_emu_and_qemu_hvf_beside():
     p = plan(host())
     assert (p.backend, p.gics, p.skipped_gic, p.accel, p.sign) == ("hvf", ("userspace", "hvf"), None, "hvf", True)
-    assert p.build_features == ("--features", "ignition-vmm/emu") and p.peer_emu
+    assert p.emu_build and p.peer_emu
 
 
 def test_a_mac_on_14_skips_the_in_kernel_gic_and_without_cmake_emu():
     p = plan(host(release="14.6", cmake=False))
     assert p.gics == ("userspace",) and p.skipped_gic == "needs macOS 15 (this is 14.6)"
-    assert p.build_features == () and not p.peer_emu and "brew install cmake" in (p.no_emu_reason or "")
+    assert not p.emu_build and not p.peer_emu and "brew install cmake" in (p.no_emu_reason or "")
 
 
 def test_linux_runs_emu_beside_qemu_tcg_and_refuses_hvf():
@@ -165,8 +165,9 @@ def test_the_check_runs_build_sign_suites_conformance_and_benchmarks_in_order(tm
     p = plan(host())
     r = check(p, host(), tmp_path, ["-x"], run)
     heads = [c[0] if c[0] == "cargo" else Path(c[0]).name for c in calls]
-    assert calls[0] == ["cargo", "build", "--release", "--workspace", "--bins", "--features", "ignition-vmm/emu"]
-    assert heads[1] == "sign.sh" and calls[1][1].endswith("target/release/boot")
+    assert calls[0] == ["cargo", "build", "--release", "--workspace", "--bins"]
+    assert calls[1] == [*calls[0], "--features", "ignition-vmm/emu"]
+    assert heads[2] == "sign.sh" and calls[2][1].endswith("target/release/boot")
     pytest_runs = [c for c in calls if "pytest" in c]
     assert [c[c.index("--gic") + 1] for c in pytest_runs] == ["userspace", "hvf"]
     for c in pytest_runs:
@@ -199,3 +200,21 @@ def test_main_refuses_hvf_off_a_mac_and_a_missing_guest(monkeypatch, capsys):
     monkeypatch.setattr(mac_check, "missing_guest", lambda: ["guest/out/Image"])
     assert mac_check.main(["--backend", "emu", "--suites", "test_boot_e2e"]) == 1
     assert "guest/fetch.sh" in capsys.readouterr().err
+
+
+def test_a_failed_emu_build_leaves_hvf_running_and_says_so(tmp_path, monkeypatch):
+    def run(argv, log):
+        argv = list(argv)
+        if argv[:2] == ["cargo", "build"] and "--features" in argv:
+            return 101
+        for a in argv:
+            if a.startswith("--junitxml="):
+                junit(Path(a.split("=", 1)[1]), failing=False)
+        return 0
+
+    monkeypatch.setattr(mac_check, "run_conformance", lambda p, gic: [group("sgi")])
+    r = check(plan(host(), benches=("boot",)), host(), tmp_path, [], run)
+    assert [k for k in r.benches] == ["boot", "boot (hvf (in-kernel GIC))"], "no emu column"
+    md = table(r)
+    assert "| boot to login |" in md and "build with --features ignition-vmm/emu failed (build.log) ✗" in md
+    assert not r.ok()
