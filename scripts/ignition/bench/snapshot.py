@@ -53,8 +53,13 @@ def allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def dirty(sh: Callable[[str], object]) -> None:
-    sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty")
+DIRTY_CMD_TIMEOUTS = 4
+"""The dirtying command's bound, in command timeouts: 64 MiB of urandom is minutes of a
+software CPU's work on a loaded host (a bound on a hang, not a speed)."""
+
+
+def dirty(sh: Callable[[str, float], object], cmd_timeout: float) -> None:
+    sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty", DIRTY_CMD_TIMEOUTS * cmd_timeout)
 
 
 class Qmp:
@@ -100,7 +105,8 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     ) as vm:
         vm.login()
         if state != "idle":
-            dirty(vm.sh)
+            assert cfg.timeouts is not None
+            dirty(lambda c, t: vm.sh(c, timeout=t), cfg.timeouts.cmd)
         snap = vm.snapshot("s", "full")
         assert vm.quit() == 0
     layer = store / "s"
@@ -129,7 +135,7 @@ def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts,
         console.login(child, t.boot)
         q = Qmp(sock, t.cmd)
         if state != "idle":
-            dirty(lambda c: console.run(child, c, t.cmd))
+            dirty(lambda c, limit: console.run(child, c, limit), t.cmd)
         q.cmd("migrate", uri=f"exec:cat > {image}")
         deadline = time.monotonic() + t.boot
         while (m := q.cmd("query-migrate"))["status"] not in ("completed", "failed"):
