@@ -158,6 +158,7 @@ void test_main(void)
         handled = 0;
         set_pending(intid);
         if (!WAIT_FOR(handled == intid, BOUND_S)) {
+            rt_lost("active-in-handler", intid, 0);
             t_fail("INTID %u (pending=%u) not taken within %u s", intid, is_pending(intid), BOUND_S);
             continue;
         }

@@ -41,10 +41,12 @@ static void receiver(u32 cpu)
 
 static void expect_taken(u32 cpu, u32 intid, u64 before, const char *what)
 {
-    if (!WAIT_FOR(got[cpu][intid] != before, BOUND_S))
+    if (!WAIT_FOR(got[cpu][intid] != before, BOUND_S)) {
+        rt_lost(what, intid, cpu);
         t_fail("%s (INTID %u) not taken by cpu%u within %u s (GICR_WAKER 0x%x, GICR_ISPENDR0 0x%x, ISR_EL1 0x%lx)",
                what, intid, cpu, BOUND_S, r32(gicr_rd() + 0x14), r32(gicr_sgi() + 0x200),
                read_sysreg(isr_el1));
+    }
 }
 
 void test_main(void)

@@ -212,6 +212,11 @@ void print_latency(const char *name, const u64 *ticks, u32 n)
     unlock(&print_lock);
 }
 
+void rt_lost(const char *what, u32 intid, u32 cpu)
+{
+    printf("LOST %s intid=%u cpu=%u\n", what, intid, cpu);
+}
+
 /* ------------------------------------------------------------ exceptions */
 
 static irq_fn irq_handlers[1020];

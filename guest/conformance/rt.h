@@ -175,5 +175,9 @@ void rt_start_watchdog(u32 cpu);
 
 /* Latency samples: `LAT name hz=F ticks=a,b,...` for scripts/ignition/conformance/. */
 void print_latency(const char *name, const u64 *ticks, u32 n);
+/* An interrupt raised for `cpu` and not taken within BOUND_S of guest time:
+ * `LOST what intid=N cpu=C`, a lost wake-up (scripts/ignition/conformance/
+ * reports every one, in a check or a latency run alike). */
+void rt_lost(const char *what, u32 intid, u32 cpu);
 
 #endif

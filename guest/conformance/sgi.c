@@ -59,6 +59,7 @@ static void check_delivery(u32 intid, u32 targets, int irm, u32 expect)
             continue;
         if (!WAIT_FOR(got[c][intid] != before[c], BOUND_S)) {
             missing++;
+            rt_lost(irm ? "sgi-broadcast" : "sgi", intid, c);
             t_fail("missing=%u: SGI %u not taken by cpu%u within %u s (cpu0 GICR_ISPENDR0=0x%x, ISR_EL1=0x%lx)",
                    missing, intid, c, BOUND_S, pending0(), read_sysreg(isr_el1));
         }
@@ -76,8 +77,10 @@ static void latency(const char *name, u32 intid, u32 dst)
         u64 before = got[dst][intid];
         u64 t0 = cnt_now();
         send_sgi(intid, 1u << dst, 0);
-        if (!WAIT_FOR(got[dst][intid] != before, BOUND_S))
+        if (!WAIT_FOR(got[dst][intid] != before, BOUND_S)) {
+            rt_lost(name, intid, dst);
             break;
+        }
         lat[n] = taken_at[dst] - t0;
     }
     print_latency(name, lat, n);

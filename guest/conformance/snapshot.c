@@ -107,12 +107,16 @@ void test_main(void)
 
     t_begin("snapshot-sgi");
     irq_enable();
-    if (!WAIT_FOR(sgi_hits, BOUND_S) || sgi_hits != 1)
+    if (!WAIT_FOR(sgi_hits, BOUND_S))
+        rt_lost("snapshot-sgi", SGI, 0);
+    if (sgi_hits != 1)
         t_fail("the pending SGI was taken %u times, expected once", sgi_hits);
     t_end();
 
     t_begin("snapshot-timer");
-    if (!WAIT_FOR(timer_hits, BOUND_S) || timer_hits != 1)
+    if (!WAIT_FOR(timer_hits, BOUND_S))
+        rt_lost("snapshot-timer", VTIMER, 0);
+    if (timer_hits != 1)
         t_fail("the timer interrupt was taken %u times, expected once", timer_hits);
     else if (timer_at < cval || !(timer_ctl & ISTATUS))
         t_fail("taken at count %lu (CVAL %lu), CTL 0x%lx", timer_at, cval, timer_ctl);

@@ -96,6 +96,8 @@ void test_main(void)
     WAIT_FOR(fired, BOUND_S);
     irq_disable();
     if (!fired)
+        rt_lost("vtimer-irq", 27, 0);
+    if (!fired)
         t_fail("not taken within %u s (CTL=0x%lx, PPI 27 pending=%u, ISR_EL1=0x%lx)",
                BOUND_S, read_sysreg(cntv_ctl_el0), gic_pending(), read_sysreg(isr_el1));
     else if (!(fired_ctl & ISTATUS) || fired_at < cval)
@@ -130,8 +132,10 @@ void test_main(void)
             fired = 0;
             cval = cnt_now() + cnt_ms(1);
             arm_at(cval);
-            if (!WAIT_FOR(fired, BOUND_S))
+            if (!WAIT_FOR(fired, BOUND_S)) {
+                rt_lost("vtimer", 27, 0);
                 break;
+            }
             lat[n] = fired_at - cval;
         }
         irq_disable();

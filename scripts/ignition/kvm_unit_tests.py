@@ -547,8 +547,11 @@ def _finish(child: pexpect.spawn[str]) -> None:
         console.terminate(child)
 
 
-def boot_argv(boot: Path, image: Path, entry: Entry, max_smp: int, disk: Path, backend: str | None) -> list[str]:
-    """`boot` running a wrapped test (the disk is a placeholder the test never reads)."""
+def boot_argv(
+    boot: Path, image: Path, entry: Entry, max_smp: int, disk: Path, backend: str | None, gic: str | None = None
+) -> list[str]:
+    """`boot` running a wrapped test (the disk is a placeholder the test never reads); `gic`
+    is `--gic` (None: boot's, the userspace GIC)."""
     argv = [
         str(boot),
         "--kernel",
@@ -564,6 +567,8 @@ def boot_argv(boot: Path, image: Path, entry: Entry, max_smp: int, disk: Path, b
     ]
     if backend:
         argv += ["--backend", backend]
+    if gic:
+        argv += ["--gic", gic]
     return argv
 
 
@@ -586,27 +591,28 @@ def run_ignition(
     backend: str | None = None,
     max_smp: int = DEFAULT_MAX_SMP,
     timeout: float | None = None,
+    gic: str | None = None,
 ) -> Outcome:
-    """One entry on `boot` (with_timing_retries). At each MIGRATE_PROMPT: a snapshot through
-    the control socket, quit, `boot --restore` in a new process, a key on its console; at
-    SKIP_MIGRATION just the key."""
+    """One entry on `boot` (with_timing_retries), with `--gic gic` if given. At each
+    MIGRATE_PROMPT: a snapshot through the control socket, quit, `boot --restore` in a new
+    process (the snapshot's GIC), a key on its console; at SKIP_MIGRATION just the key."""
     if why := entry.unsupported_on_ignition():
         return Outcome(verdict="n/a", summary=why)
     image = wrapped_image(FLAT_DIR / entry.file, image_dir)
     name = backend or timeouts.default_backend()
     limit = timeout if timeout is not None else entry_timeout(entry, name)
-    return with_timing_retries(lambda: _run_ignition_once(entry, boot, image, backend, max_smp, limit))
+    return with_timing_retries(lambda: _run_ignition_once(entry, boot, image, backend, max_smp, limit, gic))
 
 
 def _run_ignition_once(
-    entry: Entry, boot: Path, image: Path, backend: str | None, max_smp: int, timeout: float
+    entry: Entry, boot: Path, image: Path, backend: str | None, max_smp: int, timeout: float, gic: str | None
 ) -> Outcome:
     run = _Run(timeout)
     with tempfile.TemporaryDirectory(prefix="ignition-kut-") as tmp:
         disk, store, sock = Path(tmp) / "disk.img", Path(tmp) / "store", Path(tmp) / "control.sock"
         with open(disk, "wb") as f:
             f.truncate(1 << 20)
-        argv = boot_argv(boot, image, entry, max_smp, disk, backend)
+        argv = boot_argv(boot, image, entry, max_smp, disk, backend, gic)
         argv += ["--track-dirty", "--name", "kut", "--store", str(store), "--control", str(sock)]
         child = console.spawn(argv, timeout=run.timeout)
         migrations = 0

@@ -21,8 +21,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REGISTRY_BIN = Path("/usr/bin/docker-registry")
-"""Debian's `docker-registry` package (scripts/setup.sh installs it)."""
+
+def registry_bin() -> Path:
+    """The registry the tests serve: $IGNITION_REGISTRY, else Debian's `docker-registry`
+    (scripts/setup.sh installs it), else a `registry` on PATH (CNCF distribution's own binary;
+    on a Mac: `go install github.com/distribution/distribution/v3/cmd/registry@v3.0.0`)."""
+    if env := os.environ.get("IGNITION_REGISTRY"):
+        return Path(env)
+    debian = Path("/usr/bin/docker-registry")
+    found = shutil.which("registry")
+    return debian if debian.is_file() or found is None else Path(found)
+
+
+REGISTRY_BIN = registry_bin()
+"""The registry binary (registry_bin()); a missing one skips the registry tests."""
 START_TIMEOUT_S = 20.0
 """How long the registry may take to answer its first request."""
 
@@ -117,7 +129,9 @@ class LocalRegistry:
 
     def start(self) -> LocalRegistry:
         if not REGISTRY_BIN.is_file():
-            raise FileNotFoundError(f"{REGISTRY_BIN} missing: scripts/setup.sh installs Debian's docker-registry")
+            raise FileNotFoundError(
+                f"{REGISTRY_BIN} missing: scripts/setup.sh installs Debian's docker-registry (README: Mac users)"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         lines = [
             "version: 0.1",

@@ -82,6 +82,8 @@ def test_ignition(group, across_snapshot, images, boot_bin, backend, gic, reques
         request.applymarker(pytest.mark.xfail(strict=True, raises=KnownGap, reason=reason))
     run = conformance.run_ignition_across_snapshot if across_snapshot else conformance.run_ignition
     r = run(group, images, boot_bin, backend, gic)
+    # A lost wake-up fails the case even in a latency run, which is no check.
+    assert not r.lost, "lost wake-ups (interrupts never taken within 5 s):\n" + r.explain()
     if r.status == "pass":
         return
     failed = set(r.failures)
@@ -141,6 +143,15 @@ def test_parse_console():
     passing = CONSOLE.replace("FAIL b: first\n#   also: second\n", "PASS b\n").replace("fail=1", "fail=0")
     assert passing.count("PASS") == 2
     assert conformance.parse(Result("demo", "qemu", exit_code=0), passing.replace("pass=1", "pass=2")).status == "pass"
+
+
+def test_parse_reports_lost_wake_ups():
+    # A latency run's lost sample is no check failure, yet it is reported.
+    console = "PASS a\nLOST sgi-cross-cpu intid=5 cpu=1\nLAT sgi-cross-cpu hz=10 ticks=1\nRESULT pass=1 fail=0\n"
+    r = conformance.parse(Result("demo", "hvf", exit_code=0), console)
+    assert r.status == "pass" and r.lost == ["sgi-cross-cpu intid=5 cpu=1"]
+    assert r.summary() == "pass 1/1; LOST 1: sgi-cross-cpu intid=5 cpu=1"
+    assert r.as_json()["lost"] == r.lost and "LOST sgi-cross-cpu" in r.explain()
 
 
 def test_parse_names_the_check_a_run_died_in():

@@ -22,12 +22,13 @@ def entries() -> dict[str, kut.Entry]:
     return {e.name: e for e in kut.load_entries()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", kut.GATING)
-def test_gating_entry_passes_where_qemu_does(name, entries, qemu_verdicts, boot_bin, backend, tmp_path):
+def test_gating_entry_passes_where_qemu_does(name, entries, qemu_verdicts, boot_bin, backend, gic, tmp_path):
     qemu = qemu_verdicts[name]
     if qemu.verdict != "PASS":
         pytest.skip(f"QEMU does not pass {name} ({qemu.verdict}: {qemu.summary}); not gating")
-    out = kut.run_ignition(entries[name], boot_bin, tmp_path, backend)
+    out = kut.run_ignition(entries[name], boot_bin, tmp_path, backend, gic=gic)
     tail = "\n".join("  | " + t for t in out.console.replace("\r", "").strip().splitlines()[-25:])
     assert out.verdict == "PASS", (
         f"{name}: Ignition {out.verdict} ({out.summary}), QEMU PASS ({qemu.summary})\n"

@@ -35,7 +35,9 @@ from ignition.vm import Vm
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not REGISTRY_BIN.is_file(), reason="docker-registry not installed (scripts/setup.sh)"),
+    pytest.mark.skipif(
+        not REGISTRY_BIN.is_file(), reason=f"no registry at {REGISTRY_BIN} (scripts/setup.sh; a Mac: README)"
+    ),
 ]
 
 MEM = 128

@@ -53,8 +53,13 @@ def allocated(path: Path) -> int:
     return path.stat().st_blocks * 512
 
 
-def dirty(sh: Callable[[str], object]) -> None:
-    sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty")
+DIRTY_CMD_TIMEOUTS = 4
+"""The dirtying command's bound, in command timeouts: 64 MiB of urandom is minutes of a
+software CPU's work on a loaded host (a bound on a hang, not a speed)."""
+
+
+def dirty(sh: Callable[[str, float], object], cmd_timeout: float) -> None:
+    sh(f"head -c {DIRTY_MIB * 1024 * 1024} /dev/urandom > /dev/shm/dirty", DIRTY_CMD_TIMEOUTS * cmd_timeout)
 
 
 class Qmp:
@@ -100,7 +105,8 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     ) as vm:
         vm.login()
         if state != "idle":
-            dirty(vm.sh)
+            assert cfg.timeouts is not None
+            dirty(lambda c, t: vm.sh(c, timeout=t), cfg.timeouts.cmd)
         snap = vm.snapshot("s", "full")
         assert vm.quit() == 0
     layer = store / "s"
@@ -118,18 +124,18 @@ def ignition_run(cfg: VmConfig, mem: int, state: str, work: Path, logs: Path) ->
     }
 
 
-def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts) -> dict[str, Any]:
+def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts, accel: str = "tcg") -> dict[str, Any]:
     disk, image, sock = work / "rootfs-q.ext4", work / "qemu.mig", work / "qmp.sock"
     shutil.copyfile(paths.ROOTFS, disk)
     image.unlink(missing_ok=True)
-    argv = qemu.qemu_argv(paths.KERNEL, disk, mem_mib=mem)
+    argv = qemu.qemu_argv(paths.KERNEL, disk, mem_mib=mem, accel=accel)
     argv += ["-qmp", f"unix:{sock},server=on,wait=off"]
     child = console.spawn(argv, log_path=logs / f"qemu-{mem}-{state}.log", timeout=t.boot)
     try:
         console.login(child, t.boot)
         q = Qmp(sock, t.cmd)
         if state != "idle":
-            dirty(lambda c: console.run(child, c, t.cmd))
+            dirty(lambda c, limit: console.run(child, c, limit), t.cmd)
         q.cmd("migrate", uri=f"exec:cat > {image}")
         deadline = time.monotonic() + t.boot
         while (m := q.cmd("query-migrate"))["status"] not in ("completed", "failed"):
@@ -147,7 +153,7 @@ def qemu_run(mem: int, state: str, work: Path, logs: Path, t: timeouts.Timeouts)
         "save_ms": float(m["total-time"]),
         "file_mib": image.stat().st_size / 2**20,
     }
-    argv = qemu.qemu_argv(paths.KERNEL, disk, mem_mib=mem)
+    argv = qemu.qemu_argv(paths.KERNEL, disk, mem_mib=mem, accel=accel)
     argv += ["-qmp", f"unix:{sock},server=on,wait=off", "-incoming", f"exec:cat {image}"]
     t0 = time.perf_counter()
     child = console.spawn(argv, log_path=logs / f"qemu-restore-{mem}-{state}.log", timeout=t.boot)
@@ -184,6 +190,8 @@ def table(results: dict[str, Any]) -> str:
     for key, r in results.items():
         mem, state = key.split("/")
         for vmm in ("ignition", "qemu"):
+            if vmm not in r:
+                continue
             cells = []
             for c, _ in COLUMNS:
                 s = r[vmm].get(c)
@@ -201,13 +209,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mem", type=int, action="append", help="RAM in MiB (repeatable; default: 512 and 2048)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (default: 3)")
     p.add_argument("--backend", help="Ignition backend (default: boot's)")
+    p.add_argument("--gic", choices=["userspace", "hvf"], help="Ignition's GIC (default: boot's, userspace)")
+    p.add_argument("--state", choices=STATES, action="append", help="guest state (repeatable; default: both)")
+    p.add_argument("--no-qemu", action="store_true", help="skip the QEMU comparison")
+    p.add_argument("--accel", choices=qemu.ACCELS, default="tcg", help="QEMU's accelerator (default: tcg)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "snapshot.json")
     args = p.parse_args(argv)
     err = qemu.check_inputs(paths.KERNEL, paths.ROOTFS)
-    if err:
+    if err and not (args.no_qemu and err.startswith(qemu.QEMU)):
         print(f"snapshot_bench: {err}", file=sys.stderr)
         return 1
-    cfg = VmConfig(boot=paths.boot_bin(), backend=args.backend)
+    cfg = VmConfig(boot=paths.boot_bin(), backend=args.backend, gic=args.gic)
     qt = timeouts.for_backend("qemu")
     logs = RESULTS_DIR / "logs" / "snapshot"
     logs.mkdir(parents=True, exist_ok=True)
@@ -215,12 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="snapshot-bench-", dir=RESULTS_DIR) as tmp:
         work = Path(tmp)
         for mem in args.mem or [512, 2048]:
-            for state in STATES:
-                samples: dict[str, list[dict[str, Any]]] = {"ignition": [], "qemu": []}
+            for state in args.state or STATES:
+                samples: dict[str, list[dict[str, Any]]] = {"ignition": []}
+                if not args.no_qemu:
+                    samples["qemu"] = []
                 for run in range(args.runs):
                     print(f"[snapshot_bench] {mem} MiB {state}: run {run + 1}/{args.runs}", flush=True)
                     samples["ignition"].append(ignition_run(cfg, mem, state, work, logs))
-                    samples["qemu"].append(qemu_run(mem, state, work, logs, qt))
+                    if not args.no_qemu:
+                        samples["qemu"].append(qemu_run(mem, state, work, logs, qt, args.accel))
                 results[f"{mem}/{state}"] = {
                     vmm: {c: stats([s[c] for s in runs]) for c, _ in COLUMNS if c in runs[0]}
                     for vmm, runs in samples.items()
@@ -230,7 +245,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
-            {"host": host.summary(), "date": time.strftime("%Y-%m-%d"), "runs": args.runs, "results": results}, indent=2
+            {
+                "host": host.summary(),
+                "date": time.strftime("%Y-%m-%d"),
+                "runs": args.runs,
+                "backend": cfg.backend,
+                "gic": cfg.gic or "userspace",
+                "qemu_accel": None if args.no_qemu else args.accel,
+                "results": results,
+            },
+            indent=2,
         )
         + "\n"
     )

@@ -9,6 +9,7 @@ Each group is one Linux arm64 Image. It prints, over the PL011:
     FAIL <check>: <detail>          (more details of the same check: "#   also: ...")
     ID <register> 0x<16 hex digits>  (group idregs)
     LAT <name> hz=<CNTFRQ> ticks=<t1>,<t2>,...   (raise-to-handler samples)
+    LOST <what> intid=<N> cpu=<C>    (an interrupt raised for CPU C, not taken within 5 s)
     RESULT pass=N fail=M
 
 and ends with PSCI SYSTEM_OFF. A group passes when the VM exits 0 after a RESULT line with
@@ -99,6 +100,9 @@ class Result:
     """Name -> latency_summary() of its samples."""
     ids: dict[str, int] = field(default_factory=dict)
     """ID register name -> value (group idregs)."""
+    lost: list[str] = field(default_factory=list)
+    """Lost wake-ups: each `LOST` line's text (`what intid=N cpu=C`), an interrupt raised for a
+    running CPU and not taken within the image's bounded wait, in a check or a latency run."""
     header: str = ""
     """The image's first `#` line (EL, MMU, PSCI conduit, CNTFRQ, MIDR)."""
     problem: str | None = None
@@ -119,6 +123,8 @@ class Result:
     def summary(self) -> str:
         """`pass 4/4`, `FAIL 1/7: a, b, c` (the failed checks) or `ERROR: why`, one line."""
         n = len(self.checks)
+        if self.status == "pass" and self.lost:
+            return f"pass {self.passed}/{n}; LOST {len(self.lost)}: " + ", ".join(self.lost)
         if self.status == "pass":
             return f"pass {self.passed}/{n}"
         if self.status == "error":
@@ -129,6 +135,7 @@ class Result:
         """Every failure, the problem and the console's tail, for an assertion message."""
         lines = [f"{self.group} on {self.target}: {self.summary()}"]
         lines += [f"  FAIL {k}: {d}" for k, d in self.failures.items()]
+        lines += [f"  LOST {w}" for w in self.lost]
         if self.problem:
             lines.append(f"  {self.problem}")
         tail = self.console.strip().splitlines()[-15:]
@@ -143,6 +150,7 @@ class Result:
             "exit_code": self.exit_code,
             "elapsed_s": round(self.elapsed_s, 3),
             "header": self.header,
+            "lost": self.lost,
         }
 
 
@@ -152,6 +160,7 @@ _ALSO = "#   also: "
 _ID = re.compile(r"^ID (\w+) 0x([0-9a-f]{16})$")
 _LAT = re.compile(r"^LAT ([\w-]+) hz=(\d+) ticks=([\d,]*)$")
 _RESULT = re.compile(r"^RESULT pass=(\d+) fail=(\d+)$")
+_LOST = re.compile(r"^LOST (.+ intid=\d+ cpu=\d+)$")
 
 
 def latency_summary(ticks: Sequence[int], hz: int) -> dict[str, Any]:
@@ -195,6 +204,8 @@ def parse(result: Result, console: str) -> Result:
             result.checks[failed] = f"{result.checks[failed]}; {line[len(_ALSO) :]}"
         elif m := _ID.match(line):
             result.ids[m.group(1)] = int(m.group(2), 16)
+        elif m := _LOST.match(line):
+            result.lost.append(m.group(1))
         elif m := _LAT.match(line):
             ticks = [int(t) for t in m.group(3).split(",") if t]
             result.latency[m.group(1)] = latency_summary(ticks, int(m.group(2)))

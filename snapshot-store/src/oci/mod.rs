@@ -35,7 +35,8 @@ mod blobio;
 mod client;
 mod digests;
 
-// Push and pull.
+// Push and pull: chains of layers, and a directory's files.
+mod files;
 mod pull;
 mod push;
 
@@ -44,6 +45,10 @@ use std::sync::Arc;
 
 pub use auth::{auth_file_path, normalize_registry, AuthFile, Credential, MAX_AUTH_FILE_BYTES};
 pub use digests::OCI_BLOBS_FILE;
+pub use files::{
+    pull_files, push_files, FileEntry, FilesReport, EMPTY_CONFIG_MEDIA_TYPE, FILES_ARTIFACT_TYPE,
+    FILE_MEDIA_TYPE, MAX_FILES,
+};
 pub use layout::{
     digest_hex, digest_of, file_media_type, parse_file_media_type, ArtifactManifest, Compression,
     Descriptor, FileBlob, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, MAX_OCI_MANIFEST_BYTES,

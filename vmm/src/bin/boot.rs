@@ -259,7 +259,7 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
     }
 }
 
-#[cfg(feature = "emu")]
+#[cfg(emu)]
 fn run_emu(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
     Ok(ignition_vmm::machine::run(
         ignition_vmm::hv::emu::EmuHypervisor::new(),
@@ -267,10 +267,21 @@ fn run_emu(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
     )?)
 }
 
-#[cfg(not(feature = "emu"))]
+#[cfg(not(emu))]
 fn run_emu(_: &MachineConfig) -> anyhow::Result<VmExit> {
-    anyhow::bail!("this build of boot has no emu backend (built without the `emu` feature)")
+    anyhow::bail!("{}", NO_EMU)
 }
+
+/// Why `--backend emu` cannot run: a default build for macOS leaves the
+/// backend out, as does `--no-default-features` on Linux.
+#[cfg(not(emu))]
+const NO_EMU: &str = if cfg!(target_os = "macos") {
+    "this boot has no emu backend (a default build for macOS has only hvf): \
+     build it with `cargo build --release --features ignition-vmm/emu` (needs cmake: brew install cmake)"
+} else {
+    "this boot has no emu backend (built with --no-default-features): \
+     build it with `cargo build --release`"
+};
 
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
 fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
@@ -282,5 +293,10 @@ fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
 
 #[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]
 fn run_hvf(_: &MachineConfig) -> anyhow::Result<VmExit> {
-    anyhow::bail!("the hvf backend needs macOS on Apple Silicon; use --backend emu on this host")
+    if cfg!(emu) {
+        anyhow::bail!(
+            "the hvf backend needs macOS on Apple Silicon; use --backend emu on this host"
+        )
+    }
+    anyhow::bail!("the hvf backend needs macOS on Apple Silicon, and this boot has no emu backend")
 }

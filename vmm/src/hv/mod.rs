@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 pub use gic::{GicMode, KernelGic};
 
-#[cfg(feature = "emu")]
+#[cfg(emu)]
 pub mod emu;
 #[cfg(test)]
 pub(crate) mod fake;

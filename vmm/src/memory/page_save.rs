@@ -14,9 +14,19 @@
 //!
 //! The first of the layer's writer thread ([`PageSave::run`]), a faulting
 //! VMM thread or a vCPU to reach a page copies it into its slot (`pwrite`),
-//! makes it writable again and marks it saved; any other waits for that.
-//! So the file holds every page exactly as it was at the pause, and each
-//! write is delayed at most by one page copy.
+//! marks it saved and makes it writable again; any other waits for that
+//! page alone (the writer marks each page of a batch as soon as its bytes
+//! are written). So the file holds every page exactly as it was at the
+//! pause, and each write is delayed at most by one page copy. A vCPU's wait
+//! ends early if it is kicked ([`GuestRam::before_guest_write_unless_kicked`]),
+//! so that a pause or a quit never waits for another thread's I/O.
+//!
+//! Only pending pages are ever made read-only in the host mapping
+//! ([`PageSave::protect`] claims each page while it protects it, and a save
+//! waits that out), and every saved page is writable again by the time its
+//! saver returns. So the guest never writes a page that is read-only on the
+//! host: what the host's protection does to the guest's stage-2 view (on
+//! HVF, the framework maps the same pages) never matters.
 //!
 //! The fault handler (SIGSEGV and SIGBUS, installed on first use, chaining
 //! to the previous handler for any fault that is not a pending page of a
@@ -28,12 +38,21 @@ use super::GuestRam;
 use crate::arch::layout::PAGE_SIZE;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::Arc;
 
+/// Not saved; the host mapping may be read-only.
 const PENDING: u8 = 0;
+/// Being saved by the thread that claimed it; read-only to everyone.
 const SAVING: u8 = 1;
+/// In the file. Its host mapping is writable or about to be made so by its
+/// saver; anyone who needs it writable sooner makes it so (idempotent).
 const SAVED: u8 = 2;
+/// Pending, being made read-only by [`PageSave::protect`], which sets it
+/// back to [`PENDING`] once the `mprotect` is done; a saver waits for that.
+const PROTECTING: u8 = 3;
 
 /// Where each page goes in the layer's memory file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,13 +114,27 @@ pub struct PageSave {
     host: usize,
     /// Page indices, strictly increasing.
     pages: Box<[u64]>,
-    /// Per page: [`PENDING`], [`SAVING`] or [`SAVED`].
+    /// Per page: [`PENDING`], [`SAVING`], [`SAVED`] or [`PROTECTING`].
     state: Box<[AtomicU8]>,
     file: File,
     slots: Slots,
     saved: [AtomicU64; 3],
     /// The first `pwrite`/`mprotect` error (an errno), or 0.
     error: AtomicI32,
+    /// Tests: called on the saving thread before each page is written
+    /// (with its index in the set), and by [`PageSave::protect`] after each
+    /// `mprotect` while its pages are still claimed (with the run's first
+    /// index and length).
+    #[cfg(test)]
+    pub(crate) hooks: TestHooks,
+}
+
+/// See [`PageSave::hooks`].
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct TestHooks {
+    pub(crate) before_write: std::sync::OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
+    pub(crate) protected: std::sync::OnceLock<Box<dyn Fn(usize, usize) + Send + Sync>>,
 }
 
 impl PageSave {
@@ -143,6 +176,8 @@ impl PageSave {
             slots,
             saved: Default::default(),
             error: AtomicI32::new(0),
+            #[cfg(test)]
+            hooks: TestHooks::default(),
         });
         // Registered before anything is protected, so that no fault finds a
         // protected page without its save.
@@ -152,21 +187,46 @@ impl PageSave {
 
     /// Makes the pages still pending read-only in the host mapping, so that
     /// a VMM thread's write to one faults and saves it first. Guest writes
-    /// are the backend's to catch (they may go on meanwhile: a page a vCPU
-    /// saved first is made writable again). Call with no VMM thread
-    /// writing guest RAM (the devices held); the cost is the kernel's, per
-    /// page table entry (about 2 ms for 80 MiB here), which is why it is not
-    /// done while the vCPUs are stopped.
+    /// are the backend's to catch (they may go on meanwhile). A page is made
+    /// read-only only while it is pending and claimed by this call (a save
+    /// that reaches it meanwhile waits for the one `mprotect`), so a page a
+    /// vCPU saved, or is saving, is never made read-only again, and the
+    /// guest never writes a page that is read-only on the host. Call with
+    /// no VMM thread writing guest RAM (the devices held); the cost is the
+    /// kernel's, per page table entry (about 2 ms for 80 MiB here), which is
+    /// why it is not done while the vCPUs are stopped.
     pub fn protect(&self) {
-        let pending: Vec<u64> = self
-            .pages
-            .iter()
-            .zip(self.state.iter())
-            .filter(|(_, s)| s.load(Ordering::Acquire) == PENDING)
-            .map(|(&p, _)| p)
-            .collect();
-        for (first, count) in runs(&pending) {
-            if let Err(e) = protect(self.page_addr(first), count * PAGE_SIZE as usize, false) {
+        let mut i = 0;
+        while i < self.pages.len() {
+            // Claim a run of consecutive pending pages.
+            let mut end = i;
+            while end < self.pages.len()
+                && end - i < PROTECT_RUN
+                && (end == i || self.pages[end] == self.pages[end - 1] + 1)
+                && self.state[end]
+                    .compare_exchange(PENDING, PROTECTING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                end += 1;
+            }
+            if end == i {
+                // Saved or being saved: it stays writable.
+                i += 1;
+                continue;
+            }
+            let r = protect(
+                self.page_addr(self.pages[i]),
+                (end - i) * PAGE_SIZE as usize,
+                false,
+            );
+            #[cfg(test)]
+            if let Some(hook) = self.hooks.protected.get() {
+                hook(i, end - i);
+            }
+            for state in &self.state[i..end] {
+                state.store(PENDING, Ordering::Release);
+            }
+            if let Err(e) = r {
                 // Each run is a mapping of its own until it is writable
                 // again, so very scattered pages can exceed the host's limit
                 // (ENOMEM, vm.max_map_count on Linux). Save every page now,
@@ -179,18 +239,7 @@ impl PageSave {
                 self.run_unchecked();
                 return;
             }
-            // A vCPU may have saved a page of the run just before it was
-            // protected: make it writable again (a page still being saved
-            // is made writable by its saver, or by the next fault on it).
-            let i = self.find(first).expect("run of the set");
-            for j in i..i + count {
-                if self.state[j].load(Ordering::Acquire) == SAVED {
-                    if let Err(e) = protect(self.page_addr(self.pages[j]), PAGE_SIZE as usize, true)
-                    {
-                        self.note_error(e);
-                    }
-                }
-            }
+            i = end;
         }
     }
 
@@ -206,7 +255,9 @@ impl PageSave {
     }
 
     /// The writer's pass: claims runs of consecutive pending pages (at
-    /// most [`WRITER_RUN`]), writes them, and makes each run writable with
+    /// most [`WRITER_RUN`]), writes them, marking each saved as soon as its
+    /// bytes are in the file (a thread waiting for one waits for that page
+    /// only, and makes it writable itself), then makes the run writable with
     /// one `mprotect`; a page another thread is saving is waited for.
     fn run_unchecked(&self) {
         let mut i = 0;
@@ -223,20 +274,18 @@ impl PageSave {
             }
             if end == i {
                 // Saved, or being saved by a faulting thread: wait for it.
-                self.save(i, Saver::Writer);
+                self.save(i, Saver::Writer, None);
                 i += 1;
                 continue;
             }
             for j in i..end {
                 self.write_page(j);
+                self.saved[Saver::Writer as usize].fetch_add(1, Ordering::Relaxed);
+                self.state[j].store(SAVED, Ordering::Release);
             }
             let first = self.page_addr(self.pages[i]);
             if let Err(e) = protect(first, (end - i) * PAGE_SIZE as usize, true) {
                 self.note_error(e);
-            }
-            self.saved[Saver::Writer as usize].fetch_add((end - i) as u64, Ordering::Relaxed);
-            for state in &self.state[i..end] {
-                state.store(SAVED, Ordering::Release);
             }
             i = end;
         }
@@ -266,34 +315,47 @@ impl PageSave {
         self.pages.binary_search(&page).ok()
     }
 
-    /// Saves page `i` unless it is saved; waits if another thread is saving
-    /// it. Async-signal-safe.
-    fn save(&self, i: usize, who: Saver) {
+    /// Saves page `i` unless it is saved, and makes it writable; if another
+    /// thread is saving it (or [`PageSave::protect`] protecting it), waits
+    /// for that, unless `kicked` is set meanwhile: then returns `false`,
+    /// the page unchanged and perhaps read-only. Async-signal-safe.
+    fn save(&self, i: usize, who: Saver, kicked: Option<&AtomicBool>) -> bool {
         let state = &self.state[i];
-        if state
-            .compare_exchange(PENDING, SAVING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            while state.load(Ordering::Acquire) != SAVED {
-                std::hint::spin_loop();
+        loop {
+            match state.compare_exchange(PENDING, SAVING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(SAVED) => {
+                    // Its saver may not have made it writable yet (the
+                    // writer unprotects a batch at its end).
+                    if let Err(e) = protect(self.page_addr(self.pages[i]), PAGE_SIZE as usize, true)
+                    {
+                        self.note_error(e);
+                    }
+                    return true;
+                }
+                Err(_) => {
+                    if kicked.is_some_and(|k| k.load(Ordering::Acquire)) {
+                        return false;
+                    }
+                    std::hint::spin_loop();
+                }
             }
-            // Saved by another thread, which made it writable; but
-            // [`PageSave::protect`] may have protected it again since.
-            if let Err(e) = protect(self.page_addr(self.pages[i]), PAGE_SIZE as usize, true) {
-                self.note_error(e);
-            }
-            return;
         }
         self.write_page(i);
+        self.saved[who as usize].fetch_add(1, Ordering::Relaxed);
+        state.store(SAVED, Ordering::Release);
         if let Err(e) = protect(self.page_addr(self.pages[i]), PAGE_SIZE as usize, true) {
             self.note_error(e);
         }
-        self.saved[who as usize].fetch_add(1, Ordering::Relaxed);
-        state.store(SAVED, Ordering::Release);
+        true
     }
 
     /// Writes page `i` (claimed: SAVING) into its slot. Async-signal-safe.
     fn write_page(&self, i: usize) {
+        #[cfg(test)]
+        if let Some(hook) = self.hooks.before_write.get() {
+            hook(i);
+        }
         let page = self.pages[i];
         let addr = self.page_addr(page);
         let offset = match self.slots {
@@ -317,15 +379,10 @@ impl PageSave {
     }
 
     /// A write to `page` is about to happen: saves it first if it is
-    /// pending. Whether it is in the set.
-    fn before_write(&self, page: u64, who: Saver) -> bool {
-        match self.find(page) {
-            Some(i) => {
-                self.save(i, who);
-                true
-            }
-            None => false,
-        }
+    /// pending (see [`PageSave::save`] for `kicked`). `None` if it is not in
+    /// the set, else whether the write may go on.
+    fn before_write(&self, page: u64, who: Saver, kicked: Option<&AtomicBool>) -> Option<bool> {
+        self.find(page).map(|i| self.save(i, who, kicked))
     }
 }
 
@@ -338,20 +395,13 @@ fn is_zero(addr: usize) -> bool {
 }
 
 /// Most pages the writer claims, writes and unprotects in one go (1 MiB):
-/// a guest or device write to one of them waits for the whole run.
+/// one `mprotect` per run; a write to one of them waits only until that
+/// page is written.
 const WRITER_RUN: usize = 64;
 
-/// Runs of consecutive pages: (first page, count).
-fn runs(pages: &[u64]) -> Vec<(u64, usize)> {
-    let mut out: Vec<(u64, usize)> = Vec::new();
-    for &p in pages {
-        match out.last_mut() {
-            Some((first, n)) if *first + *n as u64 == p => *n += 1,
-            _ => out.push((p, 1)),
-        }
-    }
-    out
-}
+/// Most pages [`PageSave::protect`] claims for one `mprotect` (16 MiB): a
+/// save of one of them waits for that call.
+const PROTECT_RUN: usize = 1024;
 
 /// `mprotect` of `[addr, addr+len)`: read-write or read-only.
 /// Async-signal-safe.
@@ -495,15 +545,34 @@ impl GuestRam {
 
     /// A vCPU is about to write the 16 KiB page `page` (index from the start
     /// of RAM) for the first time since dirty tracking was re-armed: if a
-    /// background snapshot has not saved the page yet, it is saved now. The
+    /// background snapshot has not saved the page yet, it is saved now (or,
+    /// if another thread is saving it, once that page is in the file). The
     /// backends call this before they let the write happen (HVF's stage-2
     /// write fault, `emu`'s TLB fill for a store).
     pub fn before_guest_write(&self, page: u64) {
-        if let Some(i) = self.slot.load(Ordering::Acquire).checked_sub(1) {
-            let start = self.host_ptr() as usize;
-            let addr = start + (page * PAGE_SIZE) as usize;
-            SLOT_TABLE[i].with_save(addr, |s, p| s.before_write(p, Saver::Guest));
-        }
+        self.guest_write(page, None);
+    }
+
+    /// [`GuestRam::before_guest_write`] for a vCPU that can be kicked:
+    /// `false` if `kicked` was set while it waited for another thread's
+    /// save of the page, which then is neither saved nor writable: the
+    /// caller must not let the write happen, and goes back to its run loop
+    /// (the faulting instruction is retried when the vCPU next runs).
+    /// `true`: the write may go on.
+    pub fn before_guest_write_unless_kicked(&self, page: u64, kicked: &AtomicBool) -> bool {
+        self.guest_write(page, Some(kicked))
+    }
+
+    fn guest_write(&self, page: u64, kicked: Option<&AtomicBool>) -> bool {
+        let Some(i) = self.slot.load(Ordering::Acquire).checked_sub(1) else {
+            return true;
+        };
+        let start = self.host_ptr() as usize;
+        let addr = start + (page * PAGE_SIZE) as usize;
+        SLOT_TABLE[i]
+            .with_save(addr, |s, p| s.before_write(p, Saver::Guest, kicked))
+            .flatten()
+            .unwrap_or(true)
     }
 }
 
@@ -560,8 +629,9 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     let addr = unsafe { fault_address(info) };
     let ours = SLOT_TABLE
         .iter()
-        .find_map(|s| s.with_save(addr, |save, page| save.before_write(page, Saver::Vmm)))
-        .unwrap_or(false);
+        .find_map(|s| s.with_save(addr, |save, page| save.before_write(page, Saver::Vmm, None)))
+        .flatten()
+        .is_some();
     if ours {
         return;
     }

@@ -197,6 +197,52 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Push files (not a snapshot: e.g. a guest's kernel and root file
+    /// system) as one OCI artifact (artifactType
+    /// application/vnd.ignition.files.v1, one blob per file titled with its
+    /// path under DIR) tagged REF; blobs the repository has are not sent.
+    /// --store is not used. Credentials as for push.
+    #[cfg(feature = "registry")]
+    PushFiles {
+        /// The directory the files are in.
+        dir: std::path::PathBuf,
+        /// Where: REGISTRY/REPOSITORY[:TAG] (tag latest if none).
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// The files, as paths relative to DIR (at most 1024).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<String>,
+        /// Plain HTTP instead of HTTPS (a local registry).
+        #[arg(long)]
+        plain_http: bool,
+        #[command(flatten)]
+        limits: registry::LimitArgs,
+        /// One JSON object instead of text: {reference, digest, files:
+        /// [{name, digest, size, status: sent|present}]} (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pull a files artifact (see push-files) into DIR (created if
+    /// missing): the manifest is checked first, every blob against its
+    /// digest as it arrives, and each file is renamed into place only once
+    /// whole, replacing a file of that name. --store is not used.
+    #[cfg(feature = "registry")]
+    PullFiles {
+        /// REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:DIGEST.
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// Where the files go.
+        dir: std::path::PathBuf,
+        /// Plain HTTP instead of HTTPS (a local registry).
+        #[arg(long)]
+        plain_http: bool,
+        #[command(flatten)]
+        limits: registry::LimitArgs,
+        /// One JSON object instead of text: {reference, digest, files:
+        /// [{name, digest, size}]} (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -306,6 +352,39 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 limits: limits.limits(),
             };
             registry::pull(&store, &reference, rename, conn, json, out)?
+        }
+        #[cfg(feature = "registry")]
+        Cmd::PushFiles {
+            dir,
+            reference,
+            files,
+            plain_http,
+            limits,
+            json,
+        } => {
+            let conn = snapshot_store::oci::Connection {
+                plain_http,
+                credential: None,
+                limits: limits.limits(),
+            };
+            let r = snapshot_store::oci::push_files(&dir, &files, &reference, &conn)?;
+            registry::files_report(&r, "pushed", json, out)?
+        }
+        #[cfg(feature = "registry")]
+        Cmd::PullFiles {
+            reference,
+            dir,
+            plain_http,
+            limits,
+            json,
+        } => {
+            let conn = snapshot_store::oci::Connection {
+                plain_http,
+                credential: None,
+                limits: limits.limits(),
+            };
+            let r = snapshot_store::oci::pull_files(&reference, &dir, &conn)?;
+            registry::files_report(&r, "pulled", json, out)?
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,4 +1,5 @@
-//! `vmstore push` and `vmstore pull`: the progress line and the reports.
+//! `vmstore push`, `pull`, `push-files` and `pull-files`: the progress line
+//! and the reports.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
@@ -349,4 +350,52 @@ fn compression_ratio(file_bytes: u64, wire_bytes: u64) -> f64 {
     } else {
         1.0
     }
+}
+
+/// The report of `push-files` (`verb` "pushed": each file `sent` or
+/// `present`) or `pull-files` ("pulled").
+pub fn files_report(
+    r: &oci::FilesReport,
+    verb: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let pushed = verb == "pushed";
+    let status = |f: &oci::FileEntry| if f.transferred { "sent" } else { "present" };
+    if json {
+        let files: Vec<serde_json::Value> = r
+            .files
+            .iter()
+            .map(|f| {
+                let mut v = serde_json::json!({"name": f.name, "digest": f.digest, "size": f.size});
+                if pushed {
+                    v["status"] = status(f).into();
+                }
+                v
+            })
+            .collect();
+        let doc = serde_json::json!({"reference": r.reference, "digest": r.digest, "files": files});
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for f in &r.files {
+        let s = if pushed { status(f) } else { "pulled" };
+        writeln!(
+            out,
+            "{s:<8} {:<24} {} {:>10}",
+            f.name,
+            f.digest,
+            mib(f.size)
+        )?;
+    }
+    let bytes: u64 = r.files.iter().map(|f| f.size).sum();
+    writeln!(
+        out,
+        "{verb} {} file(s), {} ({}, {})",
+        r.files.len(),
+        mib(bytes),
+        r.reference,
+        r.digest
+    )?;
+    Ok(())
 }

@@ -252,7 +252,9 @@ impl WriteFaultGuard {
         Ok(())
     }
 
-    /// Any other exit: the vCPU made progress.
+    /// Any other exit (the vCPU made progress), or a write fault left
+    /// unhandled (the vCPU was kicked while the page was being saved): the
+    /// next write fault is no repeat.
     pub fn progress(&mut self) {
         self.last = None;
     }

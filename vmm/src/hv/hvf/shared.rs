@@ -76,14 +76,19 @@ impl VmShared {
     /// Handles a guest write to write-protected page `page` (its GPA): marks
     /// it dirty, then makes it writable. In that order, so a concurrent
     /// [`crate::hv::Vm::dirty_pages`] either sees the mark or re-protects the
-    /// page after it.
-    pub(super) fn write_fault(&self, page: u64) -> Result<()> {
+    /// page after it. A background snapshot saves the page first; if
+    /// another thread is saving it and `kicked` is set meanwhile, nothing
+    /// is done and the answer is `false` (the write faults again when the
+    /// vCPU next runs).
+    pub(super) fn write_fault(&self, page: u64, kicked: &AtomicBool) -> Result<bool> {
         // `page` is in RAM (decided so); `set` ignores anything else.
         let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
-        // A background snapshot saves the page before the guest changes it.
-        self.ram.before_guest_write(index);
+        if !self.ram.before_guest_write_unless_kicked(index, kicked) {
+            return Ok(false);
+        }
         self.dirty.set(usize::try_from(index).unwrap_or(usize::MAX));
-        self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))
+        self.protect(page, PAGE_SIZE, flags(Prot::ReadWriteExec))?;
+        Ok(true)
     }
 }
 

@@ -253,6 +253,87 @@ fn dirty_tracking_rearms_with_one_protect_and_a_fault_saves_marks_unprotects_and
 }
 
 #[test]
+fn a_kick_ends_a_write_faults_wait_for_the_snapshot_writer_and_the_store_is_retried() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::{mpsc, Mutex};
+    let s = Session::start(Config::default());
+    let (vm, ram) = machine(1, GicMode::Userspace);
+    let mut v = vcpu0(&vm);
+    let mut io = TestIo::default();
+    let page = RAM_BASE + 3 * PAGE_SIZE;
+    ram.memory()
+        .write_slice(&[0xaa; PAGE_SIZE as usize], GuestAddress(page))
+        .unwrap();
+    vm.rearm_dirty_tracking().unwrap();
+    // A background snapshot's writer saving pages 2-4 in one batch, held
+    // inside its write of page 3 (index 1) until released.
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(RAM_PAGES * PAGE_SIZE).unwrap();
+    let save =
+        PageSave::start(&ram, vec![2, 3, 4], file.try_clone().unwrap(), Slots::Image).unwrap();
+    save.protect();
+    let (release, held) = mpsc::channel::<()>();
+    let (started, writing) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    save.hooks
+        .before_write
+        .set(Box::new(move |i| {
+            if i == 1 {
+                let _ = started.send(());
+                let _ = held.lock().unwrap().recv();
+            }
+        }))
+        .ok()
+        .unwrap();
+    let store = Step::Store {
+        va: 0xffff_8000_0000_c010,
+        ipa: page + 0x10,
+        size: 8,
+        rt: 2,
+        value: 0x1122_3344_5566_7788,
+    };
+    s.script(0, [store, hvc(0)]);
+    s.take_events();
+    let kicker = v.kicker();
+    std::thread::scope(|t| {
+        let writer = t.spawn(|| save.run());
+        writing.recv().unwrap();
+        // The vCPU's store faults on page 3 and waits for the writer; the
+        // kick (a pause or a quit) comes once the fault has exited. The
+        // writer cannot finish page 3 before the run returns: it is held
+        // until after.
+        t.spawn(|| {
+            while exits(&s.events()).is_empty() {
+                std::thread::yield_now();
+            }
+            kicker.kick();
+        });
+        assert_eq!(v.run(&mut io).unwrap(), VcpuExit::Kicked);
+        assert_eq!(s.vcpu(0).unwrap().pc, PC0, "the store did not complete");
+        assert_eq!(s.page_flags(page), Some(RX), "still protected");
+        assert!(vm.dirty_pages().unwrap().is_empty());
+        release.send(()).unwrap();
+        writer.join().unwrap().unwrap();
+    });
+    // The next run retries the store, which faults again (no repeat for
+    // the progress guard), finds the page saved and completes.
+    assert_eq!(v.run(&mut io).unwrap(), VcpuExit::Hvc { imm: 0 });
+    assert_eq!(s.vcpu(0).unwrap().pc, PC0 + 8);
+    assert_eq!(vm.dirty_pages().unwrap(), [3]);
+    assert_eq!(
+        ram.memory()
+            .read_obj::<u64>(GuestAddress(page + 0x10))
+            .unwrap(),
+        0x1122_3344_5566_7788
+    );
+    let mut saved = [0u8; 32];
+    file.read_exact_at(&mut saved, 3 * PAGE_SIZE + 0x10)
+        .unwrap();
+    assert_eq!(saved, [0xaa; 32], "the file holds the page as it was");
+    assert_eq!(save.counts().writer, 3);
+}
+
+#[test]
 fn a_write_fault_reported_at_another_page_stops_the_vcpu_with_an_error() {
     let wrong = RAM_BASE + 9 * PAGE_SIZE;
     let s = Session::start(Config {

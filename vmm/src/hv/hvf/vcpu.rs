@@ -266,7 +266,12 @@ impl Vcpu for HvfVcpu {
                 }
                 Action::WriteProtectFault { page } => {
                     self.write_faults.write_fault(exit.far, page)?;
-                    self.shared.write_fault(page)?;
+                    if !self.shared.write_fault(page, &self.kicker.pending)? {
+                        // Kicked while a background snapshot's writer saved
+                        // the page: the store is retried, and faults again,
+                        // when the vCPU next runs; that is no repeat.
+                        self.write_faults.progress();
+                    }
                 }
                 Action::Guest(action) => {
                     let mut local = self.local;

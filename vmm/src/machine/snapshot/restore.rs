@@ -253,7 +253,7 @@ mod tests {
         assert!(restore_gic_mode("s", "", Some(GicMode::Userspace)).is_err());
     }
 
-    #[cfg(feature = "emu")]
+    #[cfg(emu)]
     #[test]
     fn the_emu_backend_refuses_the_in_kernel_gic() {
         use crate::hv::emu::EmuHypervisor;

@@ -193,7 +193,7 @@ mod tests {
     /// them), once reset, equals a freshly created vCPU (started the same
     /// way) in every register the reset covers, and runs code at a physical
     /// entry point that its old translation tables did not map.
-    #[cfg(feature = "emu")]
+    #[cfg(emu)]
     #[test]
     fn a_reset_emu_vcpu_equals_a_cold_one() {
         use crate::hv::emu::EmuHypervisor;

@@ -1,5 +1,6 @@
 use super::*;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::AtomicBool;
 use vm_memory::{Bytes, GuestAddress};
 
 const PS: usize = PAGE_SIZE as usize;
@@ -227,8 +228,161 @@ fn protect_covers_only_pages_still_pending() {
     assert!((0..8).all(|p| writable(addr(p))));
 }
 
+/// A kick that is already set: a wait for another thread's save ends at
+/// once, so `before_guest_write_unless_kicked` answers whether the page
+/// could be written without waiting.
+fn kicked() -> AtomicBool {
+    AtomicBool::new(true)
+}
+
+#[cfg(target_os = "linux")]
 #[test]
-fn runs_group_consecutive_pages() {
-    assert_eq!(runs(&[1, 2, 3, 7, 9, 10]), [(1, 3), (7, 1), (9, 2)]);
-    assert!(runs(&[]).is_empty());
+fn a_page_being_saved_while_protect_runs_is_never_made_read_only() {
+    use std::sync::{mpsc, Mutex};
+    let ram = ram(8);
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8 * PAGE_SIZE).unwrap();
+    let save =
+        PageSave::start(&ram, vec![1, 2, 3], file.try_clone().unwrap(), Slots::Image).unwrap();
+    let addr = |p: u64| ram.host_ptr() as usize + (p * PAGE_SIZE) as usize;
+    // A vCPU's save of page 2 is held inside its write until released.
+    let (release, held) = mpsc::channel::<()>();
+    let (started, writing) = mpsc::channel::<usize>();
+    let held = Mutex::new(held);
+    save.hooks
+        .before_write
+        .set(Box::new(move |i| {
+            let _ = started.send(i);
+            let _ = held.lock().unwrap().recv();
+        }))
+        .ok()
+        .unwrap();
+    // While protect holds its claim on a run, a save of one of its pages
+    // cannot complete without waiting (it is kicked, so it says so).
+    let saw = Arc::new(Mutex::new(Vec::new()));
+    let (r, pages, seen) = (ram.clone(), save.pages().to_vec(), saw.clone());
+    save.hooks
+        .protected
+        .set(Box::new(move |first, n| {
+            let k = kicked();
+            let waits: Vec<bool> = (first..first + n)
+                .map(|i| !r.before_guest_write_unless_kicked(pages[i], &k))
+                .collect();
+            seen.lock().unwrap().push((first, n, waits));
+        }))
+        .ok()
+        .unwrap();
+    std::thread::scope(|s| {
+        let vcpu = s.spawn(|| ram.before_guest_write(2));
+        assert_eq!(writing.recv().unwrap(), 1, "page 2 is index 1 in the set");
+        save.protect();
+        // Page 2, being saved, was skipped: protect claimed 1 and 3 alone.
+        assert_eq!(
+            *saw.lock().unwrap(),
+            [(0, 1, vec![true]), (2, 1, vec![true])]
+        );
+        assert!(!writable(addr(1)) && writable(addr(2)) && !writable(addr(3)));
+        release.send(()).unwrap();
+        vcpu.join().unwrap();
+    });
+    assert!(writable(addr(2)));
+    drop(release);
+    save.run().unwrap();
+    assert_eq!(page_of(&file, 2 * PAGE_SIZE), vec![3; PS]);
+    assert_eq!(save.counts().guest, 1);
+    assert!((0..8).all(|p| writable(addr(p))));
+}
+
+#[test]
+fn the_writer_marks_each_page_saved_as_soon_as_it_is_written() {
+    use std::sync::Mutex;
+    let ram = ram(8);
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8 * PAGE_SIZE).unwrap();
+    let pages: Vec<u64> = (0..8).collect();
+    let save = PageSave::start(&ram, pages, file.try_clone().unwrap(), Slots::Image).unwrap();
+    save.protect();
+    // The writer takes all 8 pages as one batch. When it is about to write
+    // page 5, pages 0-4 are saved: a vCPU writes page 4 without waiting (a
+    // wait would end at once, the kick being set), while page 6, claimed by
+    // the batch and not written yet, would need a wait.
+    let checked = Arc::new(Mutex::new(None));
+    let (r, out) = (ram.clone(), checked.clone());
+    save.hooks
+        .before_write
+        .set(Box::new(move |i| {
+            if i == 5 {
+                let k = kicked();
+                let four = r.before_guest_write_unless_kicked(4, &k);
+                if four {
+                    poke(&r, 4, 0xee);
+                }
+                let six = r.before_guest_write_unless_kicked(6, &k);
+                *out.lock().unwrap() = Some((four, six));
+            }
+        }))
+        .ok()
+        .unwrap();
+    save.run().unwrap();
+    assert_eq!(*checked.lock().unwrap(), Some((true, false)));
+    for p in 0..8u64 {
+        assert_eq!(
+            page_of(&file, p * PAGE_SIZE),
+            vec![p as u8 + 1; PS],
+            "page {p}"
+        );
+    }
+    assert_eq!(save.counts().writer, 8);
+    for p in 0..8 {
+        poke(&ram, p, 1);
+    }
+}
+
+#[test]
+fn a_kick_ends_a_wait_for_a_page_another_thread_is_saving() {
+    use std::sync::{mpsc, Mutex};
+    let ram = ram(4);
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(4 * PAGE_SIZE).unwrap();
+    let save = PageSave::start(
+        &ram,
+        vec![0, 1, 2, 3],
+        file.try_clone().unwrap(),
+        Slots::Image,
+    )
+    .unwrap();
+    save.protect();
+    // The writer is held inside its write of page 2 until released.
+    let (release, held) = mpsc::channel::<()>();
+    let (started, writing) = mpsc::channel::<usize>();
+    let held = Mutex::new(held);
+    save.hooks
+        .before_write
+        .set(Box::new(move |i| {
+            if i == 2 {
+                let _ = started.send(i);
+                let _ = held.lock().unwrap().recv();
+            }
+        }))
+        .ok()
+        .unwrap();
+    let kick = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| save.run());
+        assert_eq!(writing.recv().unwrap(), 2);
+        // A vCPU faults on page 2 and waits for the writer; a kick (a pause
+        // or a quit asking for the vCPU) ends the wait with the page
+        // neither saved by it nor writable. The writer cannot finish page 2
+        // before the vCPU's answer: it is held until after the join.
+        let vcpu = s.spawn(|| ram.before_guest_write_unless_kicked(2, &kick));
+        kick.store(true, Ordering::Release);
+        assert!(!vcpu.join().unwrap());
+        release.send(()).unwrap();
+        writer.join().unwrap().unwrap();
+    });
+    // Once the page is saved, the retried write goes on.
+    assert!(ram.before_guest_write_unless_kicked(2, &kick));
+    poke(&ram, 2, 9);
+    assert_eq!(page_of(&file, 2 * PAGE_SIZE), vec![3; PS]);
+    assert_eq!(save.counts().writer, 4);
 }
