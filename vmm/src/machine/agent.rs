@@ -1,0 +1,184 @@
+//! The guest agent's readiness: a thread that tells the agent the VM's
+//! generation ID (the value the VMM publishes through vmgenid) through the
+//! VMM's own vsock socket, and waits for its answer.
+//!
+//! The agent (`/bin/ignition-agent`, vsock port 1024) answers once it has
+//! taken the ID: on a restore, after it has given the clone a new machine
+//! ID and network address and published the ID (`/run/ignition/generation`).
+//! Its answer carrying the ID makes the VM ready; `Agent-ready-time = N ms`
+//! reports when, from the VM's start (the same origin as `Restore-time`,
+//! which keeps its meaning: the vCPUs run). Without an agent configured,
+//! the VM is ready when its vCPUs run.
+
+use crate::console;
+use crate::machine::config::AgentConfig;
+use crate::sync::Locked;
+use agent_client::{Agent, AgentError, IdentityRequest};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long one exchange with the agent may take: the agent's rotation
+/// (a DHCP lease included, which udhcpc bounds at about 5 s) on a loaded
+/// software CPU.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Pause between attempts while nothing listens on the agent's port yet.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// How long the first attempt waits for the guest's userspace (its write
+/// to the boot timer) if it never comes (a guest booted with
+/// `boottimer=off`). Before then the guest's vsock driver may not be up,
+/// and the VMM would time out connections the guest never saw.
+const USERSPACE_WAIT: Duration = Duration::from_secs(30);
+
+/// Where the agent is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentState {
+    /// No agent configured (no vsock device, or `--no-agent`).
+    Off,
+    /// Not answered yet.
+    Waiting,
+    /// It answered with the VM's generation ID.
+    Ready,
+    /// It refused, or did not answer in time: why.
+    Failed(String),
+}
+
+impl AgentState {
+    /// The state's name for the control socket: `off`, `waiting`,
+    /// `ready`, `failed`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentState::Off => "off",
+            AgentState::Waiting => "waiting",
+            AgentState::Ready => "ready",
+            AgentState::Failed(_) => "failed",
+        }
+    }
+}
+
+/// Whether the VM is ready: its vCPUs run, and its agent (if any) has
+/// answered.
+pub struct Readiness {
+    vcpus: AtomicBool,
+    agent: Mutex<AgentState>,
+}
+
+impl Readiness {
+    /// Not ready; the agent `Waiting`, or `Off` without one.
+    pub fn new(agent: bool) -> Self {
+        Readiness {
+            vcpus: AtomicBool::new(false),
+            agent: Mutex::new(if agent {
+                AgentState::Waiting
+            } else {
+                AgentState::Off
+            }),
+        }
+    }
+
+    /// The vCPUs run.
+    pub fn vcpus_running(&self) {
+        self.vcpus.store(true, Ordering::Release);
+    }
+
+    /// The agent's state.
+    pub fn agent(&self) -> AgentState {
+        self.agent.locked().clone()
+    }
+
+    /// The vCPUs run and the agent, if any, answered.
+    pub fn ready(&self) -> bool {
+        self.vcpus.load(Ordering::Acquire)
+            && matches!(*self.agent.locked(), AgentState::Off | AgentState::Ready)
+    }
+
+    fn set(&self, s: AgentState) {
+        *self.agent.locked() = s;
+    }
+}
+
+/// What the agent thread needs.
+pub struct Handshake {
+    /// The VMM's vsock socket (`--vsock-uds`).
+    pub uds: PathBuf,
+    /// The VM's generation ID.
+    pub generation_id: [u8; 16],
+    /// The VM was restored from a snapshot (the agent rotates).
+    pub restored: bool,
+    /// The VM's start, the origin of `Agent-ready-time`.
+    pub t0: Instant,
+    /// Whether the VM has ended (the thread then stops).
+    pub ended: Box<dyn Fn() -> bool + Send>,
+    /// Whether the guest's userspace is up (it wrote the boot timer).
+    pub userspace_up: Box<dyn Fn() -> bool + Send>,
+}
+
+/// Starts the thread that tells the agent the generation ID, once the
+/// guest's userspace is up, retrying while nothing listens on its port,
+/// until `cfg.timeout` has passed.
+/// It logs `Agent-ready-time = N ms` once the agent answered with the ID,
+/// or one `Agent-failed:` line, and records the outcome in `readiness`.
+pub fn spawn(
+    cfg: &AgentConfig,
+    h: Handshake,
+    readiness: Arc<Readiness>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let req = IdentityRequest {
+        generation_id: h.generation_id,
+        restored: h.restored,
+        address: cfg.address.clone().unwrap_or_default(),
+    };
+    let timeout = cfg.timeout;
+    std::thread::Builder::new()
+        .name("agent".into())
+        .spawn(move || {
+            let agent = Agent::new(&h.uds).with_timeout(EXCHANGE_TIMEOUT);
+            let start = Instant::now();
+            let deadline = start + timeout;
+            while !(h.userspace_up)() && start.elapsed() < USERSPACE_WAIT.min(timeout) {
+                if (h.ended)() {
+                    return;
+                }
+                std::thread::sleep(RETRY);
+            }
+            let outcome = loop {
+                if (h.ended)() {
+                    return;
+                }
+                match agent.identity(&req) {
+                    Ok(info) if info.generation_id == req.generation_id => break Ok(()),
+                    Ok(_) => break Err("the agent answered with another generation ID".into()),
+                    Err(e @ (AgentError::Guest { .. } | AgentError::Frame(_))) => {
+                        break Err(e.to_string())
+                    }
+                    // Not listening yet, or restarting (a respawned agent).
+                    Err(e) if Instant::now() >= deadline => {
+                        break Err(format!(
+                            "no answer within {} s (last: {e})",
+                            timeout.as_secs()
+                        ))
+                    }
+                    Err(_) => std::thread::sleep(RETRY),
+                }
+            };
+            if (h.ended)() {
+                return;
+            }
+            match outcome {
+                Ok(()) => {
+                    readiness.set(AgentState::Ready);
+                    console::message(&format!(
+                        "Agent-ready-time = {} ms",
+                        h.t0.elapsed().as_millis()
+                    ));
+                }
+                Err(why) => {
+                    console::message(&format!("Agent-failed: {why}"));
+                    readiness.set(AgentState::Failed(why));
+                }
+            }
+        })
+}
