@@ -62,6 +62,11 @@ class NoAgent(AgentError):
     """Nothing in the guest listens on the agent's port (yet): the VMM closed the connection."""
 
 
+class AgentClosed(AgentError):
+    """The connection ended before the request's answer: the agent, or its process serving this
+    connection, is gone (killed, or restarting)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     """A finished command: its output and how it ended."""
@@ -263,7 +268,7 @@ class Connection:
                 raise AgentError(f"the agent did not answer {what} in time") from None
             if not b:
                 if not buf and n == HEADER.size:
-                    raise AgentError(f"the agent closed the connection during {what} without an answer")
+                    raise AgentClosed(f"the agent closed the connection during {what} without an answer")
                 raise AgentError(f"the stream ended inside a frame during {what}")
             buf += b
         return bytes(buf)
@@ -399,12 +404,13 @@ class Agent:
         return c
 
     def wait_listening(self, timeout: float) -> Info:
-        """Retries info() while nothing listens on the agent's port, for at most `timeout` s."""
+        """Retries info() while nothing listens on the agent's port, or the agent closes the
+        connection (it is being restarted), for at most `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 return self.info()
-            except NoAgent:
+            except (NoAgent, AgentClosed):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
@@ -498,10 +504,7 @@ class Agent:
                 c.send(DATA, b"")
             except OSError as e:  # an early ERROR frame explains it: read that first
                 sent = e
-            try:
-                p = c.expect_ok("write_file")
-            except AgentError:
-                raise
+            p = c.expect_ok("write_file")
             if sent is not None:
                 raise AgentError(f"write_file: {sent}")
             i = _In(p, "write_file")

@@ -1,0 +1,190 @@
+"""The guest agent on the real guest (Vm(agent=True): a vsock device and the VMM's readiness).
+
+exec's exit codes, signals, stdin, timeout and pty mode; 16 MiB of binary stdout; 32 execs at
+once; a 64 MiB file written and read back, checksummed; stat, list and errors; a guest HTTP
+server reached from the host through expose (TCP and Unix socket); malformed and oversized
+frames closing only their own connection; an agent killed in the guest reported, not hung
+on, and respawned by init.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import struct
+import threading
+import urllib.request
+
+import pytest
+
+from ignition import agent as ag
+from ignition.agent import AgentError
+from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
+
+MEM = 512
+BIG_STDOUT = 16 << 20
+BIG_FILE = 64 << 20
+CONCURRENT = 32
+
+
+@pytest.fixture
+def vm(tmp_path, guest_disk, cfg):
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, agent=True, log_path=tmp_path / "boot.log") as vm:
+        status = vm.wait_ready()
+        assert status["agent"] == "ready" and status["ready"], status
+        yield vm
+
+
+def test_exec_exit_codes_signals_stdin_timeout_and_pty(vm):
+    r = vm.exec(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == (b"out\n", b"err\n", 7, False)
+    assert vm.exec(["true"]).exit_code == 0
+    assert vm.exec(["false"]).exit_code == 1
+    # Killed by a signal: -N.
+    assert vm.exec(["sh", "-c", "kill -TERM $$"]).exit_code == -signal.SIGTERM
+    # stdin, binary and larger than a frame.
+    data = os.urandom(3 << 20)
+    r = vm.exec(["sha256sum"], input=data)
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    # env and cwd.
+    r = vm.exec(["sh", "-c", 'echo "$A:$PWD"'], env={"A": "b c"}, cwd="/tmp")
+    assert r.stdout == b"b c:/tmp\n"
+    # The exec's timeout kills the process group.
+    r = vm.exec(["sh", "-c", "sleep 100; echo never"], timeout=1)
+    assert (r.exit_code, r.timed_out, r.stdout) == (-signal.SIGKILL, True, b"")
+    # A command that does not exist: the agent's error, with errno.
+    with pytest.raises(AgentError) as e:
+        vm.exec(["no-such-command"])
+    assert e.value.code == 2
+    # Streaming: output as it comes, a signal to a running command.
+    with vm.exec_stream(["sh", "-c", "echo started; sleep 100"]) as ex:
+        stream, first = next(iter(ex))
+        assert (stream, first) == ("stdout", b"started\n")
+        ex.signal(signal.SIGINT)
+        done = ex.wait()
+    assert done.exit_code == -signal.SIGINT
+    # pty mode: a shell on a terminal of the asked size.
+    with vm.exec_stream(["sh"], pty=(30, 100)) as ex:
+        ex.send_stdin(b"stty size; tty; exit 3\n")
+        done = ex.wait()
+    assert done.exit_code == 3
+    assert b"30 100" in done.stdout and b"/dev/pts/" in done.stdout, done.stdout
+
+
+def test_16_mib_of_binary_stdout_and_32_execs_at_once(vm):
+    vm.exec(["sh", "-c", f"head -c {BIG_STDOUT} /dev/urandom > /tmp/big"], timeout=300).check()
+    want = vm.exec(["sha256sum", "/tmp/big"]).check().stdout.split()[0].decode()
+    r = vm.exec(["cat", "/tmp/big"], timeout=600)
+    assert r.exit_code == 0 and len(r.stdout) == BIG_STDOUT
+    assert hashlib.sha256(r.stdout).hexdigest() == want
+
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            data = os.urandom(64 << 10)
+            r = vm.exec(["sh", "-c", f"echo {i}; sha256sum; exit {i}"], input=data, timeout=600)
+            assert r.exit_code == i, (i, r)
+            lines = r.stdout.split(b"\n")
+            assert lines[0] == str(i).encode() and lines[1].split()[0].decode() == hashlib.sha256(data).hexdigest()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(CONCURRENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_files_64_mib_checksummed_atomic_with_mode_stat_and_list(vm):
+    data = os.urandom(BIG_FILE)
+    vm.write_file("/tmp/f", data, mode=0o640)
+    assert vm.exec(["sha256sum", "/tmp/f"], timeout=300).stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    assert vm.read_file("/tmp/f") == data
+    st = vm.agent.stat("/tmp/f")
+    assert (st.size, st.mode & 0o7777, st.is_dir) == (BIG_FILE, 0o640, False)
+    # A rewrite replaces the file whole; no temporary file is left.
+    vm.write_file("/tmp/f", b"small", mode=0o600)
+    assert vm.read_file("/tmp/f") == b"small"
+    names = sorted(e.name for e in vm.agent.list("/tmp"))
+    assert names == ["f"], names
+    assert vm.agent.stat("/tmp").is_dir
+    # Errors carry errno: no such file, a directory read as a file, a missing directory.
+    for call, code in [
+        (lambda: vm.read_file("/nope"), 2),
+        (lambda: vm.read_file("/tmp"), 21),
+        (lambda: vm.write_file("/nope/f", b"x"), 2),
+        (lambda: vm.agent.list("/nope"), 2),
+        (lambda: vm.agent.stat("/nope"), 2),
+    ]:
+        with pytest.raises(AgentError) as e:
+            call()
+        assert e.value.code == code, e.value
+    # A read bounded by the caller.
+    with pytest.raises(AgentError, match="exceeds"):
+        vm.read_file("/tmp/f", max_bytes=2)
+
+
+def test_expose_a_guest_http_server(vm):
+    page = os.urandom(300_000)
+    vm.exec(["mkdir", "-p", "/tmp/www"]).check()
+    vm.write_file("/tmp/www/page", page)
+    # busybox httpd on the guest's loopback only (it daemonizes).
+    vm.exec(["httpd", "-p", "127.0.0.1:8080", "-h", "/tmp/www"]).check()
+    with vm.expose(8080) as ex:
+        host, port = ex.address
+        for _ in range(3):
+            with urllib.request.urlopen(f"http://{host}:{port}/page", timeout=60) as resp:
+                assert resp.read() == page
+    with vm.expose(8080, host="unix") as ex:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(60)
+            s.connect(ex.address)
+            s.sendall(b"GET /page HTTP/1.0\r\n\r\n")
+            got = b""
+            while b := s.recv(1 << 16):
+                got += b
+        assert got.startswith(b"HTTP/1.") and got.endswith(page)
+    # Nothing listens on a port: the agent's error (ECONNREFUSED).
+    with pytest.raises(AgentError) as e:
+        vm.agent.open_port(8081)
+    assert e.value.code == 111
+
+
+def test_malformed_frames_close_only_their_connection(vm):
+    with vm.exec_stream(["sh", "-c", "read x; echo got $x"], stdin=True) as running:
+        for bad in [
+            b"\x07" + bytes(7),  # another protocol version
+            ag.HEADER.pack(1, ag.INFO, 1, 0),  # reserved bits
+            ag.HEADER.pack(1, 0x7F, 0, 0),  # unknown request
+            ag.HEADER.pack(1, ag.EXEC, 0, ag.MAX_PAYLOAD + 1),  # oversized
+            ag.frame(ag.EXEC, b"\x00" * 7),  # truncated payload
+            ag.frame(ag.EXEC, struct.pack("<IIHHII", 0, 0, 0, 0, 1, 0) + struct.pack("<I", 99)),
+        ]:
+            with vm.agent.connect() as c:
+                c.sock.sendall(bad)
+                with pytest.raises(AgentError) as e:
+                    c.recv("a bad request")
+                assert e.value.code in (ag.BAD_REQUEST, ag.UNSUPPORTED), e.value
+        # The exec in flight is untouched.
+        running.send_stdin(b"on\n")
+        assert running.wait().stdout == b"got on\n"
+    assert vm.exec(["true"]).exit_code == 0
+
+
+def test_an_agent_killed_in_the_guest_is_reported_and_respawned(vm):
+    with vm.exec_stream(["sleep", "1000"]) as pending:
+        # Kill every agent process: the listener, this exec's and the one asking.
+        with pytest.raises(AgentError, match="closed the connection"):
+            vm.exec(["sh", "-c", "kill -9 $(pidof ignition-agent)"])
+        with pytest.raises(AgentError, match="closed the connection"):
+            pending.wait()
+    # init respawns it.
+    vm.agent.wait_listening(vm.timeouts.cmd)
+    assert vm.exec(["echo", "back"]).stdout == b"back\n"
