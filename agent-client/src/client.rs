@@ -59,6 +59,11 @@ pub enum AgentError {
     /// its connection's process) is gone.
     #[error("the agent closed the connection during {0} without an answer")]
     Closed(&'static str),
+    /// The agent did not acknowledge an identity request in time (the
+    /// connection may have been reset in the guest alone, as a restore's
+    /// transport reset does to connections it finds).
+    #[error("the agent did not acknowledge the request in time")]
+    NoAck,
     /// The output callback stopped the command (the connection was closed,
     /// so the agent killed it).
     #[error("the command was stopped by its output's reader")]
@@ -180,9 +185,31 @@ impl Agent {
 
     /// Tells the agent the VM's generation ID; it rotates the clone's
     /// identity if the ID is new (see [`IdentityRequest`]) and answers
-    /// with its info once done.
-    pub fn identity(&self, req: &IdentityRequest) -> Result<Info, AgentError> {
+    /// with its info once done. The agent acknowledges the request at once
+    /// (a Started frame); without that within `ack_timeout` the request is
+    /// [`AgentError::NoAck`] (safe to repeat: an ID the agent has is not
+    /// rotated again).
+    pub fn identity(
+        &self,
+        req: &IdentityRequest,
+        ack_timeout: Duration,
+    ) -> Result<Info, AgentError> {
         let mut c = self.request(FrameType::Identity, &req.encode()?)?;
+        c.s.set_read_timeout(Some(ack_timeout))?;
+        match c.next("identity") {
+            Ok(FrameType::Started) => frame::decode_u32(&c.buf, "started").map(drop)?,
+            Ok(other) => return Err(AgentError::Unexpected(other, "identity")),
+            Err(AgentError::Frame(FrameError::Io(e)))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(AgentError::NoAck)
+            }
+            Err(e) => return Err(e),
+        }
+        c.s.set_read_timeout(Some(self.timeout))?;
         let p = c.expect_ok("identity")?;
         Ok(Info::decode(p)?)
     }

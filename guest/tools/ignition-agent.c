@@ -1072,6 +1072,14 @@ static void identity_request(int fd, struct in *in)
     int lock;
     if (in->bad || in->left || (flags & ~IDENTITY_RESTORED))
         fail(fd, E_BAD_REQUEST, "malformed identity request");
+    {
+        /* At once: the host learns that this connection reached the agent
+         * (one made while the guest handles a restore's transport reset
+         * may be reset in the guest without the host seeing it). */
+        uint8_t b[4];
+        put_u32(b, (uint32_t)getpid());
+        send_frame(fd, T_STARTED, b, 4);
+    }
     lock = open(LOCK_FILE, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock < 0 || flock(lock, LOCK_EX) < 0)
         fail(fd, (uint32_t)errno, "%s: %s", LOCK_FILE, strerror(errno));

@@ -13,7 +13,7 @@
 use crate::console;
 use crate::machine::config::AgentConfig;
 use crate::sync::Locked;
-use agent_client::{Agent, AgentError, IdentityRequest};
+use agent_client::{Agent, AgentError, FrameError, IdentityRequest};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,14 +24,22 @@ use std::time::{Duration, Instant};
 /// software CPU.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long the agent may take to acknowledge the request (it does at
+/// once): a connection made while the restored guest handles the
+/// transport reset may be reset in the guest alone, and is then tried
+/// again.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Pause between attempts while nothing listens on the agent's port yet.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// How long the first attempt waits for the guest's userspace (its write
-/// to the boot timer) if it never comes (a guest booted with
-/// `boottimer=off`). Before then the guest's vsock driver may not be up,
-/// and the VMM would time out connections the guest never saw.
-const USERSPACE_WAIT: Duration = Duration::from_secs(30);
+/// How long the first attempt waits for the guest to take connections
+/// ([`Handshake::guest_up`]) if it never says so (a guest booted with
+/// `boottimer=off`). Before its userspace is up the guest's vsock driver
+/// may not be, and the VMM would time out connections the guest never
+/// saw; before a restored guest has handled the transport reset, it may
+/// reset a new connection without the host seeing it.
+const GUEST_UP_WAIT: Duration = Duration::from_secs(30);
 
 /// Where the agent is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,12 +120,13 @@ pub struct Handshake {
     pub t0: Instant,
     /// Whether the VM has ended (the thread then stops).
     pub ended: Box<dyn Fn() -> bool + Send>,
-    /// Whether the guest's userspace is up (it wrote the boot timer).
-    pub userspace_up: Box<dyn Fn() -> bool + Send>,
+    /// Whether the guest takes connections: its userspace is up (it wrote
+    /// the boot timer) and it has handled a restore's transport reset.
+    pub guest_up: Box<dyn Fn() -> bool + Send>,
 }
 
 /// Starts the thread that tells the agent the generation ID, once the
-/// guest's userspace is up, retrying while nothing listens on its port,
+/// guest takes connections, retrying while nothing listens on its port,
 /// until `cfg.timeout` has passed.
 /// It logs `Agent-ready-time = N ms` once the agent answered with the ID,
 /// or one `Agent-failed:` line, and records the outcome in `readiness`.
@@ -138,7 +147,7 @@ pub fn spawn(
             let agent = Agent::new(&h.uds).with_timeout(EXCHANGE_TIMEOUT);
             let start = Instant::now();
             let deadline = start + timeout;
-            while !(h.userspace_up)() && start.elapsed() < USERSPACE_WAIT.min(timeout) {
+            while !(h.guest_up)() && start.elapsed() < GUEST_UP_WAIT.min(timeout) {
                 if (h.ended)() {
                     return;
                 }
@@ -148,13 +157,24 @@ pub fn spawn(
                 if (h.ended)() {
                     return;
                 }
-                match agent.identity(&req) {
+                match agent.identity(&req, ACK_TIMEOUT) {
                     Ok(info) if info.generation_id == req.generation_id => break Ok(()),
                     Ok(_) => break Err("the agent answered with another generation ID".into()),
-                    Err(e @ (AgentError::Guest { .. } | AgentError::Frame(_))) => {
-                        break Err(e.to_string())
-                    }
-                    // Not listening yet, or restarting (a respawned agent).
+                    // Refused, or not the protocol.
+                    Err(
+                        e @ (AgentError::Guest { .. }
+                        | AgentError::Unexpected(..)
+                        | AgentError::Encode(_)
+                        | AgentError::Frame(
+                            FrameError::Version(_)
+                            | FrameError::Reserved
+                            | FrameError::UnknownType(_)
+                            | FrameError::TooLong(_)
+                            | FrameError::Malformed(_),
+                        )),
+                    ) => break Err(e.to_string()),
+                    // Not listening yet, restarting (a respawned agent), a
+                    // connection lost to the transport reset, or slow.
                     Err(e) if Instant::now() >= deadline => {
                         break Err(format!(
                             "no answer within {} s (last: {e})",

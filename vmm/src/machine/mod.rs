@@ -272,7 +272,10 @@ fn serve<V: Vm + 'static>(
             restored,
             t0,
             ended: Box::new(move || m.vmm.finished()),
-            userspace_up: Box::new(move || up.vmm.devices().guest_userspace_up()),
+            guest_up: Box::new(move || {
+                let d = up.vmm.devices();
+                d.guest_userspace_up() && d.vsock_reset_handled()
+            }),
         };
         agent::spawn(a, handshake, machine.readiness.clone())
             .context("cannot spawn the agent thread")
