@@ -123,7 +123,8 @@ class Restored:
     logged_wall_s: float
     """spawn -> all three lines read."""
     wall_s: float
-    """spawn -> the shell prompt answering the Enter sent once logged."""
+    """spawn -> the shell prompt answering the Enter sent once logged (without a prompt
+    asked for: the lines read)."""
 
     @property
     def total_us(self) -> int:
@@ -218,7 +219,7 @@ class Vm:
         vm = cls(cfg, args, log_path, control, agent)
         if wait:
             try:
-                vm.wait_restored()
+                vm.wait_restored(prompt=not agent)
                 if agent:
                     vm.wait_ready()
             except BaseException:
@@ -439,10 +440,11 @@ class Vm:
             wall,
         )
 
-    def wait_restored(self) -> Restored:
+    def wait_restored(self, prompt: bool = True) -> Restored:
         """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
-        reports itself from its own thread: before or after the others), presses Enter and
-        waits for the shell prompt. Sets and returns self.restored."""
+        reports itself from its own thread: before or after the others), then, with prompt,
+        presses Enter and waits for the shell prompt (a console logged in when the snapshot
+        was taken). Sets and returns self.restored."""
         pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
         seen: dict[int, re.Match[str]] = {}
         while len(seen) < len(pats):
@@ -453,8 +455,9 @@ class Vm:
             stages = loglines.parse_restore_stages(seen[1].group(1))
         except ValueError as e:
             raise ConsoleError(str(e)) from None
-        self.type("\n")
-        self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
+        if prompt:
+            self.type("\n")
+            self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
         t_prompt = time.perf_counter()
         self.restored = Restored(
             int(seen[0].group(1)),

@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 
 from ignition import agent as ag
+from ignition import loglines
 from ignition.agent import AgentError
 from ignition.vm import Vm
 
@@ -188,3 +189,45 @@ def test_an_agent_killed_in_the_guest_is_reported_and_respawned(vm):
     # init respawns it.
     vm.agent.wait_listening(vm.timeouts.cmd)
     assert vm.exec(["echo", "back"]).stdout == b"back\n"
+
+
+def test_two_restores_of_one_snapshot_are_two_identities(tmp_path, guest_disk, cfg):
+    store = tmp_path / "store"
+    with Vm.boot(
+        cfg, disk=guest_disk, mem=MEM, agent=True, store=store, name="golden", log_path=tmp_path / "golden.log"
+    ) as vm:
+        st = vm.wait_ready()
+        golden = vm.agent.info()
+        # A fresh boot's agent takes the boot's ID without rotating.
+        assert (golden.generation, golden.generation_id) == (0, st["generation_id"])
+        assert vm.read_file("/run/ignition/generation") == f"{golden.generation_id} 0\n".encode()
+        assert len(golden.machine_id) == 32
+        vm.snapshot("golden")
+    clones = []
+    for i in range(2):
+        log = tmp_path / f"clone{i}.log"
+        with Vm.restore(cfg, "golden", store=store, agent=True, log_path=log) as vm:
+            st = vm.control().status()
+            info = vm.agent.info()
+            # The clone's agent rotated once, to the ID the VMM published through vmgenid.
+            assert info.generation == 1 and info.generation_id == st["generation_id"] != golden.generation_id
+            assert vm.read_file("/run/ignition/generation") == f"{info.generation_id} 1\n".encode()
+            assert vm.read_file("/etc/machine-id") == f"{info.machine_id}\n".encode()
+            assert info.machine_id != golden.machine_id and len(info.machine_id) == 32
+            # The same kernel boot goes on in the clone.
+            assert info.boot_id == golden.boot_id
+            # The kernel's vmgenid driver reseeded its RNG from the same ID.
+            assert b"crng reseeded due to virtual machine fork" in vm.exec(["dmesg"]).stdout
+            vm.expect(loglines.AGENT_READY_TIME, "Agent-ready-time")
+            clones.append(info)
+    assert clones[0].generation_id != clones[1].generation_id
+    assert clones[0].machine_id != clones[1].machine_id
+
+
+def test_a_guest_without_agent_is_ready_when_its_vcpus_run(tmp_path, guest_disk, cfg):
+    uds = tmp_path / "v.sock"
+    with Vm.boot(
+        cfg, disk=guest_disk, mem=MEM, control=True, extra=["--vsock-uds", str(uds), "--no-agent"]
+    ) as vm:
+        st = vm.wait_ready()
+        assert st["agent"] == "off" and st["ready"]
