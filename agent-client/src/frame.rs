@@ -658,6 +658,29 @@ pub fn decode_empty(p: &[u8], what: &'static str) -> Result<(), FrameError> {
     In::new(p, what).end()
 }
 
+/// Checks a stream of frames an agent sent (`stream`, from the first
+/// header to the end): every frame is a response whose payload decodes as
+/// its type says (an Ok payload is checked by the request it answers, so
+/// any is taken here). Returns the number of frames. What the clients
+/// check frame by frame, for the fuzz target and its seeds.
+pub fn check_responses(mut stream: &[u8]) -> Result<usize, FrameError> {
+    let mut payload = Vec::new();
+    let mut n = 0;
+    while let Some(kind) = read_frame(&mut stream, &mut payload)? {
+        let p = &payload[..];
+        match kind {
+            FrameType::Started => decode_u32(p, "started").map(drop)?,
+            FrameType::Exit => Exit::decode(p).map(drop)?,
+            FrameType::Entry => Entry::decode(p).map(drop)?,
+            FrameType::Error => AgentErrorPayload::decode(p).map(drop)?,
+            FrameType::Stdout | FrameType::Stderr | FrameType::FileData | FrameType::Ok => {}
+            _ => return Err(FrameError::Malformed("response (a request type)")),
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
