@@ -4,16 +4,21 @@ exec's exit codes, signals, stdin, timeout and pty mode; 16 MiB of binary stdout
 once; a 64 MiB file written and read back, checksummed; stat, list and errors; a guest HTTP
 server reached from the host through expose (TCP and Unix socket); malformed and oversized
 frames closing only their own connection; an agent killed in the guest reported, not hung
-on, and respawned by init.
+on, and respawned by init. Identity: two restores of one snapshot get two generation IDs and
+machine IDs, and (as root, TAP interfaces on a bridge in a network namespace) the addresses
+the host sends them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import urllib.request
 
@@ -231,3 +236,80 @@ def test_a_guest_without_agent_is_ready_when_its_vcpus_run(tmp_path, guest_disk,
     ) as vm:
         st = vm.wait_ready()
         assert st["agent"] == "off" and st["ready"]
+
+
+def in_netns(name: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True, check=True, timeout=60)
+
+
+@pytest.fixture
+def bridge(tmp_path, cfg):
+    """A network namespace of this test's (root only) with a bridge br0 (10.0.3.1/24) and two
+    TAP interfaces on it, tap0 and tap1; yields a VmConfig whose boot runs in it."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
+    name = f"ignition-agent-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=60)
+    try:
+        in_netns(name, "ip", "link", "add", "br0", "type", "bridge")
+        in_netns(name, "ip", "addr", "add", "10.0.3.1/24", "dev", "br0")
+        in_netns(name, "ip", "link", "set", "br0", "up")
+        for tap in ("tap0", "tap1"):
+            in_netns(name, "ip", "tuntap", "add", tap, "mode", "tap")
+            in_netns(name, "ip", "link", "set", tap, "master", "br0")
+            in_netns(name, "ip", "link", "set", tap, "up")
+        wrapper = tmp_path / "boot-in-netns"
+        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {name} {cfg.boot} "$@"\n')
+        wrapper.chmod(0o755)
+        yield name, dataclasses.replace(cfg, boot=wrapper)
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], timeout=60)
+
+
+def ping_bridge(vm: Vm) -> None:
+    """The guest reaches the namespace's bridge (10.0.3.1) from its address, and back."""
+    vm.exec(["ping", "-c", "1", "-w", "60", "10.0.3.1"], timeout=120).check()
+
+
+def eth0_addresses(info: ag.Info) -> list[str]:
+    return [a.split()[1] for a in info.addresses if a.startswith("eth0 ") and "." in a]
+
+
+def test_clones_on_one_bridge_take_the_addresses_the_host_sends(tmp_path, guest_disk, bridge):
+    _, cfg = bridge
+    store = tmp_path / "store"
+    with Vm.boot(
+        cfg, disk=guest_disk, mem=MEM, agent=True, store=store, name="golden", extra=["--net", "tap:tap0"]
+    ) as vm:
+        vm.wait_ready()
+        vm.exec(["ip", "addr", "add", "10.0.3.9/24", "dev", "eth0"]).check()
+        ping_bridge(vm)
+        vm.snapshot("golden")
+    # Two clones at once, one per TAP interface, each given its address by the host.
+    with Vm.restore(
+        cfg,
+        "golden",
+        store=store,
+        agent=True,
+        log_path=tmp_path / "a.log",
+        extra=["--net", "tap:tap0", "--agent-address", "10.0.3.2/24,10.0.3.1"],
+    ) as a:
+        info_a = a.agent.info()
+        assert eth0_addresses(info_a) == ["10.0.3.2/24"], info_a.addresses
+        assert b"default via 10.0.3.1" in a.exec(["ip", "route"]).stdout
+        ping_bridge(a)
+        with Vm.restore(
+            cfg,
+            "golden",
+            store=store,
+            agent=True,
+            log_path=tmp_path / "b.log",
+            extra=["--net", "tap:tap1", "--agent-address", "10.0.3.3/24"],
+        ) as b:
+            info_b = b.agent.info()
+            assert eth0_addresses(info_b) == ["10.0.3.3/24"], info_b.addresses
+            # The clones keep the snapshot's MAC (boot keeps it on a restore): the bridge
+            # answers each at its own address as it last heard from it.
+            ping_bridge(b)
+            assert info_a.machine_id != info_b.machine_id
+            assert info_a.generation_id != info_b.generation_id
