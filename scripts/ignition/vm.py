@@ -339,6 +339,18 @@ class Vm:
             argv, input=input, env=env, cwd=cwd, timeout=self.timeouts.cmd if timeout is None else timeout
         )
 
+    def run(self, cmd: str, timeout: float | None = None) -> str:
+        """Runs a shell command (`sh -c cmd`) through the agent; returns its stdout, stripped
+        (as sh() returns console output); raises AgentError with its stderr if it exits
+        non-zero. Each call is a new shell: background jobs outlive it, `jobs` does not."""
+        return self.exec(["sh", "-c", cmd], timeout=timeout).check().stdout.decode().strip()
+
+    def run_status(self, cmd: str, timeout: float | None = None) -> tuple[int, str]:
+        """Runs a shell command through the agent; returns (exit code, stdout and stderr
+        stripped)."""
+        r = self.exec(["sh", "-c", cmd], timeout=timeout)
+        return r.exit_code, (r.stdout + r.stderr).decode().strip()
+
     def exec_stream(
         self,
         argv: Sequence[str],
