@@ -507,9 +507,9 @@ class Agent:
             p = c.expect_ok("write_file")
             if sent is not None:
                 raise AgentError(f"write_file: {sent}")
-            i = _In(p, "write_file")
-            n = i.u64()
-            i.end()
+            count = _In(p, "write_file")
+            n = count.u64()
+            count.end()
             if n != len(data):
                 raise AgentError(f"write_file: the agent wrote {n} of {len(data)} bytes")
 

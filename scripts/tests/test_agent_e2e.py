@@ -231,9 +231,7 @@ def test_two_restores_of_one_snapshot_are_two_identities(tmp_path, guest_disk, c
 
 def test_a_guest_without_agent_is_ready_when_its_vcpus_run(tmp_path, guest_disk, cfg):
     uds = tmp_path / "v.sock"
-    with Vm.boot(
-        cfg, disk=guest_disk, mem=MEM, control=True, extra=["--vsock-uds", str(uds), "--no-agent"]
-    ) as vm:
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, control=True, extra=["--vsock-uds", str(uds), "--no-agent"]) as vm:
         st = vm.wait_ready()
         assert st["agent"] == "off" and st["ready"]
 

@@ -55,6 +55,7 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
     with Vm.boot(cfg, disk=guest_disk, mem=MEM, agent=True, log_path=tmp_path / "boot.log") as vm:
         vm.wait_ready()
         uds = vm.vsock_path
+        assert uds is not None
         assert vm.run("vsock cid") == "3"
         vm.run("vsock echo-server 5000 &")
         # Host to guest and back: 16 MiB.
@@ -137,6 +138,7 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cf
         log_path=tmp_path / "restore.log",
     ) as vm:
         uds2 = vm.vsock_path
+        assert uds2 is not None
         # The transport reset dropped the guest's connection, and the guest
         # took the new CID.
         vm.run("i=0; until [ -e /dev/shm/held ] || [ $i -ge 600 ]; do i=$((i+1)); sleep 0.1; done", timeout=120)

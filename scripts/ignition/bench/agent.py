@@ -136,7 +136,9 @@ def measure_pty(vm: Vm, runs: int, kib: int, reps: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python3 -m ignition.bench.agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python3 -m ignition.bench.agent",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--runs", type=int, default=1000, help="round trips per path (default: 1000)")
     p.add_argument("--mib", type=int, default=64, help="MiB per agent transfer (default: 64)")
@@ -169,9 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    with disk_copy(args.disk) as disk, Vm.boot(
-        cfg, disk=disk, mem=args.mem, agent=True, log_path=logs / "ignition.log"
-    ) as vm:
+    with (
+        disk_copy(args.disk) as disk,
+        Vm.boot(cfg, disk=disk, mem=args.mem, agent=True, log_path=logs / "ignition.log") as vm,
+    ):
         vm.wait_ready()
         vm.login()
         result["agent"] = measure_agent(vm, args.runs, args.mib, args.reps)
