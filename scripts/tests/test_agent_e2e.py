@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from ignition import agent as ag
-from ignition import loglines
+from ignition import loglines, net
 from ignition.agent import AgentError
 from ignition.vm import Vm
 
@@ -311,3 +311,47 @@ def test_clones_on_one_bridge_take_the_addresses_the_host_sends(tmp_path, guest_
             ping_bridge(b)
             assert info_a.machine_id != info_b.machine_id
             assert info_a.generation_id != info_b.generation_id
+
+
+def test_a_clone_asks_for_a_new_dhcp_lease(tmp_path, guest_disk, cfg):
+    """Through passt (which leases one address): the clone's agent stops the snapshot's udhcpc
+    and is bound to a new lease, asked for with the new machine ID as client identifier,
+    before the VM is ready."""
+    if net.passt_bin() is None:
+        pytest.skip("passt not installed")
+    store = tmp_path / "store"
+    with (
+        net.Passt(tmp_path, "golden.sock") as passt,
+        Vm.boot(
+            cfg,
+            disk=guest_disk,
+            mem=MEM,
+            agent=True,
+            store=store,
+            name="golden",
+            extra=["--net", f"stream:{passt.socket}"],
+        ) as vm,
+    ):
+        vm.wait_ready()
+        vm.run(net.LEASE_WAIT_CMD, timeout=120)
+        old_dhcp = vm.read_file("/run/udhcpc.eth0.pid").strip()
+        vm.snapshot("golden")
+    with (
+        net.Passt(tmp_path, "clone.sock") as passt,
+        Vm.restore(
+            cfg,
+            "golden",
+            store=store,
+            agent=True,
+            extra=["--net", f"stream:{passt.socket}"],
+            log_path=tmp_path / "c.log",
+        ) as vm,
+    ):
+        info = vm.agent.info()
+        assert info.generation == 1
+        assert len(eth0_addresses(info)) == 1, info.addresses
+        new_dhcp = vm.read_file("/run/udhcpc.eth0.pid").strip()
+        assert new_dhcp != old_dhcp
+        args = vm.read_file(f"/proc/{new_dhcp.decode()}/cmdline").split(b"\0")
+        assert f"0x3d:00{info.machine_id}".encode() in args, args
+        assert vm.run(net.GATEWAY_CMD), "a default route from the new lease"
