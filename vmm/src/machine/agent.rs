@@ -14,6 +14,7 @@ use crate::console;
 use crate::machine::config::AgentConfig;
 use crate::sync::Locked;
 use agent_client::{Agent, AgentError, FrameError, IdentityRequest};
+use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -127,10 +128,26 @@ pub struct Handshake {
 
 /// Starts the thread that tells the agent the generation ID, once the
 /// guest takes connections, retrying while nothing listens on its port,
-/// until `cfg.timeout` has passed.
-/// It logs `Agent-ready-time = N ms` once the agent answered with the ID,
-/// or one `Agent-failed:` line, and records the outcome in `readiness`.
-pub fn spawn(
+/// until `cfg.timeout` has passed. It logs `Agent-ready-time = N ms` once
+/// the agent answered with the ID, or one `Agent-failed:` line (also if
+/// `h` is an error or the thread cannot start), and records the outcome
+/// in `readiness`. The VM runs on either way.
+pub fn start(cfg: &AgentConfig, h: anyhow::Result<Handshake>, readiness: Arc<Readiness>) {
+    let started =
+        h.and_then(|h| spawn(cfg, h, readiness.clone()).context("cannot spawn the agent thread"));
+    if let Err(e) = started {
+        failed(&readiness, format!("{e:#}"));
+    }
+}
+
+/// Logs the agent's failure and records it.
+fn failed(readiness: &Readiness, why: String) {
+    console::message(&format!("Agent-failed: {why}"));
+    readiness.set(AgentState::Failed(why));
+}
+
+/// The thread of [`start`].
+fn spawn(
     cfg: &AgentConfig,
     h: Handshake,
     readiness: Arc<Readiness>,
@@ -195,10 +212,34 @@ pub fn spawn(
                         h.t0.elapsed().as_millis()
                     ));
                 }
-                Err(why) => {
-                    console::message(&format!("Agent-failed: {why}"));
-                    readiness.set(AgentState::Failed(why));
-                }
+                Err(why) => failed(&readiness, why),
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_means_vcpus_running_and_the_agent_answered_if_there_is_one() {
+        let none = Readiness::new(false);
+        assert!(!none.ready(), "not before the vCPUs run");
+        none.vcpus_running();
+        assert!(none.ready());
+        assert_eq!(none.agent().name(), "off");
+
+        let with = Readiness::new(true);
+        with.vcpus_running();
+        assert!(!with.ready());
+        assert_eq!(with.agent().name(), "waiting");
+        with.set(AgentState::Ready);
+        assert!(with.ready());
+
+        let failed = Readiness::new(true);
+        failed.vcpus_running();
+        failed.set(AgentState::Failed("no answer".into()));
+        assert!(!failed.ready());
+        assert_eq!(failed.agent(), AgentState::Failed("no answer".into()));
+    }
 }

@@ -23,8 +23,8 @@
 //! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
 //! signal thread; a thread per control-socket client (at most
 //! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
-//! background snapshot's writer; and the caller's thread, which waits for
-//! the VM to end. Lock order: a device lock (the clock's counts as one),
+//! background snapshot's writer; the guest agent's thread (with a vsock
+//! device); and the caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
 //! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
@@ -261,14 +261,16 @@ fn serve<V: Vm + 'static>(
     machine.readiness.vcpus_running();
     if let (Some(a), Some(v)) = (&cfg.agent, &cfg.vsock) {
         let (m, up) = (machine.clone(), machine.clone());
-        let handshake = agent::Handshake {
+        // A VM restored from a snapshot older than the device has no
+        // published ID: the agent gets a fresh one all the same.
+        let id = machine
+            .vmm
+            .devices()
+            .generation_id()
+            .map_or_else(plan::host_random, Ok);
+        let handshake = id.map(|generation_id| agent::Handshake {
             uds: v.uds.clone(),
-            // A VM restored from a snapshot older than the device has no
-            // published ID: the agent gets a fresh one all the same.
-            generation_id: match machine.vmm.devices().generation_id() {
-                Some(id) => id,
-                None => plan::host_random().map_err(StartError::Start)?,
-            },
+            generation_id,
             restored,
             t0,
             ended: Box::new(move || m.vmm.finished()),
@@ -276,10 +278,8 @@ fn serve<V: Vm + 'static>(
                 let d = up.vmm.devices();
                 d.guest_userspace_up() && d.vsock_reset_handled()
             }),
-        };
-        agent::spawn(a, handshake, machine.readiness.clone())
-            .context("cannot spawn the agent thread")
-            .map_err(StartError::Start)?;
+        });
+        agent::start(a, handshake, machine.readiness.clone());
     }
     let why = machine.vmm.wait_exit();
     // Winding down: the vCPU threads end, a snapshot being taken or written
