@@ -9,7 +9,7 @@
 # target, "fuzz TARGET: N execs in S s", and exits 1 if any target found a
 # crash, a panic or a hang (the input is kept under
 # <crate>/fuzz/artifacts/TARGET/). Installs the nightly toolchain and
-# cargo-fuzz (pinned) if they are missing. Both crates build into one target
+# cargo-fuzz (pinned) if they are missing. The three crates build into one target
 # directory, $IGNITION_FUZZ_TARGET_DIR (default target/fuzz), so what they
 # share (the store, serde, ...) is built once.
 #
