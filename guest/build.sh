@@ -322,7 +322,7 @@ build_rootfs() {
     grep -vqE '^[][a-z0-9_.-]+$' "$WORK/applets" && { echo "unexpected applet name in table"; return 1; }
     sort -c "$WORK/applets" || { echo "applet table not sorted: wrong table?"; return 1; }
     local a
-    for a in init sh getty login mount devmem poweroff reboot hostname od ifconfig route udhcpc wget sha256sum httpd; do
+    for a in init sh getty login mount devmem poweroff reboot hostname od ifconfig route udhcpc ip wget sha256sum httpd; do
         grep -qx -- "$a" "$WORK/applets" || { echo "busybox lacks applet $a"; return 1; }
     done
     echo "$(wc -l <"$WORK/applets") applets"
@@ -332,7 +332,7 @@ build_rootfs() {
 
     # Our tools: static, stripped, with no build ID or build paths in them.
     local t
-    for t in vsock; do
+    for t in vsock ignition-agent; do
         "${CROSS_COMPILE}gcc" -static -O2 -Wall -Wextra -Werror -ffile-prefix-map="$GUEST_DIR"=. \
             -Wl,--build-id=none -o "$WORK/$t" "$GUEST_DIR/tools/$t.c"
         "${CROSS_COMPILE}strip" "$WORK/$t"

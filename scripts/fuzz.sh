@@ -4,11 +4,12 @@
 # seeds (<crate>/fuzz/seeds/<target>/; the copy grows, the seeds do not):
 # the snapshot store's five file parsers (snapshot-store/fuzz/) and the
 # VMM's two parsers of host input, the control socket's request lines and
-# the vsock host end's CONNECT lines (vmm/fuzz/). Prints one line per
+# the vsock host end's CONNECT lines (vmm/fuzz/), and the host's decoding of
+# what the guest agent sends (agent-client/fuzz/). Prints one line per
 # target, "fuzz TARGET: N execs in S s", and exits 1 if any target found a
 # crash, a panic or a hang (the input is kept under
 # <crate>/fuzz/artifacts/TARGET/). Installs the nightly toolchain and
-# cargo-fuzz (pinned) if they are missing. Both crates build into one target
+# cargo-fuzz (pinned) if they are missing. The three crates build into one target
 # directory, $IGNITION_FUZZ_TARGET_DIR (default target/fuzz), so what they
 # share (the store, serde, ...) is built once.
 #
@@ -21,6 +22,7 @@ TARGETS=(
     snapshot-store:manifest snapshot-store:diff snapshot-store:state
     snapshot-store:verified snapshot-store:disk_chunks
     vmm:control_request vmm:vsock_connect
+    agent-client:agent_responses
 )
 
 secs=${1:-30}
@@ -41,18 +43,20 @@ fi
 
 # Inputs up to the size that reaches each parser's limits: diffs and chunk
 # lists of a few pages, verified.json past its 64 KiB cap, a control request
-# past its 64 KiB line, a CONNECT line past its 32 bytes.
+# past its 64 KiB line, a CONNECT line past its 32 bytes, agent responses of
+# a few frames.
 max_len() {
     case $1 in
         diff | disk_chunks) echo 20000 ;;
         verified | control_request) echo 70000 ;;
         vsock_connect) echo 64 ;;
+        agent_responses) echo 4096 ;;
         *) echo 8192 ;;
     esac
 }
 
 start=$SECONDS
-for crate in snapshot-store vmm; do
+for crate in snapshot-store vmm agent-client; do
     (cd "$root/$crate" && cargo +nightly fuzz build --target-dir "$target_dir")
 done
 echo "fuzz: targets built in $((SECONDS - start)) s"

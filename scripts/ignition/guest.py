@@ -6,9 +6,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 
 def missing(kernel: Path, disk: Path) -> str | None:
@@ -28,14 +27,11 @@ def disk_copy(disk: os.PathLike[str] | str) -> Iterator[Path]:
         yield copy
 
 
-class Shell(Protocol):
-    def sh(self, cmd: str, timeout: float | None = None) -> str: ...
-
-
-def cpu_busy_ticks(vm: Shell) -> dict[str, int]:
-    """user+nice+system ticks (USER_HZ) per CPU from the guest's /proc/stat: {"cpu0": N, ...}."""
+def cpu_busy_ticks(run: Callable[[str], str]) -> dict[str, int]:
+    """user+nice+system ticks (USER_HZ) per CPU from the guest's /proc/stat: {"cpu0": N, ...};
+    `run` runs a guest shell command and returns its output (Vm.sh, Vm.run)."""
     ticks = {}
-    for line in vm.sh("grep '^cpu[0-9]' /proc/stat").splitlines():
+    for line in run("grep '^cpu[0-9]' /proc/stat").splitlines():
         name, user, nice, system, *_ = line.split()
         ticks[name] = int(user) + int(nice) + int(system)
     return ticks

@@ -28,6 +28,7 @@ from typing import overload
 import pexpect
 
 from . import console, loglines, paths, timeouts
+from .agent import Agent, AgentError, Completed, Execution, Exposed
 from .console import ConsoleError
 from .control import ControlClient
 
@@ -122,7 +123,8 @@ class Restored:
     logged_wall_s: float
     """spawn -> all three lines read."""
     wall_s: float
-    """spawn -> the shell prompt answering the Enter sent once logged."""
+    """spawn -> the shell prompt answering the Enter sent once logged (without a prompt
+    asked for: the lines read)."""
 
     @property
     def total_us(self) -> int:
@@ -134,17 +136,33 @@ class Vm:
     poweroff(), kill() or terminate() (a `with` block terminates it)."""
 
     def __init__(
-        self, cfg: VmConfig, args: Sequence[str], log_path: os.PathLike[str] | str | None = None, control: bool = False
+        self,
+        cfg: VmConfig,
+        args: Sequence[str],
+        log_path: os.PathLike[str] | str | None = None,
+        control: bool = False,
+        agent: bool = False,
     ):
         """Spawns `boot ARGS` (with cfg's backend and gic); the console goes to log_path. With
-        control, `boot` also listens on a control socket in a private directory (snapshot(name))."""
+        control, `boot` also listens on a control socket in a private directory (snapshot(name)).
+        With agent, the VM also gets a vsock device there (and a control socket): exec(),
+        read_file(), write_file(), expose() and wait_ready() go to the guest agent."""
         self.cfg = cfg
+        control = control or agent
         self._control_dir = tempfile.TemporaryDirectory(prefix="ignition-ctl-") if control else None
         self.control_path = Path(self._control_dir.name) / "control.sock" if self._control_dir else None
         if self.control_path is not None:
             args = [*args, "--control", str(self.control_path)]
-        self._ctl: ControlClient | None = None
         self.timeouts = cfg.timeouts or timeouts.for_backend(cfg.backend)
+        self._agent: Agent | None = None
+        if agent:
+            assert self._control_dir is not None
+            self.vsock_path: Path | None = Path(self._control_dir.name) / "vsock.sock"
+            args = [*args, "--vsock-uds", str(self.vsock_path)]
+            self._agent = Agent(self.vsock_path, timeout=self.timeouts.cmd)
+        else:
+            self.vsock_path = None
+        self._ctl: ControlClient | None = None
         self.argv = cfg.argv(*args)
         self.log_path = log_path
         self.restored: Restored | None = None
@@ -166,15 +184,17 @@ class Vm:
         track_dirty: bool = False,
         extra: Sequence[str] = (),
         control: bool = False,
+        agent: bool = False,
     ) -> Vm:
-        """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login()).
-        With control, snapshot(name) works over the VM's control socket."""
+        """A fresh boot of cfg.kernel on `disk` (mem in MiB); returns at once (see login(), or
+        wait_ready() with agent). With control, snapshot(name) works over the VM's control
+        socket; with agent, the guest agent's methods too (exec, read_file, ...)."""
         args = ["--kernel", str(cfg.kernel), "--disk", str(disk)]
         if mem is not None:
             args += ["--mem", str(mem)]
         if cpus is not None:
             args += ["--cpus", str(cpus)]
-        return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path, control)
+        return cls(cfg, args + _snapshot_args(store, name, track_dirty) + list(extra), log_path, control, agent)
 
     @classmethod
     def restore(
@@ -189,14 +209,19 @@ class Vm:
         extra: Sequence[str] = (),
         wait: bool = True,
         control: bool = False,
+        agent: bool = False,
     ) -> Vm:
         """`boot --restore spec`. With wait (the default), returns once the restore is logged
-        (self.restored) and the shell answers an Enter with its prompt. With control, as boot()."""
+        (self.restored) and the shell answers an Enter with its prompt; with agent too, once
+        the guest agent answered with the new generation (wait_ready). With control and
+        agent, as boot() (a snapshot taken with an agent needs agent=True: its vsock device)."""
         args = ["--restore", spec] + _snapshot_args(store, name, track_dirty) + list(extra)
-        vm = cls(cfg, args, log_path, control)
+        vm = cls(cfg, args, log_path, control, agent)
         if wait:
             try:
-                vm.wait_restored()
+                vm.wait_restored(prompt=not agent)
+                if agent:
+                    vm.wait_ready()
             except BaseException:
                 vm.terminate()
                 raise
@@ -265,6 +290,92 @@ class Vm:
     def sh(self, cmd: str, timeout: float | None = None) -> str:
         """Runs a shell command; returns its output; raises ConsoleError if it exits non-zero."""
         return console.run(self.child, cmd, self.timeouts.cmd if timeout is None else timeout)
+
+    # The guest agent (a VM started with agent=True)
+
+    @property
+    def agent(self) -> Agent:
+        """The guest agent's client."""
+        if self._agent is None:
+            raise ValueError("this VM has no guest agent: start it with agent=True")
+        return self._agent
+
+    def wait_ready(self, timeout: float | None = None) -> dict[str, object]:
+        """Waits until the VMM calls the VM ready (its control socket's status: the vCPUs run
+        and the guest agent answered with the VM's generation ID); returns that status.
+        Raises AgentError if the VMM reports the agent failed, ConsoleError on the timeout
+        (default: boot) or if boot exited."""
+        timeout = self.timeouts.boot if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while self.control_path is not None and not self.control_path.exists():  # boot is starting
+            if not self.child.isalive() or time.monotonic() > deadline:
+                raise ConsoleError("boot exited or made no control socket")
+            time.sleep(0.05)
+        with self.control() as c:
+            while True:
+                st = c.status()
+                if st["ready"]:
+                    return st
+                if st["agent"] == "failed":
+                    raise AgentError(f"the VMM reports the guest agent failed: {st['agent_error']}")
+                if not self.child.isalive():
+                    raise ConsoleError("boot exited before the VM was ready")
+                if time.monotonic() > deadline:
+                    raise ConsoleError(f"the VM was not ready within {timeout:.0f} s (agent: {st['agent']})")
+                time.sleep(0.05)
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str = "",
+        timeout: float | None = None,
+    ) -> Completed:
+        """Runs argv in the guest through the agent; returns Completed(stdout, stderr,
+        exit_code). timeout: seconds until the agent kills it (default: cmd)."""
+        return self.agent.exec(
+            argv, input=input, env=env, cwd=cwd, timeout=self.timeouts.cmd if timeout is None else timeout
+        )
+
+    def run(self, cmd: str, timeout: float | None = None) -> str:
+        """Runs a shell command (`sh -c cmd`) through the agent; returns its stdout, stripped
+        (as sh() returns console output); raises AgentError with its stderr if it exits
+        non-zero. Each call is a new shell: background jobs outlive it, `jobs` does not."""
+        return self.exec(["sh", "-c", cmd], timeout=timeout).check().stdout.decode().strip()
+
+    def run_status(self, cmd: str, timeout: float | None = None) -> tuple[int, str]:
+        """Runs a shell command through the agent; returns (exit code, stdout and stderr
+        stripped)."""
+        r = self.exec(["sh", "-c", cmd], timeout=timeout)
+        return r.exit_code, (r.stdout + r.stderr).decode().strip()
+
+    def exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: str = "",
+        timeout: float | None = None,
+        pty: tuple[int, int] | None = None,
+    ) -> Execution:
+        """A command whose output streams as it comes (Agent.exec_stream)."""
+        return self.agent.exec_stream(argv, stdin=stdin, env=env, cwd=cwd, timeout=timeout, pty=pty)
+
+    def read_file(self, path: str, max_bytes: int = 1 << 30) -> bytes:
+        """A guest file's content, through the agent."""
+        return self.agent.read_file(path, max_bytes)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Writes a guest file atomically, through the agent."""
+        self.agent.write_file(path, data, mode)
+
+    def expose(self, guest_port: int, host: str = "tcp") -> Exposed:
+        """Forwards a host address (Exposed.address: 127.0.0.1:PORT, or a Unix socket with
+        host="unix") to guest TCP port guest_port."""
+        return self.agent.expose(guest_port, host)
 
     # Snapshots and restore
 
@@ -341,10 +452,11 @@ class Vm:
             wall,
         )
 
-    def wait_restored(self) -> Restored:
+    def wait_restored(self, prompt: bool = True) -> Restored:
         """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
-        reports itself from its own thread: before or after the others), presses Enter and
-        waits for the shell prompt. Sets and returns self.restored."""
+        reports itself from its own thread: before or after the others), then, with prompt,
+        presses Enter and waits for the shell prompt (a console logged in when the snapshot
+        was taken). Sets and returns self.restored."""
         pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
         seen: dict[int, re.Match[str]] = {}
         while len(seen) < len(pats):
@@ -355,8 +467,9 @@ class Vm:
             stages = loglines.parse_restore_stages(seen[1].group(1))
         except ValueError as e:
             raise ConsoleError(str(e)) from None
-        self.type("\n")
-        self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
+        if prompt:
+            self.type("\n")
+            self.expect(console.PROMPT, "the shell prompt after Enter on the restored console")
         t_prompt = time.perf_counter()
         self.restored = Restored(
             int(seen[0].group(1)),

@@ -126,6 +126,7 @@ RUN = [
     "python3 -m ignition.bench.net --runs 1 --mib 8",
     "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
     "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
+    "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -151,6 +152,8 @@ EXCEPTIONS = {
     "same runner runs with --entries here",
     "python3 -m ignition.kvm_unit_tests --record-qemu": "rewrites the vendored record; test_kvm_unit_tests.py "
     "checks the record against the suite",
+    "python3 -m ignition.bench.agent": "the full benchmark (several minutes); the same module runs with --runs 20 "
+    "--mib 4 --pty-kib 4 --reps 1",
 }
 
 
@@ -224,6 +227,7 @@ PY_RUN = {
     ("python.md", "import vmstore"): "test_book_python_vmstore_example",
     ("python.md", "from ignition import Vm, VmConfig"): "test_book_python_ignition_example",
     ("control-socket.md", "from ignition.control import ControlClient"): "test_book_python_control_example",
+    ("agent.md", "from ignition import Vm, VmConfig"): "test_book_python_agent_example",
 }
 
 
@@ -298,3 +302,13 @@ def test_book_python_control_example(tmp_path, guest_out, cfg):
         assert vm.sh("echo alive") == "alive"
         assert vm.quit() == 0
     assert (tmp_path / "vmstore" / "golden" / "manifest.json").is_file()
+
+
+@pytest.mark.e2e
+def test_book_python_agent_example(tmp_path, guest_out):
+    """Boots a copy of the guest's disk as ./copy.ext4 with the agent."""
+    shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
+    out = run_python(book_python_blocks()[("agent.md", "from ignition import Vm, VmConfig")], tmp_path, 900)
+    lines = out.splitlines()
+    assert lines[0] == "b'aarch64\\n' b'oops\\n' 3", out
+    assert lines[1].startswith("guest port 8080 is at ('127.0.0.1', "), out

@@ -49,12 +49,12 @@ def test_two_vcpus_both_run(cfg, disk, tmp_path):
     with Vm.boot(cfg, disk=disk, cpus=2, log_path=tmp_path / "console.log") as vm:
         vm.login()
         assert vm.sh("nproc") == "2"
-        before = cpu_busy_ticks(vm)
+        before = cpu_busy_ticks(vm.sh)
         assert set(before) == {"cpu0", "cpu1"}
         # Two busy loops; the scheduler spreads them over both CPUs.
         vm.sh("for i in 1 2; do (while :; do :; done) & done")
         time.sleep(3)
-        after = cpu_busy_ticks(vm)
+        after = cpu_busy_ticks(vm.sh)
         vm.sh("kill $(jobs -p)")
         for cpu in ("cpu0", "cpu1"):
             assert after[cpu] - before[cpu] >= 50, f"{cpu} did not run the busy loop: {before} -> {after}"

@@ -15,8 +15,8 @@ backend review": one guest clock per VM, and guest time standing still while pau
 Both checks are exact inequalities on the guest's own counter and the host's
 monotonic clock, so machine speed and load do not decide them.
 
-Uses from the ignition package: Vm (boot, restore, login, sh, snapshot,
-quit) and the cfg fixture (conftest.py).
+Uses from the ignition package: Vm (boot, restore, the guest agent's
+write_file and run, snapshot, quit) and the cfg fixture (conftest.py).
 """
 
 from __future__ import annotations
@@ -98,18 +98,9 @@ def elf(words: list[int]) -> bytes:
     return header + phdr + code
 
 
-def install(vm, path: str, data: bytes) -> None:
-    """Writes `data` to `path` in the guest with printf octal escapes."""
-    vm.sh(f": > {path}")
-    for i in range(0, len(data), 64):
-        chunk = "".join(f"\\{b:03o}" for b in data[i : i + 64])
-        vm.sh(f"printf '{chunk}' >> {path}")
-    vm.sh(f"chmod +x {path}")
-
-
 def counts_across_cpus(vm) -> list[tuple[int, int, int]]:
     """Runs cntpp in the guest; returns its (CPU 0, CPU 1, CPU 0) counts."""
-    out = vm.sh("/root/cntpp | od -A n -t u8 -v")
+    out = vm.run("/root/cntpp | od -A n -t u8 -v")
     values = [int(v) for v in out.split()]
     assert len(values) == 3 * SAMPLES, out
     return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]
@@ -128,7 +119,7 @@ def assert_one_counter(vm, when: str) -> None:
 
 
 def uptime(vm) -> float:
-    return float(vm.sh("cut -d ' ' -f 1 /proc/uptime"))
+    return float(vm.run("cut -d ' ' -f 1 /proc/uptime"))
 
 
 def test_clock_across_snapshots(guest_out, cfg, tmp_path, monkeypatch):
@@ -148,9 +139,10 @@ def test_clock_across_snapshots(guest_out, cfg, tmp_path, monkeypatch):
         track_dirty=True,
         log_path=tmp_path / "clk.log",
         extra=["--snapshot-mode", "stop"],
+        agent=True,
     ) as vm:
-        vm.login()
-        install(vm, "/root/cntpp", elf(CNTPP))
+        vm.wait_ready()
+        vm.write_file("/root/cntpp", elf(CNTPP), mode=0o755)
         assert_one_counter(vm, "fresh boot")
 
         # Guest time across a snapshot that pauses the VM for DELAY_MS more.
@@ -173,13 +165,15 @@ def test_clock_across_snapshots(guest_out, cfg, tmp_path, monkeypatch):
         assert vm.quit() == 0
     monkeypatch.delenv(DELAY_ENV)
 
-    with Vm.restore(cfg, "clk", store=store, name="clk-d1", track_dirty=True, log_path=tmp_path / "r1.log") as vm:
+    with Vm.restore(
+        cfg, "clk", store=store, name="clk-d1", track_dirty=True, agent=True, log_path=tmp_path / "r1.log"
+    ) as vm:
         assert_one_counter(vm, "restored full snapshot")
-        vm.sh("echo diff > /dev/shm/d1")
+        vm.run("echo diff > /dev/shm/d1")
         vm.snapshot("clk-d1", "diff")
         assert vm.quit() == 0
 
-    with Vm.restore(cfg, "clk+1", store=store, log_path=tmp_path / "r2.log") as vm:
+    with Vm.restore(cfg, "clk+1", store=store, agent=True, log_path=tmp_path / "r2.log") as vm:
         assert_one_counter(vm, "restored diff")
-        assert vm.sh("cat /dev/shm/d1") == "diff"
+        assert vm.run("cat /dev/shm/d1") == "diff"
         assert vm.quit() == 0

@@ -25,7 +25,6 @@ MEM = 256
 def vm_and_socket(tmp_path, guest_out, cfg):
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    path = tmp_path / "ctl.sock"
     vm = Vm.boot(
         cfg,
         disk=disk,
@@ -34,11 +33,12 @@ def vm_and_socket(tmp_path, guest_out, cfg):
         track_dirty=True,
         name="c",
         log_path=tmp_path / "c.log",
-        extra=["--control", str(path)],
+        agent=True,
     )
     try:
-        vm.login()
-        yield vm, path
+        vm.wait_ready()
+        assert vm.control_path is not None
+        yield vm, vm.control_path
     finally:
         vm.terminate()
 
@@ -57,7 +57,7 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         assert 0 < first["pages"] < MEM * 1024 // 16
         assert c.status()["parent"] == "c"
 
-        vm.sh("echo 12345 > /dev/shm/marker")
+        vm.run("echo 12345 > /dev/shm/marker")
         assert c.status()["dirty_pages"] > 0
         second = c.snapshot("c-two")
         assert (second["name"], second["kind"]) == ("c-two", "diff")
@@ -76,7 +76,7 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         with pytest.raises(ControlError) as e:
             c.resume()
         assert e.value.code == "refused"
-        assert vm.sh("cat /dev/shm/marker") == "12345"
+        assert vm.run("cat /dev/shm/marker") == "12345"
 
         with pytest.raises(ControlError) as e:
             c.snapshot("c")
@@ -84,12 +84,10 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         c.quit()
     assert vm.wait_exit() == 0
 
-    with Vm.restore(
-        cfg, "c-two", store=tmp_path / "store", log_path=tmp_path / "r.log", extra=["--control", str(path)]
-    ) as r:
-        with r.control(path) as c:
+    with Vm.restore(cfg, "c-two", store=tmp_path / "store", log_path=tmp_path / "r.log", agent=True) as r:
+        with r.control() as c:
             assert c.status()["restored_from"] == "c-two"
-        assert r.sh("cat /dev/shm/marker") == "12345"
+        assert r.run("cat /dev/shm/marker") == "12345"
         assert r.quit() == 0
 
 
@@ -120,7 +118,7 @@ def test_bad_requests_change_nothing(vm_and_socket):
         s.close()
         assert c.status()["state"] == "running"
         assert c.status()["parent"] is None, "nothing was snapshotted"
-    assert vm.sh("echo alive") == "alive"
+    assert vm.run("echo alive") == "alive"
 
 
 def test_clients_are_capped_and_a_stalled_line_times_out(vm_and_socket):
@@ -162,7 +160,7 @@ def test_clients_are_capped_and_a_stalled_line_times_out(vm_and_socket):
         assert b'"timeout"' in reply, reply
         # The idle connection was never timed out.
         assert idle.status()["state"] == "running"
-    assert vm.sh("echo alive") == "alive"
+    assert vm.run("echo alive") == "alive"
 
 
 def test_the_socket_path_is_checked(vm_and_socket, tmp_path, cfg, guest_out):
@@ -190,18 +188,18 @@ def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
     """The harness's Vm.snapshot(name) goes through the socket of a VM started with control=True."""
     store = tmp_path / "store"
     with Vm.boot(
-        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="h", control=True, log_path=tmp_path / "h.log"
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="h", agent=True, log_path=tmp_path / "h.log"
     ) as vm:
-        vm.login()
-        vm.sh("echo via-control > /root/m && sync")
+        vm.wait_ready()
+        vm.run("echo via-control > /root/m && sync")
         first = vm.snapshot("h")
         assert (first.name, first.kind) == ("h", "full") and first.pages > 0
         second = vm.snapshot("h-two")
         assert (second.name, second.kind) == ("h-two", "diff")
         assert vm.quit() == 0
-    with Vm.restore(cfg, "h+1", store=store, log_path=tmp_path / "r.log") as vm:
+    with Vm.restore(cfg, "h+1", store=store, log_path=tmp_path / "r.log", agent=True) as vm:
         assert vm.restored is not None and vm.restored.restore_ms >= 0
-        assert vm.sh("cat /root/m") == "via-control"
+        assert vm.run("cat /root/m") == "via-control"
         assert vm.quit() == 0
 
 
@@ -212,19 +210,12 @@ def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkey
     gate = tmp_path / "gate"
     monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_GATE", str(gate))
     store = tmp_path / "store"
-    path = tmp_path / "ctl.sock"
     vm = Vm.boot(
-        cfg,
-        disk=disk,
-        mem=MEM,
-        store=store,
-        track_dirty=True,
-        name="q",
-        log_path=tmp_path / "q.log",
-        extra=["--control", str(path)],
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q", log_path=tmp_path / "q.log", agent=True
     )
+    path = vm.control_path
     try:
-        vm.login()
+        vm.wait_ready()
         answers: list[dict] = []
         with vm.control(path) as c, vm.control(path) as other:
             writer = threading.Thread(target=lambda: answers.append(c.raw(b'{"command": "snapshot"}')))

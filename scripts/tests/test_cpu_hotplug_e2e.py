@@ -6,7 +6,7 @@ in its reset state: MMU and caches off), and cpu1 must keep working. Then
 the same across a snapshot: cpu1 offline when the snapshot is taken,
 onlined in the restored VM.
 
-Uses the harness's `Vm` (boot, restore, login, sh, sh_status, snapshot,
+Uses the harness's `Vm` (boot, restore, the guest agent's run and run_status, snapshot,
 quit) and `guest.cpu_busy_ticks`. Needs a guest kernel with
 CONFIG_HOTPLUG_CPU=y; skips on one without.
 """
@@ -33,10 +33,10 @@ TROUBLE = re.compile(
 )
 
 
-def login(vm: Vm):
-    """Logs in; skips the test if the guest kernel cannot take CPUs offline."""
-    vm.login()
-    status, _ = vm.sh_status(f"test -e {ONLINE}")
+def ready(vm: Vm):
+    """Waits for the guest agent; skips the test if the guest kernel cannot take CPUs offline."""
+    vm.wait_ready()
+    status, _ = vm.run_status(f"test -e {ONLINE}")
     if status != 0:
         pytest.skip(
             f"the guest kernel has no CPU hotplug ({ONLINE} missing): "
@@ -46,10 +46,10 @@ def login(vm: Vm):
 
 def set_cpu1(vm: Vm, online: bool):
     """Writes cpu1's `online` file; the write fails if the CPU does not come up."""
-    status, out = vm.sh_status(f"echo {int(online)} > {ONLINE}")
+    status, out = vm.run_status(f"echo {int(online)} > {ONLINE}")
     assert status == 0, f"echo {int(online)} > {ONLINE} failed: {out}"
-    assert vm.sh(f"cat {ONLINE}") == str(int(online))
-    assert vm.sh("cat /sys/devices/system/cpu/online") == ("0-1" if online else "0")
+    assert vm.run(f"cat {ONLINE}") == str(int(online))
+    assert vm.run("cat /sys/devices/system/cpu/online") == ("0-1" if online else "0")
 
 
 def no_trouble(text: str, where: str):
@@ -61,21 +61,20 @@ def cpu1_works(vm: Vm):
     """cpu1 runs work: a task pinned to it with busybox `taskset` if the
     guest has it (the task reports the CPU it ran on), and cpu1's ticks grow
     under two busy loops. No kernel trouble in the guest's log."""
-    status, _ = vm.sh_status("command -v taskset")
+    status, _ = vm.run_status("command -v taskset")
     if status == 0:
         # Field 39 of /proc/self/stat: the CPU the task last ran on.
-        cpu = vm.sh(
+        cpu = vm.run(
             "taskset 2 sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cut -d\" \" -f39 /proc/self/stat'"
         )
         assert cpu == "1", f"a task pinned to cpu1 ran on cpu{cpu}"
-    before = cpu_busy_ticks(vm)["cpu1"]
-    vm.sh("for i in 1 2; do (while :; do :; done) & done")
+    before = cpu_busy_ticks(vm.run)["cpu1"]
+    vm.run("for i in 1 2; do (while :; do :; done) & echo $! >> /tmp/busy; done")
     time.sleep(2)
-    after = cpu_busy_ticks(vm)["cpu1"]
-    vm.sh("kill $(jobs -p)")
+    after = cpu_busy_ticks(vm.run)["cpu1"]
+    vm.run("kill $(cat /tmp/busy); rm /tmp/busy")
     assert after - before >= 30, f"cpu1 is not running: {before} -> {after} ticks"
-    # Without the timestamps, which the console reader takes for live kernel messages.
-    no_trouble(vm.sh("dmesg | sed 's/^[[][^]]*[]] //'"), "dmesg")
+    no_trouble(vm.run("dmesg"), "dmesg")
 
 
 def console_clean(log: Path):
@@ -84,8 +83,8 @@ def console_clean(log: Path):
 
 def test_cpu1_offline_online_cycles(cfg, disk, tmp_path):
     log = tmp_path / "console.log"
-    with Vm.boot(cfg, disk=disk, cpus=2, log_path=log) as vm:
-        login(vm)
+    with Vm.boot(cfg, disk=disk, cpus=2, agent=True, log_path=log) as vm:
+        ready(vm)
         for _ in range(CYCLES):
             set_cpu1(vm, False)
             set_cpu1(vm, True)
@@ -97,16 +96,16 @@ def test_cpu1_offline_online_cycles(cfg, disk, tmp_path):
 def test_cpu1_offline_across_a_snapshot_comes_back_online(cfg, disk, tmp_path):
     store = tmp_path / "store"
     log = tmp_path / "before.log"
-    with Vm.boot(cfg, disk=disk, cpus=2, store=store, name="cpu1-off", log_path=log) as vm:
-        login(vm)
+    with Vm.boot(cfg, disk=disk, cpus=2, store=store, name="cpu1-off", agent=True, log_path=log) as vm:
+        ready(vm)
         set_cpu1(vm, False)
         vm.snapshot("cpu1-off", "full")
         assert vm.quit() == 0
     console_clean(log)
 
     log = tmp_path / "after.log"
-    with Vm.restore(cfg, "cpu1-off", store=store, log_path=log) as vm:
-        assert vm.sh("cat /sys/devices/system/cpu/online") == "0"
+    with Vm.restore(cfg, "cpu1-off", store=store, agent=True, log_path=log) as vm:
+        assert vm.run("cat /sys/devices/system/cpu/online") == "0"
         set_cpu1(vm, True)
         cpu1_works(vm)
         set_cpu1(vm, False)

@@ -1,4 +1,5 @@
-"""virtio-net on the real guest, through passt (started by each test).
+"""virtio-net on the real guest, through passt (started by each test); guest commands run
+through the guest agent.
 
 The guest gets its address by DHCP (udhcpc, started by the guest's init),
 fetches from and posts to an HTTP server on the host's loopback (passt
@@ -38,8 +39,8 @@ BIG = 64 << 20
 
 def wait_for_lease(vm: Vm) -> str:
     """Waits (bounded, generously) for eth0's DHCP lease; returns the gateway."""
-    vm.sh(net.LEASE_WAIT_CMD, timeout=120)
-    gw = vm.sh(net.GATEWAY_CMD)
+    vm.run(net.LEASE_WAIT_CMD, timeout=120)
+    gw = vm.run(net.GATEWAY_CMD)
     assert gw, "no default route from the lease"
     return gw
 
@@ -51,21 +52,26 @@ def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_disk, cfg):
         page_sum = http.add("page", page)
         big_sum = http.add("big", big)
         with Vm.boot(
-            cfg, disk=guest_disk, mem=MEM, extra=["--net", f"stream:{passt.socket}"], log_path=tmp_path / "boot.log"
+            cfg,
+            agent=True,
+            disk=guest_disk,
+            mem=MEM,
+            extra=["--net", f"stream:{passt.socket}"],
+            log_path=tmp_path / "boot.log",
         ) as vm:
-            vm.login()
+            vm.wait_ready()
             gw = wait_for_lease(vm)
             url = f"http://{gw}:{http.port}"
-            assert vm.sh(f"wget -q -O - {url}/page | sha256sum").split()[0] == page_sum
+            assert vm.run(f"wget -q -O - {url}/page | sha256sum").split()[0] == page_sum
             # 64 MiB to the guest.
-            assert vm.sh(f"wget -q -O - {url}/big | sha256sum", timeout=900).split()[0] == big_sum
+            assert vm.run(f"wget -q -O - {url}/big | sha256sum", timeout=900).split()[0] == big_sum
             # 64 MiB from the guest (random bytes but NUL: see net.LoopbackHttp).
-            vm.sh(f"tr -d '\\000' < /dev/urandom | head -c {BIG} > /dev/shm/up", timeout=300)
-            up_sum = vm.sh("sha256sum /dev/shm/up").split()[0]
-            got = vm.sh(f"wget -q -O - --post-file=/dev/shm/up {url}/up", timeout=900).split()
+            vm.run(f"tr -d '\\000' < /dev/urandom | head -c {BIG} > /dev/shm/up", timeout=300)
+            up_sum = vm.run("sha256sum /dev/shm/up").split()[0]
+            got = vm.run(f"wget -q -O - --post-file=/dev/shm/up {url}/up", timeout=900).split()
             assert got == [up_sum, str(BIG)]
             # passt's MTU (by DHCP), which mergeable receive buffers carry.
-            assert "MTU:65520" in vm.sh("ifconfig eth0")
+            assert "MTU:65520" in vm.run("ifconfig eth0")
             assert vm.quit() == 0
 
 
@@ -78,6 +84,7 @@ def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_disk,
             net.Passt(tmp_path, "a.sock") as a,
             Vm.boot(
                 cfg,
+                agent=True,
                 disk=guest_disk,
                 mem=MEM,
                 store=store,
@@ -87,22 +94,27 @@ def test_the_network_works_after_restore_on_a_new_host_end(tmp_path, guest_disk,
                 log_path=tmp_path / "boot.log",
             ) as vm,
         ):
-            vm.login()
+            vm.wait_ready()
             gw = wait_for_lease(vm)
-            mac = vm.sh("cat /sys/class/net/eth0/address")
+            mac = vm.run("cat /sys/class/net/eth0/address")
             vm.snapshot("netbase", "full")
             assert vm.quit() == 0
         # passt a is gone; b is new, at another path.
         with (
             net.Passt(tmp_path, "b.sock") as b,
             Vm.restore(
-                cfg, "netbase", store=store, extra=["--net", f"stream:{b.socket}"], log_path=tmp_path / "restore.log"
+                cfg,
+                "netbase",
+                store=store,
+                agent=True,
+                extra=["--net", f"stream:{b.socket}"],
+                log_path=tmp_path / "restore.log",
             ) as vm,
         ):
-            assert vm.sh("cat /sys/class/net/eth0/address") == mac
+            assert vm.run("cat /sys/class/net/eth0/address") == mac
             # (timeout, not wget -T: busybox 1.35's wget crashes with -T,
             # under QEMU as here.)
-            got = vm.sh(f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum", timeout=120)
+            got = vm.run(f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum", timeout=120)
             assert got.split()[0] == page_sum
             assert vm.quit() == 0
 
@@ -141,10 +153,10 @@ def test_host_end_errors_are_clear(tmp_path, guest_disk, cfg):
 
 
 def test_without_net_the_guest_has_no_network_device(tmp_path, guest_disk, cfg):
-    with Vm.boot(cfg, disk=guest_disk, mem=256, log_path=tmp_path / "boot.log") as vm:
-        vm.login()
-        assert vm.sh_status("test -e /sys/class/net/eth0")[0] != 0
-        assert vm.sh("ifconfig lo | grep -c 'inet addr:127.0.0.1'") == "1"
+    with Vm.boot(cfg, agent=True, disk=guest_disk, mem=256, log_path=tmp_path / "boot.log") as vm:
+        vm.wait_ready()
+        assert vm.run_status("test -e /sys/class/net/eth0")[0] != 0
+        assert vm.run("ifconfig lo | grep -c 'inet addr:127.0.0.1'") == "1"
         assert vm.quit() == 0
 
 
@@ -197,15 +209,16 @@ def test_tap_in_a_network_namespace(tmp_path, guest_disk, cfg, netns):
     try:
         with Vm.boot(
             dataclasses.replace(cfg, boot=wrapper),
+            agent=True,
             disk=guest_disk,
             mem=256,
             extra=["--net", "tap:tap0", "--mac", "52:54:00:aa:bb:cc"],
             log_path=tmp_path / "boot.log",
         ) as vm:
-            vm.login()
-            assert vm.sh("cat /sys/class/net/eth0/address") == "52:54:00:aa:bb:cc"
-            vm.sh("ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up")
-            got = vm.sh(
+            vm.wait_ready()
+            assert vm.run("cat /sys/class/net/eth0/address") == "52:54:00:aa:bb:cc"
+            vm.run("ifconfig eth0 10.0.2.15 netmask 255.255.255.0 up")
+            got = vm.run(
                 "timeout 60 sh -c 'until wget -q -O - http://10.0.2.1:8080/page; do sleep 0.2; done' | sha256sum",
                 timeout=120,
             )
@@ -228,6 +241,7 @@ def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, 
             net.Passt(tmp_path, "a.sock") as a,
             Vm.boot(
                 cfg,
+                agent=True,
                 disk=guest_disk,
                 mem=MEM,
                 store=store,
@@ -237,29 +251,31 @@ def test_frames_received_during_and_after_a_snapshot_reach_the_layers(tmp_path, 
                 log_path=tmp_path / "boot.log",
             ) as vm,
         ):
-            vm.login()
+            vm.wait_ready()
             gw = wait_for_lease(vm)
-            vm.sh(f"wget -q -O /dev/shm/big http://{gw}:{http.port}/big && sha256sum /dev/shm/big > /dev/shm/big.sum &")
+            vm.run(
+                f"wget -q -O /dev/shm/big http://{gw}:{http.port}/big && sha256sum /dev/shm/big > /dev/shm/big.sum &"
+            )
             # Once some of it has arrived, snapshot mid-transfer.
-            vm.sh(
+            vm.run(
                 "i=0; until [ -s /dev/shm/big ]; do i=$((i+1)); [ $i -lt 600 ] || exit 1; sleep 0.1; done", timeout=120
             )
             vm.snapshot("busy", "full")
-            vm.sh(
+            vm.run(
                 "i=0; until [ -s /dev/shm/big.sum ]; do i=$((i+1)); [ $i -lt 6000 ] || exit 1; sleep 0.1; done",
                 timeout=900,
             )
-            assert vm.sh("cut -d' ' -f1 /dev/shm/big.sum") == big_sum
+            assert vm.run("cut -d' ' -f1 /dev/shm/big.sum") == big_sum
             vm.snapshot("busy.2", "diff")
             assert vm.quit() == 0
         with net.Passt(tmp_path, "b.sock") as b:
             net_args = ["--net", f"stream:{b.socket}"]
-            with Vm.restore(cfg, "busy.2", store=store, extra=net_args, log_path=tmp_path / "r2.log") as vm:
-                assert vm.sh("sha256sum /dev/shm/big").split()[0] == big_sum
+            with Vm.restore(cfg, "busy.2", store=store, agent=True, extra=net_args, log_path=tmp_path / "r2.log") as vm:
+                assert vm.run("sha256sum /dev/shm/big").split()[0] == big_sum
                 assert vm.quit() == 0
-            with Vm.restore(cfg, "busy", store=store, extra=net_args, log_path=tmp_path / "r1.log") as vm:
+            with Vm.restore(cfg, "busy", store=store, agent=True, extra=net_args, log_path=tmp_path / "r1.log") as vm:
                 # The transfer's connection did not survive (a new passt); the network does.
-                vm.sh("kill %1 2>/dev/null; pkill wget; true")
-                got = vm.sh(f"timeout 600 wget -q -O - http://{gw}:{http.port}/big | sha256sum", timeout=900)
+                vm.run("pkill wget; true")
+                got = vm.run(f"timeout 600 wget -q -O - http://{gw}:{http.port}/big | sha256sum", timeout=900)
                 assert got.split()[0] == big_sum
                 assert vm.quit() == 0

@@ -278,9 +278,9 @@ def test_two_vcpus_snapshot_and_restore(cfg, disk, tmp_path):
 
     def both_cpus_run(vm):
         assert vm.sh("cat /sys/devices/system/cpu/online") == "0-1"
-        before = cpu_busy_ticks(vm)
+        before = cpu_busy_ticks(vm.sh)
         time.sleep(2)
-        after = cpu_busy_ticks(vm)
+        after = cpu_busy_ticks(vm.sh)
         for cpu in ("cpu0", "cpu1"):
             assert after[cpu] - before[cpu] >= 30, f"{cpu} is not running: {before} -> {after}"
 

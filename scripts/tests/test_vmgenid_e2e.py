@@ -24,7 +24,7 @@ RESEEDED = "crng reseeded due to virtual machine fork"
 
 
 def urandom_digest(vm: Vm) -> str:
-    return vm.sh("head -c 64 /dev/urandom | sha256sum").split()[0]
+    return vm.run("head -c 64 /dev/urandom | sha256sum").split()[0]
 
 
 def test_each_restore_reseeds_the_guest_rng(tmp_path, guest_out, cfg):
@@ -32,21 +32,21 @@ def test_each_restore_reseeds_the_guest_rng(tmp_path, guest_out, cfg):
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     with Vm.boot(
-        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="base", log_path=tmp_path / "base.log"
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="base", agent=True, log_path=tmp_path / "base.log"
     ) as vm:
-        vm.login()
+        vm.wait_ready()
         # The driver bound to the device tree's node at boot, and nothing
         # has reseeded yet.
-        assert vm.sh("ls /sys/bus/platform/drivers/vmgenid/ | grep -c '[.]vmgenid$'") == "1"
-        assert vm.sh_status(f"dmesg | grep -c '{RESEEDED}'")[1] == "0"
+        assert vm.run("ls /sys/bus/platform/drivers/vmgenid/ | grep -c '[.]vmgenid$'") == "1"
+        assert vm.run_status(f"dmesg | grep -c '{RESEEDED}'")[1] == "0"
         vm.snapshot("base", "full")
         assert vm.quit() == 0
 
     seen = []
     for n in range(2):
-        with Vm.restore(cfg, "base", store=store, log_path=tmp_path / f"r{n}.log") as vm:
-            # The interrupt is pending from the start; the shell runs after it.
-            assert vm.sh(f"dmesg | grep -c '{RESEEDED}'") == "1"
+        with Vm.restore(cfg, "base", store=store, agent=True, log_path=tmp_path / f"r{n}.log") as vm:
+            # The interrupt is pending from the start; the agent answers after it.
+            assert vm.run(f"dmesg | grep -c '{RESEEDED}'") == "1"
             seen.append(urandom_digest(vm))
             assert vm.quit() == 0
     assert seen[0] != seen[1], "two restores of one snapshot read the same random bytes"

@@ -1,4 +1,5 @@
-"""virtio-vsock on the real guest, with the Unix-socket host end.
+"""virtio-vsock on the real guest, with the Unix-socket host end (guest commands run
+through the guest agent, which the same device carries).
 
 Host programs connect to `--vsock-uds PATH` with `CONNECT <port>`; guest
 connections to host port P arrive at `PATH_P`. Echo round trips of 16 MiB
@@ -51,11 +52,12 @@ def concurrent_echoes(uds, port: int) -> None:
 
 
 def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
-    uds = tmp_path / "v.sock"
-    with Vm.boot(cfg, disk=guest_disk, mem=MEM, extra=["--vsock-uds", str(uds)], log_path=tmp_path / "boot.log") as vm:
-        vm.login()
-        assert vm.sh("vsock cid") == "3"
-        vm.sh("vsock echo-server 5000 &")
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, agent=True, log_path=tmp_path / "boot.log") as vm:
+        vm.wait_ready()
+        uds = vm.vsock_path
+        assert uds is not None
+        assert vm.run("vsock cid") == "3"
+        vm.run("vsock echo-server 5000 &")
         # Host to guest and back: 16 MiB.
         big = os.urandom(BIG)
         with vsock.connect(uds, 5000, timeout=120) as s:
@@ -63,14 +65,14 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
         concurrent_echoes(uds, 5000)
         # Guest to host and back: 16 MiB, and 32 connections at once.
         with vsock.PortServer(uds, 6000, vsock.echo) as server:
-            vm.sh(f"head -c {BIG} /dev/urandom > /dev/shm/big", timeout=300)
-            sums = vm.sh(
+            vm.run(f"head -c {BIG} /dev/urandom > /dev/shm/big", timeout=300)
+            sums = vm.run(
                 "sha256sum < /dev/shm/big; vsock connect 2 6000 < /dev/shm/big | sha256sum", timeout=600
             ).split()
             assert sums[0] == sums[2] and len(sums) == 4, sums
-            vm.sh(f"head -c {EACH} /dev/urandom > /dev/shm/each")
+            vm.run(f"head -c {EACH} /dev/urandom > /dev/shm/each")
             # (wait for these only: the echo server is a job of this shell too)
-            out = vm.sh(
+            out = vm.run(
                 f"pids=; for i in $(seq {CONCURRENT}); do "
                 'vsock connect 2 6000 < /dev/shm/each > /dev/shm/out.$i & pids="$pids $!"; '
                 "done; wait $pids; "
@@ -85,7 +87,7 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
             assert server.connections == 1 + CONCURRENT
             assert not server.errors, server.errors
         # No listener at a host port: the guest's connect is refused.
-        status, out = vm.sh_status("vsock connect 2 6001 < /dev/null")
+        status, out = vm.run_status("vsock connect 2 6001 < /dev/null")
         assert status == 1 and "Connection reset" in out, out
         # Nor on a guest port: the host program is closed without an OK line.
         with socket.socket(socket.AF_UNIX) as s:
@@ -98,7 +100,6 @@ def test_echo_both_ways_checksummed_and_concurrent(tmp_path, guest_disk, cfg):
 
 def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cfg):
     store = tmp_path / "store"
-    uds = tmp_path / "a.sock"
     with Vm.boot(
         cfg,
         disk=guest_disk,
@@ -106,15 +107,17 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cf
         store=store,
         track_dirty=True,
         name="vbase",
-        extra=["--vsock-uds", str(uds)],
+        agent=True,
         log_path=tmp_path / "boot.log",
     ) as vm:
-        vm.login()
-        vm.sh("vsock echo-server 5000 &")
+        vm.wait_ready()
+        uds = vm.vsock_path
+        assert uds is not None
+        vm.run("vsock echo-server 5000 &")
         with vsock.PortServer(uds, 6000, vsock.echo):
             # A guest connection open across the snapshot (its reader waits).
             # (stdin a FIFO a sleeping writer holds open: no data, no end)
-            vm.sh(
+            vm.run(
                 "mkfifo /dev/shm/idle; (vsock connect 2 6000 < /dev/shm/idle; "
                 'echo "exit $?" > /dev/shm/held) & sleep 1000 > /dev/shm/idle &'
             )
@@ -123,28 +126,30 @@ def test_a_restore_resets_connections_and_new_ones_work(tmp_path, guest_disk, cf
             # The running VM keeps its connections.
             assert vsock.echo_round_trip(held, b"still here") == hashlib.sha256(b"still here").hexdigest()
         assert vm.quit() == 0
-    assert not uds.exists(), "the host socket is removed on exit"
+        assert not uds.exists(), "the host socket is removed on exit"
 
-    # Restored with a new socket and a new CID.
-    uds2 = tmp_path / "b.sock"
+    # Restored with a new socket (the Vm's own) and a new CID.
     with Vm.restore(
         cfg,
         "vbase",
         store=store,
-        extra=["--vsock-uds", str(uds2), "--vsock-cid", "42"],
+        agent=True,
+        extra=["--vsock-cid", "42"],
         log_path=tmp_path / "restore.log",
     ) as vm:
+        uds2 = vm.vsock_path
+        assert uds2 is not None
         # The transport reset dropped the guest's connection, and the guest
         # took the new CID.
-        vm.sh("i=0; until [ -e /dev/shm/held ] || [ $i -ge 600 ]; do i=$((i+1)); sleep 0.1; done", timeout=120)
-        assert vm.sh("cat /dev/shm/held") == "exit 1"
-        assert vm.sh("vsock cid") == "42"
+        vm.run("i=0; until [ -e /dev/shm/held ] || [ $i -ge 600 ]; do i=$((i+1)); sleep 0.1; done", timeout=120)
+        assert vm.run("cat /dev/shm/held") == "exit 1"
+        assert vm.run("vsock cid") == "42"
         # The listener survived; new connections work at once, both ways.
         data = os.urandom(1 << 20)
         with vsock.connect(uds2, 5000, timeout=10) as s:
             assert vsock.echo_round_trip(s, data) == hashlib.sha256(data).hexdigest()
         with vsock.PortServer(uds2, 6000, vsock.echo):
-            assert vm.sh("echo ping | vsock connect 2 6000") == "ping"
+            assert vm.run("echo ping | vsock connect 2 6000") == "ping"
         assert vm.quit() == 0
 
     # The device set must match the snapshot's.

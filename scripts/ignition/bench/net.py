@@ -40,7 +40,7 @@ from ignition.vm import Vm, VmConfig
 
 def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict[str, Any]:
     """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
-    guest shell command."""
+    guest shell command (Ignition: through the guest agent; QEMU: on its console)."""
     run(net.LEASE_WAIT_CMD, 120)
     url = f"http://{run(net.GATEWAY_CMD, 30)}:{http.port}"
     size = mib << 20
@@ -67,10 +67,10 @@ def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict[str, Any]:
     counter = vsock.TimedCount()
     with vsock.PortServer(uds, 7001, counter) as server:
         for i in range(runs):
-            vm.sh("vsock sink 7000 > /dev/null &")
+            vm.run("vsock sink 7000 > /dev/null &")
             to_guest.append(size / vsock.send_timed(uds, 7000, size) / 1e6)
             # (dd: busybox head -c is slower than the transfer under TCG)
-            got = vm.sh(f"dd if=/dev/zero bs=65536 count={size >> 16} 2>/dev/null | vsock connect 2 7001", timeout=900)
+            got = vm.run(f"dd if=/dev/zero bs=65536 count={size >> 16} 2>/dev/null | vsock connect 2 7001", timeout=900)
             assert got == str(size), got
             n, secs = counter.transfers[i]
             assert n == size
@@ -120,7 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     blob = os.urandom(args.mib << 20)
     with net.LoopbackHttp() as http:
         http.add("blob", blob)
-        uds = logs / "vsock.sock"
         with (
             disk_copy(args.disk) as disk,
             net.Passt(logs, "ignition.sock") as passt,
@@ -128,16 +127,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cfg,
                 disk=disk,
                 mem=args.mem,
-                extra=["--net", f"stream:{passt.socket}", "--vsock-uds", str(uds)],
+                agent=True,
+                extra=["--net", f"stream:{passt.socket}"],
                 log_path=logs / "ignition.log",
             ) as vm,
         ):
-            vm.login()
+            vm.wait_ready()
+            assert vm.vsock_path is not None
             result["ignition"] = {
                 "backend": args.backend,
-                **measure(lambda c, t: vm.sh(c, timeout=t), http, args.mib, args.runs),
+                **measure(lambda c, t: vm.run(c, timeout=t), http, args.mib, args.runs),
             }
-            result["ignition_vsock"] = measure_vsock(vm, uds, args.mib, args.runs)
+            result["ignition_vsock"] = measure_vsock(vm, vm.vsock_path, args.mib, args.runs)
             vm.quit()
         if not args.no_qemu:
             qto = timeouts.for_backend("qemu")

@@ -6,8 +6,8 @@ use ignition_vmm::arch::layout;
 use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::{
-    BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VmExit,
-    VsockConfig,
+    AgentConfig, BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions,
+    VmExit, VsockConfig,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -104,8 +104,15 @@ fn default_cmdline() -> String {
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
 /// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
 /// ms` (with a `Restore-stages:` breakdown; the private disk copy, which the
-/// guest's first disk request waits for, reports `Restore-disk-copy`). Logs:
-/// set RUST_LOG (e.g. RUST_LOG=debug).
+/// guest's first disk request waits for, reports `Restore-disk-copy`),
+/// `Agent-ready-time = N ms` (VM start to the guest agent's answer with the
+/// VM's generation ID). Logs: set RUST_LOG (e.g. RUST_LOG=debug).
+///
+/// --vsock-uds PATH also talks to the guest agent (`/bin/ignition-agent`,
+/// vsock port 1024; --no-agent if the guest has none): once it listens, and
+/// after every restore, the VMM sends it the VM generation ID; on a restore
+/// the agent gives the clone a new machine ID and network address first.
+/// The VM is ready (the control socket's `status`) when the agent answers.
 #[derive(Parser, Debug)]
 #[command(name = "boot", version, verbatim_doc_comment)]
 struct Args {
@@ -160,6 +167,34 @@ struct Args {
     /// The guest's vsock CID [default: 3; with --restore, the snapshot's]
     #[arg(long, value_name = "CID", value_parser = parse_cid, requires = "vsock_uds")]
     vsock_cid: Option<u64>,
+    /// The guest has no Ignition agent on vsock port 1024: the VM is ready when its vCPUs run
+    #[arg(long, requires = "vsock_uds")]
+    no_agent: bool,
+    /// Seconds to wait for the guest agent's answer, from the vCPUs' start (a fresh boot's guest boots first)
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    agent_timeout: u64,
+    /// A restored clone's eth0 address, set by the guest agent instead of a new DHCP lease: ADDR/PREFIX[,GATEWAY]
+    #[arg(long, value_name = "ADDR", value_parser = parse_agent_address, requires = "restore", conflicts_with = "no_agent")]
+    agent_address: Option<String>,
+}
+
+/// `ADDR/PREFIX[,GATEWAY]` with an IPv4 or IPv6 address and gateway.
+fn parse_agent_address(s: &str) -> Result<String, String> {
+    let bad = || format!("'{s}' is not ADDR/PREFIX[,GATEWAY]");
+    let (cidr, gw) = match s.split_once(',') {
+        Some((c, g)) => (c, Some(g)),
+        None => (s, None),
+    };
+    let (addr, prefix) = cidr.split_once('/').ok_or_else(bad)?;
+    let addr: std::net::IpAddr = addr.parse().map_err(|_| bad())?;
+    let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+    if prefix > if addr.is_ipv4() { 32 } else { 128 } {
+        return Err(bad());
+    }
+    if let Some(g) = gw {
+        g.parse::<std::net::IpAddr>().map_err(|_| bad())?;
+    }
+    Ok(s.to_string())
 }
 
 fn parse_cid(s: &str) -> Result<u64, String> {
@@ -248,6 +283,10 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             (None, None) => None,
             (Some(host), mac) => Some(NetConfig { host, mac }),
         },
+        agent: (args.vsock_uds.is_some() && !args.no_agent).then(|| AgentConfig {
+            timeout: std::time::Duration::from_secs(args.agent_timeout),
+            address: args.agent_address,
+        }),
         vsock: args.vsock_uds.map(|uds| VsockConfig {
             uds,
             cid: args.vsock_cid,

@@ -78,6 +78,20 @@ pub struct MachineConfig {
     pub net: Option<NetConfig>,
     /// The vsock device (`boot --vsock-uds`); `None`: no vsock device.
     pub vsock: Option<VsockConfig>,
+    /// The guest agent the VMM tells the generation ID and waits for
+    /// (needs a vsock device); `None`: the VM is ready when its vCPUs run.
+    pub agent: Option<AgentConfig>,
+}
+
+/// The guest agent (`boot --vsock-uds`, unless `--no-agent`).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// How long to wait for the agent's answer, from the vCPUs' start (a
+    /// fresh boot's guest boots first).
+    pub timeout: std::time::Duration,
+    /// eth0's address for a restored clone (`ADDR/PREFIX[,GATEWAY]`,
+    /// `boot --agent-address`); `None`: a new DHCP lease.
+    pub address: Option<String>,
 }
 
 /// The vsock device (`boot --vsock-uds`, `--vsock-cid`).

@@ -23,8 +23,8 @@
 //! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
 //! signal thread; a thread per control-socket client (at most
 //! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
-//! background snapshot's writer; and the caller's thread, which waits for
-//! the VM to end. Lock order: a device lock (the clock's counts as one),
+//! background snapshot's writer; the guest agent's thread (with a vsock
+//! device); and the caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
 //! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use vm::Vmm;
 
+mod agent;
 pub mod config;
 mod console_input;
 pub mod control_socket;
@@ -50,8 +51,8 @@ mod vcpu;
 mod vm;
 
 pub use config::{
-    BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions, VsockConfig,
-    DEFAULT_GUEST_CID,
+    AgentConfig, BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions,
+    VsockConfig, DEFAULT_GUEST_CID,
 };
 pub use snapshot::state::MACHINE_STATE_VERSION;
 pub use vcpu::run_state::VmExit;
@@ -85,6 +86,7 @@ struct Machine<V: Vm> {
     backend: &'static str,
     started: Instant,
     restored_from: Option<String>,
+    readiness: Arc<agent::Readiness>,
 }
 
 impl<V: Vm + 'static> ops::Verbs for Machine<V> {
@@ -117,7 +119,15 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
 
 impl<V: Vm + 'static> Machine<V> {
     fn status(&self) -> ops::Status {
+        let agent = self.readiness.agent();
         ops::Status {
+            ready: self.readiness.ready(),
+            agent: agent.name(),
+            agent_error: match agent {
+                agent::AgentState::Failed(why) => Some(why),
+                _ => None,
+            },
+            generation_id: self.vmm.devices().generation_id().map(|id| hex(&id)),
             state: if self.vmm.paused() {
                 "paused"
             } else {
@@ -132,6 +142,11 @@ impl<V: Vm + 'static> Machine<V> {
             snapshot_in_progress: self.snapshots.writing(),
         }
     }
+}
+
+/// Lower-case hex digits of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl<V: Vm + 'static> console_input::Uart for Arc<Machine<V>> {
@@ -199,6 +214,7 @@ where
             BootSource::Restore { spec } => Some(spec.clone()),
             BootSource::Fresh(_) => None,
         },
+        readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
     });
     let ran = serve(&machine, cfg, &signals, launch, stages, t0);
     // However it ended: the front-ends may still hold the VM (an idle
@@ -236,10 +252,34 @@ fn serve<V: Vm + 'static>(
     if let Some(d) = gic_load {
         stages.gic += d;
     }
-    if let BootSource::Restore { .. } = cfg.source {
+    let restored = matches!(cfg.source, BootSource::Restore { .. });
+    if restored {
         machine.vmm.wait_ready();
         stages.vcpus = t.elapsed();
         stages.report(t0.elapsed());
+    }
+    machine.readiness.vcpus_running();
+    if let (Some(a), Some(v)) = (&cfg.agent, &cfg.vsock) {
+        let (m, up) = (machine.clone(), machine.clone());
+        // A VM restored from a snapshot older than the device has no
+        // published ID: the agent gets a fresh one all the same.
+        let id = machine
+            .vmm
+            .devices()
+            .generation_id()
+            .map_or_else(plan::host_random, Ok);
+        let handshake = id.map(|generation_id| agent::Handshake {
+            uds: v.uds.clone(),
+            generation_id,
+            restored,
+            t0,
+            ended: Box::new(move || m.vmm.finished()),
+            guest_up: Box::new(move || {
+                let d = up.vmm.devices();
+                d.guest_userspace_up() && d.vsock_reset_handled()
+            }),
+        });
+        agent::start(a, handshake, machine.readiness.clone());
     }
     let why = machine.vmm.wait_exit();
     // Winding down: the vCPU threads end, a snapshot being taken or written

@@ -76,6 +76,17 @@ pub struct Written {
 pub struct Status {
     /// `running` or `paused`.
     pub state: &'static str,
+    /// The vCPUs run and the guest agent, if the VM has one, answered with
+    /// the VM's generation ID.
+    pub ready: bool,
+    /// The guest agent: `off` (none: no vsock device, or `--no-agent`),
+    /// `waiting`, `ready`, `failed`.
+    pub agent: &'static str,
+    /// Why the agent failed (`agent` is `failed`), else `None`.
+    pub agent_error: Option<String>,
+    /// The VM generation ID (32 lower-case hex digits) the guest sees, or
+    /// `None` in a VM restored from a snapshot without the device.
+    pub generation_id: Option<String>,
     /// Number of vCPUs.
     pub vcpus: usize,
     /// The backend's name (`emu`, `hvf`).

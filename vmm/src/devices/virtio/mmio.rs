@@ -85,6 +85,15 @@ impl<D: VirtioDevice> VirtioMmio<D> {
         &mut self.device
     }
 
+    /// The available index the driver has published for queue `index`, if
+    /// the queue is ready and its ring readable.
+    pub fn avail_idx(&self, index: usize) -> Option<u16> {
+        let q = self.queues.get(index).filter(|q| q.ready())?;
+        q.avail_idx(self.ram.memory(), std::sync::atomic::Ordering::Acquire)
+            .ok()
+            .map(|i| i.0)
+    }
+
     /// The device status register.
     pub fn status(&self) -> u32 {
         self.status

@@ -360,6 +360,28 @@ impl Devices {
         }
     }
 
+    /// Whether the guest's init has written the boot timer (its userspace
+    /// is up).
+    pub fn guest_userspace_up(&self) -> bool {
+        self.boot_timer.locked().fired()
+    }
+
+    /// Whether the guest has handled a restored vsock device's
+    /// transport reset ([`Vsock::reset_handled`]; true without a vsock
+    /// device or a restore).
+    pub fn vsock_reset_handled(&self) -> bool {
+        self.vsock.as_ref().is_none_or(|v| {
+            let m = v.dev.locked();
+            m.device().reset_handled(m.avail_idx(vsock::EVENT_QUEUE))
+        })
+    }
+
+    /// The VM generation ID the guest sees, if the VM has the device (a VM
+    /// restored from a snapshot taken before Ignition had it does not).
+    pub fn generation_id(&self) -> Option<[u8; 16]> {
+        self.vmgenid.as_ref().map(VmGenId::id)
+    }
+
     /// At the VM's end: removes the files the devices made on the host
     /// (the vsock device's socket file), whoever still holds them.
     pub fn remove_host_files(&self) {

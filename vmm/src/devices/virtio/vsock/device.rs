@@ -13,6 +13,7 @@ use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 use virtio_queue::{Queue, QueueOwnedT, QueueT, Reader, Writer};
 
@@ -39,6 +40,8 @@ pub struct Vsock {
     pub(super) mux: Muxer,
     /// The transport-reset event is due (after a restore).
     reset_event: bool,
+    /// The event queue's available index when the event was posted.
+    reset_unacked: Option<u16>,
     /// The device writes nothing into guest RAM (a snapshot is being taken).
     held: bool,
     /// The transmitq waits for room in the muxer's control queue.
@@ -80,6 +83,7 @@ impl Vsock {
             config: cid.to_le_bytes(),
             mux: Muxer::new(host),
             reset_event: false,
+            reset_unacked: None,
             held: false,
             tx_stalled: false,
             waker: None,
@@ -124,6 +128,20 @@ impl Vsock {
     /// Who to wake when what the host thread should wait for changes.
     pub fn set_waker(&mut self, waker: Waker) {
         self.waker = Some(waker);
+    }
+
+    /// Whether the guest has taken a restore's transport-reset event and
+    /// handled it, given the event queue's available index now (`avail`):
+    /// its driver made a new event buffer available since the event was
+    /// posted (Linux re-posts the buffer once it has reset its connections;
+    /// it need not notify, the device having buffers). Until then a new
+    /// connection may be reset in the guest alone, unseen by the host. True
+    /// for a device that was not restored.
+    pub fn reset_handled(&self, avail: Option<u16>) -> bool {
+        !self.reset_event
+            && self
+                .reset_unacked
+                .is_none_or(|at| avail.is_some_and(|now| now != at))
     }
 
     /// Whether the transport should run queue `queue` for the host's sake
@@ -295,6 +313,7 @@ impl Vsock {
         if !self.reset_event || self.held {
             return Ok(false);
         }
+        let avail = queue.avail_idx(mem, Ordering::Acquire).map(|i| i.0);
         let Some(chain) = queue.pop_descriptor_chain(mem) else {
             return Ok(false);
         };
@@ -308,6 +327,9 @@ impl Vsock {
         let len = match written {
             Ok(()) => {
                 self.reset_event = false;
+                // A driver whose available index cannot be read is not
+                // waited for.
+                self.reset_unacked = avail.ok();
                 4
             }
             Err(e) => {
@@ -391,6 +413,7 @@ impl VirtioDevice for Vsock {
 
     fn reset(&mut self) {
         self.reset_event = false;
+        self.reset_unacked = None;
         self.mux.drop_connections();
         self.tx_stalled = false;
     }

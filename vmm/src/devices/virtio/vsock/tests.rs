@@ -12,6 +12,7 @@ use crate::memory::GuestRam;
 use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -497,6 +498,14 @@ fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
         "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET"
     );
     assert!(!dev.has_work(EVENT_QUEUE));
+    // Handled once the driver notifies the event queue again (Linux does,
+    // re-posting the buffer after resetting its connections).
+    let avail = |q: &Q| Some(q.q.avail_idx(ram.memory(), Ordering::Acquire).unwrap().0);
+    assert!(!dev.reset_handled(avail(&ev)), "posted, not handled yet");
+    assert!(!dev.reset_handled(None), "an unreadable ring: not handled");
+    ev.post(&ram, &[0xff; 4], 4, true);
+    assert!(dev.reset_handled(avail(&ev)), "a new buffer made available");
+    assert!(rig.dev.reset_handled(None), "a device not restored");
     // Bad states.
     let host = || VsockHost::bind(&dir.path().join("s.sock")).unwrap();
     assert!(Vsock::restore(
