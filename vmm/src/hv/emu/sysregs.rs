@@ -19,6 +19,7 @@ use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::Result;
 #[cfg(doc)]
 use crate::hv::{Vcpu, VcpuIo};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use unicorn_engine::RegisterARM64 as R;
 
@@ -34,8 +35,45 @@ pub(super) fn is_ptimer(r: SysReg) -> bool {
     matches!(r, sr::CNTP_CTL_EL0 | sr::CNTP_CVAL_EL0 | sr::CNTP_TVAL_EL0)
 }
 
+/// Per register: whether the MRS and the MSR hook handle it
+/// ([`emulated_mrs`], [`emulated_msr`]), as [`TRAP_KNOWN`] | [`TRAP_MRS`] |
+/// [`TRAP_MSR`], 0 until first asked. The hook runs for every MRS and MSR
+/// the guest executes, most of them to registers unicorn handles alone, so
+/// the answer is a table load once known.
+static TRAPS: [AtomicU8; 1 << 16] = [const { AtomicU8::new(0) }; 1 << 16];
+/// [`TRAPS`]: the entry has been computed.
+const TRAP_KNOWN: u8 = 1;
+/// [`TRAPS`]: the MRS hook handles the register.
+pub(super) const TRAP_MRS: u8 = 2;
+/// [`TRAPS`]: the MSR hook handles the register.
+pub(super) const TRAP_MSR: u8 = 4;
+
+/// Which hooks handle `k` ([`TRAP_MRS`], [`TRAP_MSR`]).
+#[inline(always)]
+pub(super) fn traps(k: SysReg) -> u8 {
+    let v = TRAPS[usize::from(k.0)].load(Ordering::Relaxed);
+    if v != 0 {
+        return v;
+    }
+    classify(k)
+}
+
+#[cold]
+#[inline(never)]
+fn classify(k: SysReg) -> u8 {
+    let mut v = TRAP_KNOWN;
+    if emulated_mrs(k) {
+        v |= TRAP_MRS;
+    }
+    if emulated_msr(k) {
+        v |= TRAP_MSR;
+    }
+    TRAPS[usize::from(k.0)].store(v, Ordering::Relaxed);
+    v
+}
+
 /// Whether the MRS hook handles `k` (everything else is left to unicorn).
-pub(super) fn emulated_mrs(k: SysReg) -> bool {
+fn emulated_mrs(k: SysReg) -> bool {
     matches!(
         k,
         sr::CNTVCT_EL0
@@ -51,7 +89,7 @@ pub(super) fn emulated_mrs(k: SysReg) -> bool {
 }
 
 /// Whether the MSR hook handles `k`.
-pub(super) fn emulated_msr(k: SysReg) -> bool {
+fn emulated_msr(k: SysReg) -> bool {
     matches!(
         k,
         sr::CNTV_CTL_EL0
@@ -375,6 +413,20 @@ impl HookState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trap_table_agrees_with_the_rules() {
+        for key in 0..=u16::MAX {
+            let k = SysReg(key);
+            let v = traps(k);
+            assert_eq!(v & TRAP_MRS != 0, emulated_mrs(k), "{k:?}");
+            assert_eq!(v & TRAP_MSR != 0, emulated_msr(k), "{k:?}");
+            assert_eq!(traps(k), v, "{k:?}: cached");
+        }
+        assert_ne!(traps(sr::CNTVCT_EL0) & TRAP_MRS, 0);
+        assert_ne!(traps(sr::ICC_SGI1R_EL1) & TRAP_MSR, 0);
+        assert_eq!(traps(sr::VBAR_EL1) & (TRAP_MRS | TRAP_MSR), 0);
+    }
 
     #[test]
     fn icc_register_range() {

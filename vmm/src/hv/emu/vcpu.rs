@@ -4,7 +4,8 @@
 //! in [`super::faults`]).
 
 use super::attn::{
-    VcpuShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_TB, ATTN_TIMER, ATTN_TLB, ATTN_WATCH,
+    VcpuShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_STEP, ATTN_TB, ATTN_TIMER, ATTN_TLB, ATTN_WATCH,
+    ATTN_WATCH_BYPASS,
 };
 use super::hooks;
 use super::insn;
@@ -120,7 +121,6 @@ impl EmuVcpu {
             spin_enabled: vm.vcpus.len() > 1,
             watch: Vec::new(),
             watch_bypass: None,
-            step_armed: false,
             stepped_block: false,
         });
         let vcpu = EmuVcpu {
@@ -202,8 +202,10 @@ impl EmuVcpu {
         let st = self.state();
         st.watch = watch;
         st.watch_bypass = None;
-        st.step_armed = mdscr & debug::MDSCR_SS != 0;
         st.stepped_block = false;
+        self.shared.clear(ATTN_WATCH_BYPASS);
+        self.shared
+            .set_work(ATTN_STEP, mdscr & debug::MDSCR_SS != 0);
         uc.flush_tlb().map_err(uc_err("flush TLB"))
     }
 
@@ -300,7 +302,7 @@ impl Vcpu for EmuVcpu {
     fn run(&mut self, io: &mut dyn VcpuIo) -> Result<VcpuExit> {
         let mut first = true;
         loop {
-            let att = self.shared.attention.swap(0, Ordering::AcqRel);
+            let att = self.shared.take_requests();
             self.apply_attention(att)?;
             if att & ATTN_KICK != 0 {
                 return Ok(VcpuExit::Kicked);
