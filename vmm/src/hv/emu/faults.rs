@@ -357,7 +357,7 @@ impl HookState {
             perms.read = false;
             perms.write = false;
         }
-        self.fills += 1;
+        self.filled.record(va, mmu::leaf_shift(&regs, va, t.level));
         Some(TlbEntry {
             paddr: pa,
             perms: to_prot(perms),

@@ -90,8 +90,10 @@ pub(crate) struct HookState {
     pub exit: Option<VcpuExit>,
     /// The block hook stopped the engine for an attention request.
     pub stopped_by_hook: bool,
-    /// Successful TLB fills since the last full flush (TLBI coalescing).
-    pub fills: u64,
+    /// The leaves filled since the TLB was last flushed whole: a TLBI by VA
+    /// flushes only if it may hold that VA, a TLBI with nothing filled not
+    /// at all (quirk 13).
+    pub filled: mmu::FillLog,
     /// 16 KiB pages whose code this engine invalidated and has not fetched
     /// from since (`u64::MAX` = empty slot).
     pub ic_memo: [u64; IC_MEMO],

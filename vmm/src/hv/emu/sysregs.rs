@@ -294,6 +294,18 @@ impl HookState {
                 // Unicorn performs the write (and its own TLB flush); the
                 // walker re-reads the registers on the next fill.
                 self.walk = None;
+                // Unicorn flushes its whole TLB when a TTBR write changes the
+                // ASID (bits 63:48), as QEMU does: what was filled is gone.
+                let ttbr = match key {
+                    sr::TTBR0_EL1 => Some(R::TTBR0_EL1),
+                    sr::TTBR1_EL1 => Some(R::TTBR1_EL1),
+                    _ => None,
+                };
+                if let Some(Ok(old)) = ttbr.map(|r| self.uc.read(r)) {
+                    if (old ^ value) >> 48 != 0 {
+                        self.filled.clear();
+                    }
+                }
                 0
             }
             k if is_icc(k) => {
@@ -316,16 +328,22 @@ impl HookState {
         }
     }
 
-    /// SYS instructions (op0 = 1): TLB maintenance (quirk 13: full flushes
-    /// because the guest uses 16 KiB pages and unicorn's TLB 4 KiB), IC
-    /// maintenance (quirk 11), and address translation with the VMM's walker.
+    /// SYS instructions (op0 = 1): TLB maintenance (quirk 13: unicorn can
+    /// only flush its whole TLB, whose entries are 4 KiB, so a TLBI flushes
+    /// everything unless [`HookState::filled`] shows that the TLB holds
+    /// nothing it names), IC maintenance (quirk 11), and address translation
+    /// with the VMM's walker.
     pub(super) fn on_sys(&mut self, op1: u8, crn: u8, crm: u8, op2: u8, value: u64) -> u32 {
         let el = self.el();
         match (op1, crn, crm, op2) {
             (0, 8, _, _) if el == 1 => {
-                if self.fills > 0 {
+                let needed = match tlbi_va(crm, op2, value) {
+                    Some(va) => self.filled.may_hold(va),
+                    None => !self.filled.is_empty(),
+                };
+                if needed {
                     let _ = self.uc.flush_tlb();
-                    self.fills = 0;
+                    self.filled.clear();
                 }
                 // Inner/outer shareable forms reach every engine: engines
                 // share no TLB (see "Several engines" on the quirks page).
@@ -410,6 +428,18 @@ impl HookState {
     }
 }
 
+/// The VA a TLBI by VA (op1 0, CRn 8) names: VAE1, VAAE1, VALE1 and VAALE1,
+/// local (CRm 7), inner (3) or outer shareable (1), whose operand holds VA
+/// bits `[55:12]` (sign-extended from bit 55, as unicorn does). `None` for
+/// every other TLBI (all, by ASID, ranges).
+fn tlbi_va(crm: u8, op2: u8, value: u64) -> Option<u64> {
+    if matches!(crm, 1 | 3 | 7) && matches!(op2, 1 | 3 | 5 | 7) {
+        Some((((value << 12) << 8) as i64 >> 8) as u64)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +456,18 @@ mod tests {
         assert_ne!(traps(sr::CNTVCT_EL0) & TRAP_MRS, 0);
         assert_ne!(traps(sr::ICC_SGI1R_EL1) & TRAP_MSR, 0);
         assert_eq!(traps(sr::VBAR_EL1) & (TRAP_MRS | TRAP_MSR), 0);
+    }
+
+    #[test]
+    fn tlbi_operands_by_va() {
+        // TLBI VAE1IS, Xt with ASID 5 and the kernel page 0xffff_8000_1234_c000.
+        let op = (5u64 << 48) | ((0xffff_8000_1234_c000u64 >> 12) & ((1 << 44) - 1));
+        assert_eq!(tlbi_va(3, 1, op), Some(0xffff_8000_1234_c000));
+        assert_eq!(tlbi_va(7, 5, 0x40), Some(0x4_0000)); // VALE1, user page
+        assert_eq!(tlbi_va(1, 7, 0x40), Some(0x4_0000)); // VAALE1OS
+        assert_eq!(tlbi_va(3, 0, op), None); // VMALLE1IS
+        assert_eq!(tlbi_va(7, 2, op), None); // ASIDE1
+        assert_eq!(tlbi_va(2, 1, op), None); // RVAE1IS: a range
     }
 
     #[test]

@@ -9,6 +9,7 @@ use super::attn::{
 };
 use super::hooks;
 use super::insn;
+use super::mmu;
 use super::shared::VmShared;
 use super::spin;
 use super::state::{HookState, HCR_IMO, HCR_RW, IC_MEMO};
@@ -107,7 +108,7 @@ impl EmuVcpu {
             fault: None,
             exit: None,
             stopped_by_hook: false,
-            fills: 0,
+            filled: mmu::FillLog::default(),
             ic_memo: [u64::MAX; IC_MEMO],
             identity: false,
             panic: None,
@@ -172,7 +173,7 @@ impl EmuVcpu {
         }
         if att & ATTN_TLB != 0 {
             uc.flush_tlb().map_err(uc_err("flush TLB"))?;
-            self.state().fills = 0;
+            self.state().filled.clear();
         }
         if att & ATTN_TIMER != 0 {
             // The timer thread disarmed this deadline when it fired.
@@ -226,7 +227,7 @@ impl EmuVcpu {
         for (slot, &p) in st.ic_memo.iter_mut().zip(pages.iter().rev()) {
             *slot = p;
         }
-        st.fills = 0;
+        st.filled.clear();
         r.and(uc.flush_tlb()).map_err(uc_err("invalidate code"))
     }
 
