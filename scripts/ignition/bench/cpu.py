@@ -12,9 +12,12 @@ alike. The stages (the guest has busybox and no compiler):
 
 Each stage is timed inside the guest from /proc/uptime (10 ms steps; both
 guests' clocks follow the host's), so the console's round trips are not in the
-figures. A first round warms the translation caches and is not counted; the
-medians over --runs rounds (default 5) are printed with the Ignition/QEMU ratio
-per stage and for a round's total, and written to bench-results/cpu.json.
+figures; beside that wall time, the host CPU time the VMM's process spent in
+the stage (all its threads, from /proc), which a busy host distorts less. A
+first round warms the translation caches and is not counted; the medians over
+--runs rounds (default 5) are printed with the Ignition/QEMU ratio per stage and
+for a round's total, and written to bench-results/cpu.json (`cpu` holds the CPU
+time figures in the same shapes).
 --baseline BOOT adds a second `boot` binary (an earlier build, say) to the
 same rounds; --short runs a quarter of the work for a quick check.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -90,6 +94,17 @@ SHORT = Work(sha_mib=16, gzip_copies=1, loop=5_000)
 
 Run = Callable[[str, float], str]
 """Runs a guest shell command with a timeout; returns its output."""
+
+
+def vm_runner(vm: Vm) -> Run:
+    """Run for an Ignition VM's shell."""
+    return lambda c, t: vm.sh(c, timeout=t)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(run: Run, cmd: str) -> tuple[float, str]:
@@ -183,36 +198,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
 
     times: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}
     seen: dict[str, str] = {}
     with ExitStack() as stack:
-        vms: dict[str, Run] = {}
+        vms: dict[str, tuple[Run, int]] = {}
         boots = [("ignition", args.boot)] + ([("baseline", args.baseline)] if args.baseline else [])
         for name, boot in boots:
             disk = stack.enter_context(disk_copy(args.disk))
             cfg = VmConfig(boot=boot, backend=args.backend, kernel=args.kernel)
             vm = stack.enter_context(Vm.boot(cfg, disk=disk, mem=args.mem, log_path=logs / f"{name}.log"))
             vm.login()
-            vms[name] = lambda c, t, vm=vm: vm.sh(c, timeout=t)
+            vms[name] = vm_runner(vm), vm.pid
         if not args.no_qemu:
             disk = stack.enter_context(disk_copy(args.disk))
             child = console.spawn(qemu.qemu_argv(args.kernel, disk, mem_mib=args.mem), log_path=logs / "qemu.log")
             stack.callback(console.terminate, child)
             console.login(child, timeouts.for_backend("qemu").boot)
-            vms["qemu_tcg"] = lambda c, t: console.run(child, c, t)
-        for name, run in vms.items():
+            assert child.pid is not None, "spawned"
+            vms["qemu_tcg"] = (lambda c, t: console.run(child, c, t)), child.pid
+        for name, (run, _) in vms.items():
             size = run(work.prepare(), 300)
             check("gzip_input", work, size, seen)
             times[name] = {s: [] for s in stages}
+            cpu[name] = {s: [] for s in stages}
         for r in range(args.runs + 1):
             label = "warm-up" if r == 0 else f"round {r}/{args.runs}"
             for stage, cmd in stages.items():
                 line = []
-                for name, run in vms.items():
+                for name, (run, pid) in vms.items():
+                    c0 = process_cpu_s(pid)
                     secs, out = timed(run, cmd)
+                    used = process_cpu_s(pid) - c0
                     check(stage, work, out, seen)
                     if r > 0:
                         times[name][stage].append(secs)
-                    line.append(f"{name} {secs:.2f} s")
+                        cpu[name][stage].append(used)
+                    line.append(f"{name} {secs:.2f} s (CPU {used:.2f} s)")
                 print(f"{label}: {stage}: " + ", ".join(line), flush=True)
 
     result: dict[str, Any] = {
@@ -236,20 +257,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             [qemu.QEMU, "--version"], capture_output=True, text=True, check=True
         ).stdout.splitlines()[0]
     lines = []
-    for name, per_stage in times.items():
-        totals = [sum(v) for v in zip(*per_stage.values())]
-        result[name] = {**{s: summarize(v) for s, v in per_stage.items()}, "total": summarize(totals)}
-        med = {s: result[name][s]["median_s"] for s in [*stages, "total"]}
-        lines.append(f"{name}: " + ", ".join(f"{s} {v:.2f} s" for s, v in med.items()))
+    keys = [*stages, "total"]
+    result["cpu"] = {}
+    for name in times:
+        dest: dict[str, Any]
+        for dest, samples, unit in ((result, times[name], "s"), (result["cpu"], cpu[name], "s CPU")):
+            totals = [sum(v) for v in zip(*samples.values())]
+            dest[name] = {**{s: summarize(v) for s, v in samples.items()}, "total": summarize(totals)}
+            med = {s: dest[name][s]["median_s"] for s in keys}
+            lines.append(f"{name}: " + ", ".join(f"{s} {v:.2f} {unit}" for s, v in med.items()))
     if "qemu_tcg" in result:
-        q = result["qemu_tcg"]
-        result["ratio_to_qemu"] = {
-            name: {s: round(result[name][s]["median_s"] / q[s]["median_s"], 3) for s in [*stages, "total"]}
-            for name in times
-            if name != "qemu_tcg"
-        }
-        for name, ratios in result["ratio_to_qemu"].items():
-            lines.append(f"{name}/qemu: " + ", ".join(f"{s} {v:.2f}x" for s, v in ratios.items()))
+        for dest, label in ((result, "wall"), (result["cpu"], "CPU")):
+            q = dest["qemu_tcg"]
+            dest["ratio_to_qemu"] = {
+                name: {s: round(dest[name][s]["median_s"] / q[s]["median_s"], 3) for s in keys}
+                for name in times
+                if name != "qemu_tcg"
+            }
+            for name, ratios in dest["ratio_to_qemu"].items():
+                lines.append(f"{name}/qemu ({label}): " + ", ".join(f"{s} {v:.2f}x" for s, v in ratios.items()))
     if args.floor:
         with tempfile.TemporaryDirectory(prefix="ignition-floor-") as tmp:
             fl = floor(250_000 if args.short else 1_000_000, args.runs, Path(tmp))
