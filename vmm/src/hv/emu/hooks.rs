@@ -3,7 +3,8 @@
 //! its sys-hook wrapper returns the wrong type, quirk 6). Each shim recovers
 //! the vCPU's [`HookState`] and calls its handler in [`super::faults`],
 //! [`super::sysregs`] or [`super::vcpu`]; only the block hook, which runs for
-//! every block, makes its two cheap checks inline.
+//! every block, tests the attention word inline (and, with several vCPUs,
+//! counts down to the next spin-detector sample).
 //!
 //! Every callback gets `user_data` pointing at the vCPU's [`HookState`]
 //! (or at an [`MmioCtx`] inside it). The state is heap-allocated by
