@@ -296,9 +296,11 @@ impl HookState {
                 self.walk = None;
                 // Unicorn flushes its whole TLB when a TTBR write changes the
                 // ASID (bits 63:48), as QEMU does: what was filled is gone.
+                // Only at EL1: at EL0 the write is UNDEFINED and nothing is
+                // flushed (this hook runs before unicorn's access check).
                 let ttbr = match key {
-                    sr::TTBR0_EL1 => Some(R::TTBR0_EL1),
-                    sr::TTBR1_EL1 => Some(R::TTBR1_EL1),
+                    sr::TTBR0_EL1 if self.el() == 1 => Some(R::TTBR0_EL1),
+                    sr::TTBR1_EL1 if self.el() == 1 => Some(R::TTBR1_EL1),
                     _ => None,
                 };
                 if let Some(Ok(old)) = ttbr.map(|r| self.uc.read(r)) {
