@@ -128,7 +128,10 @@ def test_mac_check_builds_signs_runs_both_gics_and_summarizes(tmp_path, guest_ou
     assert c[0] == "pip -m pip install -q -e ./scripts -r scripts/requirements-dev.txt", c
     assert c[1] == "cargo build --release --workspace --bins", c
     assert c[2].startswith("codesign ") and c[2].endswith("target/release/boot"), c
-    suites = "scripts/tests/test_boot_e2e.py scripts/tests/test_snapshot_e2e.py scripts/tests/test_crash_consistency.py"
+    suites = " ".join(
+        f"scripts/tests/{t}.py"
+        for t in ("test_boot_e2e", "test_snapshot_e2e", "test_crash_consistency", "test_kvm_unit_tests_e2e")
+    )
     out = tmp_path / "out"
     runs = [
         f"pytest -m pytest -q {suites} --backend hvf --gic {g} --junitxml={out}/gic-{g}.xml -x"
