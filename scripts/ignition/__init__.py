@@ -26,7 +26,7 @@ Front-ends, each run as `python3 -m ignition.<name>`:
   qemu_boot      boot the guest under QEMU, run commands, power off
   cli_reference  write or check the book's command reference
   bench.*        the benchmarks (ignition.bench: boot, qemu_boot, snapshot,
-                 diff_snapshot, net, oci)
+                 diff_snapshot, net, oci, cpu)
 
 Install it with `pip install -e ./scripts` (scripts/setup.sh and scripts/test.sh
 do; the tests and front-ends find it only so) and `from ignition import Vm, VmConfig`:

@@ -125,6 +125,7 @@ RUN = [
     "guest/conformance/build.sh --out DIR",
     "python3 -m ignition.bench.net --runs 1 --mib 8",
     "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
+    "python3 -m ignition.bench.cpu --short --runs 1",
     "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
     "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
 ]
@@ -146,6 +147,8 @@ EXCEPTIONS = {
     "boot --restore d3": "an interactive session; test_oci_e2e.py restores golden+3 from the pulled store",
     "python3 -m ignition.bench.oci": "the full benchmark (a few minutes); the same module runs with --full-mib 64 "
     "--runs 1",
+    "python3 -m ignition.bench.cpu --floor": "the full benchmark (several minutes), with the unicorn_floor "
+    "example built; the same module runs with --short --runs 1",
     "python3 -m ignition.kvm_unit_tests": "every entry (several minutes); test_kvm_unit_tests_e2e.py runs the "
     "gating ones and this test two",
     "python3 -m ignition.kvm_unit_tests --qemu live": "every entry on boot and on QEMU (about ten minutes); the "

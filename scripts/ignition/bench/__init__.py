@@ -6,6 +6,7 @@
   diff_snapshot  the cost and the payoff of diff snapshots
   net            guest<->host TCP throughput through passt (and vsock), against QEMU TCG
   oci            vmstore push/pull against a local registry, beside skopeo
+  cpu            guest CPU work (hashing, compression, a shell loop) against QEMU TCG
 
 Each writes its JSON (and some a Markdown table) to bench-results/ (ignition.paths.RESULTS_DIR).
 """

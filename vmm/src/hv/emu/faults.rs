@@ -4,6 +4,7 @@
 //! the guest's EL1 vectors (quirks 1, 2, 4, 14), the fast-path MMIO
 //! callbacks, and trapped MMIO, emulated by decoding the instruction.
 
+use super::attn::ATTN_WATCH_BYPASS;
 use super::insn::{self, Exc, Kind};
 use super::mmu::{self, Access, Perms};
 use super::shared::PaKind;
@@ -356,7 +357,7 @@ impl HookState {
             perms.read = false;
             perms.write = false;
         }
-        self.fills += 1;
+        self.filled.record(va, mmu::leaf_shift(&regs, va, t.level));
         Some(TlbEntry {
             paddr: pa,
             perms: to_prot(perms),
@@ -414,6 +415,7 @@ impl HookState {
                 // let through until the next block.
                 if !d.is_some_and(|d| self.emulate_ram_access(d, pc, write)) {
                     self.watch_bypass = Some((f.va & !0xfff, 0));
+                    self.me.request(ATTN_WATCH_BYPASS);
                 }
                 Ok(None)
             }

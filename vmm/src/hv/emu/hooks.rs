@@ -3,7 +3,8 @@
 //! its sys-hook wrapper returns the wrong type, quirk 6). Each shim recovers
 //! the vCPU's [`HookState`] and calls its handler in [`super::faults`],
 //! [`super::sysregs`] or [`super::vcpu`]; only the block hook, which runs for
-//! every block, makes its two cheap checks inline.
+//! every block, tests the attention word inline (and, with several vCPUs,
+//! counts down to the next spin-detector sample).
 //!
 //! Every callback gets `user_data` pointing at the vCPU's [`HookState`]
 //! (or at an [`MmioCtx`] inside it). The state is heap-allocated by
@@ -13,10 +14,10 @@
 //! itself makes), and never re-enter each other, so creating a `&mut` from
 //! the pointer does not alias another live reference.
 
-use super::attn::ATTN_WATCH;
+use super::attn::{ATTN_REQUESTS, ATTN_STEP, ATTN_WATCH, ATTN_WATCH_BYPASS};
 use super::shared::fast_mmio;
 use super::state::{HookState, MmioCtx};
-use super::sysregs::{emulated_mrs, emulated_msr};
+use super::sysregs::{traps, TRAP_MRS, TRAP_MSR};
 use super::uc::uc_err;
 use crate::arch::layout::RAM_BASE;
 use crate::arch::sysreg::SysReg;
@@ -59,18 +60,33 @@ unsafe fn with_state<T>(ud: *mut c_void, default: T, f: impl FnOnce(&mut HookSta
 }
 
 /// Block hook: the only place the engine is stopped for kicks, internal
-/// requests and WFE spinning, before the block's first instruction (quirk 9).
-unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, size: u32, ud: *mut c_void) {
+/// requests and WFE spinning, before the block's first instruction (quirk
+/// 9). It runs before every translated block, so its fast path is one test
+/// of the attention word (requests and per-block work, see
+/// [`super::attn`]); everything else is out of line.
+unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, _size: u32, ud: *mut c_void) {
     // SAFETY: `ud` is this engine's HookState (module docs).
     let st = unsafe { &mut *ud.cast::<HookState>() };
-    if st.me.pending() {
-        stop_for_attention(st);
-    // SAFETY: as above.
-    } else if st.step_armed && unsafe { check_step(ud, address) } {
-        // A Software Step exception was due before this block: taken.
-    } else if st.watch_bypass.is_some() {
-        end_watch_bypass(st);
-    } else if st.spin_enabled && st.spin.on_block(address, size) {
+    if st.me.word() != 0 {
+        // SAFETY: as above.
+        unsafe { block_attention(ud, address) };
+    }
+}
+
+/// The block hook of a VM with several vCPUs, which also feeds the WFE/YIELD
+/// spin detector ([`super::spin`]).
+unsafe extern "C" fn block_hook_spin(
+    _uc: *mut uc_engine,
+    address: u64,
+    size: u32,
+    ud: *mut c_void,
+) {
+    // SAFETY: `ud` is this engine's HookState (module docs).
+    let st = unsafe { &mut *ud.cast::<HookState>() };
+    if st.me.word() != 0 {
+        // SAFETY: as above.
+        unsafe { block_attention(ud, address) };
+    } else if st.spin.on_block(address, size) {
         // SAFETY: as above.
         unsafe { check_spin(ud) }
     }
@@ -78,8 +94,28 @@ unsafe extern "C" fn block_hook(_uc: *mut uc_engine, address: u64, size: u32, ud
 
 // The block hook runs for every block: keep its rare paths out of line.
 
+/// The attention word is non-zero: stop for a request, or do the per-block
+/// work (a due Software Step exception, quirk 17; re-protecting a watched
+/// page, quirk 16).
+///
+/// # Safety
+/// `ud` must be this engine's HookState.
 #[cold]
 #[inline(never)]
+unsafe fn block_attention(ud: *mut c_void, address: u64) {
+    // SAFETY: per the function contract (module docs).
+    let st = unsafe { &mut *ud.cast::<HookState>() };
+    let word = st.me.word();
+    if word & ATTN_REQUESTS != 0 {
+        stop_for_attention(st);
+    // SAFETY: as above.
+    } else if word & ATTN_STEP != 0 && unsafe { check_step(ud, address) } {
+        // A Software Step exception was due before this block: taken.
+    } else if word & ATTN_WATCH_BYPASS != 0 {
+        end_watch_bypass(st);
+    }
+}
+
 fn stop_for_attention(st: &mut HookState) {
     st.stopped_by_hook = true;
     st.uc.stop();
@@ -87,8 +123,6 @@ fn stop_for_attention(st: &mut HookState) {
 
 /// A watched page was let through for one access: the block that made it
 /// runs, the next one stops so that the page is protected again.
-#[cold]
-#[inline(never)]
 fn end_watch_bypass(st: &mut HookState) {
     if let Some((page, blocks)) = st.watch_bypass {
         if blocks == 0 {
@@ -177,7 +211,7 @@ unsafe extern "C" fn mrs_hook(
         cp.crm as u8,
         cp.op2 as u8,
     );
-    if !emulated_mrs(key) {
+    if traps(key) & TRAP_MRS == 0 {
         return 0; // fast path: the hook runs for every MRS
     }
     // SAFETY: `ud` is this engine's HookState.
@@ -209,7 +243,7 @@ unsafe extern "C" fn msr_hook(
         return unsafe { with_state(ud, 0, |st| st.on_sys(op1, crn, crm, op2, value)) };
     }
     let key = SysReg::new(op0, op1, crn, crm, op2);
-    if !emulated_msr(key) {
+    if traps(key) & TRAP_MSR == 0 {
         return 0;
     }
     // SAFETY: `ud` is this engine's HookState.
@@ -299,7 +333,7 @@ pub(super) unsafe fn register(
     let ud = state.cast::<c_void>();
     // Fast-path device regions. The contexts live in the hook state,
     // whose vector is filled once here and never reallocated.
-    let ctxs = {
+    let (ctxs, spin) = {
         // SAFETY: per the function contract, this is the only reference.
         let st = unsafe { &mut *state };
         st.mmio_ctx = fast_mmio()
@@ -308,7 +342,7 @@ pub(super) unsafe fn register(
                 base: r.base,
             })
             .collect();
-        st.mmio_ctx.as_mut_ptr()
+        (st.mmio_ctx.as_mut_ptr(), st.spin_enabled)
     };
     for (i, r) in fast_mmio().enumerate() {
         // SAFETY: `i` is in bounds of the vector, which stays allocated
@@ -335,14 +369,14 @@ pub(super) unsafe fn register(
     // SAFETY: each callback has the C signature unicorn expects for its
     // hook type, and `ud` outlives the engine.
     unsafe {
-        add_hook(
-            handle,
-            HookType::BLOCK,
-            block_hook as *mut c_void,
-            ud,
-            all,
-            None,
-        )?;
+        // The only block hook: with one, unicorn calls it directly from the
+        // translated code instead of through its hook list.
+        let block = if spin {
+            block_hook_spin as *mut c_void
+        } else {
+            block_hook as *mut c_void
+        };
+        add_hook(handle, HookType::BLOCK, block, ud, all, None)?;
         add_hook(
             handle,
             HookType::INTR,

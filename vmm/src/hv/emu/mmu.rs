@@ -346,9 +346,157 @@ fn leaf_perms(sctlr: u64, desc: u64, ap_table: u64, pxn_t: bool, uxn_t: bool, el
     }
 }
 
+/// Size of the leaf that translated `va` at lookup `level` (a
+/// [`Translation::level`]), as log2 of bytes: the granule of `va`'s half of
+/// the address space (TCR_EL1.TG0/TG1) at level 3, a block above it; 4 KiB
+/// with the MMU off.
+pub fn leaf_shift(regs: &Regs, va: u64, level: u8) -> u32 {
+    if regs.sctlr & 1 == 0 {
+        return 12;
+    }
+    let g = half(regs, va & (1 << 55) != 0).granule.shift();
+    g + (g - 3) * (3 - u32::from(level.min(3)))
+}
+
+/// Every leaf size VMSAv8-64 has without FEAT_LPA/LPA2, as log2 of bytes:
+/// 4K, 16K and 64K pages; 2M, 32M, 512M and 1G blocks.
+const LEAF_SHIFTS: [u32; 7] = [12, 14, 16, 21, 25, 29, 30];
+/// Bits of the [`FillLog`] filter (64 Ki: at a few hundred recorded leaves
+/// a probe hits by chance well under 1 % of the time).
+const FILL_LOG_BITS: usize = 1 << 16;
+
+/// The leaves the TLB-fill hook has filled since the TLB was last flushed
+/// whole, as a Bloom filter over (leaf size, leaf-aligned VA) keys, VA bits
+/// `[55:0]` (a tagged address and the sign-extended TLBI operand give the
+/// same key).
+///
+/// A TLBI by VA must drop every entry that translates that VA: each of
+/// unicorn's 4 KiB entries comes from one fill of a leaf containing it, so
+/// when no leaf of any size holding the VA was recorded, the TLB holds
+/// nothing to drop and no flush is needed (QEMU drops only the page's own
+/// entries; unicorn's API can only flush everything, quirk 13). False
+/// positives only cost a flush that is made anyway.
+#[derive(Clone)]
+pub struct FillLog {
+    bits: Box<[u64; FILL_LOG_BITS / 64]>,
+    count: u64,
+}
+
+impl Default for FillLog {
+    fn default() -> Self {
+        FillLog {
+            bits: Box::new([0; FILL_LOG_BITS / 64]),
+            count: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for FillLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FillLog")
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FillLog {
+    fn key(shift: u32, va: u64) -> usize {
+        let region = (va & 0x00ff_ffff_ffff_ffff) >> shift;
+        let h = (region ^ (u64::from(shift) << 56)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> (64 - FILL_LOG_BITS.trailing_zeros())) as usize
+    }
+
+    /// Records a fill of `va` from a leaf of `1 << shift` bytes
+    /// ([`leaf_shift`]).
+    #[inline]
+    pub fn record(&mut self, va: u64, shift: u32) {
+        let k = Self::key(shift, va);
+        self.bits[k / 64] |= 1 << (k % 64);
+        self.count += 1;
+    }
+
+    /// Whether a leaf holding `va` may have been filled since the last
+    /// [`FillLog::clear`].
+    pub fn may_hold(&self, va: u64) -> bool {
+        self.count != 0
+            && LEAF_SHIFTS.iter().any(|&s| {
+                let k = Self::key(s, va);
+                self.bits[k / 64] & (1 << (k % 64)) != 0
+            })
+    }
+
+    /// Whether nothing was filled since the last [`FillLog::clear`].
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Forgets every fill: call exactly when the whole TLB was flushed.
+    pub fn clear(&mut self) {
+        if self.count != 0 {
+            self.bits.fill(0);
+            self.count = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leaf_shifts_follow_the_granule_of_each_half() {
+        // TG0 = 16K (0b10 at bits 15:14), TG1 = 4K (0b10 at bits 31:30).
+        let regs = Regs {
+            sctlr: 1,
+            tcr: (2 << 14) | (2 << 30),
+            ..Regs::default()
+        };
+        let user = 0x0000_0000_0040_0000;
+        let kernel = 0xffff_8000_0000_0000;
+        assert_eq!(leaf_shift(&regs, user, 3), 14);
+        assert_eq!(leaf_shift(&regs, user, 2), 25);
+        assert_eq!(leaf_shift(&regs, kernel, 3), 12);
+        assert_eq!(leaf_shift(&regs, kernel, 2), 21);
+        assert_eq!(leaf_shift(&regs, kernel, 1), 30);
+        // TG0 = 64K (0b01).
+        let regs64 = Regs {
+            tcr: 1 << 14,
+            ..regs
+        };
+        assert_eq!(leaf_shift(&regs64, user, 3), 16);
+        assert_eq!(leaf_shift(&regs64, user, 2), 29);
+        let off = Regs { sctlr: 0, ..regs };
+        assert_eq!(leaf_shift(&off, user, 0), 12);
+    }
+
+    #[test]
+    fn the_fill_log_holds_every_address_of_a_recorded_leaf() {
+        let mut log = FillLog::default();
+        let page = 0xffff_8000_1234_c000u64; // 16 KiB aligned
+        assert!(log.is_empty());
+        assert!(!log.may_hold(page));
+        log.record(page + 0x1000, 14);
+        assert!(!log.is_empty());
+        for off in [0, 0x1000, 0x2fff, 0x3ff8] {
+            assert!(log.may_hold(page + off), "{off:#x}");
+        }
+        // The neighbouring 16 KiB pages were not filled.
+        assert!(!log.may_hold(page + 0x4000));
+        assert!(!log.may_hold(page - 0x4000));
+        // A 32 MiB block: any address in it.
+        let block = 0xffff_0000_0600_0000u64;
+        log.record(block + 0x123_4000, 25);
+        assert!(log.may_hold(block));
+        assert!(log.may_hold(block + 0x1ff_c000));
+        assert!(!log.may_hold(block + 0x200_0000));
+        // A tagged address and the TLBI's sign-extended VA are one key.
+        let user = 0x0000_ffff_8000_0000u64;
+        log.record(user | (0x5a << 56), 14);
+        assert!(log.may_hold(user));
+        log.clear();
+        assert!(log.is_empty());
+        assert!(!log.may_hold(page) && !log.may_hold(block) && !log.may_hold(user));
+    }
     use std::collections::HashMap;
 
     /// A sparse physical memory of descriptors.

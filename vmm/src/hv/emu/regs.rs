@@ -14,7 +14,6 @@ use crate::arch::sysreg::{self as sr, SysReg};
 #[cfg(doc)]
 use crate::hv::Vcpu;
 use crate::hv::{HvError, Result, VcpuExit};
-use std::sync::atomic::Ordering;
 use unicorn_engine::{uc_error, RegisterARM64 as R};
 
 /// Physical address of the page where [`EmuVcpu::write_by_msr`] runs its
@@ -111,7 +110,7 @@ impl EmuVcpu {
         );
         // Requests for the guest wait: the block hook would stop the engine
         // for them before the MSR.
-        let mut att = self.shared.attention.swap(0, Ordering::AcqRel);
+        let mut att = self.shared.take_requests();
         self.state().identity = true;
         let mut r = uc
             .flush_tlb()
@@ -129,7 +128,7 @@ impl EmuVcpu {
                 break;
             }
             self.state().exit = None;
-            att |= self.shared.attention.swap(0, Ordering::AcqRel);
+            att |= self.shared.take_requests();
             r = self.engine.emu_start(at, 0, 0, 0).map_err(&err);
             let exit = self.state().exit.take();
             if matches!(exit, Some(VcpuExit::Hvc { .. })) && uc.read(R::PC).map_err(&err)? == at + 8

@@ -5,6 +5,8 @@
 //! handlers themselves are in [`super::faults`] and [`super::sysregs`].
 
 use super::attn::{VcpuShared, ATTN_IRQ};
+#[cfg(doc)]
+use super::attn::{ATTN_STEP, ATTN_WATCH_BYPASS};
 use super::mmu::{self, Access, Fault};
 use super::shared::VmShared;
 use super::uc::Uc;
@@ -88,8 +90,10 @@ pub(crate) struct HookState {
     pub exit: Option<VcpuExit>,
     /// The block hook stopped the engine for an attention request.
     pub stopped_by_hook: bool,
-    /// Successful TLB fills since the last full flush (TLBI coalescing).
-    pub fills: u64,
+    /// The leaves filled since the TLB was last flushed whole: a TLBI by VA
+    /// flushes only if it may hold that VA, a TLBI with nothing filled not
+    /// at all (quirk 13).
+    pub filled: mmu::FillLog,
     /// 16 KiB pages whose code this engine invalidated and has not fetched
     /// from since (`u64::MAX` = empty slot).
     pub ic_memo: [u64; IC_MEMO],
@@ -113,12 +117,12 @@ pub(crate) struct HookState {
     /// there is checked. Empty without MDSCR_EL1.MDE.
     pub watch: Vec<(u64, u64)>,
     /// A watched 4 KiB page let through for an access that hit no
-    /// watchpoint, and the blocks run since; the next block re-protects it.
+    /// watchpoint, and the blocks run since; the next block re-protects it
+    /// (the block hook's work while [`ATTN_WATCH_BYPASS`] is set).
     pub watch_bypass: Option<(u64, u8)>,
-    /// MDSCR_EL1.SS is set: the block hook checks the step state (quirk 17).
-    pub step_armed: bool,
     /// The current block started with software step active-not-pending
-    /// (its instruction is stepped); kept only while `step_armed`.
+    /// (its instruction is stepped); kept only while MDSCR_EL1.SS is set
+    /// ([`ATTN_STEP`], quirk 17).
     pub stepped_block: bool,
 }
 

@@ -19,6 +19,7 @@ use crate::arch::sysreg::{self as sr, SysReg};
 use crate::hv::Result;
 #[cfg(doc)]
 use crate::hv::{Vcpu, VcpuIo};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use unicorn_engine::RegisterARM64 as R;
 
@@ -34,8 +35,45 @@ pub(super) fn is_ptimer(r: SysReg) -> bool {
     matches!(r, sr::CNTP_CTL_EL0 | sr::CNTP_CVAL_EL0 | sr::CNTP_TVAL_EL0)
 }
 
+/// Per register: whether the MRS and the MSR hook handle it
+/// ([`emulated_mrs`], [`emulated_msr`]), as [`TRAP_KNOWN`] | [`TRAP_MRS`] |
+/// [`TRAP_MSR`], 0 until first asked. The hook runs for every MRS and MSR
+/// the guest executes, most of them to registers unicorn handles alone, so
+/// the answer is a table load once known.
+static TRAPS: [AtomicU8; 1 << 16] = [const { AtomicU8::new(0) }; 1 << 16];
+/// [`TRAPS`]: the entry has been computed.
+const TRAP_KNOWN: u8 = 1;
+/// [`TRAPS`]: the MRS hook handles the register.
+pub(super) const TRAP_MRS: u8 = 2;
+/// [`TRAPS`]: the MSR hook handles the register.
+pub(super) const TRAP_MSR: u8 = 4;
+
+/// Which hooks handle `k` ([`TRAP_MRS`], [`TRAP_MSR`]).
+#[inline(always)]
+pub(super) fn traps(k: SysReg) -> u8 {
+    let v = TRAPS[usize::from(k.0)].load(Ordering::Relaxed);
+    if v != 0 {
+        return v;
+    }
+    classify(k)
+}
+
+#[cold]
+#[inline(never)]
+fn classify(k: SysReg) -> u8 {
+    let mut v = TRAP_KNOWN;
+    if emulated_mrs(k) {
+        v |= TRAP_MRS;
+    }
+    if emulated_msr(k) {
+        v |= TRAP_MSR;
+    }
+    TRAPS[usize::from(k.0)].store(v, Ordering::Relaxed);
+    v
+}
+
 /// Whether the MRS hook handles `k` (everything else is left to unicorn).
-pub(super) fn emulated_mrs(k: SysReg) -> bool {
+fn emulated_mrs(k: SysReg) -> bool {
     matches!(
         k,
         sr::CNTVCT_EL0
@@ -51,7 +89,7 @@ pub(super) fn emulated_mrs(k: SysReg) -> bool {
 }
 
 /// Whether the MSR hook handles `k`.
-pub(super) fn emulated_msr(k: SysReg) -> bool {
+fn emulated_msr(k: SysReg) -> bool {
     matches!(
         k,
         sr::CNTV_CTL_EL0
@@ -256,6 +294,20 @@ impl HookState {
                 // Unicorn performs the write (and its own TLB flush); the
                 // walker re-reads the registers on the next fill.
                 self.walk = None;
+                // Unicorn flushes its whole TLB when a TTBR write changes the
+                // ASID (bits 63:48), as QEMU does: what was filled is gone.
+                // Only at EL1: at EL0 the write is UNDEFINED and nothing is
+                // flushed (this hook runs before unicorn's access check).
+                let ttbr = match key {
+                    sr::TTBR0_EL1 if self.el() == 1 => Some(R::TTBR0_EL1),
+                    sr::TTBR1_EL1 if self.el() == 1 => Some(R::TTBR1_EL1),
+                    _ => None,
+                };
+                if let Some(Ok(old)) = ttbr.map(|r| self.uc.read(r)) {
+                    if (old ^ value) >> 48 != 0 {
+                        self.filled.clear();
+                    }
+                }
                 0
             }
             k if is_icc(k) => {
@@ -278,16 +330,22 @@ impl HookState {
         }
     }
 
-    /// SYS instructions (op0 = 1): TLB maintenance (quirk 13: full flushes
-    /// because the guest uses 16 KiB pages and unicorn's TLB 4 KiB), IC
-    /// maintenance (quirk 11), and address translation with the VMM's walker.
+    /// SYS instructions (op0 = 1): TLB maintenance (quirk 13: unicorn can
+    /// only flush its whole TLB, whose entries are 4 KiB, so a TLBI flushes
+    /// everything unless [`HookState::filled`] shows that the TLB holds
+    /// nothing it names), IC maintenance (quirk 11), and address translation
+    /// with the VMM's walker.
     pub(super) fn on_sys(&mut self, op1: u8, crn: u8, crm: u8, op2: u8, value: u64) -> u32 {
         let el = self.el();
         match (op1, crn, crm, op2) {
             (0, 8, _, _) if el == 1 => {
-                if self.fills > 0 {
+                let needed = match tlbi_va(crm, op2, value) {
+                    Some(va) => self.filled.may_hold(va),
+                    None => !self.filled.is_empty(),
+                };
+                if needed {
                     let _ = self.uc.flush_tlb();
-                    self.fills = 0;
+                    self.filled.clear();
                 }
                 // Inner/outer shareable forms reach every engine: engines
                 // share no TLB (see "Several engines" on the quirks page).
@@ -372,9 +430,47 @@ impl HookState {
     }
 }
 
+/// The VA a TLBI by VA (op1 0, CRn 8) names: VAE1, VAAE1, VALE1 and VAALE1,
+/// local (CRm 7), inner (3) or outer shareable (1), whose operand holds VA
+/// bits `[55:12]` (sign-extended from bit 55, as unicorn does). `None` for
+/// every other TLBI (all, by ASID, ranges).
+fn tlbi_va(crm: u8, op2: u8, value: u64) -> Option<u64> {
+    if matches!(crm, 1 | 3 | 7) && matches!(op2, 1 | 3 | 5 | 7) {
+        Some((((value << 12) << 8) as i64 >> 8) as u64)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trap_table_agrees_with_the_rules() {
+        for key in 0..=u16::MAX {
+            let k = SysReg(key);
+            let v = traps(k);
+            assert_eq!(v & TRAP_MRS != 0, emulated_mrs(k), "{k:?}");
+            assert_eq!(v & TRAP_MSR != 0, emulated_msr(k), "{k:?}");
+            assert_eq!(traps(k), v, "{k:?}: cached");
+        }
+        assert_ne!(traps(sr::CNTVCT_EL0) & TRAP_MRS, 0);
+        assert_ne!(traps(sr::ICC_SGI1R_EL1) & TRAP_MSR, 0);
+        assert_eq!(traps(sr::VBAR_EL1) & (TRAP_MRS | TRAP_MSR), 0);
+    }
+
+    #[test]
+    fn tlbi_operands_by_va() {
+        // TLBI VAE1IS, Xt with ASID 5 and the kernel page 0xffff_8000_1234_c000.
+        let op = (5u64 << 48) | ((0xffff_8000_1234_c000u64 >> 12) & ((1 << 44) - 1));
+        assert_eq!(tlbi_va(3, 1, op), Some(0xffff_8000_1234_c000));
+        assert_eq!(tlbi_va(7, 5, 0x40), Some(0x4_0000)); // VALE1, user page
+        assert_eq!(tlbi_va(1, 7, 0x40), Some(0x4_0000)); // VAALE1OS
+        assert_eq!(tlbi_va(3, 0, op), None); // VMALLE1IS
+        assert_eq!(tlbi_va(7, 2, op), None); // ASIDE1
+        assert_eq!(tlbi_va(2, 1, op), None); // RVAE1IS: a range
+    }
 
     #[test]
     fn icc_register_range() {

@@ -4,10 +4,12 @@
 //! in [`super::faults`]).
 
 use super::attn::{
-    VcpuShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_TB, ATTN_TIMER, ATTN_TLB, ATTN_WATCH,
+    VcpuShared, ATTN_IC, ATTN_IRQ, ATTN_KICK, ATTN_STEP, ATTN_TB, ATTN_TIMER, ATTN_TLB, ATTN_WATCH,
+    ATTN_WATCH_BYPASS,
 };
 use super::hooks;
 use super::insn;
+use super::mmu;
 use super::shared::VmShared;
 use super::spin;
 use super::state::{HookState, HCR_IMO, HCR_RW, IC_MEMO};
@@ -106,7 +108,7 @@ impl EmuVcpu {
             fault: None,
             exit: None,
             stopped_by_hook: false,
-            fills: 0,
+            filled: mmu::FillLog::default(),
             ic_memo: [u64::MAX; IC_MEMO],
             identity: false,
             panic: None,
@@ -120,7 +122,6 @@ impl EmuVcpu {
             spin_enabled: vm.vcpus.len() > 1,
             watch: Vec::new(),
             watch_bypass: None,
-            step_armed: false,
             stepped_block: false,
         });
         let vcpu = EmuVcpu {
@@ -172,7 +173,7 @@ impl EmuVcpu {
         }
         if att & ATTN_TLB != 0 {
             uc.flush_tlb().map_err(uc_err("flush TLB"))?;
-            self.state().fills = 0;
+            self.state().filled.clear();
         }
         if att & ATTN_TIMER != 0 {
             // The timer thread disarmed this deadline when it fired.
@@ -202,8 +203,10 @@ impl EmuVcpu {
         let st = self.state();
         st.watch = watch;
         st.watch_bypass = None;
-        st.step_armed = mdscr & debug::MDSCR_SS != 0;
         st.stepped_block = false;
+        self.shared.clear(ATTN_WATCH_BYPASS);
+        self.shared
+            .set_work(ATTN_STEP, mdscr & debug::MDSCR_SS != 0);
         uc.flush_tlb().map_err(uc_err("flush TLB"))
     }
 
@@ -224,7 +227,7 @@ impl EmuVcpu {
         for (slot, &p) in st.ic_memo.iter_mut().zip(pages.iter().rev()) {
             *slot = p;
         }
-        st.fills = 0;
+        st.filled.clear();
         r.and(uc.flush_tlb()).map_err(uc_err("invalidate code"))
     }
 
@@ -300,7 +303,7 @@ impl Vcpu for EmuVcpu {
     fn run(&mut self, io: &mut dyn VcpuIo) -> Result<VcpuExit> {
         let mut first = true;
         loop {
-            let att = self.shared.attention.swap(0, Ordering::AcqRel);
+            let att = self.shared.take_requests();
             self.apply_attention(att)?;
             if att & ATTN_KICK != 0 {
                 return Ok(VcpuExit::Kicked);
