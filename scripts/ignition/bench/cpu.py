@@ -188,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.floor and (args.no_qemu or not FLOOR_BIN.is_file()):
         print(
-            f"cpu_bench: --floor needs QEMU and {FLOOR_BIN}: cargo build --release --example unicorn_floor",
+            f"cpu_bench: --floor needs QEMU and {FLOOR_BIN}: cargo build --release -p ignition-vmm "
+            "--no-default-features --features emu --example unicorn_floor",
             file=sys.stderr,
         )
         return 1
