@@ -54,11 +54,16 @@ Run = Callable[[Sequence[str], Path], int]
 
 
 def run_logged(argv: Sequence[str], log: Path) -> int:
-    """Run: argv's output goes to `log` and to this terminal."""
+    """Run: argv's output goes to `log` and to this terminal.
+
+    The child imports `ignition` from this checkout (PYTHONPATH), whichever
+    checkout the installed package points at."""
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[mac-check] {' '.join(argv)}  (log: {log})", flush=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.SCRIPTS), env.get("PYTHONPATH")]))
     with open(log, "ab") as f:
-        p = subprocess.Popen(list(argv), cwd=paths.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(list(argv), cwd=paths.REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         out = p.stdout
         assert out is not None
         while chunk := os.read(out.fileno(), 65536):
