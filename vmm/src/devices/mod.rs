@@ -71,6 +71,25 @@ pub fn le_value(data: &[u8]) -> u64 {
     u64::from_le_bytes(buf)
 }
 
+/// For a device of 32-bit registers that also takes 8- and 16-bit accesses
+/// (the PrimeCell PL011 and PL031): checks the width (1, 2 or 4 bytes) and
+/// natural alignment, and returns the aligned register offset and the bit
+/// shift of the access within the register.
+pub(crate) fn decode_word_access(offset: u64, len: usize) -> Result<(u64, u32), AccessError> {
+    if !matches!(len, 1 | 2 | 4) {
+        return Err(AccessError::Size);
+    }
+    if offset % len as u64 != 0 {
+        return Err(AccessError::Alignment);
+    }
+    Ok((offset & !3, ((offset & 3) * 8) as u32))
+}
+
+/// `old` with the bits under `mask` replaced by `value`'s.
+pub(crate) fn merge_bits(old: u32, value: u32, mask: u32) -> u32 {
+    (old & !mask) | (value & mask)
+}
+
 /// Writes the low `data.len()` bytes (1..=8) of `value` little-endian.
 pub fn set_le_value(data: &mut [u8], value: u64) {
     let n = data.len().min(8);

@@ -29,7 +29,10 @@
 //! - Loopback (CR.LBE), IrDA, modem lines and DMA are not modelled; their
 //!   register bits are stored and read back.
 
-use super::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
+use super::{
+    decode_word_access as decode, le_value, merge_bits as merge, set_le_value, AccessError,
+    IrqLine, MmioDevice, Persist,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -375,23 +378,6 @@ impl Persist for Pl011 {
         u.irq.set_level(u.irq_level);
         Ok(u)
     }
-}
-
-/// Checks width (8/16/32 bits) and natural alignment; returns the aligned
-/// register offset and the bit shift of the access within it.
-fn decode(offset: u64, len: usize) -> Result<(u64, u32), AccessError> {
-    if !matches!(len, 1 | 2 | 4) {
-        return Err(AccessError::Size);
-    }
-    if offset % len as u64 != 0 {
-        return Err(AccessError::Alignment);
-    }
-    Ok((offset & !3, ((offset & 3) * 8) as u32))
-}
-
-/// `old` with the bits under `mask` replaced by `value`.
-fn merge(old: u32, value: u32, mask: u32) -> u32 {
-    (old & !mask) | (value & mask)
 }
 
 impl MmioDevice for Pl011 {

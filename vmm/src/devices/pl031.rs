@@ -21,7 +21,10 @@
 //! - Registers are 32 bits; 8- and 16-bit aligned accesses read and write
 //!   the bytes they cover (Linux and kvm-unit-tests use 32-bit ones).
 
-use super::{le_value, set_le_value, AccessError, IrqLine, MmioDevice, Persist};
+use super::{
+    decode_word_access as decode, le_value, merge_bits as merge, set_le_value, AccessError,
+    IrqLine, MmioDevice, Persist,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -233,23 +236,6 @@ impl Pl031 {
         }
         Ok(())
     }
-}
-
-/// Checks width (8/16/32 bits) and natural alignment; returns the aligned
-/// register offset and the bit shift of the access within it.
-fn decode(offset: u64, len: usize) -> Result<(u64, u32), AccessError> {
-    if !matches!(len, 1 | 2 | 4) {
-        return Err(AccessError::Size);
-    }
-    if offset % len as u64 != 0 {
-        return Err(AccessError::Alignment);
-    }
-    Ok((offset & !3, ((offset & 3) * 8) as u32))
-}
-
-/// `old` with the bits under `mask` replaced by `value`.
-fn merge(old: u32, value: u32, mask: u32) -> u32 {
-    (old & !mask) | (value & mask)
 }
 
 impl MmioDevice for Pl031 {
