@@ -42,8 +42,13 @@ class ControlClient:
         """Sends one raw request line (newline added if missing); returns the decoded response."""
         if not line.endswith(b"\n"):
             line += b"\n"
-        self.file.write(line)
-        self.file.flush()
+        try:
+            self.file.write(line)
+            self.file.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            # The VM may answer and close before reading (e.g. `too_many_clients`): its line
+            # is still in the receive buffer.
+            pass
         reply = self.file.readline()
         if not reply:
             raise ConnectionError("the VM closed the control connection")
@@ -75,8 +80,12 @@ class ControlClient:
         self.request("quit")
 
     def close(self) -> None:
-        self.file.close()
-        self.sock.close()
+        try:
+            self.file.close()
+        except OSError:
+            pass  # unsent bytes of a request the VM refused
+        finally:
+            self.sock.close()
 
     def __enter__(self) -> ControlClient:
         return self

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+import socket
+import threading
 
 import pytest
 
 from ignition import loglines, store, timeouts
+from ignition.control import ControlClient, ControlError
 from ignition.vm import VmConfig
 
 
@@ -138,3 +141,29 @@ def test_the_package_builds_as_a_wheel(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(SCRIPTS).as_posix() for p in (SCRIPTS / "ignition").rglob("*.py")}
     assert modules <= names, modules - names
+
+
+def test_a_refusal_sent_before_the_request_is_read_still_reaches_the_client(tmp_path):
+    """The VM answers `too_many_clients` and closes without reading: the client's write then fails
+    with EPIPE, yet the refusal is in its receive buffer and must surface as a ControlError."""
+    path = tmp_path / "ctl.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+
+    def refuse() -> None:
+        conn, _ = server.accept()
+        conn.sendall(b'{"ok": false, "error": {"code": "too_many_clients", "message": "full"}}\n')
+        conn.close()
+
+    t = threading.Thread(target=refuse)
+    t.start()
+    client = ControlClient(path, timeout=10)
+    t.join()
+    try:
+        with pytest.raises(ControlError) as e:
+            client.status()
+        assert e.value.code == "too_many_clients"
+    finally:
+        client.close()
+        server.close()
