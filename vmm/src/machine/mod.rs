@@ -177,7 +177,7 @@ where
         BootSource::Restore { spec } => {
             let devices = (cfg.net.clone(), cfg.vsock.clone());
             let store = &cfg.snapshots.store;
-            snapshot::restore::plan(&hv, spec, cfg.gic, store, devices, t0, &mut stages)
+            snapshot::restore::plan(&hv, spec, cfg.gic, store, devices, &mut stages)
                 .map_err(StartError::Restore)?
         }
     };
