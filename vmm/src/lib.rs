@@ -7,6 +7,7 @@
 
 pub mod arch;
 pub mod console;
+pub mod daemon;
 pub mod devices;
 pub mod host_socket;
 pub mod hv;

@@ -110,8 +110,13 @@ pub struct Stopped<'a> {
 impl<V: Vm + 'static> Vmm<V> {
     /// Builds the VM `plan` describes on `hv`: the hypervisor's VM, the
     /// interrupt controller, the devices on the bus and the clock; a
-    /// restore's from its saved state.
-    pub fn build<H: Hypervisor<Vm = V>>(hv: &H, plan: Plan) -> anyhow::Result<(Self, Launch)> {
+    /// restore's from its saved state. The console UART writes to
+    /// `console`.
+    pub fn build<H: Hypervisor<Vm = V>>(
+        hv: &H,
+        plan: Plan,
+        console: Box<dyn std::io::Write + Send>,
+    ) -> anyhow::Result<(Self, Launch)> {
         tracing::info!("GIC mode: {}", plan.gic);
         let mut times = BuildTimes::default();
         // The VM first: it maps RAM and, for an in-kernel GIC, creates the
@@ -149,7 +154,7 @@ impl<V: Vm + 'static> Vmm<V> {
         let args = DeviceArgs {
             ram: plan.ram.clone(),
             irq: Box::new(move |intid| SpiLine::connect(intid, chip.clone(), rs.clone())),
-            console: Box::new(std::io::stdout()),
+            console,
             start: Instant::now(),
             disk: disk.disk,
             disk_len: disk.len,
