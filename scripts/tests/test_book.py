@@ -122,6 +122,7 @@ RUN = [
     "python3 -m ignition.bench.net --runs 1 --mib 8",
     "python3 -m ignition.bench.oci --full-mib 64 --runs 1",
     "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
+    "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -146,6 +147,8 @@ EXCEPTIONS = {
     "same runner runs with --entries here",
     "python3 -m ignition.kvm_unit_tests --record-qemu": "rewrites the vendored record; test_kvm_unit_tests.py "
     "checks the record against the suite",
+    "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
+    "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }
 
 

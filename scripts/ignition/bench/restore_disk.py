@@ -4,12 +4,14 @@ For each disk (the guest's rootfs, and one grown to --disk-mib with --data-mib o
 added on the host with debugfs, so that the layer's disk.img holds that much data):
 
 1. a fresh boot with `--name golden`, `sync` in the guest, Ctrl-A s (a full layer), Ctrl-A x;
-2. --runs restores of golden, one after the other, each: spawn -> `Restore-time` logged (to
-   running) and -> the shell answering an Enter (to prompt); at the prompt, the bytes the
-   restore wrote to disk: the store's `.tmp-run-*` work directory's allocated bytes (its
-   private disk) and `boot`'s `write_bytes` (/proc/PID/io); then a guest workload (1 MiB in
-   4 KiB blocks to a new file, 64 files of 4 KiB, `sync`) and the work directory's allocated
-   bytes again (what the guest's first writes cost), and Ctrl-A x.
+2. --runs restores of golden (`--track-dirty --name dN`), one after the other, each: spawn ->
+   `Restore-time` logged (to running) and -> the shell answering an Enter (to prompt); at the
+   prompt, the bytes the restore wrote to disk: the store's `.tmp-run-*` work directory's
+   allocated bytes (its private disk: with FICLONE they include the blocks it shares with the
+   layer) and `boot`'s `write_bytes` (/proc/PID/io); then a guest workload (1 MiB in 4 KiB
+   blocks to a new file, 64 files of 4 KiB, `sync`) and both again (what the guest's first
+   writes cost); then Ctrl-A s, a diff layer dN: the allocated bytes of its disk files
+   (`disk.img` or `disk.diff`, and `disk.chunks`) and `Snapshot-write-time`; and Ctrl-A x.
 
 Any `boot` can be measured (--boot): a build that copies the disk at restore logs
 `Restore-disk-copy` (the copy runs on its own thread; the guest's first disk request waits for
@@ -84,8 +86,8 @@ def golden(cfg: VmConfig, disk: Path, store: Path, log: Path) -> None:
             raise RuntimeError("boot did not exit 0")
 
 
-def one_restore(cfg: VmConfig, store: Path, log: Path) -> dict[str, Any]:
-    vm = Vm.restore(cfg, "golden", store=store, log_path=log, wait=False)
+def one_restore(cfg: VmConfig, store: Path, log: Path, name: str) -> dict[str, Any]:
+    vm = Vm.restore(cfg, "golden", store=store, name=name, track_dirty=True, log_path=log, wait=False)
     seen = ""
 
     def expect(pat: str | list[str], what: str) -> None:
@@ -108,6 +110,11 @@ def one_restore(cfg: VmConfig, store: Path, log: Path) -> dict[str, Any]:
         vm.sh(WORKLOAD, timeout=vm.timeouts.boot)
         r["work_bytes_after_workload"] = work_bytes(store)
         r["write_bytes_after_workload"] = write_bytes(vm.pid)
+        snap = vm.snapshot(name, "diff")
+        r["diff_write_ms"] = snap.write_ms
+        r["diff_disk_bytes"] = sum(
+            f.stat().st_blocks * 512 for f in (store / name).iterdir() if f.name.startswith("disk.")
+        )
         vm.send(CTRL_A + "x")
         if vm.wait_exit() != 0:
             raise RuntimeError("boot did not exit 0")
@@ -127,7 +134,7 @@ def measure(cfg: VmConfig, disk: Path, work: Path, runs: int, tag: str) -> dict[
     mib = 1 << 20
     image = store / "golden" / "disk.img"
     data_mib = round(image.stat().st_blocks * 512 / mib, 1)
-    rows = [one_restore(cfg, store, work / f"{tag}-r{i}.log") for i in range(runs)]
+    rows = [one_restore(cfg, store, work / f"{tag}-r{i}.log", f"d{i}") for i in range(runs)]
     shutil.rmtree(store, ignore_errors=True)
 
     def med(k: str) -> float:
@@ -145,6 +152,8 @@ def measure(cfg: VmConfig, disk: Path, work: Path, runs: int, tag: str) -> dict[
         "write_mib_at_prompt": round(med("write_bytes_at_prompt") / mib, 2),
         "work_mib_after_workload": round(med("work_bytes_after_workload") / mib, 2),
         "write_mib_after_workload": round(med("write_bytes_after_workload") / mib, 2),
+        "diff_disk_mib": round(med("diff_disk_bytes") / mib, 2),
+        "diff_write_ms": stats([r["diff_write_ms"] for r in rows], 0),
         "runs": rows,
     }
 
@@ -152,8 +161,9 @@ def measure(cfg: VmConfig, disk: Path, work: Path, runs: int, tag: str) -> dict[
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| disk | data (MiB) | method | to running (ms) | to prompt (ms) | disk ready (ms) | written by the restore "
-        "(MiB: private disk / write_bytes) | private disk after the workload (MiB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "(MiB: private disk / write_bytes) | after the workload (MiB: private disk / write_bytes) | diff layer's "
+        "disk (MiB) | diff write (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tag, x in results.items():
         ready = f"{x['disk_ready_ms']['median']}" if x["method"] != "overlay" else f"{x['disk_us']['median'] / 1000}"
@@ -161,7 +171,8 @@ def table(results: dict[str, Any]) -> str:
             f"| {x['disk_mib']} MiB ({tag}) | {x['layer_disk_allocated_mib']} | {x['method']} | "
             f"{x['running_ms']['median']:.0f} | "
             f"{x['prompt_ms']['median']:.0f} | {ready} | {x['work_mib_at_prompt']} / {x['write_mib_at_prompt']} | "
-            f"{x['work_mib_after_workload']} |"
+            f"{x['work_mib_after_workload']} / {x['write_mib_after_workload']} | {x['diff_disk_mib']} | "
+            f"{x['diff_write_ms']['median']:.0f} |"
         )
     return "\n".join(lines)
 
