@@ -147,6 +147,14 @@ EXCEPTIONS = {
     "same runner runs with --entries here",
     "python3 -m ignition.kvm_unit_tests --record-qemu": "rewrites the vendored record; test_kvm_unit_tests.py "
     "checks the record against the suite",
+    "boot --console socket:/tmp/vm.console --name golden &": "an interactive session; test_headless_e2e.py boots "
+    "with --console socket:PATH",
+    "python3 -m ignition.attach /tmp/vm.console": "an interactive session; test_headless_e2e.py attaches with "
+    "ignition.attach on a pty",
+    (
+        "boot --daemonize --console socket:/tmp/vm.console --control /tmp/vm.sock --pid-file /tmp/vm.pid "
+        "--log-file /tmp/vm.log --name golden"
+    ): "test_headless_e2e.py daemonizes the same way, in its own directory",
     "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
     "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }
