@@ -2,7 +2,7 @@
 # Fuzz every cargo-fuzz target of the repository for SECONDS_PER_TARGET
 # seconds (default 30), each starting from a copy of its crate's checked-in
 # seeds (<crate>/fuzz/seeds/<target>/; the copy grows, the seeds do not):
-# the snapshot store's five file parsers (snapshot-store/fuzz/) and the
+# the snapshot store's six file parsers (snapshot-store/fuzz/) and the
 # VMM's two parsers of host input, the control socket's request lines and
 # the vsock host end's CONNECT lines (vmm/fuzz/), and the host's decoding of
 # what the guest agent sends (agent-client/fuzz/). Prints one line per
@@ -20,7 +20,7 @@ CARGO_FUZZ_VERSION=0.13.2
 # CRATE:TARGET, in the order they run.
 TARGETS=(
     snapshot-store:manifest snapshot-store:diff snapshot-store:state
-    snapshot-store:verified snapshot-store:disk_chunks
+    snapshot-store:verified snapshot-store:disk_chunks snapshot-store:disk_diff
     vmm:control_request vmm:vsock_connect
     agent-client:agent_responses
 )
@@ -42,13 +42,13 @@ if [[ "$(cargo fuzz --version 2>/dev/null || true)" != "cargo-fuzz $CARGO_FUZZ_V
 fi
 
 # Inputs up to the size that reaches each parser's limits: diffs and chunk
-# lists of a few pages, verified.json past its 64 KiB cap, a control request
-# past its 64 KiB line, a CONNECT line past its 32 bytes, agent responses of
-# a few frames.
+# lists of a few pages, a disk diff's 64 KiB prefix and a little more,
+# verified.json past its 64 KiB cap, a control request past its 64 KiB
+# line, a CONNECT line past its 32 bytes, agent responses of a few frames.
 max_len() {
     case $1 in
         diff | disk_chunks) echo 20000 ;;
-        verified | control_request) echo 70000 ;;
+        verified | control_request | disk_diff) echo 70000 ;;
         vsock_connect) echo 64 ;;
         agent_responses) echo 4096 ;;
         *) echo 8192 ;;

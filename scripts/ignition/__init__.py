@@ -3,6 +3,8 @@
 Modules:
   console    drive any console on a pty (pexpect): spawn, expect, paced typing,
              login, shell commands with exit status, exit and kill
+  attach     a client of a socket console (boot --console socket:PATH); also
+             `python3 -m ignition.attach PATH`
   vm         Vm: one `boot` process (fresh boot or restore) with login, sh,
              snapshot (Ctrl-A s), quit (Ctrl-A x), poweroff, kill; VmConfig
   loglines   the VMM's log lines: pexpect patterns and parsers to numbers
@@ -25,8 +27,9 @@ Front-ends, each run as `python3 -m ignition.<name>`:
   conformance    the conformance suite on Ignition and QEMU side by side
   qemu_boot      boot the guest under QEMU, run commands, power off
   cli_reference  write or check the book's command reference
+  attach         attach this terminal to a socket console
   bench.*        the benchmarks (ignition.bench: boot, qemu_boot, snapshot,
-                 diff_snapshot, net, oci, cpu)
+                 diff_snapshot, restore_disk, net, oci, cpu)
 
 Install it with `pip install -e ./scripts` (scripts/setup.sh and scripts/test.sh
 do; the tests and front-ends find it only so) and `from ignition import Vm, VmConfig`:

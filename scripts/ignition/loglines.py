@@ -14,7 +14,7 @@ the parsers turn a matched line into numbers.
     [boot] SIGTERM: quitting (another signal ends boot at once)
     Restore-time = N ms
     Restore-stages: total N us, STAGE N us, STAGE N us (PARALLEL N us), ...
-    Restore-disk-copy = N us (METHOD); ready N us after restore start
+    Restore-disk = N us (overlay on K layers)
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ AGENT_READY_TIME = r"Agent-ready-time = (\d+) ms"
 """group 1: VM start -> the guest agent's answer with the VM's generation ID, whole ms."""
 AGENT_FAILED = r"Agent-failed: ([^\r\n]*)"
 """group 1: why the guest agent did not answer (in time) or refused."""
-RESTORE_DISK_COPY = r"Restore-disk-copy = (\d+) us \(([^)]+)\); ready (\d+) us after restore start"
-"""groups: the copy's own time (µs), its method, when it was ready (µs from restore start)."""
+RESTORE_DISK = r"Restore-disk = (\d+) us \(overlay on (\d+) layers?\)"
+"""groups: opening the chain's disk under the VM's overlay (µs, part of resolve), the layers it reads."""
 
 
 def snapshot_written(name: str) -> str:
@@ -67,13 +67,14 @@ class DiskClone:
     """A `Snapshot-disk-clone` value."""
 
     method: str
-    """How disk.img was made (e.g. `FICLONE`, `sparse copy`)."""
+    """How the layer's disk was stored: `disk diff` (disk.diff), or how disk.img was made (e.g.
+    `FICLONE`, `sparse copy`)."""
     chunks_hashed: int
     """256 KiB chunks whose sha256 was computed for this layer."""
     chunks: int
     """Chunks of the whole disk."""
     reused: bool
-    """The parent's image and digests were reused (the note says so)."""
+    """Unchanged since the parent: an empty disk diff, the parent's digests reused (the note says so)."""
     copied_before_write: int
     """256 KiB chunks the block device copied into the layer just before the guest wrote them
     (a copy made while the guest ran); 0 otherwise."""

@@ -116,10 +116,10 @@ class Restored:
     restore_ms: int
     """Restore-time, whole ms."""
     stages: loglines.RestoreStages
-    disk_copy_us: int
-    """The working disk's copy, on its own thread."""
-    disk_ready_us: int
-    """When that copy was done, from restore start."""
+    disk_us: int
+    """Opening the chain's disk under the VM's overlay (Restore-disk; part of the resolve stage)."""
+    disk_layers: int
+    """The layers the disk is read from (the whole image and the disk diffs above it)."""
     logged_wall_s: float
     """spawn -> all three lines read."""
     wall_s: float
@@ -453,14 +453,13 @@ class Vm:
         )
 
     def wait_restored(self, prompt: bool = True) -> Restored:
-        """Waits for `Restore-time`, `Restore-stages` and `Restore-disk-copy` (the disk copy
-        reports itself from its own thread: before or after the others), then, with prompt,
+        """Waits for `Restore-disk`, `Restore-time` and `Restore-stages`, then, with prompt,
         presses Enter and waits for the shell prompt (a console logged in when the snapshot
         was taken). Sets and returns self.restored."""
-        pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK_COPY]
+        pats = [loglines.RESTORE_TIME, loglines.RESTORE_STAGES, loglines.RESTORE_DISK]
         seen: dict[int, re.Match[str]] = {}
         while len(seen) < len(pats):
-            i = self.expect(pats, "the Restore-time, -stages and -disk-copy lines", self.timeouts.boot)
+            i = self.expect(pats, "the Restore-disk, -time and -stages lines", self.timeouts.boot)
             seen[i] = self.match
         t_logged = time.perf_counter()
         try:
@@ -475,7 +474,7 @@ class Vm:
             int(seen[0].group(1)),
             stages,
             int(seen[2].group(1)),
-            int(seen[2].group(3)),
+            int(seen[2].group(2)),
             t_logged - self.t_spawn,
             t_prompt - self.t_spawn,
         )

@@ -128,6 +128,7 @@ RUN = [
     "python3 -m ignition.bench.cpu --short --runs 1",
     "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
     "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
+    "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -157,6 +158,16 @@ EXCEPTIONS = {
     "checks the record against the suite",
     "python3 -m ignition.bench.agent": "the full benchmark (several minutes); the same module runs with --runs 20 "
     "--mib 4 --pty-kib 4 --reps 1",
+    "boot --console socket:/tmp/vm.console --name golden &": "an interactive session; test_headless_e2e.py boots "
+    "with --console socket:PATH",
+    "python3 -m ignition.attach /tmp/vm.console": "an interactive session; test_headless_e2e.py attaches with "
+    "ignition.attach on a pty",
+    (
+        "boot --daemonize --console socket:/tmp/vm.console --control /tmp/vm.sock --pid-file /tmp/vm.pid "
+        "--log-file /tmp/vm.log --name golden"
+    ): "test_headless_e2e.py daemonizes the same way, in its own directory",
+    "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
+    "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }
 
 

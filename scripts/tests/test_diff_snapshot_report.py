@@ -36,7 +36,7 @@ def older(raw: dict[str, Any], summary: dict[str, Any], info: dict[str, Any]) ->
         del x["disk_chunks_hashed"]
     summary["restore"]["golden+2"] = copy.deepcopy(summary["restore"]["golden+1"])
     for x in summary["restore"].values():
-        for k in ("disk_copy_us_median", "disk_ready_us_median", "verify_us_median"):
+        for k in ("disk_us_median", "verify_us_median"):
             del x[k]
         stages = x["stages_us_median"]
         stages["resolve+verify"] = stages.pop("resolve") + stages.pop("verify wait")

@@ -18,10 +18,10 @@ def test_disk_clone_lines():
     assert d == loglines.DiskClone("sparse copy", 34, 256, False, 0)
     d = loglines.parse_disk_clone("sparse copy (40 of 256 chunks hashed: 3 copied before a guest write)")
     assert d == loglines.DiskClone("sparse copy", 40, 256, False, 3)
-    d = loglines.parse_disk_clone(
-        "FICLONE (0 of 256 chunks hashed: unchanged since the parent, its image and digests reused)"
-    )
-    assert d == loglines.DiskClone("FICLONE", 0, 256, True, 0)
+    d = loglines.parse_disk_clone("disk diff (0 of 256 chunks hashed: unchanged since the parent, its digests reused)")
+    assert d == loglines.DiskClone("disk diff", 0, 256, True, 0)
+    d = loglines.parse_disk_clone("disk diff (3 of 256 chunks hashed: 1 copied before a guest write)")
+    assert d == loglines.DiskClone("disk diff", 3, 256, False, 1)
     for bad in ("sparse copy", "copy (x of 2 chunks hashed)", "a (b) (1 of 2 chunks hashed)"):
         with pytest.raises(ValueError):
             loglines.parse_disk_clone(bad)
@@ -52,10 +52,10 @@ def test_restore_lines():
         loglines.parse_restore_stages("resolve 1 us, vCPUs 2 us")
     with pytest.raises(ValueError, match="cannot parse"):
         loglines.parse_restore_stages("total 1 us, resolve soon")
-    m = re.search(
-        loglines.RESTORE_DISK_COPY, "Restore-disk-copy = 19101 us (sparse copy); ready 19367 us after restore start"
-    )
-    assert m and m.groups() == ("19101", "sparse copy", "19367")
+    m = re.search(loglines.RESTORE_DISK, "Restore-disk = 85 us (overlay on 3 layers)")
+    assert m and m.groups() == ("85", "3")
+    m = re.search(loglines.RESTORE_DISK, "Restore-disk = 40 us (overlay on 1 layer)")
+    assert m and m.groups() == ("40", "1")
 
 
 def test_snapshot_lines():

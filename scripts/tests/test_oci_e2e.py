@@ -117,10 +117,11 @@ def test_push_pull_and_restore_from_the_pulled_store(chain, pushed, cfg, tmp_pat
     assert [layer["name"] for layer in rep["layers"]] == CHAIN[:4]
     assert rep["compression"] == "none" and rep["digest"] == rep["layers"][-1]["manifest_digest"]
     # Everything new to the registry was sent; only blobs repeated inside the
-    # chain (a disk image no guest write changed) were found already there.
+    # chain (the disk of diffs whose guest did not write it: an empty disk
+    # diff, the parent's digests) were found already there.
     files = {b[1] for b in blobs(rep)}
-    assert {"manifest.json", "memory.bin", "state.bin", "disk.img", "disk.chunks"} <= files
-    assert all(f in ("disk.img", "disk.chunks") for _, f, _ in blobs(rep, "present"))
+    assert {"manifest.json", "memory.bin", "state.bin", "disk.img", "disk.diff", "disk.chunks"} <= files
+    assert all(f in ("disk.diff", "disk.chunks") for _, f, _ in blobs(rep, "present"))
     assert rep["bytes_sent"] > (MEM << 20)
 
     store_b = tmp_path / "B"

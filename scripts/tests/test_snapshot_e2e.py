@@ -246,8 +246,9 @@ def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, cfg, tmp_path):
 
 
 def test_disk_diff_hashes_only_written_chunks(chain, cfg, tmp_path):
-    """A diff after the guest writes a small file to its root disk re-hashes
-    a few 256 KiB chunks, not the whole disk; its restore has the file."""
+    """A diff after the guest writes a small file to its root disk stores and
+    hashes a few 256 KiB chunks (disk.diff), not the whole disk; its restore
+    has the file."""
     store = fresh_copy(chain, tmp_path)
     with Vm.restore(cfg, "golden", store=store, track_dirty=True, name="w", log_path=tmp_path / "w.log") as vm:
         vm.sh("echo chunked > /root/small.txt && sync")
@@ -257,9 +258,57 @@ def test_disk_diff_hashes_only_written_chunks(chain, cfg, tmp_path):
     disk_size = (store / "golden" / "disk.img").stat().st_size
     assert chunks == -(-disk_size // (256 << 10))
     assert 0 < hashed < chunks // 4, f"{hashed} of {chunks} chunks hashed"
+    assert disk.method == "disk diff"
+    manifest = json.loads((store / "w" / "manifest.json").read_text())
+    assert manifest["format"] == {"major": 3, "minor": 1}
+    assert manifest["disk"]["diff_chunks"] == hashed
+    assert not (store / "w" / "disk.img").exists()
+    assert (store / "w" / "disk.diff").stat().st_size == (64 << 10) + hashed * (256 << 10)
     with Vm.restore(cfg, "w", store=store, log_path=tmp_path / "w2.log") as vm:
         assert vm.sh("cat /root/small.txt") == "chunked"
         assert vm.quit() == 0
+
+
+def test_restores_of_one_layer_run_on_overlays_that_never_share_writes(chain, cfg, tmp_path):
+    """Two VMs restored from one layer at once each write their own file to the root
+    disk: neither sees the other's, the layer's image is unchanged, nothing of the disk
+    was copied to start them (each overlay holds only the chunks its guest wrote), and
+    a later restore sees neither file."""
+    store = fresh_copy(chain, tmp_path)
+    image = store / "golden" / "disk.img"
+    before = (image.read_bytes(), image.stat().st_mtime_ns, image.stat().st_ctime_ns)
+    a = Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "a.log")
+    try:
+        b = Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "b.log")
+        try:
+            assert a.restored is not None and a.restored.disk_layers == 1
+            overlays = sorted(store.glob(".tmp-run-*/disk.overlay"))
+            assert len(overlays) == 2, overlays
+            for vm, me in ((a, "a"), (b, "b")):
+                vm.sh(f"echo {me} > /root/{me}.txt && sync")
+            for vm, me, other in ((a, "a", "b"), (b, "b", "a")):
+                assert vm.sh(f"cat /root/{me}.txt") == me
+                status, _ = vm.sh_status(f"test -e /root/{other}.txt")
+                assert status != 0, f"{me} sees {other}'s file"
+            for o in overlays:
+                st = o.stat()
+                assert st.st_size == len(before[0])
+                # The chunks the guest wrote (a file, its directory, the journal), not the disk.
+                assert st.st_blocks * 512 < len(before[0]) // 4, f"{o}: {st.st_blocks * 512} bytes"
+            assert b.quit() == 0
+        finally:
+            b.terminate()
+        assert a.quit() == 0
+    finally:
+        a.terminate()
+    assert not list(store.glob(".tmp-run-*")), "the overlays are removed at exit"
+    assert (image.read_bytes(), image.stat().st_mtime_ns, image.stat().st_ctime_ns) == before
+    with Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "c.log") as vm:
+        status, _ = vm.sh_status("test -e /root/a.txt || test -e /root/b.txt")
+        assert status != 0
+        assert vm.quit() == 0
+    r = vmstore.vmstore(store, "verify", "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_two_vcpus_snapshot_and_restore(cfg, disk, tmp_path):

@@ -1,6 +1,7 @@
 //! Writes the seed corpus of the fuzz targets, `fuzz/seeds/<target>/`:
 //! valid files made by this store (`valid-*`) and a few edge cases
-//! (`edge-*`) for each of the five targets, a few KiB each. Replaces what
+//! (`edge-*`) for each of the six targets, a few KiB each (the prefix of a
+//! disk diff is 64 KiB). Replaces what
 //! is there. The seeds are checked in; `tests/fuzz_seeds.rs` checks that
 //! the valid ones still parse, and `scripts/fuzz.sh` fuzzes a copy of them.
 //!
@@ -10,11 +11,17 @@
 
 use std::path::Path;
 
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
 use snapshot_store::format::chunks::encode_disk_chunks;
+use snapshot_store::format::disk_diff::DISK_DIFF_ALIGN;
 use snapshot_store::format::state::MAX_STATE_BYTES;
 use snapshot_store::format::verified::VERIFIED_FILE;
-use snapshot_store::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
-use snapshot_store::{verify_chain, Layer, LayerMeta, Store, DISK_CHUNK_SIZE};
+use snapshot_store::format::{
+    DISK_CHUNKS_FILE, DISK_DIFF_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
+};
+use snapshot_store::{verify_chain, DiskImage, Layer, LayerMeta, Store, DISK_CHUNK_SIZE};
 
 const PAGE: u64 = 4096;
 
@@ -28,6 +35,7 @@ fn main() -> Res<()> {
     let [golden, d1, d2] = write_chain(&tmp)?;
     let mut seeds = manifest_and_diff_seeds(&golden, &d1, &d2)?;
     seeds.extend(state_chunks_and_cache_seeds(&golden, &d1)?);
+    seeds.extend(disk_diff_seeds(&d1, &d2)?);
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
     if root.exists() {
@@ -50,8 +58,9 @@ fn main() -> Res<()> {
 }
 
 /// A store under `tmp` with `golden` (full, with a disk of three chunks,
-/// the last one short), `d1` (a diff of two pages, no disk) and `d2` (an
-/// empty diff), every file of `golden` recorded in its `verified.json`.
+/// the last one short), `d1` (a diff of two pages, its disk a diff of the
+/// last chunk) and `d2` (an empty diff, its disk unchanged), every file of
+/// `golden` recorded in its `verified.json`.
 fn write_chain(tmp: &Path) -> Res<[Layer; 3]> {
     let store = Store::create(tmp.join("store"))?;
     // A disk of three chunks, the last one short.
@@ -80,16 +89,24 @@ fn write_chain(tmp: &Path) -> Res<[Layer; 3]> {
     w.clone_disk(&disk, None)?;
     let golden = w.commit()?;
 
-    // A diff of two pages without a disk, then an empty diff.
+    // A diff of two pages whose disk is a diff of its short last chunk, then
+    // an empty diff whose disk is unchanged.
     ram[PAGE as usize] = 1;
     ram[3 * PAGE as usize] = 3;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk)?
+        .write_all_at(b"d1", 2 * DISK_CHUNK_SIZE + 7)?;
     let mut w = store.begin("d1", golden.child_meta("ignition-vmm 0.1.0"))?;
     w.write_diff_from_ram(&ram, [1, 3])?;
     w.write_state(b"")?;
+    w.begin_disk_diff(Arc::new(DiskImage::open(&disk)?), &[2])?;
+    w.complete_disk()?;
     let d1 = w.commit()?;
     let mut w = store.begin("d2", d1.child_meta("ignition-vmm 0.1.0"))?;
     w.write_diff_memory(std::iter::empty())?;
     w.write_state(b"d2")?;
+    w.reuse_parent_disk()?;
     let d2 = w.commit()?;
 
     // Let every stamp settle (the racy window is 50 ms), so that a full
@@ -138,7 +155,7 @@ fn manifest_and_diff_seeds(golden: &Layer, d1: &Layer, d2: &Layer) -> Res<Vec<Se
             "manifest",
             "edge-newer-minor",
             String::from_utf8(golden_manifest.clone())?
-                .replacen("\"minor\": 0", "\"minor\": 1", 1)
+                .replacen("\"minor\": 1", "\"minor\": 2", 1)
                 .into_bytes(),
         ),
         ("diff", "valid-two-pages", d1_diff.clone()),
@@ -208,5 +225,24 @@ fn state_chunks_and_cache_seeds(golden: &Layer, d1: &Layer) -> Res<Vec<Seed>> {
                 .replacen("\"format\": 1", "\"format\": 2", 1)
                 .into_bytes(),
         ),
+    ])
+}
+
+/// Seeds of the `disk.diff` prefix parser: the header, index and padding
+/// (the chunk data is not parsed) of `d1`'s diff of one chunk and `d2`'s
+/// empty one, and edges.
+fn disk_diff_seeds(d1: &Layer, d2: &Layer) -> Res<Vec<Seed>> {
+    let prefix = |l: &Layer| -> Res<Vec<u8>> {
+        let mut b = read(&l.dir, DISK_DIFF_FILE)?;
+        b.truncate(DISK_DIFF_ALIGN as usize);
+        Ok(b)
+    };
+    let one = prefix(d1)?;
+    Ok(vec![
+        ("disk_diff", "valid-one-chunk", one.clone()),
+        ("disk_diff", "valid-no-chunks", prefix(d2)?),
+        ("disk_diff", "edge-header-only", one[..96].to_vec()),
+        ("disk_diff", "edge-bad-digest", flip(&one, 100)),
+        ("disk_diff", "edge-huge-count", with_u64(&one, 32, u64::MAX)),
     ])
 }

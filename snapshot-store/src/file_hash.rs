@@ -249,6 +249,19 @@ impl<'a> ChunkHasher<'a> {
     /// Read and hash chunk `i` (which must be below [`Self::count`]).
     pub(crate) fn hash(&mut self, i: u64) -> Result<Sha256Digest> {
         let r = chunk_range(i, self.chunk_size, self.size);
+        self.hash_bytes(r.start, r.end - r.start)
+    }
+
+    /// Read and hash the `len` bytes of the file at `offset` (inside its
+    /// size).
+    pub(crate) fn hash_bytes(&mut self, offset: u64, len: u64) -> Result<Sha256Digest> {
+        let r = offset..offset.saturating_add(len);
+        if r.end > self.size {
+            return Err(Error::corrupt(
+                self.path,
+                format!("is {} bytes, shorter than {}", self.size, r.end),
+            ));
+        }
         let mut h = Sha256::new();
         let mut off = r.start;
         while off < r.end {

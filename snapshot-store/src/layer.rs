@@ -92,12 +92,15 @@ impl Layer {
         self.dir.join(STATE_FILE)
     }
 
-    /// Path of `disk.img`, if the layer has a disk. The store's copy is
-    /// immutable: clone it ([`crate::clone_file`]) to get a writable disk.
+    /// Path of `disk.img`, if the layer holds its whole disk image (not if
+    /// it has no disk, nor if it stores a `disk.diff`: the disk of a chain
+    /// is [`crate::ChainDisk`]). The store's copy is immutable: clone it
+    /// ([`crate::clone_file`]) to get a writable disk.
     pub fn disk_path(&self) -> Option<PathBuf> {
         self.manifest
             .disk
             .as_ref()
+            .filter(|d| d.diff_chunks.is_none())
             .map(|_| self.dir.join(DISK_FILE))
     }
 
@@ -209,7 +212,8 @@ impl Chain {
 }
 
 /// Check that `child` is a diff on top of `parent`: name and content hash
-/// link, same geometry, backend and GIC mode.
+/// link, same geometry, backend and GIC mode, and a disk stored as a diff
+/// only over a parent's disk of the same size and chunk size.
 pub(crate) fn check_link(parent: &Layer, child: &Layer) -> Result<()> {
     let Some(link) = &child.manifest.parent else {
         return Err(Error::Chain(format!(
@@ -232,7 +236,26 @@ pub(crate) fn check_link(parent: &Layer, child: &Layer) -> Result<()> {
             manifest: parent.manifest_path(),
         });
     }
-    check_same_machine(&parent.manifest, &child.manifest, &parent.name, &child.name)
+    check_same_machine(&parent.manifest, &child.manifest, &parent.name, &child.name)?;
+    if let Some(d) = child
+        .manifest
+        .disk
+        .as_ref()
+        .filter(|d| d.diff_chunks.is_some())
+    {
+        let same = parent
+            .manifest
+            .disk
+            .as_ref()
+            .is_some_and(|p| p.size == d.size && p.chunk_size == d.chunk_size);
+        if !same {
+            return Err(Error::Chain(format!(
+                "'{}' stores its disk as a diff of '{}', which has no disk of {} bytes in {}-byte chunks",
+                child.name, parent.name, d.size, d.chunk_size
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Geometry, backend and GIC mode of `b` must equal those of `a`.

@@ -5,12 +5,13 @@
 //! ```text
 //! vmstore/
 //!   golden/   manifest.json  memory.bin (full RAM)   state.bin  disk.img  disk.chunks  verified.json
-//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.img  disk.chunks  verified.json
+//!   d1/       manifest.json  memory.bin (packed diff) state.bin  disk.diff disk.chunks  verified.json
 //!   .tmp-d2-4242-1f0c.../    (a snapshot being written; never a layer)
 //! ```
 //!
-//! A full layer holds all of guest RAM; a diff layer holds only the pages
-//! dirtied since its parent, which it names and pins by content hash (the
+//! A full layer holds all of guest RAM and the whole disk image; a diff
+//! layer holds only the pages dirtied and the disk chunks written since its
+//! parent, which it names and pins by content hash (the
 //! sha256 of the parent's `manifest.json`, which in turn pins every file
 //! of the parent, and so on down the chain). The byte-level format is in
 //! `FORMAT.md`.
@@ -36,8 +37,10 @@
 //! layer durable and visible atomically, or dropping the writer removes
 //! the work directory. The VMM, with every vCPU parked:
 //!
-//! 1. begins the disk, [`SnapshotWriter::begin_disk`]: a clone of the VM's
-//!    image where the file system makes one, otherwise a [`DiskCopy`] made
+//! 1. begins the disk, for a diff [`SnapshotWriter::begin_disk_diff`] (the
+//!    chunks written since the parent), for a full layer
+//!    [`SnapshotWriter::begin_disk_from`] (a clone of the VM's image where
+//!    the file system makes one); what is not cloned is a [`DiskCopy`] made
 //!    while the guest runs, the block device calling
 //!    [`DiskCopy::before_write`] before each write; a diff whose disk the
 //!    guest has not written since its parent skips this;
@@ -50,9 +53,9 @@
 //! 3. writes its machine state, [`SnapshotWriter::write_state`];
 //! 4. completes the disk, [`SnapshotWriter::complete_disk`] (the copy
 //!    finished, and on a background thread the [`DISK_CHUNK_SIZE`] chunks
-//!    written since the parent re-hashed, the others' digests taken from
-//!    the parent's `disk.chunks`), or [`SnapshotWriter::reuse_parent_disk`]
-//!    (the parent's image and digests, nothing hashed);
+//!    written since the parent hashed, the others' digests taken from the
+//!    parent's `disk.chunks`), or [`SnapshotWriter::reuse_parent_disk`]
+//!    (an empty disk diff and the parent's digests, nothing hashed);
 //! 5. commits with [`SnapshotWriter::commit_cache_later`]: the layer is
 //!    durable and visible on return, and the returned thread records the
 //!    files in `verified.json` once their timestamps have settled.
@@ -69,8 +72,12 @@
 //! [`Chain`], parent links and geometry checked), [`verify_chain_cached`]
 //! (sizes, headers and digests of every file), [`map_base_memory`] and
 //! [`overlay_diffs_mapped`] (or [`map_chain_memory`], both at once),
-//! [`Layer::read_state`], and [`clone_file`] for a private copy of the
-//! disk image.
+//! [`Layer::read_state`], and [`ChainDisk::open`] for the chain's disk
+//! (the newest whole image and the disk diffs above it), under a
+//! [`DiskOverlay`]: the VM's writes go to a private overlay file, a chunk
+//! copied up on its first write, so nothing is copied to start it. Both,
+//! and a plain image ([`DiskImage`]), are [`DiskSource`]s a snapshot
+//! reads.
 //!
 //! [`verify_chain_cached`] re-hashes only files that changed since they
 //! were last verified or written, per each layer's `verified.json` (file
@@ -109,17 +116,22 @@ mod cache;
 mod clone;
 mod file_hash;
 
-// Bounded reads of a layer's files, checked against its manifest.
+// Bounded reads of a layer's binary files, checked against its manifest; a
+// disk as a snapshot reads it.
+mod disk_source;
 mod readers;
 
 // A layer as read from the store, and a chain of layers.
 mod layer;
 
-// The store directory; a chain's memory mapped for restore.
+// The store directory; a chain's memory mapped and its disk opened for
+// restore.
+mod chain_disk;
 mod restore;
 mod store;
 
-// Verifying and writing layers.
+// Verifying and writing layers; a restored VM's disk overlay.
+mod overlay;
 mod verify;
 mod writer;
 
@@ -133,7 +145,9 @@ mod import;
 #[cfg(feature = "registry")]
 pub mod oci;
 
+pub use chain_disk::ChainDisk;
 pub use clone::{clone_file, CloneMethod};
+pub use disk_source::{DiskImage, DiskSource};
 pub use error::{Error, Result};
 pub use format::chunks::DISK_CHUNK_SIZE;
 pub use fsutil::file_kind;
@@ -141,6 +155,7 @@ pub use hash::{hex, sha256, Sha256Digest};
 pub use import::LayerImport;
 pub use layer::{Chain, Layer, LayerMeta};
 pub use name::{validate_name, Spec, MAX_NAME_LEN};
+pub use overlay::DiskOverlay;
 pub use progress::{Progress, ProgressFn};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
@@ -152,4 +167,4 @@ pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
     verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
-pub use writer::{DiskClone, DiskCopy, MemoryFile, SnapshotWriter};
+pub use writer::{DiskClone, DiskCopy, DiskMethod, MemoryFile, SnapshotWriter};

@@ -1,6 +1,6 @@
 //! Bounded reads of a layer's binary files, each checked against its own
 //! header and against the layer's manifest: the packed diff's prefix, the
-//! whole `state.bin`, and `disk.chunks`. Every length is checked before
+//! whole `state.bin`, `disk.chunks`, and the prefix of `disk.diff`. Every length is checked before
 //! anything is allocated or read, and every error names the file.
 
 use std::fs::File;
@@ -13,6 +13,9 @@ use crate::format::chunks::{
     check_chunk_geometry, disk_chunks_file_size, parse_disk_chunks, DiskChunks,
 };
 use crate::format::diff::{parse_diff_header, parse_diff_prefix, DiffHeader, DIFF_HEADER_LEN};
+use crate::format::disk_diff::{
+    parse_disk_diff_header, parse_disk_diff_prefix, DiskDiffHeader, DISK_DIFF_HEADER_LEN,
+};
 use crate::format::manifest::{DiskEntry, Manifest};
 use crate::format::state::{parse_state, parse_state_header, STATE_HEADER_LEN};
 use crate::fsutil::{file_kind, is_not_found, not_regular, open_regular, Links};
@@ -83,6 +86,51 @@ pub(crate) fn read_diff_prefix(
     let mut prefix = vec![0u8; h.data_offset as usize];
     f.read_exact_at(&mut prefix, 0).ctx(path, "read")?;
     parse_diff_prefix(&prefix).map_err(|e| Error::corrupt(path, e.0))
+}
+
+/// Read and check the header, index and padding of the open `disk.diff`
+/// `f` (named `path` in errors; untrusted) against the manifest's disk
+/// entry: its size must be the one `entry` implies before anything is
+/// read, and its header must say the same chunk size, disk size and chunk
+/// count. Reads at most the prefix (below 64 KiB + 8 bytes per chunk).
+pub(crate) fn read_disk_diff_prefix(
+    f: &File,
+    path: &Path,
+    entry: &DiskEntry,
+) -> Result<(DiskDiffHeader, Vec<u64>)> {
+    let want = entry.data_file_size();
+    let len = f.metadata().ctx(path, "stat")?.len();
+    if len != want {
+        return Err(Error::corrupt(
+            path,
+            format!("is {len} bytes, manifest.json implies {want}"),
+        ));
+    }
+    let mut head = [0u8; DISK_DIFF_HEADER_LEN];
+    let got = read_up_to(&mut &*f, &mut head).ctx(path, "read")?;
+    let h = parse_disk_diff_header(&head[..got]).map_err(|e| Error::corrupt(path, e.0))?;
+    if h.chunk_size != entry.chunk_size
+        || h.disk_size != entry.size
+        || Some(h.chunk_count) != entry.diff_chunks
+    {
+        return Err(Error::corrupt(
+            path,
+            format!(
+                "header says {} chunks of {} bytes of a {}-byte disk; manifest.json says {} chunks of {} bytes of {}",
+                h.chunk_count,
+                h.chunk_size,
+                h.disk_size,
+                entry.diff_chunks.unwrap_or(0),
+                entry.chunk_size,
+                entry.size
+            ),
+        ));
+    }
+    // The header matches the manifest, whose size the file has: the
+    // prefix is inside the file.
+    let mut prefix = vec![0u8; h.data_offset as usize];
+    f.read_exact_at(&mut prefix, 0).ctx(path, "read")?;
+    parse_disk_diff_prefix(&prefix).map_err(|e| Error::corrupt(path, e.0))
 }
 
 /// Check the header of the diff file `path` against its layer's manifest

@@ -1,5 +1,8 @@
 //! Squash: a chain materialised into one new full layer.
 
+use std::sync::Arc;
+
+use crate::chain_disk::ChainDisk;
 use crate::error::{Error, Result};
 use crate::layer::Layer;
 use crate::name::validate_name;
@@ -10,8 +13,9 @@ use crate::verify::verify_chain_with_progress;
 
 impl Store {
     /// Materialise the chain `spec` into a new full layer `new_name`:
-    /// memory is the chain's overlay result, state and disk come from the
-    /// top layer, no parent. The chain is verified first; the write is
+    /// memory is the chain's overlay result, the disk the chain's (the top
+    /// layer's, its diffs applied: one `disk.img`), the state the top
+    /// layer's, no parent. The chain is verified first; the write is
     /// atomic like any snapshot. `progress` receives stage and hashing
     /// events.
     pub fn squash(
@@ -52,8 +56,12 @@ impl Store {
         ));
         w.write_full_memory(&memory)?;
         w.write_state(&state)?;
-        if let Some(disk) = top.disk_path() {
-            let clone = w.clone_disk(&disk, None)?;
+        if let Some(disk) = ChainDisk::open(&chain)? {
+            // One whole image: the chain's disk, diffs applied.
+            if let Some(copy) = w.begin_disk_from(Arc::new(disk), None)? {
+                copy.run()?;
+            }
+            let clone = w.complete_disk()?;
             stage(&format!("disk cloned by {clone}"));
         }
         stage("committing");

@@ -3,25 +3,26 @@
 //! (`verified.json`, see `cache.rs`) vouches for.
 
 use std::fs::{File, Metadata};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::cache::{self, Clock, SystemClock};
 use crate::error::{Error, IoContext, Result};
-use crate::file_hash::{hash_disk, memory_digest_file, sha256_open_file};
+use crate::file_hash::{hash_disk, memory_digest_file, sha256_open_file, ChunkHasher};
 use crate::format::chunks::{chunk_range, disk_chunk_count, disk_chunks_file_size, disk_digest};
 use crate::format::manifest::{DiskEntry, LayerKind, MAX_MANIFEST_BYTES};
 use crate::format::state::{parse_state_header, STATE_HEADER_LEN};
 use crate::format::verified::{CacheEntry, Entries, Stamp, VERIFIED_FILE};
-use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{is_not_found, open_regular, Links};
 use crate::hash::hex;
 use crate::layer::{check_link, Chain, Layer};
 use crate::progress::ProgressFn;
 use crate::readers::{
     check_diff_against_manifest, check_disk_chunks_file, read_diff_prefix, read_disk_chunks,
-    read_up_to,
+    read_disk_diff_prefix, read_up_to,
 };
 use crate::store::Store;
 
@@ -86,6 +87,15 @@ enum Check {
     /// `expect`; on a mismatch the first chunk whose digest differs from
     /// the list at `list` is named.
     Disk { list: PathBuf, entry: DiskEntry },
+    /// `disk.diff`: each chunk it stores hashes to its digest in the list
+    /// at `list` (which hashes to `expect`), and every other chunk's digest
+    /// there is the parent's (the list at `parent_list`).
+    DiskDiff {
+        list: PathBuf,
+        entry: DiskEntry,
+        parent_list: PathBuf,
+        parent_entry: DiskEntry,
+    },
 }
 
 struct Job {
@@ -152,8 +162,14 @@ fn check_file(layer: &Layer, file: &str, size: u64) -> Result<(PathBuf, File, Me
 }
 
 /// Cheap checks of one layer's files (presence, sizes, diff and state
-/// headers); queue the hashing jobs.
-fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> {
+/// headers); queue the hashing jobs. `parent`: the layer's parent (needed
+/// for a disk stored as a diff).
+fn layer_checks(
+    layer: &Layer,
+    parent: Option<&Layer>,
+    owner: usize,
+    jobs: &mut Vec<Job>,
+) -> Result<()> {
     let m = &layer.manifest;
     let mpath = layer.dir.join(MANIFEST_FILE);
     let mmeta = open_regular(&mpath, Links::Refuse)?
@@ -214,32 +230,63 @@ fn layer_checks(layer: &Layer, owner: usize, jobs: &mut Vec<Job>) -> Result<()> 
     });
 
     if let Some(disk) = &m.disk {
-        // The manifest's geometry was checked when it was parsed.
-        let list_size = disk_chunks_file_size(disk_chunk_count(disk.size, disk.chunk_size));
-        let (list, _, meta) = check_file(layer, DISK_CHUNKS_FILE, list_size)?;
-        jobs.push(Job {
-            path: list.clone(),
-            file: DISK_CHUNKS_FILE,
-            size: list_size,
-            expect: disk.sha256.clone(),
-            check: Check::ChunkList(disk.clone()),
-            owner,
-            stamp: Stamp::of(&meta),
-        });
-        let (path, _, meta) = check_file(layer, DISK_FILE, disk.size)?;
-        jobs.push(Job {
-            path,
-            file: DISK_FILE,
-            size: disk.size,
-            expect: disk.sha256.clone(),
-            check: Check::Disk {
-                list,
-                entry: disk.clone(),
-            },
-            owner,
-            stamp: Stamp::of(&meta),
-        });
+        disk_checks(layer, disk, parent, owner, jobs)?;
     }
+    Ok(())
+}
+
+/// The checks of a layer's disk (`disk.chunks`, and `disk.img` or
+/// `disk.diff`); queue their hashing jobs.
+fn disk_checks(
+    layer: &Layer,
+    disk: &DiskEntry,
+    parent: Option<&Layer>,
+    owner: usize,
+    jobs: &mut Vec<Job>,
+) -> Result<()> {
+    // The manifest's geometry was checked when it was parsed.
+    let list_size = disk_chunks_file_size(disk_chunk_count(disk.size, disk.chunk_size));
+    let (list, _, meta) = check_file(layer, DISK_CHUNKS_FILE, list_size)?;
+    jobs.push(Job {
+        path: list.clone(),
+        file: DISK_CHUNKS_FILE,
+        size: list_size,
+        expect: disk.sha256.clone(),
+        check: Check::ChunkList(disk.clone()),
+        owner,
+        stamp: Stamp::of(&meta),
+    });
+    let file = disk.data_file();
+    let (path, f, meta) = check_file(layer, file, disk.data_file_size())?;
+    let check = if disk.diff_chunks.is_some() {
+        read_disk_diff_prefix(&f, &path, disk)?;
+        let Some((p, p_entry)) = parent.and_then(|p| Some((p, p.manifest.disk.clone()?))) else {
+            return Err(Error::Chain(format!(
+                "'{}' stores its disk as a diff, but its parent's disk is not at hand",
+                layer.name
+            )));
+        };
+        Check::DiskDiff {
+            list,
+            entry: disk.clone(),
+            parent_list: p.dir.join(DISK_CHUNKS_FILE),
+            parent_entry: p_entry,
+        }
+    } else {
+        Check::Disk {
+            list,
+            entry: disk.clone(),
+        }
+    };
+    jobs.push(Job {
+        path,
+        file,
+        size: disk.data_file_size(),
+        expect: disk.sha256.clone(),
+        check,
+        owner,
+        stamp: Stamp::of(&meta),
+    });
     Ok(())
 }
 
@@ -283,6 +330,15 @@ fn hash_job(
             check_disk_chunks_file(&f, &job.path, entry)?;
         }
         Check::Disk { list, entry } => check_disk(&f, job, list, entry, progress)?,
+        Check::DiskDiff {
+            list,
+            entry,
+            parent_list,
+            parent_entry,
+        } => {
+            let lists = (list.as_path(), parent_list.as_path());
+            check_disk_diff(&f, job, lists, (entry, parent_entry), progress)?;
+        }
     }
     let after = f.metadata().ctx(&job.path, "stat")?;
     Ok(cache::recordable(Stamp::of(&before), Stamp::of(&after), t0))
@@ -325,6 +381,75 @@ fn check_disk(
             ),
         },
     ))
+}
+
+/// Check the `disk.diff` `f` of `job`: each chunk it stores hashes to its
+/// digest in the layer's list (`lists.0`, checked against the manifest's
+/// `entries.0`), the padding after a short last chunk is zeros, and every
+/// other chunk has the parent's digest (the list `lists.1`, checked
+/// against the parent's `entries.1`). Errors name the chunk.
+fn check_disk_diff(
+    f: &File,
+    job: &Job,
+    (list, parent_list): (&Path, &Path),
+    (entry, parent_entry): (&DiskEntry, &DiskEntry),
+    progress: Option<ProgressFn<'_>>,
+) -> Result<()> {
+    let own = read_disk_chunks(list, entry)?.digests;
+    let parent = read_disk_chunks(parent_list, parent_entry)?.digests;
+    if own.len() != parent.len() {
+        return Err(Error::corrupt(
+            list,
+            format!(
+                "lists {} chunks, the parent's {} lists {}",
+                own.len(),
+                parent_list.display(),
+                parent.len()
+            ),
+        ));
+    }
+    let (h, index) = read_disk_diff_prefix(f, &job.path, entry)?;
+    let mut hasher = ChunkHasher::new(f, &job.path, job.size, entry.chunk_size, progress);
+    for (i, &c) in index.iter().enumerate() {
+        let r = chunk_range(c, entry.chunk_size, entry.size);
+        let (at, len) = (h.slot_offset(i as u64), r.end - r.start);
+        if hasher.hash_bytes(at, len)? != own[c as usize] {
+            return Err(Error::corrupt(
+                &job.path,
+                format!(
+                    "sha256 mismatch in chunk {c} (disk bytes {}..{}, slot {i}): content is corrupted (its digest differs from {})",
+                    r.start,
+                    r.end,
+                    list.display()
+                ),
+            ));
+        }
+        if len < entry.chunk_size {
+            let mut tail = vec![0u8; (entry.chunk_size - len) as usize];
+            f.read_exact_at(&mut tail, at + len)
+                .ctx(&job.path, "read")?;
+            if tail.iter().any(|&b| b != 0) {
+                return Err(Error::corrupt(
+                    &job.path,
+                    format!("non-zero bytes after the disk's end in slot {i}"),
+                ));
+            }
+        }
+    }
+    let mut stored = index.iter().copied().peekable();
+    for (c, (a, b)) in own.iter().zip(&parent).enumerate() {
+        if stored.next_if_eq(&(c as u64)).is_none() && a != b {
+            return Err(Error::corrupt(
+                list,
+                format!(
+                    "chunk {c} is not in {}, but its digest differs from the parent's ({})",
+                    job.path.display(),
+                    parent_list.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Hash the jobs numbered `which` once each, largest first, on up to
@@ -482,7 +607,7 @@ pub fn verify_chain_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain.layers(), false, progress, &SystemClock)
+    verify_chain_impl(chain.layers(), 0, false, progress, &SystemClock)
 }
 
 /// [`verify_chain`] for the restore path, at a cost that does not grow
@@ -511,7 +636,7 @@ pub fn verify_chain_cached_with_progress(
     chain: &Chain,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
-    verify_chain_impl(chain.layers(), true, progress, &SystemClock)
+    verify_chain_impl(chain.layers(), 0, true, progress, &SystemClock)
 }
 
 /// [`verify_chain`] of the top layer of `chain` only (a layer being
@@ -523,7 +648,8 @@ pub(crate) fn verify_top_layer(
     progress: Option<ProgressFn<'_>>,
 ) -> Result<VerifyReport> {
     verify_chain_impl(
-        std::slice::from_ref(chain.top()),
+        chain.layers(),
+        chain.len() - 1,
         false,
         progress,
         &SystemClock,
@@ -531,18 +657,21 @@ pub(crate) fn verify_top_layer(
 }
 
 /// [`verify_chain`] (`use_cache` false) or [`verify_chain_cached`] of the
-/// layers of a chain, with the stamps that may be recorded judged by
-/// `clock`.
+/// layers of a chain from `from` on (the layers below are their parents),
+/// with the stamps that may be recorded judged by `clock`.
 fn verify_chain_impl(
-    layers: &[Layer],
+    chain: &[Layer],
+    from: usize,
     use_cache: bool,
     progress: Option<ProgressFn<'_>>,
     clock: &dyn Clock,
 ) -> Result<VerifyReport> {
     // Parent links were checked when the chain was built (`Chain::new`).
+    let layers = &chain[from..];
     let mut jobs = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
-        layer_checks(layer, i, &mut jobs)?;
+        let parent = (from + i).checked_sub(1).map(|p| &chain[p]);
+        layer_checks(layer, parent, i, &mut jobs)?;
     }
     let caches: Vec<LayerCache> = layers.iter().map(LayerCache::load).collect();
     let mut checked = Vec::with_capacity(jobs.len());
@@ -580,6 +709,7 @@ impl Store {
         let mut jobs = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let r = self.layer(name).and_then(|layer| {
+                let mut parent = None;
                 if let Some(p) = &layer.manifest.parent {
                     if !self.contains(&p.name) {
                         return Err(Error::MissingParent {
@@ -588,11 +718,12 @@ impl Store {
                             store: self.root().to_path_buf(),
                         });
                     }
-                    let parent = self.layer(&p.name)?;
-                    check_link(&parent, &layer)?;
+                    let p = self.layer(&p.name)?;
+                    check_link(&p, &layer)?;
+                    parent = Some(p);
                 }
                 let before = jobs.len();
-                if let Err(e) = layer_checks(&layer, i, &mut jobs) {
+                if let Err(e) = layer_checks(&layer, parent.as_ref(), i, &mut jobs) {
                     jobs.truncate(before);
                     return Err(e);
                 }
@@ -675,6 +806,7 @@ mod tests {
         // recorded (a change in the same clock tick would keep the ctime).
         let r = verify_chain_impl(
             chain.layers(),
+            0,
             false,
             None,
             &FakeClock::at(newest + 1_000_000),
@@ -683,17 +815,17 @@ mod tests {
         assert!(recorded(&s).is_empty());
         // A clock behind the files' ctimes (stepped back): not recorded.
         let behind = FakeClock::at(newest - 1_000_000_000);
-        verify_chain_impl(chain.layers(), false, None, &behind).unwrap();
+        verify_chain_impl(chain.layers(), 0, false, None, &behind).unwrap();
         assert!(recorded(&s).is_empty());
         // Settled: every file is recorded, and a cached verification then
         // hashes nothing.
         let later = FakeClock::at(newest + 3_000_000_000);
-        verify_chain_impl(chain.layers(), false, None, &later).unwrap();
+        verify_chain_impl(chain.layers(), 0, false, None, &later).unwrap();
         assert_eq!(recorded(&s), [MANIFEST_FILE, MEMORY_FILE, STATE_FILE]);
-        let r = verify_chain_impl(chain.layers(), true, None, &later).unwrap();
+        let r = verify_chain_impl(chain.layers(), 0, true, None, &later).unwrap();
         assert_eq!((r.files_cached, r.files_hashed), (3, 0), "{r:?}");
         // The full verification never trusts the cache.
-        let r = verify_chain_impl(chain.layers(), false, None, &later).unwrap();
+        let r = verify_chain_impl(chain.layers(), 0, false, None, &later).unwrap();
         assert_eq!((r.files_cached, r.files_hashed), (0, 3), "{r:?}");
     }
 }

@@ -1,20 +1,21 @@
 //! Writing a layer: a work directory inside the store, then an atomic,
 //! durable commit. The memory file filled out of order is
-//! `writer/memory.rs`, the disk `writer/disk.rs`, and the disk copied while
-//! the VM runs `writer/disk_copy.rs`.
+//! `writer/memory.rs`, the disk (`disk.img` or `disk.diff`)
+//! `writer/disk.rs`, and the disk copied while the VM runs
+//! `writer/disk_copy.rs`.
 
 // The submodules in layers, bottom first, as in `lib.rs`
 // (`tests/layering.rs` checks it).
 
-// A disk image copied while the VM runs.
+// A disk copied while the VM runs.
 mod disk_copy;
 
 // The writer's memory file and disk.
 mod disk;
 mod memory;
 
-pub use disk::DiskClone;
 use disk::DiskJob;
+pub use disk::{DiskClone, DiskMethod};
 pub use disk_copy::DiskCopy;
 pub use memory::MemoryFile;
 
@@ -31,7 +32,7 @@ use crate::format::manifest::FileEntry;
 use crate::format::memory::{memory_digest, MemoryDigest};
 use crate::format::state::encode_state_header;
 use crate::format::verified::VERIFIED_FILE;
-use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
 use crate::fsutil::{nonce, rename_noreplace, set_readonly, sync_dir, sync_file};
 use crate::hash::{hex, sha256};
 use crate::layer::{check_same_machine, Layer, LayerMeta};
@@ -529,7 +530,7 @@ impl SnapshotWriter {
         ];
         if let Some(d) = &m.disk {
             // Both are recorded with the disk's digest (see FORMAT.md).
-            files.push((DISK_FILE, d.sha256.as_str()));
+            files.push((d.data_file(), d.sha256.as_str()));
             files.push((DISK_CHUNKS_FILE, d.sha256.as_str()));
         }
         // chmod first, fsync after: the fsyncs usually let the ctimes that

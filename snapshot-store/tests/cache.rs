@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
+use snapshot_store::format::manifest::listed_files;
 use snapshot_store::format::verified::{MAX_VERIFIED_BYTES, VERIFIED_FILE};
 use snapshot_store::format::{LAYER_FILES, MEMORY_FILE, STATE_FILE};
 use snapshot_store::{verify_chain, verify_chain_cached, HashSource, Store, VerifyReport};
@@ -433,7 +434,7 @@ fn commit_cache_later_is_visible_first_and_its_cache_is_used_once_joined() {
     cache.join().unwrap();
     // The thread waits for every file to settle before recording (tested
     // with a fake clock in cache.rs); what it recorded, restore trusts.
-    let vouched = LAYER_FILES
+    let vouched = listed_files(&layer.manifest)
         .iter()
         .filter(|f| cached_stamp(&layer.dir, f) == Some(stamp(&layer.dir.join(f))))
         .count();

@@ -14,7 +14,8 @@ use common::*;
 use snapshot_store::format::chunks::{parse_disk_chunks, DISK_CHUNKS_HEADER_LEN};
 use snapshot_store::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE};
 use snapshot_store::{
-    hex, sha256, verify_chain, verify_chain_cached, Layer, Store, DISK_CHUNK_SIZE,
+    hex, sha256, verify_chain, verify_chain_cached, ChainDisk, DiskSource, Layer, Store,
+    DISK_CHUNK_SIZE,
 };
 
 const C: u64 = DISK_CHUNK_SIZE;
@@ -28,15 +29,23 @@ fn by_hand(path: &Path) -> Vec<[u8; 32]> {
         .collect()
 }
 
-/// Check a layer's disk against a recompute: `disk.img` equals `disk`,
+/// Check a layer's disk against a recompute: the chain's disk (its
+/// `disk.img`, or the image below with the diffs applied) equals `disk`,
 /// `disk.chunks` lists the per-chunk digests, and the manifest's digest is
 /// the sha256 of that list.
-fn check_layer_disk(layer: &Layer, disk: &Path) {
-    let img = layer.dir.join(DISK_FILE);
-    assert_eq!(std::fs::read(&img).unwrap(), std::fs::read(disk).unwrap());
+fn check_layer_disk(s: &Store, layer: &Layer, disk: &Path) {
+    let chain = s.resolve(&layer.name).unwrap();
+    let view = ChainDisk::open(&chain).unwrap().unwrap();
+    let mut bytes = vec![0u8; view.size() as usize];
+    view.read_exact_at(&mut bytes, 0).unwrap();
+    assert_eq!(bytes, std::fs::read(disk).unwrap());
+    let img = disk.with_extension("materialized");
+    std::fs::write(&img, &bytes).unwrap();
+    let by_hand = by_hand(&img);
+    std::fs::remove_file(&img).unwrap();
     let bytes = std::fs::read(layer.dir.join(DISK_CHUNKS_FILE)).unwrap();
     let list = parse_disk_chunks(&bytes).unwrap();
-    assert_eq!(list.digests, by_hand(&img), "{}", layer.name);
+    assert_eq!(list.digests, by_hand, "{}", layer.name);
     let entry = layer.manifest.disk.as_ref().unwrap();
     assert_eq!(entry.chunk_size, C);
     assert_eq!(entry.size, std::fs::metadata(disk).unwrap().len());
@@ -130,7 +139,7 @@ fn incremental_digests_equal_a_recompute() {
         write(&f, &mut rng, 3 * C + 10, 5000, false);
         let ram = vec![0u8; 4 * PS as usize];
         let mut top = full(&s, "g", &ram, b"g", Some(&disk));
-        check_layer_disk(&top, &disk);
+        check_layer_disk(&s, &top, &disk);
         for gen in 1..=8 {
             let touched = random_writes(&mut rng, &f, size);
             let mut unique = touched.clone();
@@ -140,7 +149,7 @@ fn incremental_digests_equal_a_recompute() {
             let (layer, clone) = commit_disk(&s, &name, &top, &disk, Some(&touched));
             assert_eq!(clone.chunks, 21);
             assert_eq!(clone.hashed, unique.len() as u64, "seed {seed} gen {gen}");
-            check_layer_disk(&layer, &disk);
+            check_layer_disk(&s, &layer, &disk);
             top = layer;
         }
         // A grown disk: no parent list of that size, every data chunk hashed.
@@ -154,7 +163,7 @@ fn incremental_digests_equal_a_recompute() {
         let (layer, clone) = commit_disk(&s, "grown", &top, &disk, Some(&[0]));
         assert_eq!(clone.chunks, 24);
         assert!(clone.hashed >= 2, "{clone:?}");
-        check_layer_disk(&layer, &disk);
+        check_layer_disk(&s, &layer, &disk);
         let r = verify_chain(&s.resolve("grown").unwrap()).unwrap();
         assert_eq!(r.layers, 10);
     }
@@ -189,7 +198,7 @@ fn holes_and_zeros_give_the_same_digests() {
         std::fs::read(a.dir.join(DISK_CHUNKS_FILE)).unwrap(),
         std::fs::read(b.dir.join(DISK_CHUNKS_FILE)).unwrap()
     );
-    check_layer_disk(&a, &sparse);
+    check_layer_disk(&s, &a, &sparse);
     // Only the chunks with data are read (0, 8 and 9 here) where the file
     // system reports holes: a clone keeps the source's, a copy also turns
     // blocks of zeros into holes (so the dense image's copy is sparse too).
@@ -307,7 +316,7 @@ fn one_chunk_rehash_costs_a_chunk() {
     let (d, clone) = commit_disk(&s, "d", &g, &disk, Some(&[5]));
     let diff_time = t.elapsed();
     assert_eq!((clone.hashed, clone.chunks), (1, size / C));
-    check_layer_disk(&d, &disk);
+    check_layer_disk(&s, &d, &disk);
     eprintln!(
         "{} MiB disk: full layer (all {} chunks hashed) {full_time:?}; diff ({clone}) {diff_time:?}",
         size >> 20,

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use snapshot_store::format::chunks::parse_disk_chunks;
 use snapshot_store::format::diff::parse_diff_file;
+use snapshot_store::format::disk_diff::parse_disk_diff_prefix;
 use snapshot_store::format::manifest::parse_manifest;
 use snapshot_store::format::state::parse_state;
 use snapshot_store::format::verified::parse_verified;
@@ -24,6 +25,7 @@ fn accepts(target: &str, bytes: &[u8]) -> bool {
         "diff" => parse_diff_file(bytes).is_ok(),
         "state" => parse_state(bytes).is_ok(),
         "disk_chunks" => parse_disk_chunks(bytes).is_ok(),
+        "disk_diff" => parse_disk_diff_prefix(bytes).is_ok(),
         "verified" => parse_verified(bytes).is_ok(),
         other => panic!("unknown fuzz target {other}"),
     }
@@ -33,7 +35,14 @@ fn accepts(target: &str, bytes: &[u8]) -> bool {
 fn seeds_are_valid_or_edge_cases_as_named() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
     let mut total = 0;
-    for target in ["manifest", "diff", "state", "disk_chunks", "verified"] {
+    for target in [
+        "manifest",
+        "diff",
+        "state",
+        "disk_chunks",
+        "disk_diff",
+        "verified",
+    ] {
         let (mut valid, mut edge) = (0, 0);
         for e in std::fs::read_dir(root.join(target)).unwrap() {
             let p = e.unwrap().path();

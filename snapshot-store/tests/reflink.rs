@@ -67,21 +67,72 @@ fn du_counts_the_blocks_clones_share() {
         gic_mode: "test".into(),
         creator: "test".into(),
     };
-    let mut w = s.begin("g", meta).unwrap();
-    w.write_full_memory(&[1u8; 4 * 4096]).unwrap();
-    w.write_state(b"g").unwrap();
-    w.clone_disk(&disk, None).unwrap();
-    let g = w.commit().unwrap();
-    // The child reuses the parent's disk image: a clone of it.
-    let mut w = s.begin("d", g.child_meta("test")).unwrap();
-    w.write_diff_memory(std::iter::empty()).unwrap();
-    w.write_state(b"d").unwrap();
-    w.reuse_parent_disk().unwrap();
-    w.commit().unwrap();
+    // Two full layers of the same image: each disk.img a clone of it.
+    for name in ["g", "f"] {
+        let mut w = s.begin(name, meta.clone()).unwrap();
+        w.write_full_memory(&[1u8; 4 * 4096]).unwrap();
+        w.write_state(b"g").unwrap();
+        w.clone_disk(&disk, None).unwrap();
+        w.commit().unwrap();
+    }
     for (name, u) in s.du().unwrap() {
         let u = u.unwrap();
         let shared = u.shared_bytes.expect("XFS answers FIEMAP");
         assert!(shared >= 1 << 20, "{name}: {u:?}");
         assert!(shared <= u.physical_bytes, "{name}: {u:?}");
     }
+}
+
+/// A whole image of a restored VM's disk (a full layer of an overlay, or a
+/// squash of a chain with disk diffs) is a clone of the image below with
+/// only the chunks written since copied over it.
+#[test]
+fn a_full_layer_of_an_overlay_is_a_clone_with_the_changed_chunks_copied() {
+    use snapshot_store::{ChainDisk, DiskMethod, DiskOverlay, DiskSource, Store, DISK_CHUNK_SIZE};
+    use std::sync::Arc;
+    let Some(root) = std::env::var_os("IGNITION_REFLINK_DIR") else {
+        eprintln!("skipped: IGNITION_REFLINK_DIR is not set (see scripts/reflink-scratch.sh)");
+        return;
+    };
+    let dir = tempfile::tempdir_in(&root).unwrap();
+    let s = Store::create(dir.path().join("s")).unwrap();
+    let disk = dir.path().join("disk.img");
+    let f = File::create(&disk).unwrap();
+    f.set_len(32 * DISK_CHUNK_SIZE).unwrap();
+    f.write_all_at(&[7u8; 4 << 20], 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let meta = snapshot_store::LayerMeta {
+        parent: None,
+        page_size: 4096,
+        ram_base_gpa: 0x4000_0000,
+        ram_size: 4 * 4096,
+        vcpus: 1,
+        backend: "test".into(),
+        gic_mode: "test".into(),
+        creator: "test".into(),
+    };
+    let mut w = s.begin("g", meta.clone()).unwrap();
+    w.write_full_memory(&[1u8; 4 * 4096]).unwrap();
+    w.write_state(b"g").unwrap();
+    w.clone_disk(&disk, None).unwrap();
+    w.commit().unwrap();
+    let base = ChainDisk::open(&s.resolve("g").unwrap()).unwrap().unwrap();
+    let ov = Arc::new(DiskOverlay::create(base, &dir.path().join("o")).unwrap());
+    ov.write_all_at(&[9u8; 100], 3 * DISK_CHUNK_SIZE + 5)
+        .unwrap();
+    ov.write_all_at(&[0u8; 4096], 1 << 20).unwrap();
+    let mut want = vec![0u8; ov.size() as usize];
+    ov.read_exact_at(&mut want, 0).unwrap();
+    let mut w = s.begin("f", meta).unwrap();
+    w.write_full_memory(&[1u8; 4 * 4096]).unwrap();
+    w.write_state(b"f").unwrap();
+    assert!(w.begin_disk_from(ov, None).unwrap().is_some());
+    let clone = w.complete_disk().unwrap();
+    if cfg!(target_os = "linux") {
+        assert_eq!(clone.method, DiskMethod::Image(CloneMethod::Ficlone));
+    }
+    let f = w.commit().unwrap();
+    assert_eq!(std::fs::read(f.dir.join("disk.img")).unwrap(), want);
+    snapshot_store::verify_chain(&s.resolve("f").unwrap()).unwrap();
 }

@@ -17,10 +17,12 @@ use std::time::Duration;
 use common::*;
 use snapshot_store::format::verified::VERIFIED_FILE;
 use snapshot_store::format::{
-    DISK_CHUNKS_FILE, DISK_FILE, LAYER_FILES, MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
+    DISK_CHUNKS_FILE, DISK_DIFF_FILE, DISK_FILE, LAYER_FILES, MANIFEST_FILE, MEMORY_FILE,
+    STATE_FILE,
 };
 use snapshot_store::{
-    clone_file, map_chain_memory, verify_chain, verify_chain_cached, Store, VerifyReport,
+    map_chain_memory, verify_chain, verify_chain_cached, ChainDisk, DiskImage, DiskSource, Store,
+    VerifyReport,
 };
 
 /// How long one entry point may take on a store of a few pages before it
@@ -76,8 +78,9 @@ fn make(kind: Special, path: &Path) -> &'static str {
     }
 }
 
-/// `base` (full) <- `d1` (diff), each with state and a disk, and `other`
-/// (full, a chain of its own); every file writable so it can be replaced.
+/// `base` (full) <- `d1` (diff), each with state and a disk (d1's a disk
+/// diff of chunk 0), and `other` (full, a chain of its own); every file
+/// writable so it can be replaced.
 fn fixture() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::create(dir.path().join("s")).unwrap();
@@ -87,7 +90,13 @@ fn fixture() -> (tempfile::TempDir, Store) {
     Rng(11).fill(&mut ram);
     let base = full(&store, "base", &ram, b"base state", Some(&disk));
     ram[PS as usize] ^= 0xff;
-    diff(&store, "d1", &base, &ram, &[1], b"d1 state", Some(&disk));
+    let mut w = store.begin("d1", base.child_meta("test")).unwrap();
+    w.write_diff_from_ram(&ram, [1]).unwrap();
+    w.write_state(b"d1 state").unwrap();
+    let src = std::sync::Arc::new(DiskImage::open(&disk).unwrap());
+    w.begin_disk_diff(src, &[0]).unwrap();
+    w.complete_disk().unwrap();
+    w.commit().unwrap();
     full(&store, "other", &ram, b"other state", Some(&disk));
     make_writable(store.root());
     (dir, store)
@@ -166,7 +175,7 @@ const ENTRY_POINTS: [EntryPoint; 13] = [
     }),
     ("gc", |s, _| s.gc().map(drop).map_err(err)),
     // boot --restore d1, step by step (the VMM maps memory and reads the
-    // state while the chain is verified, and copies the disk meanwhile).
+    // state while the chain is verified, and opens the chain's disk).
     ("restore: map memory", |s, _| {
         map_chain_memory(&s.resolve("d1").map_err(err)?)
             .map(drop)
@@ -176,12 +185,13 @@ const ENTRY_POINTS: [EntryPoint; 13] = [
         let chain = s.resolve("d1").map_err(err)?;
         chain.top().read_state().map(drop).map_err(err)
     }),
-    ("restore: copy disk", |s, scratch| {
+    ("restore: open disk", |s, _| {
         let chain = s.resolve("d1").map_err(err)?;
-        let src = chain.top().disk_path().ok_or("no disk")?;
-        let dst = scratch.join("work.img");
-        let _ = std::fs::remove_file(&dst);
-        clone_file(&src, &dst).map(drop).map_err(err)
+        let disk = ChainDisk::open(&chain).map_err(err)?.ok_or("no disk")?;
+        // Chunk 0 is d1's, the last one base's.
+        let last = disk.size() - 1;
+        disk.read_exact_at(&mut [0u8; 1], 0).map_err(err)?;
+        disk.read_exact_at(&mut [0u8; 1], last).map_err(err)
     }),
     // Last: it removes `other` when it succeeds.
     ("remove another layer", |s, _| {
@@ -202,10 +212,16 @@ fn readers_of(layer: &str, file: &str) -> Vec<&'static str> {
         STATE_FILE if layer == "d1" => {
             [&verify[..], &["verify --cached", "restore: read state"]].concat()
         }
-        DISK_FILE if layer == "d1" => {
-            [&verify[..], &["verify --cached", "restore: copy disk"]].concat()
+        // d1's disk is a diff over base's image.
+        DISK_FILE if layer == "base" => {
+            [&verify[..], &["verify --cached", "restore: open disk"]].concat()
         }
-        STATE_FILE | DISK_FILE | DISK_CHUNKS_FILE => [&verify[..], &["verify --cached"]].concat(),
+        DISK_DIFF_FILE if layer == "d1" => {
+            [&verify[..], &["verify --cached", "restore: open disk"]].concat()
+        }
+        // Not the layer's (its manifest lists the other): not read.
+        DISK_FILE | DISK_DIFF_FILE => Vec::new(),
+        STATE_FILE | DISK_CHUNKS_FILE => [&verify[..], &["verify --cached"]].concat(),
         // The cache is a hint: a verification hashes instead, says why in
         // a note, and writes a new cache in its place.
         VERIFIED_FILE => [&verify[..2], &["verify --cached"]].concat(),

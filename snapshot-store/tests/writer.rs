@@ -5,9 +5,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::*;
-use snapshot_store::format::manifest::LayerKind;
-use snapshot_store::format::{DISK_CHUNKS_FILE, LAYER_FILES, MANIFEST_FILE, MEMORY_FILE};
-use snapshot_store::{verify_chain, CloneMethod, Error, Store};
+use snapshot_store::format::manifest::{listed_files, LayerKind};
+use snapshot_store::format::{DISK_CHUNKS_FILE, MANIFEST_FILE, MEMORY_FILE};
+use snapshot_store::{verify_chain, CloneMethod, DiskMethod, Error, Store};
 
 fn store() -> (tempfile::TempDir, Store) {
     let d = tempfile::tempdir().unwrap();
@@ -49,7 +49,7 @@ fn commit_writes_a_complete_readonly_layer() {
     let clone = w.clone_disk(&disk, Some(&[0])).unwrap();
     assert!(matches!(
         clone.method,
-        CloneMethod::Clonefile | CloneMethod::Ficlone | CloneMethod::SparseCopy
+        DiskMethod::Image(CloneMethod::Clonefile | CloneMethod::Ficlone | CloneMethod::SparseCopy)
     ));
     // A full layer has no parent: the written set is ignored and the one
     // chunk of the 64 KiB image is hashed.
@@ -61,7 +61,7 @@ fn commit_writes_a_complete_readonly_layer() {
     let layer = w.commit().unwrap();
     assert!(work_dirs(&s).is_empty(), "{:?}", work_dirs(&s));
     assert_eq!(layer.kind(), LayerKind::Full);
-    for f in LAYER_FILES {
+    for f in listed_files(&layer.manifest) {
         let m = std::fs::metadata(layer.dir.join(f)).unwrap();
         assert_eq!(m.permissions().mode() & 0o777, 0o444, "{f}");
     }
@@ -338,7 +338,7 @@ fn list_reports_sizes_and_broken_layers() {
 }
 
 #[test]
-fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
+fn unchanged_disk_is_an_empty_diff_without_hashing() {
     use std::os::unix::fs::MetadataExt;
     let (dir, s) = store();
     let disk = dir.path().join("disk.img");
@@ -356,14 +356,16 @@ fn unchanged_disk_is_cloned_from_the_parent_without_hashing() {
     w.write_state(b"d1").unwrap();
     let clone = w.reuse_parent_disk().unwrap();
     assert_eq!((clone.chunks, clone.hashed), (1, 0));
+    assert_eq!(clone.method, DiskMethod::Diff);
     let d1 = w.commit().unwrap();
-    let d1_disk = d1.dir.join(snapshot_store::format::DISK_FILE);
     let after = std::fs::metadata(&golden_disk).unwrap();
-    assert_eq!(
-        std::fs::read(&d1_disk).unwrap(),
-        std::fs::read(&golden_disk).unwrap()
-    );
-    assert_eq!(d1.manifest.disk, g.manifest.disk);
+    // No image: a diff of no chunks (its header only), the parent's digests.
+    assert!(!d1.dir.join(snapshot_store::format::DISK_FILE).exists());
+    let diff = d1.dir.join(snapshot_store::format::DISK_DIFF_FILE);
+    assert_eq!(std::fs::metadata(&diff).unwrap().len(), 64 << 10);
+    let mut want = g.manifest.disk.clone().unwrap();
+    want.diff_chunks = Some(0);
+    assert_eq!(d1.manifest.disk, Some(want));
     assert_eq!(
         std::fs::read(d1.dir.join(DISK_CHUNKS_FILE)).unwrap(),
         std::fs::read(g.dir.join(DISK_CHUNKS_FILE)).unwrap()

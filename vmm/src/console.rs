@@ -1,9 +1,10 @@
-//! The host console: raw terminal mode, the Ctrl-A escape keys, and the input
-//! path from the host's stdin to the guest's UART.
+//! The host console: raw terminal mode, the Ctrl-A escape keys, and the VMM's
+//! messages on it.
 //!
 //! Escapes (after `Ctrl-A`): `x` quits, `s` writes a snapshot, `h` or `?`
-//! lists the escapes, `a` or a second `Ctrl-A` sends a literal `Ctrl-A`;
-//! any other key is dropped.
+//! lists the escapes, `a` or a second `Ctrl-A` sends a literal `Ctrl-A`, `d`
+//! detaches from a socket console (`boot --console socket:PATH`); any other
+//! key is dropped.
 
 use crate::sync::Locked;
 use nix::sys::termios::{self, SetArg, Termios};
@@ -15,7 +16,7 @@ use std::sync::Mutex;
 pub const ESCAPE: u8 = 0x01;
 
 /// Help text for `Ctrl-A h`, one escape per line.
-pub const ESCAPE_HELP: &str = "Ctrl-A x  quit\r\nCtrl-A s  write a snapshot\r\nCtrl-A h  show this help\r\nCtrl-A a  send Ctrl-A to the guest\r\n";
+pub const ESCAPE_HELP: &str = "Ctrl-A x  quit\r\nCtrl-A s  write a snapshot\r\nCtrl-A h  show this help\r\nCtrl-A a  send Ctrl-A to the guest\r\nCtrl-A d  detach (a socket console)\r\n";
 
 /// What one input byte means after escape processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,8 @@ pub enum Key {
     Snapshot,
     /// Show the escape help (`Ctrl-A h`).
     Help,
+    /// Detach from a socket console (`Ctrl-A d`); nothing on a terminal.
+    Detach,
     /// Nothing (the escape prefix itself, or an unknown escape).
     None,
 }
@@ -53,6 +56,7 @@ impl EscapeParser {
             b'x' | b'X' => Key::Quit,
             b's' | b'S' => Key::Snapshot,
             b'h' | b'H' | b'?' => Key::Help,
+            b'd' | b'D' => Key::Detach,
             b'a' | b'A' | ESCAPE => Key::Guest(ESCAPE),
             _ => Key::None,
         }
@@ -120,7 +124,20 @@ fn install_restore_paths() {
     }));
 }
 
-/// Writes a VMM message to the console (stderr), on its own line.
+/// Where VMM messages go besides stderr: a socket console's output
+/// ([`set_message_echo`]); called with each message's bytes.
+pub type MessageEcho = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+static ECHO: Mutex<Option<MessageEcho>> = Mutex::new(None);
+
+/// Sends every later [`message`] to `echo` too (a socket console, whose
+/// user sees them as a terminal's does); `None` stops it.
+pub fn set_message_echo(echo: Option<MessageEcho>) {
+    *ECHO.locked() = echo;
+}
+
+/// Writes a VMM message to the console (stderr, and a socket console's
+/// output if there is one), on its own line.
 pub fn message(msg: &str) {
     // One write: the guest's console output (stdout, the same terminal)
     // cannot land inside the line.
@@ -128,6 +145,11 @@ pub fn message(msg: &str) {
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(line.as_bytes());
     let _ = err.flush();
+    drop(err);
+    let echo = ECHO.locked().clone();
+    if let Some(echo) = echo {
+        echo(line.as_bytes());
+    }
 }
 
 #[cfg(test)]
@@ -152,5 +174,8 @@ mod tests {
         assert_eq!(p.feed(ESCAPE), Key::None);
         assert_eq!(p.feed(b'q'), Key::None);
         assert_eq!(p.feed(b'q'), Key::Guest(b'q'));
+        assert_eq!(p.feed(ESCAPE), Key::None);
+        assert_eq!(p.feed(b'd'), Key::Detach);
+        assert_eq!(p.feed(b'd'), Key::Guest(b'd'));
     }
 }

@@ -12,6 +12,7 @@ extern crate unicorn_linux as unicorn_engine;
 
 pub mod arch;
 pub mod console;
+pub mod daemon;
 pub mod devices;
 pub mod host_socket;
 pub mod hv;

@@ -339,7 +339,7 @@ mod tests {
             "format version",
         );
         expect(
-            &patch(&idx, 10, &1u16.to_le_bytes(), false),
+            &patch(&idx, 10, &2u16.to_le_bytes(), false),
             "format version",
         );
         expect(

@@ -11,10 +11,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::ParseError;
 use crate::format::chunks::check_chunk_geometry;
 use crate::format::diff::diff_file_size;
+use crate::format::disk_diff::{disk_diff_file_size, DISK_DIFF_SINCE};
 use crate::format::state::{MAX_STATE_BYTES, STATE_HEADER_LEN};
 use crate::format::{
-    check_geometry, FormatVersion, DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE,
-    STATE_FILE,
+    check_geometry, FormatVersion, DISK_CHUNKS_FILE, DISK_DIFF_FILE, DISK_FILE, MANIFEST_FILE,
+    MEMORY_FILE, STATE_FILE,
 };
 use crate::hash::{hex, is_sha256_hex, sha256};
 use crate::name::validate_name;
@@ -68,11 +69,14 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
-/// Size, chunk size and digest of a layer's disk image.
+/// Size, chunk size and digest of a layer's disk, and how it is stored:
+/// whole (`disk.img`), or as the chunks written since the parent
+/// (`disk.diff`, format 3.1).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DiskEntry {
-    /// Length of `disk.img` in bytes (`st_size`).
+    /// Length of the disk in bytes: of `disk.img` (`st_size`), or of the
+    /// disk a `disk.diff` describes.
     pub size: u64,
     /// Chunk size of the digests in `disk.chunks`, in bytes (a power of two,
     /// see [`super::chunks::check_chunk_geometry`]; the writer uses
@@ -82,6 +86,31 @@ pub struct DiskEntry {
     /// digests of its chunks, which is also the sha256 of the digest list
     /// in `disk.chunks`.
     pub sha256: String,
+    /// Number of chunks in `disk.diff`, for a diff layer whose disk is
+    /// stored as the chunks written since its parent (its other chunks are
+    /// the parent's); absent when the layer holds the whole `disk.img`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_chunks: Option<u64>,
+}
+
+impl DiskEntry {
+    /// The file holding the disk's data: `disk.diff` or `disk.img`.
+    pub fn data_file(&self) -> &'static str {
+        if self.diff_chunks.is_some() {
+            DISK_DIFF_FILE
+        } else {
+            DISK_FILE
+        }
+    }
+
+    /// Exact size in bytes of [`DiskEntry::data_file`] (saturating): the
+    /// disk's size, or a `disk.diff`'s.
+    pub fn data_file_size(&self) -> u64 {
+        match self.diff_chunks {
+            Some(n) => disk_diff_file_size(self.chunk_size, n).unwrap_or(u64::MAX),
+            None => self.size,
+        }
+    }
 }
 
 /// The contents of `manifest.json`. Field order is the serialization order.
@@ -244,12 +273,39 @@ impl Manifest {
             ));
         }
         if let Some(disk) = &self.disk {
-            if let Err(e) = check_chunk_geometry(disk.chunk_size, disk.size) {
-                return err(format!("disk: {e}"));
-            }
-            check_hash("disk.sha256", &disk.sha256)?;
+            self.validate_disk(disk)?;
         }
         check_hash("manifest_sha256", &self.manifest_sha256)?;
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// The disk entry's geometry and digest; a `diff_chunks` only in a
+    /// diff layer of format 3.1 or later, at most the disk's chunk count.
+    fn validate_disk(&self, disk: &DiskEntry) -> Result<(), ParseError> {
+        let chunks = check_chunk_geometry(disk.chunk_size, disk.size)
+            .map_err(|e| ParseError::new(format!("disk: {e}")))?;
+        check_hash("disk.sha256", &disk.sha256)?;
+        let Some(n) = disk.diff_chunks else {
+            return Ok(());
+        };
+        if self.kind != LayerKind::Diff {
+            return Err(ParseError::new(
+                "disk.diff_chunks in a full layer (only a diff layer stores its disk as a diff)",
+            ));
+        }
+        if self.format.minor < DISK_DIFF_SINCE.minor {
+            return Err(ParseError::new(format!(
+                "disk.diff_chunks in a format {} manifest (disk diffs came with {DISK_DIFF_SINCE})",
+                self.format
+            )));
+        }
+        if n > chunks {
+            return Err(ParseError::new(format!(
+                "disk.diff_chunks {n} exceeds the {chunks} chunks of the disk"
+            )));
+        }
         Ok(())
     }
 }
@@ -280,8 +336,8 @@ fn check_hash(field: &str, v: &str) -> Result<(), ParseError> {
 /// The files a layer with manifest `m` holds, `manifest.json` first.
 pub fn listed_files(m: &Manifest) -> Vec<&'static str> {
     let mut files = vec![MANIFEST_FILE, MEMORY_FILE, STATE_FILE];
-    if m.disk.is_some() {
-        files.extend([DISK_FILE, DISK_CHUNKS_FILE]);
+    if let Some(d) = &m.disk {
+        files.extend([d.data_file(), DISK_CHUNKS_FILE]);
     }
     files
 }
@@ -362,6 +418,7 @@ pub(crate) mod tests {
                 size: 4096,
                 chunk_size: crate::format::chunks::DISK_CHUNK_SIZE,
                 sha256: "03".repeat(32),
+                diff_chunks: (kind == LayerKind::Diff).then_some(1),
             }),
             manifest_sha256: String::new(),
         };
@@ -388,7 +445,34 @@ pub(crate) mod tests {
     #[test]
     fn full_layer_omits_parent() {
         let b = String::from_utf8(sample(LayerKind::Full).to_bytes()).unwrap();
-        assert!(!b.contains("parent") && !b.contains("diff_pages"), "{b}");
+        assert!(!b.contains("parent") && !b.contains("diff_"), "{b}");
+    }
+
+    #[test]
+    fn a_disk_diff_is_listed_in_place_of_the_image() {
+        let diff = sample(LayerKind::Diff);
+        let d = diff.disk.as_ref().unwrap();
+        assert_eq!(d.data_file(), DISK_DIFF_FILE);
+        assert_eq!(d.data_file_size(), (64 << 10) + d.chunk_size);
+        assert_eq!(
+            listed_files(&diff),
+            [
+                MANIFEST_FILE,
+                MEMORY_FILE,
+                STATE_FILE,
+                DISK_DIFF_FILE,
+                DISK_CHUNKS_FILE
+            ]
+        );
+        let full = sample(LayerKind::Full);
+        assert_eq!(full.disk.as_ref().unwrap().data_file_size(), 4096);
+        assert_eq!(listed_files(&full)[3], DISK_FILE);
+        // A 3.0 manifest (no disk diff) still reads.
+        let mut old = sample(LayerKind::Diff);
+        old.format.minor = 0;
+        old.disk.as_mut().unwrap().diff_chunks = None;
+        old.seal();
+        assert_eq!(parse_manifest(&old.to_bytes()).unwrap(), old);
     }
 
     fn expect_err(bytes: &[u8], needle: &str) {
@@ -398,7 +482,7 @@ pub(crate) mod tests {
 
     #[test]
     fn rejects_newer_or_other_versions_first() {
-        for (maj, min) in [(1, 0), (2, 0), (3, 1), (4, 0), (0, 9)] {
+        for (maj, min) in [(1, 0), (2, 0), (3, 2), (4, 0), (0, 9)] {
             // A newer file may carry fields we do not know: the version
             // error must win over the schema error.
             let mut v: serde_json::Value =
@@ -492,6 +576,23 @@ pub(crate) mod tests {
                     m.kind = LayerKind::Full;
                 }),
                 "neither parent",
+            ),
+            (
+                Box::new(|m| m.disk.as_mut().unwrap().diff_chunks = Some(2)),
+                "exceeds the 1 chunks",
+            ),
+            (
+                Box::new(|m| m.format.minor = 0),
+                "disk.diff_chunks in a format 3.0 manifest",
+            ),
+            (
+                Box::new(|m| {
+                    m.kind = LayerKind::Full;
+                    m.parent = None;
+                    m.diff_pages = None;
+                    m.memory.size = m.ram_size;
+                }),
+                "disk.diff_chunks in a full layer",
             ),
         ];
         for (f, needle) in cases {

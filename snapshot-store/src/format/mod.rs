@@ -1,7 +1,8 @@
 //! The codecs of a layer's files, one module per file, each with its
 //! constants and limits: [`diff`] (a diff layer's packed `memory.bin`),
 //! [`memory`] (the digest of any `memory.bin`), [`state`] (`state.bin`),
-//! [`chunks`] (`disk.chunks`), [`manifest`] (`manifest.json`, which pins
+//! [`chunks`] (`disk.chunks`), [`disk_diff`] (a diff layer's `disk.diff`),
+//! [`manifest`] (`manifest.json`, which pins
 //! every other file) and [`verified`] (`verified.json`, the verified-file
 //! cache). They work on bytes in memory and do no I/O; every parser takes
 //! untrusted input and returns a [`ParseError`]. The byte layouts are in
@@ -10,7 +11,7 @@
 //! This module has what every file shares: the layer's file names, the
 //! store format version ([`FormatVersion`]), the limits on RAM geometry,
 //! and the 16-byte prelude every binary file starts with (`memory.bin` of
-//! a diff, `state.bin`, `disk.chunks`): magic (8 bytes), format major and
+//! a diff, `state.bin`, `disk.chunks`, `disk.diff`): magic (8 bytes), format major and
 //! minor (u16 each), header length (u32), little-endian; also the
 //! little-endian field readers the parsers share. It imports nothing but
 //! `error`, and the codecs build on it.
@@ -29,6 +30,9 @@ pub mod diff;
 pub mod memory;
 pub mod state;
 
+// A diff layer's disk, in the chunks of `disk.chunks`.
+pub mod disk_diff;
+
 // `manifest.json`, which pins every other file of a layer; `verified.json`,
 // the cache of which files were verified when.
 pub mod manifest;
@@ -42,15 +46,21 @@ pub const MEMORY_FILE: &str = "memory.bin";
 pub const STATE_FILE: &str = "state.bin";
 /// File name of a layer's disk image clone.
 pub const DISK_FILE: &str = "disk.img";
-/// File name of a layer's disk chunk digests (present with `disk.img`).
+/// File name of a diff layer's disk as the chunks written since its parent
+/// (in place of `disk.img`; format 3.1).
+pub const DISK_DIFF_FILE: &str = "disk.diff";
+/// File name of a layer's disk chunk digests (present with `disk.img` or
+/// `disk.diff`).
 pub const DISK_CHUNKS_FILE: &str = "disk.chunks";
 /// Every file a layer may hold, in the order they are listed and checked
-/// (the disk's two only if the VM had a disk).
-pub const LAYER_FILES: [&str; 5] = [
+/// (the disk's only if the VM had a disk: `disk.img` or `disk.diff`, and
+/// `disk.chunks`).
+pub const LAYER_FILES: [&str; 6] = [
     MANIFEST_FILE,
     MEMORY_FILE,
     STATE_FILE,
     DISK_FILE,
+    DISK_DIFF_FILE,
     DISK_CHUNKS_FILE,
 ];
 
@@ -70,7 +80,7 @@ pub struct FormatVersion {
 }
 
 /// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 3, minor: 0 };
+pub const FORMAT_VERSION: FormatVersion = FormatVersion { major: 3, minor: 1 };
 
 impl FormatVersion {
     /// Check that this reader can read a file of version `self`.

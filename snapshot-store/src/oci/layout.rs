@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
 use crate::format::manifest::Manifest;
-use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MEMORY_FILE, STATE_FILE};
+use crate::format::{DISK_CHUNKS_FILE, DISK_DIFF_FILE, DISK_FILE, MEMORY_FILE, STATE_FILE};
 use crate::hash::{hex, is_sha256_hex, sha256};
 
 use super::RegistryError;
@@ -28,6 +28,8 @@ pub const MEMORY_MEDIA_TYPE: &str = "application/vnd.ignition.layer.memory.v1";
 pub const STATE_MEDIA_TYPE: &str = "application/vnd.ignition.layer.state.v1";
 /// Media type of a `disk.img` blob.
 pub const DISK_MEDIA_TYPE: &str = "application/vnd.ignition.layer.disk.v1";
+/// Media type of a `disk.diff` blob.
+pub const DISK_DIFF_MEDIA_TYPE: &str = "application/vnd.ignition.layer.disk-diff.v1";
 /// Media type of a `disk.chunks` blob.
 pub const DISK_CHUNKS_MEDIA_TYPE: &str = "application/vnd.ignition.layer.disk-chunks.v1";
 /// Suffix of a blob media type whose blob is one zstd frame (RFC 8878) of
@@ -74,6 +76,7 @@ pub fn file_media_type(file: &str, compression: Compression) -> Option<String> {
         MEMORY_FILE => MEMORY_MEDIA_TYPE,
         STATE_FILE => STATE_MEDIA_TYPE,
         DISK_FILE => DISK_MEDIA_TYPE,
+        DISK_DIFF_FILE => DISK_DIFF_MEDIA_TYPE,
         DISK_CHUNKS_FILE => DISK_CHUNKS_MEDIA_TYPE,
         _ => return None,
     };
@@ -94,6 +97,7 @@ pub fn parse_file_media_type(media_type: &str) -> Option<(&'static str, Compress
         MEMORY_MEDIA_TYPE => MEMORY_FILE,
         STATE_MEDIA_TYPE => STATE_FILE,
         DISK_MEDIA_TYPE => DISK_FILE,
+        DISK_DIFF_MEDIA_TYPE => DISK_DIFF_FILE,
         DISK_CHUNKS_MEDIA_TYPE => DISK_CHUNKS_FILE,
         _ => return None,
     };
@@ -316,9 +320,13 @@ impl ArtifactManifest {
                 return Err(bad(format!("no {f} blob")));
             }
         }
-        if has(DISK_FILE) != has(DISK_CHUNKS_FILE) {
+        let data = [DISK_FILE, DISK_DIFF_FILE]
+            .iter()
+            .filter(|f| has(f))
+            .count();
+        if data > 1 || (data == 1) != has(DISK_CHUNKS_FILE) {
             return Err(bad(format!(
-                "{DISK_FILE} and {DISK_CHUNKS_FILE} must come together"
+                "{DISK_CHUNKS_FILE} and one of {DISK_FILE} or {DISK_DIFF_FILE} must come together"
             )));
         }
         Ok((a, files))
@@ -339,7 +347,13 @@ mod tests {
 
     #[test]
     fn media_types_round_trip() {
-        for f in [MEMORY_FILE, STATE_FILE, DISK_FILE, DISK_CHUNKS_FILE] {
+        for f in [
+            MEMORY_FILE,
+            STATE_FILE,
+            DISK_FILE,
+            DISK_DIFF_FILE,
+            DISK_CHUNKS_FILE,
+        ] {
             for c in [Compression::None, Compression::Zstd] {
                 let mt = file_media_type(f, c).unwrap();
                 assert!(mt.starts_with("application/vnd.ignition.layer."), "{mt}");

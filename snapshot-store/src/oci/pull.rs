@@ -16,7 +16,9 @@ use crate::format::chunks::{disk_chunk_count, disk_chunks_file_size};
 use crate::format::manifest::{
     listed_files, parse_manifest, LayerKind, Manifest, MAX_MANIFEST_BYTES,
 };
-use crate::format::{DISK_CHUNKS_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE};
+use crate::format::{
+    DISK_CHUNKS_FILE, DISK_DIFF_FILE, DISK_FILE, MANIFEST_FILE, MEMORY_FILE, STATE_FILE,
+};
 use crate::hash::{hex, sha256};
 use crate::import::LayerImport;
 use crate::name::validate_name;
@@ -310,7 +312,7 @@ fn file_size(m: &Manifest, file: &str) -> u64 {
     match file {
         MEMORY_FILE => m.memory.size,
         STATE_FILE => m.state.size,
-        DISK_FILE => m.disk.as_ref().map_or(0, |d| d.size),
+        DISK_FILE | DISK_DIFF_FILE => m.disk.as_ref().map_or(0, |d| d.data_file_size()),
         DISK_CHUNKS_FILE => m.disk.as_ref().map_or(0, |d| {
             disk_chunks_file_size(disk_chunk_count(d.size, d.chunk_size))
         }),
@@ -574,6 +576,7 @@ mod tests {
             size: 1 << 20,
             chunk_size: 1 << 18,
             sha256: "00".repeat(32),
+            diff_chunks: None,
         });
         let e = check_files(&m, &ok, "layer@d").unwrap_err().to_string();
         assert!(e.contains("layer@d") && e.contains("disk.img"), "{e}");
@@ -585,6 +588,19 @@ mod tests {
         ];
         check_files(&m, &with_disk, "x").unwrap();
         assert_eq!(file_size(&m, DISK_CHUNKS_FILE), 72 + 32 * 4);
+        // A disk stored as a diff of 2 chunks: disk.diff in place of disk.img.
+        m.disk.as_mut().unwrap().diff_chunks = Some(2);
+        let diff_size = (64 << 10) + 2 * (1 << 18);
+        assert_eq!(file_size(&m, DISK_DIFF_FILE), diff_size);
+        let e = check_files(&m, &with_disk, "x").unwrap_err().to_string();
+        assert!(e.contains("disk.diff"), "{e}");
+        let with_diff = [
+            ok[0].clone(),
+            ok[1].clone(),
+            blob(DISK_DIFF_FILE, Compression::None, diff_size),
+            blob(DISK_CHUNKS_FILE, Compression::None, 72 + 32 * 4),
+        ];
+        check_files(&m, &with_diff, "x").unwrap();
     }
 
     #[test]

@@ -3,11 +3,12 @@
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use ignition_vmm::arch::layout;
+use ignition_vmm::daemon::Detach;
 use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::{
-    AgentConfig, BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions,
-    VmExit, VsockConfig,
+    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
+    SnapshotOptions, VmExit, VsockConfig,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,9 +66,25 @@ fn default_cmdline() -> String {
 /// Boot an aarch64 Linux guest (Image + raw ext4 root disk) to its console,
 /// or restore a snapshot.
 ///
-/// The console is this terminal (raw mode). Escapes: Ctrl-A x quits,
-/// Ctrl-A s writes a snapshot, Ctrl-A h lists the escapes, Ctrl-A a sends a
-/// literal Ctrl-A. `poweroff` in the guest ends `boot` with exit status 0.
+/// The console is this terminal (raw mode), or with --console a file or a
+/// Unix socket. Escapes: Ctrl-A x quits, Ctrl-A s writes a snapshot, Ctrl-A
+/// h lists the escapes, Ctrl-A a sends a literal Ctrl-A, Ctrl-A d detaches
+/// from a socket console. `poweroff` in the guest ends `boot` with exit
+/// status 0.
+///
+/// --console socket:PATH: one client at a time attaches (python3 -m
+/// ignition.console PATH); a second one is refused while it is attached;
+/// the output written while no one is attached is kept (the last 64 KiB)
+/// and replayed on attach. --console file:PATH appends the guest's output
+/// to PATH (no input).
+///
+/// --daemonize: boot forks; the parent exits 0 once the VM runs (its
+/// sockets listening), or 1 with the error that stopped it, and the VM runs
+/// on in the background, detached from the terminal (needs --console
+/// file: or socket:). --pid-file PATH: the VM's boot writes its pid there
+/// (the daemon's, with --daemonize), removed at exit. --log-file PATH: the
+/// log lines (stderr) are appended there (with --daemonize and without it,
+/// they are discarded).
 ///
 /// SIGTERM, SIGINT and SIGHUP quit as Ctrl-A x and the control socket's
 /// `quit` do. Whatever ends the VM, a snapshot being taken or written is
@@ -103,8 +120,8 @@ fn default_cmdline() -> String {
 ///
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
 /// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
-/// ms` (with a `Restore-stages:` breakdown; the private disk copy, which the
-/// guest's first disk request waits for, reports `Restore-disk-copy`),
+/// ms` (with a `Restore-stages:` breakdown, and `Restore-disk`: the chain's
+/// disk opened under the VM's overlay, nothing copied),
 /// `Agent-ready-time = N ms` (VM start to the guest agent's answer with the
 /// VM's generation ID). Logs: set RUST_LOG (e.g. RUST_LOG=debug).
 ///
@@ -176,6 +193,18 @@ struct Args {
     /// A restored clone's eth0 address, set by the guest agent instead of a new DHCP lease: ADDR/PREFIX[,GATEWAY]
     #[arg(long, value_name = "ADDR", value_parser = parse_agent_address, requires = "restore", conflicts_with = "no_agent")]
     agent_address: Option<String>,
+    /// The guest's console: stdio (this terminal), file:PATH (its output appended, no input) or socket:PATH (a Unix socket, mode 0600, one client at a time attaches)
+    #[arg(long, value_name = "CONSOLE", default_value = "stdio", value_parser = parse_console)]
+    console: ConsoleConfig,
+    /// Run in the background once the VM runs: the parent exits 0, or 1 with the error (needs --console file: or socket:)
+    #[arg(long)]
+    daemonize: bool,
+    /// Write boot's pid (the daemon's) to this file, removed at exit
+    #[arg(long, value_name = "PATH")]
+    pid_file: Option<PathBuf>,
+    /// Append the log lines (stderr) to this file
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
 }
 
 /// `ADDR/PREFIX[,GATEWAY]` with an IPv4 or IPv6 address and gateway.
@@ -195,6 +224,10 @@ fn parse_agent_address(s: &str) -> Result<String, String> {
         g.parse::<std::net::IpAddr>().map_err(|_| bad())?;
     }
     Ok(s.to_string())
+}
+
+fn parse_console(s: &str) -> Result<ConsoleConfig, String> {
+    s.parse()
 }
 
 fn parse_cid(s: &str) -> Result<u64, String> {
@@ -230,22 +263,43 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
-    match run(args) {
+    if args.daemonize && args.console == ConsoleConfig::Stdio {
+        eprintln!(
+            "boot: --daemonize needs --console file:PATH or socket:PATH (a daemon has no terminal)"
+        );
+        return ExitCode::from(2);
+    }
+    // Before any thread: a daemon forks here.
+    let detach = match Detach::start(
+        args.daemonize,
+        args.log_file.as_deref(),
+        args.pid_file.as_deref(),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("boot: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(args, detach.on_running()) {
         Ok(VmExit::PowerOff) | Ok(VmExit::Reset) | Ok(VmExit::Quit) => ExitCode::SUCCESS,
         Ok(VmExit::Error(e)) => {
             ignition_vmm::console::restore_terminal();
             eprintln!("boot: the VM stopped: {e}");
+            detach.failed(&format!("the VM stopped: {e}"));
             ExitCode::FAILURE
         }
         Err(e) => {
             ignition_vmm::console::restore_terminal();
             eprintln!("boot: {e:#}");
+            detach.failed(&format!("{e:#}"));
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(args: Args) -> anyhow::Result<VmExit> {
+/// Runs the VM `args` describe; `running` is called once it runs.
+fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
     let source = match args.restore {
         Some(spec) => BootSource::Restore { spec },
         None => BootSource::Fresh(FreshBoot {
@@ -291,23 +345,25 @@ fn run(args: Args) -> anyhow::Result<VmExit> {
             uds,
             cid: args.vsock_cid,
         }),
+        console: args.console,
     };
     match backend {
-        Backend::Emu => run_emu(&cfg),
-        Backend::Hvf => run_hvf(&cfg),
+        Backend::Emu => run_emu(&cfg, running),
+        Backend::Hvf => run_hvf(&cfg, running),
     }
 }
 
 #[cfg(emu)]
-fn run_emu(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
-    Ok(ignition_vmm::machine::run(
+fn run_emu(cfg: &MachineConfig, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
+    Ok(ignition_vmm::machine::run_notify(
         ignition_vmm::hv::emu::EmuHypervisor::new(),
         cfg,
+        running,
     )?)
 }
 
 #[cfg(not(emu))]
-fn run_emu(_: &MachineConfig) -> anyhow::Result<VmExit> {
+fn run_emu(_: &MachineConfig, _: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
     anyhow::bail!("{}", NO_EMU)
 }
 
@@ -323,15 +379,16 @@ const NO_EMU: &str = if cfg!(target_os = "macos") {
 };
 
 #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
-fn run_hvf(cfg: &MachineConfig) -> anyhow::Result<VmExit> {
-    Ok(ignition_vmm::machine::run(
+fn run_hvf(cfg: &MachineConfig, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
+    Ok(ignition_vmm::machine::run_notify(
         ignition_vmm::hv::hvf::HvfHypervisor::new()?,
         cfg,
+        running,
     )?)
 }
 
 #[cfg(not(all(target_os = "macos", target_arch = "aarch64")))]
-fn run_hvf(_: &MachineConfig) -> anyhow::Result<VmExit> {
+fn run_hvf(_: &MachineConfig, _: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
     if cfg!(emu) {
         anyhow::bail!(
             "the hvf backend needs macOS on Apple Silicon; use --backend emu on this host"

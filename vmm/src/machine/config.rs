@@ -81,6 +81,8 @@ pub struct MachineConfig {
     /// The guest agent the VMM tells the generation ID and waits for
     /// (needs a vsock device); `None`: the VM is ready when its vCPUs run.
     pub agent: Option<AgentConfig>,
+    /// Where the guest's console goes (`boot --console`).
+    pub console: ConsoleConfig,
 }
 
 /// The guest agent (`boot --vsock-uds`, unless `--no-agent`).
@@ -92,6 +94,44 @@ pub struct AgentConfig {
     /// eth0's address for a restored clone (`ADDR/PREFIX[,GATEWAY]`,
     /// `boot --agent-address`); `None`: a new DHCP lease.
     pub address: Option<String>,
+}
+
+/// Where the guest's console goes (`boot --console`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConsoleConfig {
+    /// This process's stdin and stdout, the escapes on stdin (a terminal
+    /// in raw mode, or pipes).
+    #[default]
+    Stdio,
+    /// The guest's output appended to a file (created mode 0600); no input.
+    File(PathBuf),
+    /// A Unix socket (mode 0600) one client at a time attaches to, with the
+    /// escapes; the output is kept in a ring while no one is attached
+    /// ([`crate::machine::console_socket`]).
+    Socket(PathBuf),
+}
+
+impl std::str::FromStr for ConsoleConfig {
+    type Err = String;
+
+    /// `stdio`, `file:PATH` or `socket:PATH`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let path = |p: &str, what: &str| {
+            if p.is_empty() {
+                Err(format!("{what}: needs a path ({what}PATH)"))
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        };
+        match s.split_once(':') {
+            _ if s == "stdio" => Ok(ConsoleConfig::Stdio),
+            Some(("file", p)) => path(p, "file:").map(ConsoleConfig::File),
+            Some(("socket", p)) => path(p, "socket:").map(ConsoleConfig::Socket),
+            _ => Err(format!(
+                "'{s}' is not a console: stdio, file:PATH or socket:PATH"
+            )),
+        }
+    }
 }
 
 /// The vsock device (`boot --vsock-uds`, `--vsock-cid`).
@@ -164,6 +204,22 @@ mod tests {
             name: name.map(str::to_string),
             track_dirty: false,
             mode: SnapshotMode::Stop,
+        }
+    }
+
+    #[test]
+    fn consoles_parse() {
+        assert_eq!("stdio".parse(), Ok(ConsoleConfig::Stdio));
+        assert_eq!(
+            "file:/tmp/c.log".parse(),
+            Ok(ConsoleConfig::File("/tmp/c.log".into()))
+        );
+        assert_eq!(
+            "socket:rel/c.sock".parse(),
+            Ok(ConsoleConfig::Socket("rel/c.sock".into()))
+        );
+        for bad in ["", "tty", "file:", "socket:", "file", "pty:/dev/x"] {
+            assert!(bad.parse::<ConsoleConfig>().is_err(), "{bad}");
         }
     }
 

@@ -8,8 +8,9 @@
 //! - `device_manager/`: the device set, the interrupt controller, the root
 //!   disk; `vcpu/`: the vCPU threads and their run loop, the run state
 //!   every thread shares, the guest's clock, a vCPU's state.
-//! - `console_input`, [`control_socket`] and [`signals`]: the front-ends,
-//!   each turning its input into verbs.
+//! - `console_input`, `console_socket` (with `console_host`, the console's
+//!   host end), [`control_socket`] and [`signals`]: the front-ends, each
+//!   turning its input into verbs.
 //! - `plan`: what gets built (a fresh boot's plan).
 //! - `vm`: the running VM ([`vm::Vmm`]): built from a plan, it owns RAM,
 //!   the bus, the interrupt controller, the devices, the run state and the
@@ -20,7 +21,8 @@
 //! - here: [`run`], and the VM's [`ops::Verbs`].
 //!
 //! Threads: one per vCPU, or one for all vCPUs round-robin when the backend
-//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread; the
+//! asks for it ([`Hypervisor::ROUND_ROBIN`]); one console input thread (a
+//! socket console: an accepting thread, and two for the attached client); the
 //! signal thread; a thread per control-socket client (at most
 //! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
 //! background snapshot's writer; the guest agent's thread (with a vsock
@@ -28,19 +30,20 @@
 //! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
-use crate::console;
 use crate::hv::{Hypervisor, Vm};
 use anyhow::Context;
+use console_host::HostConsole;
 use snapshot::restore::Stages;
 use snapshot::save::Snapshots;
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 use vm::Vmm;
 
 mod agent;
 pub mod config;
+mod console_host;
 mod console_input;
+pub mod console_socket;
 pub mod control_socket;
 mod device_manager;
 pub mod ops;
@@ -51,8 +54,8 @@ mod vcpu;
 mod vm;
 
 pub use config::{
-    AgentConfig, BootSource, FreshBoot, MachineConfig, NetConfig, SnapshotMode, SnapshotOptions,
-    VsockConfig, DEFAULT_GUEST_CID,
+    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
+    SnapshotOptions, VsockConfig, DEFAULT_GUEST_CID,
 };
 pub use snapshot::state::MACHINE_STATE_VERSION;
 pub use vcpu::run_state::VmExit;
@@ -149,7 +152,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-impl<V: Vm + 'static> console_input::Uart for Arc<Machine<V>> {
+impl<V: Vm + 'static> console_input::Uart for Machine<V> {
     fn input(&self, bytes: &[u8]) -> usize {
         self.vmm.console_input(bytes)
     }
@@ -164,9 +167,22 @@ impl<V: Vm + 'static> console_input::Uart for Arc<Machine<V>> {
 /// (`Ctrl-A x`, the control socket's `quit`, `SIGTERM`, `SIGINT`,
 /// `SIGHUP`). Before it returns, a snapshot being taken is committed or
 /// cleanly failed, every control-socket request has its answer, and the
-/// files the VM made on the host (the control socket, the vsock socket, a
-/// restored VM's working directory) are removed.
+/// files the VM made on the host (the control socket, the console socket,
+/// the vsock socket, a restored VM's working directory) are removed.
 pub fn run<H: Hypervisor>(hv: H, cfg: &MachineConfig) -> Result<VmExit, StartError>
+where
+    H::Vm: 'static,
+{
+    run_notify(hv, cfg, Box::new(|| {}))
+}
+
+/// [`run`], calling `running` once the VM runs (its vCPUs started, its
+/// front-ends listening): `boot --daemonize` detaches then.
+pub fn run_notify<H: Hypervisor>(
+    hv: H,
+    cfg: &MachineConfig,
+    running: Box<dyn FnOnce()>,
+) -> Result<VmExit, StartError>
 where
     H::Vm: 'static,
 {
@@ -180,6 +196,7 @@ where
     cfg.snapshots
         .check(restoring)
         .map_err(StartError::Options)?;
+    let mut console = HostConsole::open(&cfg.console).map_err(StartError::Start)?;
     let plan = match &cfg.source {
         BootSource::Fresh(f) => {
             let gic = cfg.gic.unwrap_or_default();
@@ -192,19 +209,18 @@ where
         BootSource::Restore { spec } => {
             let devices = (cfg.net.clone(), cfg.vsock.clone());
             let store = &cfg.snapshots.store;
-            snapshot::restore::plan(&hv, spec, cfg.gic, store, devices, t0, &mut stages)
+            snapshot::restore::plan(&hv, spec, cfg.gic, store, devices, &mut stages)
                 .map_err(StartError::Restore)?
         }
     };
-    let (vmm, mut launch) = Vmm::build(&hv, plan).map_err(StartError::Build)?;
+    let output = console.output().map_err(StartError::Start)?;
+    let (vmm, mut launch) = Vmm::build(&hv, plan, output).map_err(StartError::Build)?;
     stages.vm_create = launch.times.vm_create;
     stages.gic = launch.times.gic;
     stages.devices = launch.times.devices;
     let snapshots = Snapshots::new(&cfg.snapshots, launch.parent.take(), H::NAME);
     snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
-    let _raw = console::RawTerminal::enter()
-        .context("cannot put the terminal into raw mode")
-        .map_err(StartError::Start)?;
+    let _raw = console.raw_terminal().map_err(StartError::Start)?;
     let machine = Arc::new(Machine {
         vmm,
         snapshots,
@@ -216,7 +232,12 @@ where
         },
         readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
     });
-    let ran = serve(&machine, cfg, &signals, launch, stages, t0);
+    let front = Front {
+        signals: &signals,
+        console: &mut console,
+        running,
+    };
+    let ran = serve(&machine, cfg, front, launch, stages, t0);
     // However it ended: the front-ends may still hold the VM (an idle
     // control client, the console thread waiting for input), but nothing
     // it made on the host outlives it.
@@ -224,12 +245,19 @@ where
     ran
 }
 
+/// The front-ends `serve` starts, and what it calls once the VM runs.
+struct Front<'a> {
+    signals: &'a signals::Signals,
+    console: &'a mut HostConsole,
+    running: Box<dyn FnOnce()>,
+}
+
 /// Starts the front-ends and the vCPUs of `machine`, and waits for the VM
 /// to end and wind down.
 fn serve<V: Vm + 'static>(
     machine: &Arc<Machine<V>>,
     cfg: &MachineConfig,
-    signals: &signals::Signals,
+    front: Front<'_>,
     launch: vm::Launch,
     mut stages: Stages,
     t0: Instant,
@@ -241,8 +269,11 @@ fn serve<V: Vm + 'static>(
         .map(|path| control_socket::listen(path, verbs.clone()))
         .transpose()
         .map_err(StartError::Start)?;
-    console_input::spawn(verbs.clone(), Box::new(machine.clone()));
-    signals.serve(verbs);
+    front
+        .console
+        .start(verbs.clone(), machine.clone())
+        .map_err(StartError::Start)?;
+    front.signals.serve(verbs);
 
     let t = Instant::now();
     let (threads, gic_load) = machine
@@ -281,6 +312,7 @@ fn serve<V: Vm + 'static>(
         });
         agent::start(a, handshake, machine.readiness.clone());
     }
+    (front.running)();
     let why = machine.vmm.wait_exit();
     // Winding down: the vCPU threads end, a snapshot being taken or written
     // completes, and the control socket's clients get their answers.
@@ -291,6 +323,6 @@ fn serve<V: Vm + 'static>(
     if let Some(s) = &socket {
         s.drain();
     }
-    let _ = std::io::stdout().flush();
+    front.console.finish();
     Ok(why)
 }

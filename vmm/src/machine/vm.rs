@@ -11,7 +11,7 @@ use crate::devices::virtio::vsock::VsockHost;
 use crate::devices::{IrqLine, MmioBus, Persist};
 use crate::hv::{Hypervisor, MmioFault, VcpuId, Vm};
 use crate::machine::device_manager::irqchip::{Irqchip, IrqchipState, PendingKernelGicState};
-use crate::machine::device_manager::root_disk::CopyingDisk;
+use crate::machine::device_manager::root_disk::WorkDir;
 use crate::machine::device_manager::{
     DeviceArgs, Devices, DevicesState, NetDeviceArgs, VsockDeviceArgs,
 };
@@ -24,7 +24,7 @@ use crate::machine::vcpu::{self, Start, VcpuEnv};
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
-use std::path::PathBuf;
+use snapshot_store::DiskSource;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,15 +49,14 @@ pub struct Vmm<V: Vm> {
     pausing: Mutex<()>,
     /// The vCPUs' states while the pause verb holds the VM paused.
     held: Mutex<Option<Vec<VcpuState>>>,
-    /// The VM's disk image, which snapshots clone.
-    disk_path: PathBuf,
+    /// The VM's disk as snapshots read it.
+    disk: Arc<dyn DiskSource>,
     /// The kernel command line, which snapshots record.
     cmdline: String,
-    /// A restored VM's working disk, still being copied when the VM starts:
-    /// the block device waits for it on first use. Kept for as long as the
-    /// VM runs; dropping it removes its work directory
+    /// A restored VM's work directory, with its disk's overlay file. Kept
+    /// for as long as the VM runs; dropping it removes the directory
     /// ([`Vmm::remove_host_files`]).
-    work_disk: Mutex<Option<CopyingDisk>>,
+    work_dir: Mutex<Option<WorkDir>>,
 }
 
 /// How long each part of [`Vmm::build`] took (a restore reports them).
@@ -111,8 +110,13 @@ pub struct Stopped<'a> {
 impl<V: Vm + 'static> Vmm<V> {
     /// Builds the VM `plan` describes on `hv`: the hypervisor's VM, the
     /// interrupt controller, the devices on the bus and the clock; a
-    /// restore's from its saved state.
-    pub fn build<H: Hypervisor<Vm = V>>(hv: &H, plan: Plan) -> anyhow::Result<(Self, Launch)> {
+    /// restore's from its saved state. The console UART writes to
+    /// `console`.
+    pub fn build<H: Hypervisor<Vm = V>>(
+        hv: &H,
+        plan: Plan,
+        console: Box<dyn std::io::Write + Send>,
+    ) -> anyhow::Result<(Self, Launch)> {
         tracing::info!("GIC mode: {}", plan.gic);
         let mut times = BuildTimes::default();
         // The VM first: it maps RAM and, for an in-kernel GIC, creates the
@@ -150,9 +154,9 @@ impl<V: Vm + 'static> Vmm<V> {
         let args = DeviceArgs {
             ram: plan.ram.clone(),
             irq: Box::new(move |intid| SpiLine::connect(intid, chip.clone(), rs.clone())),
-            console: Box::new(std::io::stdout()),
+            console,
             start: Instant::now(),
-            disk: disk.file,
+            disk: disk.disk,
             disk_len: disk.len,
             generation_id: host_random()?,
             net,
@@ -198,9 +202,9 @@ impl<V: Vm + 'static> Vmm<V> {
             groups,
             pausing: Mutex::new(()),
             held: Mutex::new(None),
-            disk_path: disk.path,
+            disk: disk.source,
             cmdline: plan.cmdline,
-            work_disk: Mutex::new(disk.work),
+            work_dir: Mutex::new(disk.work),
         };
         let launch = Launch {
             start: plan.start,
@@ -261,9 +265,9 @@ impl<V: Vm> Vmm<V> {
         self.groups.iter().map(Vec::len).sum()
     }
 
-    /// The VM's disk image, which snapshots clone.
-    pub fn disk_path(&self) -> &std::path::Path {
-        &self.disk_path
+    /// The VM's disk as snapshots read it.
+    pub fn disk(&self) -> &Arc<dyn DiskSource> {
+        &self.disk
     }
 
     /// The kernel command line the guest booted with.
@@ -298,7 +302,7 @@ impl<V: Vm> Vmm<V> {
     /// thread waiting for input).
     pub fn remove_host_files(&self) {
         self.core.devices.remove_host_files();
-        drop(self.work_disk.locked().take());
+        drop(self.work_dir.locked().take());
     }
 
     /// The pause verb: parks every vCPU and stops the guest's clock until

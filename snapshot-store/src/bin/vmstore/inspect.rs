@@ -112,6 +112,13 @@ fn print_text(layer: &Layer, facts: &Facts, out: &mut dyn Write) -> anyhow::Resu
             d.chunk_size >> 10,
             d.sha256
         )?;
+        if let Some(n) = d.diff_chunks {
+            writeln!(
+                out,
+                "disk diff:      {n} chunks written since the parent ({}; the others are the parent's)",
+                mib(n * d.chunk_size)
+            )?;
+        }
     }
     for (f, l, p) in &facts.files {
         writeln!(

@@ -1,4 +1,5 @@
-//! virtio-blk (virtio 1.2 §5.2) backed by a regular host file.
+//! virtio-blk (virtio 1.2 §5.2) backed by a regular host file, or by a
+//! restored VM's overlay on its snapshot's disk.
 //!
 //! One request queue. Requests run synchronously in
 //! [`VirtioDevice::process_queue`] with positioned I/O (`pread`/`pwrite`)
@@ -21,7 +22,7 @@ use super::{VirtioDevice, VirtioError};
 use crate::devices::Persist;
 use crate::memory::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
-use snapshot_store::DISK_CHUNK_SIZE;
+use snapshot_store::{DiskOverlay, DiskSource, DISK_CHUNK_SIZE};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
@@ -58,53 +59,40 @@ const S_OK: u8 = VIRTIO_BLK_S_OK as u8;
 const S_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
 const S_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 
-/// The host file behind a [`Block`]: open, or still being made on another
-/// thread (a restored VM's private copy of its snapshot's disk, so the guest
-/// need not wait for the copy before it runs). The first access waits for
-/// it; if making it failed, every access fails with that error.
-pub struct BackingFile {
-    /// The file, or why it is unusable.
-    file: Result<File, String>,
-    /// Makes the file, on first use.
-    pending: Option<Box<dyn FnOnce() -> io::Result<File> + Send>>,
+/// The disk behind a [`Block`]: a host file (the user's image), or a
+/// restored VM's overlay on its snapshot's disk ([`DiskOverlay`]: a chunk
+/// is read from the snapshot's layers until the guest first writes to it,
+/// so the VM starts without copying its disk).
+#[derive(Debug, Clone)]
+pub enum BlockDisk {
+    /// A regular file, read and written in place.
+    File(Arc<File>),
+    /// A snapshot's disk with the guest's writes in a private overlay.
+    Overlay(Arc<DiskOverlay>),
 }
 
-impl BackingFile {
-    /// An open file.
-    pub fn ready(file: File) -> Self {
-        Self {
-            file: Ok(file),
-            pending: None,
+impl BlockDisk {
+    /// Fills `buf` from byte `offset` of the disk.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match self {
+            BlockDisk::File(f) => f.read_exact_at(buf, offset),
+            BlockDisk::Overlay(o) => o.read_exact_at(buf, offset).map_err(io::Error::other),
         }
     }
 
-    /// A file that `wait` produces (blocking until it is ready).
-    pub fn pending(wait: impl FnOnce() -> io::Result<File> + Send + 'static) -> Self {
-        Self {
-            file: Err("not made yet".into()),
-            pending: Some(Box::new(wait)),
+    /// Writes `buf` at byte `offset` of the disk.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        match self {
+            BlockDisk::File(f) => f.write_all_at(buf, offset),
+            BlockDisk::Overlay(o) => o.write_all_at(buf, offset).map_err(io::Error::other),
         }
     }
 
-    /// The file, waiting for it if it is still being made.
-    pub fn get(&mut self) -> io::Result<&File> {
-        if let Some(wait) = self.pending.take() {
-            self.file = wait().map_err(|e| e.to_string());
-        }
-        self.file
-            .as_ref()
-            .map_err(|e| io::Error::other(format!("the disk image is unusable: {e}")))
-    }
-}
-
-/// The backing file, or `None` (logged) if it is unusable: the request
-/// then fails with IOERR.
-fn usable(file: &mut BackingFile) -> Option<&File> {
-    match file.get() {
-        Ok(f) => Some(f),
-        Err(e) => {
-            crate::warn_ratelimited!("virtio-blk: {e}");
-            None
+    /// Makes the writes durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()> {
+        match self {
+            BlockDisk::File(f) => f.sync_data(),
+            BlockDisk::Overlay(o) => o.sync_data().map_err(io::Error::other),
         }
     }
 }
@@ -122,9 +110,9 @@ impl BeforeDiskWrite for snapshot_store::DiskCopy {
     }
 }
 
-/// A virtio block device over a host file.
+/// A virtio block device over a host file or an overlay.
 pub struct Block {
-    file: BackingFile,
+    disk: BlockDisk,
     read_only: bool,
     capacity: u64,
     serial: [u8; ID_BYTES],
@@ -201,10 +189,10 @@ pub struct BlockState {
 }
 
 /// What a [`Block`] is made from besides its saved state, as for
-/// [`Block::with_backing`].
+/// [`Block::with_disk`].
 pub struct BlockArgs {
-    /// The disk file.
-    pub file: BackingFile,
+    /// The disk.
+    pub disk: BlockDisk,
     /// Its length in bytes.
     pub len: u64,
     /// Whether the guest may not write it.
@@ -225,17 +213,16 @@ impl Block {
     /// GET_ID, truncated to 20 bytes.
     pub fn new(file: File, read_only: bool, serial: &str) -> io::Result<Self> {
         let len = file.metadata()?.len();
-        Ok(Self::with_backing(
-            BackingFile::ready(file),
+        Ok(Self::with_disk(
+            BlockDisk::File(Arc::new(file)),
             len,
             read_only,
             serial,
         ))
     }
 
-    /// As [`Block::new`], over a backing file of `len` bytes that may still
-    /// be being made ([`BackingFile::pending`]).
-    pub fn with_backing(file: BackingFile, len: u64, read_only: bool, serial: &str) -> Self {
+    /// As [`Block::new`], over `disk`, `len` bytes long.
+    pub fn with_disk(disk: BlockDisk, len: u64, read_only: bool, serial: &str) -> Self {
         if len % SECTOR_SIZE != 0 {
             tracing::warn!(
                 "virtio-blk: disk length {len} is not a multiple of {SECTOR_SIZE}; the last {} bytes are hidden",
@@ -251,7 +238,7 @@ impl Block {
         config[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         config[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
         Block {
-            file,
+            disk,
             read_only,
             capacity,
             serial: id,
@@ -260,11 +247,6 @@ impl Block {
             written: WrittenChunks::new(len),
             before_write: None,
         }
-    }
-
-    /// Waits until the backing file is ready (a snapshot clones it).
-    pub fn wait_ready(&mut self) -> io::Result<()> {
-        self.file.get().map(|_| ())
     }
 
     /// Capacity in 512-byte sectors.
@@ -387,13 +369,12 @@ impl Block {
                 (S_IOERR, 0)
             }
             VIRTIO_BLK_T_OUT => self.write_disk(&mut reader, sector, data_out),
-            VIRTIO_BLK_T_FLUSH => match usable(&mut self.file).map(File::sync_data) {
-                Some(Ok(())) => (S_OK, 0),
-                Some(Err(e)) => {
+            VIRTIO_BLK_T_FLUSH => match self.disk.sync_data() {
+                Ok(()) => (S_OK, 0),
+                Err(e) => {
                     crate::warn_ratelimited!("virtio-blk: flush: {e}");
                     (S_IOERR, 0)
                 }
-                None => (S_IOERR, 0),
             },
             VIRTIO_BLK_T_GET_ID => self.get_id(chain, mem, data_in),
             other => {
@@ -443,14 +424,11 @@ impl Block {
             crate::warn_ratelimited!("virtio-blk: writable buffers: {e}");
             return (S_IOERR, 0);
         }
-        let Some(file) = usable(&mut self.file) else {
-            return (S_IOERR, 0);
-        };
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(BOUNCE_LEN as u64) as usize;
             let buf = &mut self.bounce[..n];
-            if let Err(e) = file.read_exact_at(buf, offset + done) {
+            if let Err(e) = self.disk.read_exact_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: read at {}: {e}", offset + done);
                 return (S_IOERR, writer.bytes_written());
             }
@@ -472,9 +450,6 @@ impl Block {
         let Some(offset) = self.disk_offset(sector, len) else {
             return (S_IOERR, 0);
         };
-        let Some(file) = usable(&mut self.file) else {
-            return (S_IOERR, 0);
-        };
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(BOUNCE_LEN as u64) as usize;
@@ -489,7 +464,7 @@ impl Block {
             if let Some(hook) = &self.before_write {
                 hook.before_write(offset + done, n as u64);
             }
-            if let Err(e) = file.write_all_at(buf, offset + done) {
+            if let Err(e) = self.disk.write_all_at(buf, offset + done) {
                 crate::warn_ratelimited!("virtio-blk: write at {}: {e}", offset + done);
                 return (S_IOERR, 0);
             }
@@ -583,7 +558,7 @@ impl Persist for Block {
     /// The device over `args`' disk, which must still have the saved shape
     /// (capacity, read-only).
     fn restore(args: BlockArgs, state: &BlockState) -> Result<Self, VirtioError> {
-        let blk = Block::with_backing(args.file, args.len, args.read_only, &args.serial);
+        let blk = Block::with_disk(args.disk, args.len, args.read_only, &args.serial);
         if state.capacity != blk.capacity || state.read_only != blk.read_only {
             return Err(VirtioError::InvalidState(format!(
                 "disk was {} sectors{}, now {} sectors{}",

@@ -23,7 +23,7 @@ use crate::devices::boot_timer::{BootTimer, BootTimerState};
 use crate::devices::bus::BusRegion;
 use crate::devices::pl011::{Pl011, Pl011State};
 use crate::devices::pl031::{HostClock, Pl031, Pl031State, WallClock};
-use crate::devices::virtio::block::{BackingFile, Block, BlockArgs, BlockState};
+use crate::devices::virtio::block::{Block, BlockArgs, BlockDisk, BlockState};
 use crate::devices::virtio::host_io::HostIo;
 use crate::devices::virtio::mmio::{VirtioMmio, VirtioMmioState};
 use crate::devices::virtio::net::host_end::{self, OpenedHostEnd};
@@ -62,8 +62,8 @@ pub struct DeviceArgs {
     pub console: Box<dyn Write + Send>,
     /// When the VM started: the boot timer reports the time since.
     pub start: Instant,
-    /// The root disk's file (open, or still being copied).
-    pub disk: BackingFile,
+    /// The root disk.
+    pub disk: BlockDisk,
     /// The root disk's length in bytes.
     pub disk_len: u64,
     /// The VM generation ID to publish: fresh host randomness, on every
@@ -288,7 +288,7 @@ impl Devices {
             .context("cannot start the RTC's alarm thread")?;
         let (start, report) = p.boot_timer;
         let (disk, ram, irq_blk) = p.blk;
-        let disk = Block::with_backing(disk.file, disk.len, disk.read_only, &disk.serial);
+        let disk = Block::with_disk(disk.disk, disk.len, disk.read_only, &disk.serial);
         let net = p
             .net
             .map(|(args, ram, irq)| start_net(args, None, ram, irq))
@@ -509,7 +509,7 @@ impl DeviceArgs {
     fn split(self) -> Parts {
         let spi = |r: MmioRegion, what| (self.irq)(r.intid.expect(what));
         let disk = BlockArgs {
-            file: self.disk,
+            disk: self.disk,
             len: self.disk_len,
             read_only: false,
             serial: ROOT_DISK_SERIAL.into(),
@@ -568,7 +568,7 @@ mod tests {
             irq: Box::new(|_| Arc::new(NoIrq)),
             console: Box::new(std::io::sink()),
             start: Instant::now(),
-            disk: BackingFile::ready(disk),
+            disk: BlockDisk::File(Arc::new(disk)),
             disk_len,
             generation_id: [disk_len as u8; 16],
             net: None,

@@ -1,6 +1,6 @@
 //! `boot --restore SPEC`: resolving and verifying a chain, mapping its
-//! memory, decoding its machine state, and starting the restored VM's
-//! working copy of the disk: the restore's [`Plan`]. The build
+//! memory, decoding its machine state, and opening its disk under the
+//! restored VM's overlay: the restore's [`Plan`]. The build
 //! ([`crate::machine::vm::Vmm::build`]) turns the state back into the
 //! interrupt controller, the clock and the devices, the vCPU threads into
 //! vCPUs.
@@ -10,7 +10,7 @@ use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::machine::config::{NetConfig, VsockConfig};
-use crate::machine::device_manager::root_disk::{CopyingDisk, RootDisk};
+use crate::machine::device_manager::root_disk::{OverlayDisk, RootDisk};
 use crate::machine::plan::{Plan, Saved};
 use crate::machine::vcpu::Start;
 use crate::memory::GuestRam;
@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 /// Time spent in each restore stage, for the `Restore-time` breakdown.
 #[derive(Debug, Default)]
 pub struct Stages {
-    /// Opening the store, resolving the spec, the checks before mapping.
+    /// Opening the store, resolving the spec, the checks before mapping,
+    /// and opening the chain's disk under the VM's overlay.
     pub resolve: Duration,
     /// Verification, on its own thread alongside map base, overlay and state.
     pub verify: Duration,
@@ -49,8 +50,8 @@ impl Stages {
     /// Prints `Restore-time = N ms` and the breakdown (µs) by stage on the
     /// critical path. Verification runs on its own thread alongside map
     /// base, overlay and state: its own time is shown in parentheses and only
-    /// the wait for it is a stage. The working-disk copy is not a stage
-    /// either: it reports itself (`Restore-disk-copy`).
+    /// the wait for it is a stage. Opening the disk is part of resolve, and
+    /// reports itself too (`Restore-disk`).
     pub fn report(&self, total: Duration) {
         console::message(&format!("Restore-time = {} ms", total.as_millis()));
         let us = |d: Duration| d.as_micros();
@@ -101,7 +102,6 @@ pub fn plan<H: Hypervisor>(
     requested: Option<GicMode>,
     store: &Path,
     devices: (Option<NetConfig>, Option<VsockConfig>),
-    t0: Instant,
     stages: &mut Stages,
 ) -> anyhow::Result<Plan> {
     let t = Instant::now();
@@ -128,10 +128,7 @@ pub fn plan<H: Hypervisor>(
             m.ram_base_gpa
         );
     }
-    let (Some(src), Some(entry)) = (top.disk_path(), &m.disk) else {
-        bail!("snapshot '{}' has no disk image", top.name);
-    };
-    let disk = CopyingDisk::start(&store, src, entry.size, t0)?;
+    let disk = OverlayDisk::create(&store, &chain)?;
     stages.resolve = t.elapsed();
 
     // Verification (hashes, from the cache when files are unchanged) runs
@@ -165,7 +162,7 @@ pub fn plan<H: Hypervisor>(
     Ok(Plan {
         ram,
         cpus,
-        disk: RootDisk::Copying(disk),
+        disk: RootDisk::Overlay(disk),
         cmdline: state.cmdline,
         gic,
         // The vCPU states go to the vCPU threads; the rest to the build.

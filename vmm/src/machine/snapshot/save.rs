@@ -6,9 +6,10 @@
 //! VM, saved once); the devices are prepared (virtio requests complete
 //! inside the MMIO write that queued them, so none is in flight once every
 //! vCPU is parked); the machine state is captured and encoded and the
-//! disk's copy begun: a clone where the file system has one, otherwise a
-//! copy made while the guest runs, the block device copying any chunk it is
-//! about to write first.
+//! disk's copy begun: for a diff, the chunks written since the parent
+//! (`disk.diff`); for a full layer, a clone where the file system has one,
+//! otherwise a copy; what is copied is copied while the guest runs, the
+//! block device copying any chunk it is about to write first.
 //!
 //! - `stop`: the memory is written, and the layer committed (temporary
 //!   directory, fsync, rename), while the vCPUs stay parked; only then are
@@ -39,7 +40,7 @@ use crate::machine::vm::{Stopped, Vmm};
 use crate::memory::{PageSave, Slots};
 use crate::sync::Locked;
 use anyhow::Context;
-use snapshot_store::{Layer, LayerMeta, Store};
+use snapshot_store::{Layer, LayerMeta, Store, DISK_CHUNK_SIZE};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -314,6 +315,16 @@ impl Snapshots {
             creator: creator(),
         };
         let diff = meta.parent.is_some();
+        // A diff's disk is a disk diff where the parent's disk has the
+        // shape of this VM's (always, unless the parent came from another
+        // writer).
+        let src = vmm.disk().clone();
+        let diff_disk = lineage.parent.as_ref().is_some_and(|p| {
+            p.manifest
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.size == src.size() && d.chunk_size == DISK_CHUNK_SIZE)
+        });
         let mut w = store.begin(name, meta)?;
         // The disk first, so that its changed chunks are hashed while memory
         // is written. An image unchanged since the parent is the parent's.
@@ -325,16 +336,17 @@ impl Snapshots {
         let mut blk = devices.root_disk();
         // The previous layer's copy, if any, is complete or abandoned.
         blk.device_mut().set_before_write(None);
-        // The parent's image is immutable: cloning it can wait.
+        // The parent's disk is immutable: an empty diff of it can wait.
         let disk_begun = !(diff && chunks.is_empty());
         if disk_begun {
-            // A restored VM's working disk may still be being copied.
-            blk.device_mut()
-                .wait_ready()
-                .context("the VM's disk image is not usable")?;
-            // Where the image cannot be cloned, it is copied while the VM
-            // runs: the block device copies a chunk before writing to it.
-            if let Some(copy) = w.begin_disk(vmm.disk_path(), diff.then_some(&chunks[..]))? {
+            // What is not cloned is copied while the VM runs: the block
+            // device copies a chunk before writing to it.
+            let copy = if diff && diff_disk {
+                Some(w.begin_disk_diff(src, &chunks)?)
+            } else {
+                w.begin_disk_from(src, diff.then_some(&chunks[..]))?
+            };
+            if let Some(copy) = copy {
                 blk.device_mut().set_before_write(Some(Arc::new(copy)));
             }
         }

@@ -264,7 +264,7 @@ mod tests {
     use crate::devices::gicv3::Gicv3;
     use crate::devices::pl011::Pl011;
     use crate::devices::pl031::{HostClock, Pl031};
-    use crate::devices::virtio::block::{BackingFile, Block, BlockArgs};
+    use crate::devices::virtio::block::{Block, BlockArgs, BlockDisk};
     use crate::devices::virtio::mmio::VirtioMmio;
     use crate::devices::virtio::net::{Net, NetArgs, NetBackend};
     use crate::devices::virtio::vsock::{Vsock, VsockArgs, VsockHost};
@@ -731,7 +731,7 @@ mod tests {
             let disk = tempfile::tempfile().unwrap();
             disk.set_len(1 << 20).unwrap();
             let args = BlockArgs {
-                file: BackingFile::ready(disk.try_clone().unwrap()),
+                disk: BlockDisk::File(Arc::new(disk.try_clone().unwrap())),
                 len: 1 << 20,
                 read_only: false,
                 serial: "test".into(),
@@ -758,7 +758,7 @@ mod tests {
                 irq: Box::new(|_| Arc::new(NoIrq)),
                 console: Box::new(std::io::sink()),
                 start: Instant::now(),
-                disk: BackingFile::ready(disk),
+                disk: BlockDisk::File(Arc::new(disk)),
                 disk_len: 1 << 20,
                 generation_id: [9; 16],
                 net: None,

@@ -203,7 +203,7 @@ pub(super) fn record(name: &str, diff: bool, pages: u64, took: Duration) -> Writ
 }
 
 /// Completes the layer's disk: the copy begun (`begun`), or the parent's
-/// image reused; with whether it is the parent's.
+/// disk reused (an empty disk diff); with whether it is the parent's.
 pub(super) fn finish_disk(
     w: &mut SnapshotWriter,
     begun: bool,
@@ -215,8 +215,8 @@ pub(super) fn finish_disk(
     })
 }
 
-/// The console lines of a written layer: the write time, the disk clone
-/// (and whether it is the parent's image), and the summary.
+/// The console lines of a written layer: the write time, how its disk was
+/// stored (and whether it is the parent's, unchanged), and the summary.
 pub(super) fn report(
     name: &str,
     diff: bool,
@@ -232,7 +232,7 @@ pub(super) fn report(
             clone.hashed,
             clone.chunks,
             if *disk_reused {
-                ": unchanged since the parent, its image and digests reused".to_string()
+                ": unchanged since the parent, its digests reused".to_string()
             } else if clone.before_write > 0 {
                 format!(": {} copied before a guest write", clone.before_write)
             } else {

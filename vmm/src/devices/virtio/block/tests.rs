@@ -97,50 +97,64 @@ fn read_request(ram: &GuestRam, vq: &MockSplitQueue<'_, GuestMemoryMmap>, idx: u
     );
 }
 
-#[test]
-fn a_pending_backing_file_is_waited_for_on_first_use() {
-    let ram = ram();
-    let (_, f) = disk(false);
-    let (tx, rx) = std::sync::mpsc::channel::<File>();
-    let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let w = waited.clone();
-    let backing = BackingFile::pending(move || {
-        w.store(true, std::sync::atomic::Ordering::SeqCst);
-        rx.recv().map_err(io::Error::other)
-    });
-    let mut blk = Block::with_backing(backing, SECTORS * SECTOR_SIZE, false, "x");
-    assert_eq!(blk.capacity(), SECTORS);
-    assert!(
-        !waited.load(std::sync::atomic::Ordering::SeqCst),
-        "not before use"
-    );
-    tx.send(f.try_clone().unwrap()).unwrap();
-    let (vq, mut q) = queue(&ram);
-    read_request(&ram, &vq, 0);
-    blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
-    assert!(waited.load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(status(&ram), S_OK);
-    let expected: Vec<u8> = (1024..2048).map(pattern).collect();
-    assert_eq!(read_guest(&ram, DATA, 1024), expected);
-    blk.wait_ready().unwrap();
+/// A store in `dir` with one full layer `g` whose disk is `bytes`.
+fn layer_with_disk(dir: &std::path::Path, bytes: &[u8]) -> snapshot_store::Store {
+    let img = dir.join("disk.img");
+    std::fs::write(&img, bytes).unwrap();
+    let s = snapshot_store::Store::create(dir.join("store")).unwrap();
+    let meta = snapshot_store::LayerMeta {
+        parent: None,
+        page_size: 4096,
+        ram_base_gpa: RAM_BASE,
+        ram_size: 4096,
+        vcpus: 1,
+        backend: "emu".into(),
+        gic_mode: "userspace".into(),
+        creator: "test".into(),
+    };
+    let mut w = s.begin("g", meta).unwrap();
+    w.write_full_memory(&[0; 4096]).unwrap();
+    w.write_state(b"s").unwrap();
+    w.clone_disk(&img, None).unwrap();
+    w.commit().unwrap();
+    s
 }
 
 #[test]
-fn a_failed_backing_file_fails_every_request() {
+fn an_overlay_disk_reads_the_layer_and_keeps_the_guest_s_writes() {
     let ram = ram();
-    let backing = BackingFile::pending(|| Err(io::Error::other("copy failed")));
-    let mut blk = Block::with_backing(backing, SECTORS * SECTOR_SIZE, false, "x");
+    let dir = tempfile::tempdir().unwrap();
+    let bytes: Vec<u8> = (0..SECTORS * SECTOR_SIZE).map(pattern).collect();
+    let store = layer_with_disk(dir.path(), &bytes);
+    let chain = store.resolve("g").unwrap();
+    let base = snapshot_store::ChainDisk::open(&chain).unwrap().unwrap();
+    let overlay = Arc::new(DiskOverlay::create(base, &dir.path().join("o")).unwrap());
+    let disk = BlockDisk::Overlay(overlay.clone());
+    let mut blk = Block::with_disk(disk, SECTORS * SECTOR_SIZE, false, "x");
     let (vq, mut q) = queue(&ram);
-    read_request(&ram, &vq, 0);
+    // A write of sectors 3 and 4, then a read of sectors 2 and 3.
+    header(&ram, VIRTIO_BLK_T_OUT, 3);
+    ram.memory()
+        .write_slice(&[0xab; 1024], GuestAddress(DATA))
+        .unwrap();
+    add_chain(
+        &vq,
+        0,
+        &[(HDR, 16, false), (DATA, 1024, false), (STATUS, 1, true)],
+    );
     blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
-    assert_eq!(status(&ram), S_IOERR);
-    let e = blk.wait_ready().unwrap_err();
-    assert!(e.to_string().contains("copy failed"), "{e}");
-    // Still failing, without calling the closure again.
+    assert_eq!(status(&ram), S_OK);
+    assert_eq!(blk.written_chunks(), [0]);
     read_request(&ram, &vq, 3);
-    ram.memory().write_obj(0u8, GuestAddress(STATUS)).unwrap();
     blk.process_queue(0, &mut q, ram.memory(), 0).unwrap();
-    assert_eq!(status(&ram), S_IOERR);
+    assert_eq!(status(&ram), S_OK);
+    let mut want: Vec<u8> = (1024..1536).map(pattern).collect();
+    want.extend([0xab; 512]);
+    assert_eq!(read_guest(&ram, DATA, 1024), want);
+    assert_eq!(overlay.overlay_chunks(), 1);
+    // The layer's image is unchanged.
+    let img = store.root().join("g/disk.img");
+    assert_eq!(std::fs::read(img).unwrap(), bytes);
 }
 
 #[test]
@@ -549,7 +563,7 @@ fn a_state_from_before_the_transport_kept_the_features_restores() {
 /// [`BlockArgs`] over a copy of `f` of `len` bytes.
 fn args(f: &File, len: u64, read_only: bool) -> BlockArgs {
     BlockArgs {
-        file: BackingFile::ready(f.try_clone().unwrap()),
+        disk: BlockDisk::File(Arc::new(f.try_clone().unwrap())),
         len,
         read_only,
         serial: "ignition-vda".into(),
