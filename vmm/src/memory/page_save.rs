@@ -38,9 +38,7 @@ use super::GuestRam;
 use crate::arch::layout::PAGE_SIZE;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering,
-};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Not saved; the host mapping may be read-only.
@@ -135,6 +133,9 @@ pub struct PageSave {
 pub(crate) struct TestHooks {
     pub(crate) before_write: std::sync::OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
     pub(crate) protected: std::sync::OnceLock<Box<dyn Fn(usize, usize) + Send + Sync>>,
+    /// Called while a vCPU waits for another thread's save of page `i`
+    /// (repeatedly, until the wait ends).
+    pub(crate) guest_waits: std::sync::OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
 }
 
 impl PageSave {
@@ -319,7 +320,7 @@ impl PageSave {
     /// thread is saving it (or [`PageSave::protect`] protecting it), waits
     /// for that, unless `kicked` is set meanwhile: then returns `false`,
     /// the page unchanged and perhaps read-only. Async-signal-safe.
-    fn save(&self, i: usize, who: Saver, kicked: Option<&AtomicBool>) -> bool {
+    fn save(&self, i: usize, who: Saver, kicked: Option<&dyn Fn() -> bool>) -> bool {
         let state = &self.state[i];
         loop {
             match state.compare_exchange(PENDING, SAVING, Ordering::AcqRel, Ordering::Acquire) {
@@ -334,7 +335,11 @@ impl PageSave {
                     return true;
                 }
                 Err(_) => {
-                    if kicked.is_some_and(|k| k.load(Ordering::Acquire)) {
+                    #[cfg(test)]
+                    if let (Saver::Guest, Some(hook)) = (who, self.hooks.guest_waits.get()) {
+                        hook(i);
+                    }
+                    if kicked.is_some_and(|k| k()) {
                         return false;
                     }
                     std::hint::spin_loop();
@@ -381,7 +386,12 @@ impl PageSave {
     /// A write to `page` is about to happen: saves it first if it is
     /// pending (see [`PageSave::save`] for `kicked`). `None` if it is not in
     /// the set, else whether the write may go on.
-    fn before_write(&self, page: u64, who: Saver, kicked: Option<&AtomicBool>) -> Option<bool> {
+    fn before_write(
+        &self,
+        page: u64,
+        who: Saver,
+        kicked: Option<&dyn Fn() -> bool>,
+    ) -> Option<bool> {
         self.find(page).map(|i| self.save(i, who, kicked))
     }
 }
@@ -554,16 +564,16 @@ impl GuestRam {
     }
 
     /// [`GuestRam::before_guest_write`] for a vCPU that can be kicked:
-    /// `false` if `kicked` was set while it waited for another thread's
-    /// save of the page, which then is neither saved nor writable: the
-    /// caller must not let the write happen, and goes back to its run loop
-    /// (the faulting instruction is retried when the vCPU next runs).
-    /// `true`: the write may go on.
-    pub fn before_guest_write_unless_kicked(&self, page: u64, kicked: &AtomicBool) -> bool {
+    /// `false` if `kicked()` answered true while it waited for another
+    /// thread's save of the page, which then is neither saved nor writable:
+    /// the caller must not let the write happen, and goes back to its run
+    /// loop (the faulting instruction is retried when the vCPU next runs).
+    /// `true`: the write may go on. `kicked` is polled while waiting.
+    pub fn before_guest_write_unless_kicked(&self, page: u64, kicked: &dyn Fn() -> bool) -> bool {
         self.guest_write(page, Some(kicked))
     }
 
-    fn guest_write(&self, page: u64, kicked: Option<&AtomicBool>) -> bool {
+    fn guest_write(&self, page: u64, kicked: Option<&dyn Fn() -> bool>) -> bool {
         let Some(i) = self.slot.load(Ordering::Acquire).checked_sub(1) else {
             return true;
         };

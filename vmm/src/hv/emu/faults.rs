@@ -4,7 +4,7 @@
 //! the guest's EL1 vectors (quirks 1, 2, 4, 14), the fast-path MMIO
 //! callbacks, and trapped MMIO, emulated by decoding the instruction.
 
-use super::attn::ATTN_WATCH_BYPASS;
+use super::attn::{ATTN_KICK, ATTN_WATCH_BYPASS};
 use super::insn::{self, Exc, Kind};
 use super::mmu::{self, Access, Perms};
 use super::shared::PaKind;
@@ -286,6 +286,16 @@ impl HookState {
         })
     }
 
+    /// [`crate::memory::GuestRam::before_guest_write_unless_kicked`] for
+    /// this vCPU: `false` if a kick ended a wait for another thread's save
+    /// of `page` (RAM index); the store must not happen.
+    fn before_guest_write(&self, page: u64) -> bool {
+        let me = &self.me;
+        self.vm
+            .ram
+            .before_guest_write_unless_kicked(page, &|| me.word() & ATTN_KICK != 0)
+    }
+
     // ----- TLB fill hook ------------------------------------------------
 
     pub(super) fn on_tlb_fill(&mut self, va: u64, ty: u32) -> Option<TlbEntry> {
@@ -326,8 +336,13 @@ impl HookState {
                     if access == Access::Write {
                         // Dirty tracking: the first store to a protected page
                         // marks it and unprotects it; the store then completes
-                        // (after a background snapshot has saved the page).
-                        self.vm.ram.before_guest_write(page as u64);
+                        // (after a background snapshot has saved the page). A
+                        // kick while another thread saves it ends the wait:
+                        // the store runs again when the vCPU next runs.
+                        if !self.before_guest_write(page as u64) {
+                            self.fault = Some(fault(FaultCause::Kicked));
+                            return None;
+                        }
                         self.vm.dirty.set(page);
                         self.vm.wp.clear(page);
                     } else {
@@ -452,7 +467,9 @@ impl HookState {
         let mem = self.vm.ram.memory();
         let n = d.size as usize;
         if write {
-            self.vm.ram.before_guest_write(page);
+            if !self.before_guest_write(page) {
+                return false;
+            }
             self.vm.dirty.set(page as usize);
         }
         for (i, rt) in regs.iter().flatten().enumerate() {
@@ -563,6 +580,8 @@ impl EmuVcpu {
             FaultCause::External => esr::FSC_SYNC_EXTERNAL,
             FaultCause::Mmio(pa) => return self.emulate_mmio(f, pa, pc, io),
             FaultCause::Watch => return self.state().watch_fault(f, pc),
+            // Nothing happened; `run` takes the kick next.
+            FaultCause::Kicked => return Ok(None),
         };
         let st = self.state();
         let same_el = st.el() == 1;

@@ -41,6 +41,10 @@ pub(super) enum FaultCause {
     Mmio(u64),
     /// A data access to a page with a watchpoint (quirk 16).
     Watch,
+    /// A store to a page a background snapshot is saving on another
+    /// thread, and the vCPU was kicked while it waited: the store runs
+    /// again when the vCPU next runs.
+    Kicked,
 }
 
 /// A fault recorded by the TLB hook; unicorn then stops with the PC of the

@@ -793,6 +793,87 @@ fn tlbi_of_a_16k_page_flushes_all_its_4k_subpages() {
 }
 
 #[test]
+fn a_kick_ends_a_stores_wait_for_a_page_a_background_snapshot_is_saving() {
+    use crate::memory::{PageSave, Slots};
+    use std::os::unix::fs::FileExt;
+    use std::sync::{mpsc, Mutex};
+    let mut g = Guest::new(DIRTY);
+    let a = RAM_BASE + 5 * PAGE_SIZE;
+    let b = RAM_BASE + 7 * PAGE_SIZE + 0x100;
+    g.write_u64(b, 41);
+    g.vm.rearm_dirty_tracking().unwrap();
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(RAM_SIZE).unwrap();
+    let ram = g.ram.clone();
+    let save = PageSave::start(&ram, vec![7], file.try_clone().unwrap(), Slots::Image).unwrap();
+    save.protect();
+    // The writer is held inside its write of page 7 until released; the
+    // vCPU is kicked once it waits for that write.
+    let (release, held) = mpsc::channel::<()>();
+    let (started, writing) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    save.hooks
+        .before_write
+        .set(Box::new(move |_| {
+            let _ = started.send(());
+            let _ = held.lock().unwrap().recv();
+        }))
+        .ok()
+        .unwrap();
+    let (waits, waiting) = mpsc::channel::<()>();
+    let waits = Mutex::new(Some(waits));
+    save.hooks
+        .guest_waits
+        .set(Box::new(move |_| {
+            if let Some(t) = waits.lock().unwrap().take() {
+                let _ = t.send(());
+            }
+        }))
+        .ok()
+        .unwrap();
+    g.set_x(1, a);
+    g.set_x(2, b);
+    let kick = g.cpu.kicker();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| save.run());
+        writing.recv().unwrap();
+        let (ran, run_returned) = mpsc::channel::<()>();
+        let watchdog = release.clone();
+        s.spawn(move || {
+            waiting.recv().unwrap();
+            kick.kick();
+            // Were the wait not ended by the kick, `run` would return only
+            // once the writer is released: release it after a while so the
+            // test then fails instead of hanging.
+            if run_returned.recv_timeout(Duration::from_secs(60)).is_err() {
+                let _ = watchdog.send(());
+            }
+        });
+        let exit = g.run();
+        let _ = ran.send(());
+        assert_eq!(exit, VcpuExit::Kicked);
+        assert_eq!(g.read_u64(b), 41, "the store did not happen");
+        assert!(g.vm.dirty_pages().unwrap().is_empty());
+        release.send(()).unwrap();
+        writer.join().unwrap().unwrap();
+    });
+    // The store runs again, once, on the saved page.
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    assert_eq!(g.read_u64(b), 42);
+    assert_eq!(g.read_u64(b + 8), 42);
+    assert_eq!(g.x(2), b + 8);
+    assert_eq!(g.vm.dirty_pages().unwrap(), vec![7]);
+    let mut saved = [0u8; 8];
+    file.read_exact_at(&mut saved, 7 * PAGE_SIZE + 0x100)
+        .unwrap();
+    assert_eq!(
+        u64::from_le_bytes(saved),
+        41,
+        "the page was saved as it was before"
+    );
+}
+
+#[test]
 fn write_protection_marks_exactly_the_written_page() {
     let mut g = Guest::new(DIRTY);
     let a = RAM_BASE + 5 * PAGE_SIZE;

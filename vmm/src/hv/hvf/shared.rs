@@ -10,7 +10,7 @@ use applevisor::vm::{GicDisabled, VirtualMachineInstance};
 use applevisor_sys::{
     hv_memory_flags_t, hv_vm_protect, hv_vm_unmap, HV_MEMORY_EXEC, HV_MEMORY_READ, HV_MEMORY_WRITE,
 };
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// State shared by the VM and its vCPUs. Dropped when the last of them is:
@@ -83,7 +83,10 @@ impl VmShared {
     pub(super) fn write_fault(&self, page: u64, kicked: &AtomicBool) -> Result<bool> {
         // `page` is in RAM (decided so); `set` ignores anything else.
         let index = page.wrapping_sub(self.ram.base()) / PAGE_SIZE;
-        if !self.ram.before_guest_write_unless_kicked(index, kicked) {
+        if !self
+            .ram
+            .before_guest_write_unless_kicked(index, &|| kicked.load(Ordering::Acquire))
+        {
             return Ok(false);
         }
         self.dirty.set(usize::try_from(index).unwrap_or(usize::MAX));

@@ -266,7 +266,9 @@ fn a_page_being_saved_while_protect_runs_is_never_made_read_only() {
         .set(Box::new(move |first, n| {
             let k = kicked();
             let waits: Vec<bool> = (first..first + n)
-                .map(|i| !r.before_guest_write_unless_kicked(pages[i], &k))
+                .map(|i| {
+                    !r.before_guest_write_unless_kicked(pages[i], &|| k.load(Ordering::Acquire))
+                })
                 .collect();
             seen.lock().unwrap().push((first, n, waits));
         }))
@@ -313,11 +315,11 @@ fn the_writer_marks_each_page_saved_as_soon_as_it_is_written() {
         .set(Box::new(move |i| {
             if i == 5 {
                 let k = kicked();
-                let four = r.before_guest_write_unless_kicked(4, &k);
+                let four = r.before_guest_write_unless_kicked(4, &|| k.load(Ordering::Acquire));
                 if four {
                     poke(&r, 4, 0xee);
                 }
-                let six = r.before_guest_write_unless_kicked(6, &k);
+                let six = r.before_guest_write_unless_kicked(6, &|| k.load(Ordering::Acquire));
                 *out.lock().unwrap() = Some((four, six));
             }
         }))
@@ -374,14 +376,15 @@ fn a_kick_ends_a_wait_for_a_page_another_thread_is_saving() {
         // or a quit asking for the vCPU) ends the wait with the page
         // neither saved by it nor writable. The writer cannot finish page 2
         // before the vCPU's answer: it is held until after the join.
-        let vcpu = s.spawn(|| ram.before_guest_write_unless_kicked(2, &kick));
+        let vcpu =
+            s.spawn(|| ram.before_guest_write_unless_kicked(2, &|| kick.load(Ordering::Acquire)));
         kick.store(true, Ordering::Release);
         assert!(!vcpu.join().unwrap());
         release.send(()).unwrap();
         writer.join().unwrap().unwrap();
     });
     // Once the page is saved, the retried write goes on.
-    assert!(ram.before_guest_write_unless_kicked(2, &kick));
+    assert!(ram.before_guest_write_unless_kicked(2, &|| kick.load(Ordering::Acquire)));
     poke(&ram, 2, 9);
     assert_eq!(page_of(&file, 2 * PAGE_SIZE), vec![3; PS]);
     assert_eq!(save.counts().writer, 4);
