@@ -12,25 +12,9 @@
 # (built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage() { echo "usage: guest/fetch.sh REGISTRY/REPOSITORY:TAG [--plain-http] [--out DIR]" >&2; exit 2; }
-[ $# -ge 1 ] || usage
-ref=$1
-shift
-out=guest/out
-extra=()
-while [ $# -gt 0 ]; do
-    case $1 in
-        --plain-http) extra+=(--plain-http) ;;
-        --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
-        *) usage ;;
-    esac
-    shift
-done
-vmstore=${VMSTORE:-target/release/vmstore}
-if [ ! -x "$vmstore" ]; then
-    echo "[guest] cargo build --release --bin vmstore"
-    cargo build --release --bin vmstore
-fi
+. guest/registry-common.sh
+registry_args guest/fetch.sh "$@"
+find_vmstore
 echo "[guest] vmstore pull-files $ref $out"
 "$vmstore" pull-files "$ref" "$out" ${extra[@]+"${extra[@]}"}
 python3 - "$out" <<'PY'
