@@ -16,16 +16,28 @@
 //! data    N pages; page i of the index at data offset + i * page size
 //! ```
 
-use sha2::{Digest, Sha256};
-
 use crate::error::ParseError;
-use crate::format::{check_geometry, check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
+use crate::format::check_geometry;
+use crate::format::indexed::{self, Kind};
+use crate::format::FormatVersion;
 
 /// Magic bytes at offset 0 of a diff memory file.
 pub const DIFF_MAGIC: [u8; 8] = *b"IGNDIFF\0";
 /// Length of the fixed header, in bytes.
-pub const DIFF_HEADER_LEN: usize = 96;
-const DIGEST_AT: usize = 64;
+pub const DIFF_HEADER_LEN: usize = indexed::HEADER_LEN;
+
+const KIND: Kind = Kind {
+    magic: DIFF_MAGIC,
+    what: "a diff memory file",
+    unit: "page",
+    whole: "RAM",
+    since: None,
+    align: |page_size| page_size,
+    geometry: |page_size, ram_size| {
+        check_geometry(page_size, 0, ram_size)?;
+        Ok(ram_size / page_size)
+    },
+};
 
 /// The decoded fixed header of a diff memory file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +54,19 @@ pub struct DiffHeader {
     pub data_offset: u64,
     /// sha256 over header bytes 0..64 followed by the index bytes.
     pub digest: [u8; 32],
+}
+
+impl From<indexed::Header> for DiffHeader {
+    fn from(h: indexed::Header) -> Self {
+        DiffHeader {
+            version: h.version,
+            page_size: h.unit_size,
+            ram_size: h.total_size,
+            page_count: h.count,
+            data_offset: h.data_offset,
+            digest: h.digest,
+        }
+    }
 }
 
 impl DiffHeader {
@@ -61,61 +86,20 @@ impl DiffHeader {
 /// Offset of the page data for `pages` pages of `page_size` bytes, or
 /// `None` on overflow.
 pub fn diff_data_offset(page_size: u64, pages: u64) -> Option<u64> {
-    let end = pages.checked_mul(8)?.checked_add(DIFF_HEADER_LEN as u64)?;
-    end.checked_next_multiple_of(page_size)
+    KIND.data_offset(page_size, pages)
 }
 
 /// Exact size of a diff file of `pages` pages of `page_size` bytes, or
 /// `None` on overflow.
 pub fn diff_file_size(page_size: u64, pages: u64) -> Option<u64> {
-    diff_data_offset(page_size, pages)?.checked_add(pages.checked_mul(page_size)?)
+    KIND.file_size(page_size, pages)
 }
 
 /// Parse and check the 96-byte fixed header at the start of `bytes`
 /// (untrusted). Does not check the digest, which also covers the index; see
 /// [`parse_diff_prefix`].
 pub fn parse_diff_header(bytes: &[u8]) -> Result<DiffHeader, ParseError> {
-    let err = |m: String| Err(ParseError(m));
-    let version = check_prelude(bytes, &DIFF_MAGIC, DIFF_HEADER_LEN, "a diff memory file")?;
-    let page_size = u64_at(bytes, 16);
-    let ram_size = u64_at(bytes, 24);
-    check_geometry(page_size, 0, ram_size)?;
-    let page_count = u64_at(bytes, 32);
-    if page_count > ram_size / page_size {
-        return err(format!(
-            "page count {page_count} exceeds the {} pages of RAM",
-            ram_size / page_size
-        ));
-    }
-    let index_offset = u64_at(bytes, 40);
-    if index_offset != DIFF_HEADER_LEN as u64 {
-        return err(format!(
-            "index offset {index_offset}, expected {DIFF_HEADER_LEN}"
-        ));
-    }
-    let data_offset = u64_at(bytes, 48);
-    // Cannot overflow: page_count <= 2^40 / 4096.
-    let want = diff_data_offset(page_size, page_count);
-    if Some(data_offset) != want {
-        return err(format!(
-            "data offset {data_offset}, expected {} for {page_count} pages",
-            want.unwrap_or(0)
-        ));
-    }
-    let reserved = u64_at(bytes, 56);
-    if reserved != 0 {
-        return err(format!("reserved field is {reserved:#x}, expected 0"));
-    }
-    let mut digest = [0u8; 32];
-    digest.copy_from_slice(&bytes[DIGEST_AT..DIGEST_AT + 32]);
-    Ok(DiffHeader {
-        version,
-        page_size,
-        ram_size,
-        page_count,
-        data_offset,
-        digest,
-    })
+    KIND.parse_header(bytes).map(DiffHeader::from)
 }
 
 /// Parse the prefix of a diff file (untrusted): header, index, and the
@@ -123,54 +107,7 @@ pub fn parse_diff_header(bytes: &[u8]) -> Result<DiffHeader, ParseError> {
 /// `data_offset` bytes (more is ignored). Returns the header and the page
 /// numbers, strictly increasing.
 pub fn parse_diff_prefix(bytes: &[u8]) -> Result<(DiffHeader, Vec<u64>), ParseError> {
-    let h = parse_diff_header(bytes)?;
-    // data_offset <= 96 + 8 * 2^28 + 64 KiB: fits usize on 64-bit hosts;
-    // the length check below bounds everything by the input.
-    let Ok(data_offset) = usize::try_from(h.data_offset) else {
-        return Err(ParseError::new("data offset does not fit in memory"));
-    };
-    if bytes.len() < data_offset {
-        return Err(ParseError::new(format!(
-            "truncated: {} bytes, but the index and padding end at {data_offset}",
-            bytes.len()
-        )));
-    }
-    let index_end = DIFF_HEADER_LEN + h.index_len() as usize;
-    let index_bytes = &bytes[DIFF_HEADER_LEN..index_end];
-    let mut hasher = Sha256::new();
-    hasher.update(&bytes[..DIGEST_AT]);
-    hasher.update(index_bytes);
-    let digest: [u8; 32] = hasher.finalize().into();
-    if digest != h.digest {
-        return Err(ParseError::new(
-            "header/index digest mismatch: header or page index is corrupted",
-        ));
-    }
-    let ram_pages = h.ram_size / h.page_size;
-    let mut index = Vec::with_capacity(h.page_count as usize);
-    for (i, chunk) in index_bytes.chunks_exact(8).enumerate() {
-        let page = u64_at(chunk, 0);
-        if page >= ram_pages {
-            return Err(ParseError::new(format!(
-                "index entry {i}: page {page} is beyond the {ram_pages} pages of RAM"
-            )));
-        }
-        if let Some(&prev) = index.last() {
-            if page <= prev {
-                return Err(ParseError::new(format!(
-                    "index entry {i}: page {page} does not follow page {prev} (index must be strictly increasing)"
-                )));
-            }
-        }
-        index.push(page);
-    }
-    if let Some(off) = bytes[index_end..data_offset].iter().position(|&b| b != 0) {
-        return Err(ParseError::new(format!(
-            "non-zero padding byte at offset {}",
-            index_end + off
-        )));
-    }
-    Ok((h, index))
+    KIND.parse_prefix(bytes).map(|(h, index)| (h.into(), index))
 }
 
 /// A whole diff file, parsed.
@@ -221,44 +158,7 @@ pub fn encode_diff_prefix(
     ram_size: u64,
     index: &[u64],
 ) -> Result<Vec<u8>, ParseError> {
-    check_geometry(page_size, 0, ram_size)?;
-    let ram_pages = ram_size / page_size;
-    for (i, w) in index.iter().enumerate() {
-        if *w >= ram_pages {
-            return Err(ParseError::new(format!(
-                "page {w} is beyond the {ram_pages} pages of RAM"
-            )));
-        }
-        if i > 0 && index[i - 1] >= *w {
-            return Err(ParseError::new(format!(
-                "pages must be strictly increasing: {} then {w}",
-                index[i - 1]
-            )));
-        }
-    }
-    let count = index.len() as u64;
-    let data_offset =
-        diff_data_offset(page_size, count).ok_or_else(|| ParseError::new("too many pages"))?;
-    let mut b = vec![0u8; data_offset as usize];
-    b[..8].copy_from_slice(&DIFF_MAGIC);
-    b[8..10].copy_from_slice(&FORMAT_VERSION.major.to_le_bytes());
-    b[10..12].copy_from_slice(&FORMAT_VERSION.minor.to_le_bytes());
-    b[12..16].copy_from_slice(&(DIFF_HEADER_LEN as u32).to_le_bytes());
-    b[16..24].copy_from_slice(&page_size.to_le_bytes());
-    b[24..32].copy_from_slice(&ram_size.to_le_bytes());
-    b[32..40].copy_from_slice(&count.to_le_bytes());
-    b[40..48].copy_from_slice(&(DIFF_HEADER_LEN as u64).to_le_bytes());
-    b[48..56].copy_from_slice(&data_offset.to_le_bytes());
-    for (i, p) in index.iter().enumerate() {
-        let at = DIFF_HEADER_LEN + 8 * i;
-        b[at..at + 8].copy_from_slice(&p.to_le_bytes());
-    }
-    let mut hasher = Sha256::new();
-    hasher.update(&b[..DIGEST_AT]);
-    hasher.update(&b[DIFF_HEADER_LEN..DIFF_HEADER_LEN + index.len() * 8]);
-    let digest: [u8; 32] = hasher.finalize().into();
-    b[DIGEST_AT..DIGEST_AT + 32].copy_from_slice(&digest);
-    Ok(b)
+    KIND.encode_prefix(page_size, ram_size, index)
 }
 
 #[cfg(test)]
@@ -310,76 +210,21 @@ mod tests {
         assert!(encode_diff_prefix(3000, RAM, &[]).is_err());
     }
 
-    fn expect(b: &[u8], needle: &str) {
-        let e = parse_diff_file(b).unwrap_err().0;
-        assert!(e.contains(needle), "expected {needle:?} in {e:?}");
-    }
-
-    fn patch(index: &[u64], at: usize, val: &[u8], reseal: bool) -> Vec<u8> {
-        let mut b = file(index);
-        b[at..at + val.len()].copy_from_slice(val);
-        if reseal {
-            let end = DIFF_HEADER_LEN + index.len() * 8;
-            let mut h = Sha256::new();
-            h.update(&b[..DIGEST_AT]);
-            h.update(&b[DIFF_HEADER_LEN..end]);
-            let d: [u8; 32] = h.finalize().into();
-            b[DIGEST_AT..DIGEST_AT + 32].copy_from_slice(&d);
-        }
-        b
-    }
-
     #[test]
     fn rejects_malformed() {
-        let idx = [3u64, 7, 9];
-        expect(&file(&idx)[..50], "truncated header of a diff memory file");
-        expect(&patch(&idx, 0, b"X", false), "bad magic");
-        expect(
-            &patch(&idx, 8, &1u16.to_le_bytes(), false),
-            "format version",
-        );
-        expect(
-            &patch(&idx, 10, &2u16.to_le_bytes(), false),
-            "format version",
-        );
-        expect(
-            &patch(&idx, 12, &64u32.to_le_bytes(), false),
-            "header length",
-        );
-        expect(&patch(&idx, 16, &3000u64.to_le_bytes(), false), "page size");
-        expect(
-            &patch(&idx, 24, &(RAM + 1).to_le_bytes(), false),
-            "RAM size",
-        );
-        expect(&patch(&idx, 32, &65u64.to_le_bytes(), false), "page count");
-        expect(&patch(&idx, 32, &4u64.to_le_bytes(), false), "digest");
-        expect(&patch(&idx, 32, &600u64.to_le_bytes(), false), "page count");
-        expect(
-            &patch(&idx, 40, &97u64.to_le_bytes(), false),
-            "index offset",
-        );
-        expect(
-            &patch(&idx, 48, &(2 * PS).to_le_bytes(), false),
-            "data offset",
-        );
-        expect(&patch(&idx, 56, &1u64.to_le_bytes(), false), "reserved");
-        expect(&patch(&idx, 64, &[0xff], false), "digest");
-        expect(&patch(&idx, 96, &[4], false), "digest");
-        // Index problems behind a valid digest.
-        expect(
-            &patch(&idx, 104, &3u64.to_le_bytes(), true),
-            "strictly increasing",
-        );
-        expect(
-            &patch(&idx, 104, &2u64.to_le_bytes(), true),
-            "strictly increasing",
-        );
-        expect(&patch(&idx, 112, &64u64.to_le_bytes(), true), "beyond");
-        expect(&patch(&idx, 200, &[1], false), "padding");
-        let b = file(&idx);
-        expect(&b[..b.len() - 1], "expected");
-        expect(&b[..1000], "truncated");
-        let mut longer = b.clone();
+        let good = file(&[3, 7, 9]);
+        let parse = |b: &[u8]| parse_diff_file(b).map(|_| ());
+        indexed::tests::rejects_malformed(&KIND, &good, RAM / PS, 2 * PS, &parse);
+        let expect = |b: &[u8], needle: &str| {
+            let e = parse_diff_file(b).unwrap_err().0;
+            assert!(e.contains(needle), "expected {needle:?} in {e:?}");
+        };
+        let p = |at, val: &[u8]| indexed::tests::patch(good.clone(), 3, at, val, false);
+        expect(&p(24, &(RAM + 1).to_le_bytes()), "RAM size");
+        expect(&p(32, &600u64.to_le_bytes()), "page count");
+        // The whole file: exactly its pages.
+        expect(&good[..good.len() - 1], "expected");
+        let mut longer = good.clone();
         longer.push(0);
         expect(&longer, "expected");
     }

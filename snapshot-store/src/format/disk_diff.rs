@@ -21,22 +21,30 @@
 //! Every chunk has a whole slot, so the file's size, `D + N C`, follows
 //! from the manifest (`disk.chunk_size`, `disk.diff_chunks`).
 
-use sha2::{Digest, Sha256};
-
 use crate::error::ParseError;
 use crate::format::chunks::check_chunk_geometry;
-use crate::format::{check_prelude, u64_at, FormatVersion, FORMAT_VERSION};
+use crate::format::indexed::{self, Kind};
+use crate::format::FormatVersion;
 
 /// Magic bytes at offset 0 of `disk.diff`.
 pub const DISK_DIFF_MAGIC: [u8; 8] = *b"IGNDDIFF";
 /// Length of the fixed header, in bytes.
-pub const DISK_DIFF_HEADER_LEN: usize = 96;
+pub const DISK_DIFF_HEADER_LEN: usize = indexed::HEADER_LEN;
 /// Alignment of the chunk data, in bytes: a multiple of any file system's
 /// block size, so a file system that clones ranges can share the chunks.
 pub const DISK_DIFF_ALIGN: u64 = 64 << 10;
 /// The first format version with `disk.diff`.
 pub const DISK_DIFF_SINCE: FormatVersion = FormatVersion { major: 3, minor: 1 };
-const DIGEST_AT: usize = 64;
+
+const KIND: Kind = Kind {
+    magic: DISK_DIFF_MAGIC,
+    what: "a disk diff",
+    unit: "chunk",
+    whole: "the disk",
+    since: Some(DISK_DIFF_SINCE),
+    align: |_| DISK_DIFF_ALIGN,
+    geometry: check_chunk_geometry,
+};
 
 /// The decoded fixed header of `disk.diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,70 +80,37 @@ impl DiskDiffHeader {
     }
 }
 
+impl From<indexed::Header> for DiskDiffHeader {
+    fn from(h: indexed::Header) -> Self {
+        DiskDiffHeader {
+            version: h.version,
+            chunk_size: h.unit_size,
+            disk_size: h.total_size,
+            chunk_count: h.count,
+            data_offset: h.data_offset,
+            digest: h.digest,
+        }
+    }
+}
+
 /// Offset of the chunk data for `chunks` stored chunks, or `None` on
 /// overflow.
 pub fn disk_diff_data_offset(chunks: u64) -> Option<u64> {
-    let end = chunks
-        .checked_mul(8)?
-        .checked_add(DISK_DIFF_HEADER_LEN as u64)?;
-    end.checked_next_multiple_of(DISK_DIFF_ALIGN)
+    // The alignment does not depend on the chunk size.
+    KIND.data_offset(0, chunks)
 }
 
 /// Exact size of a `disk.diff` of `chunks` chunks of `chunk_size` bytes, or
 /// `None` on overflow.
 pub fn disk_diff_file_size(chunk_size: u64, chunks: u64) -> Option<u64> {
-    disk_diff_data_offset(chunks)?.checked_add(chunks.checked_mul(chunk_size)?)
+    KIND.file_size(chunk_size, chunks)
 }
 
 /// Parse and check the 96-byte fixed header at the start of `bytes`
 /// (untrusted). Does not check the digest, which also covers the index; see
 /// [`parse_disk_diff_prefix`].
 pub fn parse_disk_diff_header(bytes: &[u8]) -> Result<DiskDiffHeader, ParseError> {
-    let err = |m: String| Err(ParseError(m));
-    let version = check_prelude(bytes, &DISK_DIFF_MAGIC, DISK_DIFF_HEADER_LEN, "a disk diff")?;
-    if version.minor < DISK_DIFF_SINCE.minor {
-        return err(format!(
-            "format version {version} has no disk diffs (they came with {DISK_DIFF_SINCE})"
-        ));
-    }
-    let chunk_size = u64_at(bytes, 16);
-    let disk_size = u64_at(bytes, 24);
-    let chunks = check_chunk_geometry(chunk_size, disk_size)?;
-    let chunk_count = u64_at(bytes, 32);
-    if chunk_count > chunks {
-        return err(format!(
-            "chunk count {chunk_count} exceeds the {chunks} chunks of the disk"
-        ));
-    }
-    let index_offset = u64_at(bytes, 40);
-    if index_offset != DISK_DIFF_HEADER_LEN as u64 {
-        return err(format!(
-            "index offset {index_offset}, expected {DISK_DIFF_HEADER_LEN}"
-        ));
-    }
-    let data_offset = u64_at(bytes, 48);
-    // Cannot overflow: chunk_count <= 2^24.
-    let want = disk_diff_data_offset(chunk_count);
-    if Some(data_offset) != want {
-        return err(format!(
-            "data offset {data_offset}, expected {} for {chunk_count} chunks",
-            want.unwrap_or(0)
-        ));
-    }
-    let reserved = u64_at(bytes, 56);
-    if reserved != 0 {
-        return err(format!("reserved field is {reserved:#x}, expected 0"));
-    }
-    let mut digest = [0u8; 32];
-    digest.copy_from_slice(&bytes[DIGEST_AT..DIGEST_AT + 32]);
-    Ok(DiskDiffHeader {
-        version,
-        chunk_size,
-        disk_size,
-        chunk_count,
-        data_offset,
-        digest,
-    })
+    KIND.parse_header(bytes).map(DiskDiffHeader::from)
 }
 
 /// Parse the prefix of a `disk.diff` (untrusted): header, index, and the
@@ -143,52 +118,7 @@ pub fn parse_disk_diff_header(bytes: &[u8]) -> Result<DiskDiffHeader, ParseError
 /// bytes (more is ignored). Returns the header and the chunk numbers,
 /// strictly increasing.
 pub fn parse_disk_diff_prefix(bytes: &[u8]) -> Result<(DiskDiffHeader, Vec<u64>), ParseError> {
-    let h = parse_disk_diff_header(bytes)?;
-    // data_offset <= 96 + 8 * 2^24 + 64 KiB: fits a usize.
-    let Ok(data_offset) = usize::try_from(h.data_offset) else {
-        return Err(ParseError::new("data offset does not fit in memory"));
-    };
-    if bytes.len() < data_offset {
-        return Err(ParseError::new(format!(
-            "truncated: {} bytes, but the index and padding end at {data_offset}",
-            bytes.len()
-        )));
-    }
-    let index_end = DISK_DIFF_HEADER_LEN + h.chunk_count as usize * 8;
-    let index_bytes = &bytes[DISK_DIFF_HEADER_LEN..index_end];
-    let mut hasher = Sha256::new();
-    hasher.update(&bytes[..DIGEST_AT]);
-    hasher.update(index_bytes);
-    if <[u8; 32]>::from(hasher.finalize()) != h.digest {
-        return Err(ParseError::new(
-            "header/index digest mismatch: header or chunk index is corrupted",
-        ));
-    }
-    let chunks = h.disk_size.div_ceil(h.chunk_size);
-    let mut index: Vec<u64> = Vec::with_capacity(h.chunk_count as usize);
-    for (i, entry) in index_bytes.chunks_exact(8).enumerate() {
-        let c = u64_at(entry, 0);
-        if c >= chunks {
-            return Err(ParseError::new(format!(
-                "index entry {i}: chunk {c} is beyond the {chunks} chunks of the disk"
-            )));
-        }
-        if let Some(&prev) = index.last() {
-            if c <= prev {
-                return Err(ParseError::new(format!(
-                    "index entry {i}: chunk {c} does not follow chunk {prev} (index must be strictly increasing)"
-                )));
-            }
-        }
-        index.push(c);
-    }
-    if let Some(off) = bytes[index_end..data_offset].iter().position(|&b| b != 0) {
-        return Err(ParseError::new(format!(
-            "non-zero padding byte at offset {}",
-            index_end + off
-        )));
-    }
-    Ok((h, index))
+    KIND.parse_prefix(bytes).map(|(h, index)| (h.into(), index))
 }
 
 /// Build the prefix of a `disk.diff` (header, index, zero padding: exactly
@@ -199,43 +129,7 @@ pub fn encode_disk_diff_prefix(
     disk_size: u64,
     index: &[u64],
 ) -> Result<Vec<u8>, ParseError> {
-    let chunks = check_chunk_geometry(chunk_size, disk_size)?;
-    for (i, &c) in index.iter().enumerate() {
-        if c >= chunks {
-            return Err(ParseError::new(format!(
-                "chunk {c} is beyond the {chunks} chunks of the disk"
-            )));
-        }
-        if i > 0 && index[i - 1] >= c {
-            return Err(ParseError::new(format!(
-                "chunks must be strictly increasing: {} then {c}",
-                index[i - 1]
-            )));
-        }
-    }
-    let count = index.len() as u64;
-    let data_offset =
-        disk_diff_data_offset(count).ok_or_else(|| ParseError::new("too many chunks"))?;
-    let mut b = vec![0u8; data_offset as usize];
-    b[..8].copy_from_slice(&DISK_DIFF_MAGIC);
-    b[8..10].copy_from_slice(&FORMAT_VERSION.major.to_le_bytes());
-    b[10..12].copy_from_slice(&FORMAT_VERSION.minor.to_le_bytes());
-    b[12..16].copy_from_slice(&(DISK_DIFF_HEADER_LEN as u32).to_le_bytes());
-    b[16..24].copy_from_slice(&chunk_size.to_le_bytes());
-    b[24..32].copy_from_slice(&disk_size.to_le_bytes());
-    b[32..40].copy_from_slice(&count.to_le_bytes());
-    b[40..48].copy_from_slice(&(DISK_DIFF_HEADER_LEN as u64).to_le_bytes());
-    b[48..56].copy_from_slice(&data_offset.to_le_bytes());
-    for (i, c) in index.iter().enumerate() {
-        let at = DISK_DIFF_HEADER_LEN + 8 * i;
-        b[at..at + 8].copy_from_slice(&c.to_le_bytes());
-    }
-    let mut hasher = Sha256::new();
-    hasher.update(&b[..DIGEST_AT]);
-    hasher.update(&b[DISK_DIFF_HEADER_LEN..DISK_DIFF_HEADER_LEN + index.len() * 8]);
-    let digest: [u8; 32] = hasher.finalize().into();
-    b[DIGEST_AT..DIGEST_AT + 32].copy_from_slice(&digest);
-    Ok(b)
+    KIND.encode_prefix(chunk_size, disk_size, index)
 }
 
 #[cfg(test)]
@@ -278,71 +172,15 @@ mod tests {
         assert!(encode_disk_diff_prefix(3000, DISK, &[]).is_err());
     }
 
-    fn expect(b: &[u8], needle: &str) {
-        let e = parse_disk_diff_prefix(b).unwrap_err().0;
-        assert!(e.contains(needle), "expected {needle:?} in {e:?}");
-    }
-
-    fn patch(index: &[u64], at: usize, val: &[u8], reseal: bool) -> Vec<u8> {
-        let mut b = prefix(index);
-        b[at..at + val.len()].copy_from_slice(val);
-        if reseal {
-            let end = DISK_DIFF_HEADER_LEN + index.len() * 8;
-            let mut h = Sha256::new();
-            h.update(&b[..DIGEST_AT]);
-            h.update(&b[DISK_DIFF_HEADER_LEN..end]);
-            let d: [u8; 32] = h.finalize().into();
-            b[DIGEST_AT..DIGEST_AT + 32].copy_from_slice(&d);
-        }
-        b
-    }
-
     #[test]
     fn rejects_malformed() {
-        let idx = [3u64, 7, 9];
-        expect(&prefix(&idx)[..50], "truncated header of a disk diff");
-        expect(&patch(&idx, 0, b"X", false), "bad magic");
-        expect(
-            &patch(&idx, 8, &4u16.to_le_bytes(), false),
-            "format version",
-        );
-        expect(
-            &patch(&idx, 10, &9u16.to_le_bytes(), false),
-            "format version",
-        );
-        expect(
-            &patch(&idx, 10, &0u16.to_le_bytes(), false),
-            "has no disk diffs",
-        );
-        expect(
-            &patch(&idx, 12, &64u32.to_le_bytes(), false),
-            "header length",
-        );
-        expect(
-            &patch(&idx, 16, &3000u64.to_le_bytes(), false),
-            "chunk size",
-        );
-        expect(&patch(&idx, 32, &11u64.to_le_bytes(), false), "chunk count");
-        expect(&patch(&idx, 32, &4u64.to_le_bytes(), false), "digest");
-        expect(
-            &patch(&idx, 40, &97u64.to_le_bytes(), false),
-            "index offset",
-        );
-        expect(
-            &patch(&idx, 48, &4096u64.to_le_bytes(), false),
-            "data offset",
-        );
-        expect(&patch(&idx, 56, &1u64.to_le_bytes(), false), "reserved");
-        expect(&patch(&idx, 64, &[0xff], false), "digest");
-        expect(&patch(&idx, 96, &[4], false), "digest");
-        // Index problems behind a valid digest.
-        expect(
-            &patch(&idx, 104, &3u64.to_le_bytes(), true),
-            "strictly increasing",
-        );
-        expect(&patch(&idx, 112, &10u64.to_le_bytes(), true), "beyond");
-        expect(&patch(&idx, 200, &[1], false), "padding");
-        expect(&prefix(&idx)[..1000], "truncated");
+        let good = prefix(&[3, 7, 9]);
+        let parse = |b: &[u8]| parse_disk_diff_prefix(b).map(|_| ());
+        indexed::tests::rejects_malformed(&KIND, &good, 10, 4096, &parse);
+        // A version before disk diffs.
+        let old = indexed::tests::patch(good, 3, 10, &0u16.to_le_bytes(), false);
+        let e = parse_disk_diff_prefix(&old).unwrap_err().0;
+        assert!(e.contains("needs format version 3.1"), "{e}");
     }
 
     #[test]

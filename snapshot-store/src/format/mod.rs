@@ -14,7 +14,8 @@
 //! a diff, `state.bin`, `disk.chunks`, `disk.diff`): magic (8 bytes), format major and
 //! minor (u16 each), header length (u32), little-endian; also the
 //! little-endian field readers the parsers share. It imports nothing but
-//! `error`, and the codecs build on it.
+//! `error`, and the codecs build on it. `indexed` has the layout the two
+//! diff files share: a header, a sorted index, one slot per entry.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,9 @@ pub use crate::error::ParseError;
 // The modules in layers, bottom first, as in `lib.rs`: a module imports
 // only from this one and from modules of the groups above its own
 // (`tests/layering.rs` checks it).
+
+// The layout the two diff files share (header, index, slots).
+mod indexed;
 
 // The memory digest, and the binary files.
 pub mod chunks;
