@@ -84,9 +84,7 @@ def busybox_from_rootfs(rootfs: os.PathLike[str] | str) -> bytes:
     debugfs (no mount)."""
     with tempfile.TemporaryDirectory(prefix="ignition-initrd-") as d:
         out = Path(d) / "busybox"
-        r = subprocess.run(
-            ["debugfs", "-R", f"dump /bin/busybox {out}", str(rootfs)], capture_output=True, text=True
-        )
+        r = subprocess.run(["debugfs", "-R", f"dump /bin/busybox {out}", str(rootfs)], capture_output=True, text=True)
         if r.returncode != 0 or not out.is_file() or out.stat().st_size == 0:
             raise RuntimeError(f"cannot read /bin/busybox from {rootfs} with debugfs: {r.stderr.strip()}")
         return out.read_bytes()
