@@ -50,6 +50,11 @@ pub struct FdtConfig {
     /// Entropy for `/chosen/rng-seed` (the kernel credits it to its RNG).
     /// Should be `Some` with fresh host randomness outside tests.
     pub rng_seed: Option<[u8; 32]>,
+    /// Seed for `/chosen/kaslr-seed`: a kernel built with
+    /// `CONFIG_RANDOMIZE_BASE` (distribution kernels) randomises its
+    /// virtual layout from it, and zeroes it in the DTB. Should be `Some`
+    /// with fresh host randomness outside tests.
+    pub kaslr_seed: Option<u64>,
     /// virtio-mmio slots that have a device (each `< VIRTIO_MMIO_SLOTS`, no
     /// duplicates); one node per slot, in the order given.
     pub virtio_slots: Vec<u32>,
@@ -148,7 +153,7 @@ fn pl011_node() -> String {
 /// `/pl011@9000000`, `/pl031@9010000`, `/vmgenid@...` (the VM generation
 /// ID, in the last RAM page, which `/reserved-memory` keeps from the
 /// kernel), `/virtio_mmio@...` per slot (`dma-coherent`) and `/chosen`
-/// (bootargs, stdout-path, rng-seed, and with an initrd
+/// (bootargs, stdout-path, rng-seed, kaslr-seed, and with an initrd
 /// `linux,initrd-start`/`-end`).
 pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     validate(cfg)?;
@@ -178,6 +183,9 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_string("stdout-path", &format!("/{}", pl011_node()))?;
     if let Some(seed) = &cfg.rng_seed {
         fdt.property("rng-seed", seed)?;
+    }
+    if let Some(seed) = cfg.kaslr_seed {
+        fdt.property_u64("kaslr-seed", seed)?;
     }
     if let Some(initrd) = &cfg.initrd {
         // Linux reads either width (`of_read_number` of the property's
@@ -331,6 +339,7 @@ mod tests {
             ram_size: 512 << 20,
             cmdline: "console=ttyAMA0 root=/dev/vda rw boottimer=0x9100000".into(),
             rng_seed: Some(std::array::from_fn(|i| i as u8)),
+            kaslr_seed: Some(0x0123_4567_89ab_cdef),
             virtio_slots: vec![VIRTIO_BLK_SLOT, 3],
             initrd: None,
         }
@@ -502,6 +511,7 @@ mod tests {
         has(&format!("stdout-path = \"/pl011@{:x}\";", PL011.base));
         // dtc shows the 32 seed bytes 0, 1, 2, ... as big-endian cells.
         has("rng-seed = <0x10203 0x4050607 ");
+        has("kaslr-seed = <0x1234567 0x89abcdef>;");
     }
 
     #[test]
@@ -509,6 +519,7 @@ mod tests {
         let cfg = FdtConfig {
             vcpus: MAX_VCPUS,
             rng_seed: None,
+            kaslr_seed: None,
             virtio_slots: vec![],
             ..config()
         };
@@ -521,6 +532,7 @@ mod tests {
             reg64(GICR_BASE, layout::GICR_SIZE)
         )));
         assert!(!dts.contains("rng-seed"));
+        assert!(!dts.contains("kaslr-seed"));
         assert!(!dts.contains("virtio,mmio"));
     }
 

@@ -127,6 +127,7 @@ pub fn fresh(
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
         rng_seed: Some(host_random()?),
+        kaslr_seed: Some(u64::from_le_bytes(host_random()?)),
         virtio_slots: Devices::virtio_slots(net.is_some(), vsock.is_some()),
         initrd,
     })?;
