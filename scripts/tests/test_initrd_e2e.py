@@ -114,6 +114,13 @@ def test_bad_initrds_and_kernels_give_one_clear_line(boot_bin, guest_out, tmp_pa
     r = run_boot(boot_bin, "--kernel", str(cut), "--disk", disk, "--backend", "emu")
     assert r.returncode == 1 and "cannot decompress the gzip-compressed kernel" in r.stderr, r.stderr
 
+    # A 64 KiB-page kernel (Image header flags bits 1-2 = 3) would stop silently: refused.
+    flags = int.from_bytes(image[0x18:0x20], "little")
+    k64 = tmp_path / "Image-64k"
+    k64.write_bytes(image[:0x18] + ((flags & ~6) | 3 << 1).to_bytes(8, "little") + image[0x20:])
+    r = run_boot(boot_bin, "--kernel", str(k64), "--disk", disk, "--backend", "emu")
+    assert r.returncode == 1 and "uses 64 KiB pages (its Image header)" in r.stderr, r.stderr
+
     # A restore takes its initrd from the snapshot's RAM.
     r = run_boot(boot_bin, "--restore", "x", "--initrd", str(empty))
     assert r.returncode == 2 and "cannot be used with" in r.stderr, r.stderr

@@ -3,7 +3,7 @@
 //! into fresh RAM, Linux arm64 boot protocol); a restore's by
 //! [`crate::machine::snapshot::restore`].
 
-use crate::arch::{fdt, image, layout};
+use crate::arch::{fdt, idregs, image, layout};
 use crate::devices::virtio::net::default_mac;
 use crate::hv::GicMode;
 use crate::machine::config::{FreshBoot, NetConfig, VsockConfig, DEFAULT_GUEST_CID};
@@ -110,6 +110,14 @@ pub fn fresh(
         "kernel {} loaded",
         f.kernel.display()
     );
+    if let Some(page) = loaded.page_size.filter(|&p| !idregs::granule_supported(p)) {
+        // It would stop in its first instructions, silently.
+        bail!(
+            "kernel {} uses {} KiB pages (its Image header), a granule this machine's CPU does not implement (both backends offer 4 KiB and 16 KiB; Apple cores have no 64 KiB granule): use a 4 KiB- or 16 KiB-page kernel",
+            f.kernel.display(),
+            page >> 10
+        );
+    }
     let initrd = match (&f.initrd, initrd) {
         (Some(path), Some(bytes)) => {
             let len = bytes.len() as u64;
