@@ -166,6 +166,8 @@ EXCEPTIONS = {
         "boot --daemonize --console socket:/tmp/vm.console --control /tmp/vm.sock --pid-file /tmp/vm.pid "
         "--log-file /tmp/vm.log --name golden"
     ): "test_headless_e2e.py daemonizes the same way, in its own directory",
+    'boot --kernel /boot/vmlinuz-6.1.0-56-cloud-arm64 --initrd initrd.cpio --cmdline "console=ttyAMA0"': "the "
+    "user's own kernel and initramfs; test_initrd_e2e.py boots --kernel Image.gz and --initrd the same way",
     "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
     "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }
