@@ -146,7 +146,7 @@ pub enum ImageError {
     },
     /// A gzip-compressed kernel that does not decompress.
     #[error("cannot decompress the gzip-compressed kernel: {0}")]
-    Gzip(#[source] std::io::Error),
+    Gzip(std::io::Error),
     /// A gzip-compressed kernel larger than RAM once decompressed.
     #[error(
         "the gzip-compressed kernel decompresses to more than {limit} bytes (the guest's RAM)"
@@ -456,11 +456,16 @@ pub fn kernel_packing(file: &[u8]) -> Result<KernelPacking, ImageError> {
         return Ok(KernelPacking::Gzip);
     }
     if file.starts_with(EFI_STUB_MAGIC) && file.get(4..8) == Some(&b"zimg"[..]) {
-        let name = file.get(0x18..0x38).unwrap_or_default();
-        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        return Err(ImageError::EfiZboot {
-            compression: String::from_utf8_lossy(name).into_owned(),
-        });
+        // A NUL-terminated name in a 32-byte field; printed, so only its
+        // printable ASCII.
+        let field = file.get(0x18..0x38).unwrap_or_default();
+        let compression = field
+            .iter()
+            .take_while(|&&b| b != 0)
+            .filter(|b| b.is_ascii_graphic())
+            .map(|&b| char::from(b))
+            .collect();
+        return Err(ImageError::EfiZboot { compression });
     }
     match REFUSED_MAGICS
         .iter()
@@ -825,6 +830,13 @@ mod tests {
         assert!(
             e.to_string()
                 .starts_with("the kernel is an EFI zboot image (zstd-compressed Image"),
+            "{e}"
+        );
+        // The name is the file's: only its printable ASCII is shown.
+        zboot[0x18..0x20].copy_from_slice(b"g\x1b[2Jzip");
+        let e = kernel_packing(&zboot).unwrap_err();
+        assert!(
+            matches!(&e, ImageError::EfiZboot { compression } if compression == "g[2Jzip"),
             "{e}"
         );
         // An EFI-stub Image (MZ, no zimg) is a raw Image.

@@ -94,10 +94,11 @@ pub fn fresh(
         v
     });
     let kernel = read_kernel(f)?;
-    let initrd = match &f.initrd {
-        Some(path) => Some(read_input("initrd", None, path, f.mem_bytes)?),
-        None => None,
-    };
+    let initrd = f
+        .initrd
+        .as_deref()
+        .map(|path| read_input("initrd", None, path, f.mem_bytes).map(|bytes| (path, bytes)))
+        .transpose()?;
     let disk = open_input("disk image", Some("--disk"), &f.disk, true)?;
     let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
     // Not into the VM generation ID's page.
@@ -118,8 +119,8 @@ pub fn fresh(
             page >> 10
         );
     }
-    let initrd = match (&f.initrd, initrd) {
-        (Some(path), Some(bytes)) => {
+    let initrd = match initrd {
+        Some((path, bytes)) => {
             let len = bytes.len() as u64;
             let gpa = image::initrd_address(load, loaded.entry, loaded.image_end, len)
                 .with_context(|| format!("cannot load initrd {}", path.display()))?;
@@ -128,7 +129,7 @@ pub fn fresh(
                 .context("cannot write the initrd into guest RAM")?;
             Some(gpa..gpa + len)
         }
-        _ => None,
+        None => None,
     };
     let dtb = fdt::build_fdt(&fdt::FdtConfig {
         vcpus: f.cpus,
@@ -166,9 +167,9 @@ pub fn fresh(
     })
 }
 
-/// Opens the user's file `path` (`what`), read-write if `write`: a regular file (or a symbolic link to one), checked
-/// through the open descriptor; the open never waits on a FIFO or a
-/// device. Errors say what is there instead: `kernel PATH is a directory`,
+/// Opens the user's file `path` (`what`), read-write if `write`: a
+/// regular file (or a symbolic link to one), checked through the open
+/// descriptor; the open never waits on a FIFO or a device. Errors say what is there instead: `kernel PATH is a directory`,
 /// `disk image PATH is not a regular file (a character device)`, `...
 /// not found`; `default_of`: the option whose default is a file of the
 /// guest build (`--kernel`), which a missing file's error names.
