@@ -129,6 +129,7 @@ RUN = [
     "python3 -m ignition.kvm_unit_tests --entries timer,debug-sstep -v",
     "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
     "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
+    "python3 -m ignition.debian_guest --out DIR",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -166,6 +167,8 @@ EXCEPTIONS = {
         "boot --daemonize --console socket:/tmp/vm.console --control /tmp/vm.sock --pid-file /tmp/vm.pid "
         "--log-file /tmp/vm.log --name golden"
     ): "test_headless_e2e.py daemonizes the same way, in its own directory",
+    "boot --kernel DIR/Image --initrd DIR/initrd.cpio --vsock-uds /tmp/vm.vsock": "an interactive session; "
+    "test_debian_guest_e2e.py boots Debian's kernel and initramfs the same way",
     "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
     "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }

@@ -50,9 +50,18 @@ pub struct FdtConfig {
     /// Entropy for `/chosen/rng-seed` (the kernel credits it to its RNG).
     /// Should be `Some` with fresh host randomness outside tests.
     pub rng_seed: Option<[u8; 32]>,
+    /// Seed for `/chosen/kaslr-seed`: a kernel built with
+    /// `CONFIG_RANDOMIZE_BASE` (distribution kernels) randomises its
+    /// virtual layout from it, and zeroes it in the DTB. Should be `Some`
+    /// with fresh host randomness outside tests.
+    pub kaslr_seed: Option<u64>,
     /// virtio-mmio slots that have a device (each `< VIRTIO_MMIO_SLOTS`, no
     /// duplicates); one node per slot, in the order given.
     pub virtio_slots: Vec<u32>,
+    /// Where the initrd is in guest RAM, `start..end` (guest-physical,
+    /// `end` exclusive): `/chosen/linux,initrd-start` and `-end`. Non-empty
+    /// and inside RAM.
+    pub initrd: Option<std::ops::Range<u64>>,
 }
 
 /// Errors building the device tree.
@@ -76,6 +85,9 @@ pub enum FdtError {
     /// Command line with a NUL byte.
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
+    /// An initrd range that is empty or not inside RAM.
+    #[error("initrd {0:#x?} is empty or not inside guest RAM")]
+    InitrdRange(std::ops::Range<u64>),
     /// vm-fdt rejected the tree.
     #[error("cannot build the device tree: {0}")]
     Fdt(#[from] vm_fdt::Error),
@@ -106,6 +118,15 @@ fn validate(cfg: &FdtConfig) -> Result<(), FdtError> {
     if cfg.cmdline.contains('\0') {
         return Err(FdtError::CmdlineNul);
     }
+    if let Some(initrd) = &cfg.initrd {
+        let ram = RamRange {
+            base: RAM_BASE,
+            size: cfg.ram_size,
+        };
+        if initrd.is_empty() || !ram.contains_range(initrd.start, initrd.end - initrd.start) {
+            return Err(FdtError::InitrdRange(initrd.clone()));
+        }
+    }
     for (i, &slot) in cfg.virtio_slots.iter().enumerate() {
         if slot >= VIRTIO_MMIO_SLOTS {
             return Err(FdtError::VirtioSlot(slot));
@@ -132,7 +153,8 @@ fn pl011_node() -> String {
 /// `/pl011@9000000`, `/pl031@9010000`, `/vmgenid@...` (the VM generation
 /// ID, in the last RAM page, which `/reserved-memory` keeps from the
 /// kernel), `/virtio_mmio@...` per slot (`dma-coherent`) and `/chosen`
-/// (bootargs, stdout-path, rng-seed).
+/// (bootargs, stdout-path, rng-seed, kaslr-seed, and with an initrd
+/// `linux,initrd-start`/`-end`).
 pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     validate(cfg)?;
     let mut fdt = FdtWriter::new()?;
@@ -161,6 +183,15 @@ pub fn build_fdt(cfg: &FdtConfig) -> Result<Vec<u8>, FdtError> {
     fdt.property_string("stdout-path", &format!("/{}", pl011_node()))?;
     if let Some(seed) = &cfg.rng_seed {
         fdt.property("rng-seed", seed)?;
+    }
+    if let Some(seed) = cfg.kaslr_seed {
+        fdt.property_u64("kaslr-seed", seed)?;
+    }
+    if let Some(initrd) = &cfg.initrd {
+        // Linux reads either width (`of_read_number` of the property's
+        // length); 64-bit as RAM may lie above 4 GiB.
+        fdt.property_u64("linux,initrd-start", initrd.start)?;
+        fdt.property_u64("linux,initrd-end", initrd.end)?;
     }
     fdt.end_node(chosen)?;
 
@@ -308,7 +339,9 @@ mod tests {
             ram_size: 512 << 20,
             cmdline: "console=ttyAMA0 root=/dev/vda rw boottimer=0x9100000".into(),
             rng_seed: Some(std::array::from_fn(|i| i as u8)),
+            kaslr_seed: Some(0x0123_4567_89ab_cdef),
             virtio_slots: vec![VIRTIO_BLK_SLOT, 3],
+            initrd: None,
         }
     }
 
@@ -478,6 +511,7 @@ mod tests {
         has(&format!("stdout-path = \"/pl011@{:x}\";", PL011.base));
         // dtc shows the 32 seed bytes 0, 1, 2, ... as big-endian cells.
         has("rng-seed = <0x10203 0x4050607 ");
+        has("kaslr-seed = <0x1234567 0x89abcdef>;");
     }
 
     #[test]
@@ -485,6 +519,7 @@ mod tests {
         let cfg = FdtConfig {
             vcpus: MAX_VCPUS,
             rng_seed: None,
+            kaslr_seed: None,
             virtio_slots: vec![],
             ..config()
         };
@@ -497,6 +532,7 @@ mod tests {
             reg64(GICR_BASE, layout::GICR_SIZE)
         )));
         assert!(!dts.contains("rng-seed"));
+        assert!(!dts.contains("kaslr-seed"));
         assert!(!dts.contains("virtio,mmio"));
     }
 
@@ -532,5 +568,46 @@ mod tests {
             bad(|c| c.cmdline = "a\0b".into()),
             "kernel command line contains a NUL byte"
         );
+        let end = RAM_BASE + (512 << 20);
+        for range in [
+            RAM_BASE + 4096..RAM_BASE + 4096,
+            RAM_BASE - 1..RAM_BASE + 10,
+            end - 10..end + 1,
+            end..end + 10,
+        ] {
+            let mut c = config();
+            c.initrd = Some(range.clone());
+            let e = build_fdt(&c).unwrap_err();
+            assert!(matches!(&e, FdtError::InitrdRange(r) if *r == range), "{e}");
+        }
+    }
+
+    #[test]
+    fn chosen_has_the_initrd_range_only_with_an_initrd() {
+        let (dts, _) = dtc(&build_fdt(&config()).unwrap());
+        assert!(!dts.contains("linux,initrd"), "{dts}");
+        // Above 4 GiB: both cells of each 64-bit value count.
+        let cfg = FdtConfig {
+            ram_size: 8 << 30,
+            initrd: Some(0x1_4060_0000..0x1_4060_1234),
+            ..config()
+        };
+        let (dts, stderr) = dtc(&build_fdt(&cfg).unwrap());
+        assert_eq!(stderr, "", "dtc warnings");
+        let chosen = node(&dts, "chosen");
+        assert!(
+            chosen.contains("linux,initrd-start = <0x01 0x40600000>;"),
+            "{chosen}"
+        );
+        assert!(
+            chosen.contains("linux,initrd-end = <0x01 0x40601234>;"),
+            "{chosen}"
+        );
+        // The whole of RAM is a valid range (end exclusive).
+        let whole = FdtConfig {
+            initrd: Some(RAM_BASE..RAM_BASE + (512 << 20)),
+            ..config()
+        };
+        assert!(build_fdt(&whole).is_ok());
     }
 }

@@ -62,6 +62,20 @@ pub const BREAKPOINTS: usize = field(DFR0, 12) as usize + 1;
 /// The number of watchpoints [`DFR0`] advertises (WRPs + 1).
 pub const WATCHPOINTS: usize = field(DFR0, 20) as usize + 1;
 
+/// Whether the advertised CPU implements the stage-1 translation granule
+/// (the guest kernel's page size) of `bytes`: 4 KiB, 16 KiB or 64 KiB, from
+/// [`MMFR0`]'s TGran4 (bits 31:28, 0xF = not implemented), TGran16 (bits
+/// 23:20, 0 = not implemented) and TGran64 (bits 27:24, 0xF = not
+/// implemented). Other sizes: false.
+pub const fn granule_supported(bytes: u64) -> bool {
+    match bytes {
+        0x1000 => field(MMFR0, 28) != 0xf,
+        0x4000 => field(MMFR0, 20) != 0,
+        0x1_0000 => field(MMFR0, 24) != 0xf,
+        _ => false,
+    }
+}
+
 /// Whether `reg` is a PMUv3 register: op0 = 3, CRn = 9, CRm = 12..=14
 /// (PMCR_EL0 to PMOVSSET_EL0, PMUSERENR_EL0, PMINTEN*_EL1), or
 /// `PMEVCNTR<n>`/`PMEVTYPER<n>`/PMCCFILTR_EL0 (op0 = 3, op1 = 3, CRn = 14,
@@ -104,6 +118,8 @@ mod tests {
         assert_eq!(field(MMFR0, 28), 0, "TGran4");
         assert_eq!(field(MMFR0, 20), 1, "TGran16");
         assert_eq!(field(MMFR0, 24), 0xf, "no TGran64");
+        assert!(granule_supported(4 << 10) && granule_supported(16 << 10));
+        assert!(!granule_supported(64 << 10) && !granule_supported(8 << 10));
         // PARange 1 = 36 bits covers all of RAM.
         assert_eq!(field(MMFR0, 0), 1);
         assert_eq!(RAM_BASE + RAM_MAX, 1 << 36);

@@ -1,5 +1,14 @@
-//! Loading a Linux arm64 `Image` and placing the DTB, per the kernel's
-//! `Documentation/arch/arm64/booting.rst`.
+//! Loading a Linux arm64 `Image` (or an `Image.gz`) and placing the DTB
+//! and the initrd, per the kernel's `Documentation/arch/arm64/booting.rst`.
+//!
+//! Guest RAM at boot, from [`RAM_BASE`](crate::arch::layout::RAM_BASE):
+//!
+//! ```text
+//! RAM_BASE + text_offset      kernel Image, image_size bytes (incl. BSS)
+//! next 2 MiB boundary         DTB, in a slot of DTB_MAX_SIZE (2 MiB)
+//! end of the DTB's slot       initrd (boot --initrd), if any
+//! last 16 KiB page            VM generation ID (layout::vmgenid_gpa)
+//! ```
 //!
 //! We parse the header ourselves: linux-loader's PE/Image loader is compiled
 //! only when the *host* is aarch64 (`cfg(target_arch = "aarch64")`), and the
@@ -36,6 +45,11 @@ pub const DTB_MAX_SIZE: u64 = 2 * 1024 * 1024;
 /// Alignment used for the DTB (the protocol requires 8 bytes; we use 2 MiB so
 /// it never shares a 2 MiB block with the kernel).
 pub const DTB_ALIGN: u64 = 2 * 1024 * 1024;
+/// The initrd and the kernel Image must both lie in one window of this size
+/// starting at a [`INITRD_WINDOW_ALIGN`]-aligned address (booting.rst).
+pub const INITRD_WINDOW: u64 = 32 << 30;
+/// Alignment of the initrd's window.
+pub const INITRD_WINDOW_ALIGN: u64 = 1 << 30;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -97,6 +111,49 @@ pub enum ImageError {
         image_end: u64,
         /// RAM size in bytes.
         ram_size: u64,
+    },
+    /// No room for the initrd above the DTB's slot.
+    #[error("no room for the {len}-byte initrd at {gpa:#x} (above the kernel and the device tree) in {} of RAM", fmt_size(*.ram_size))]
+    InitrdDoesNotFit {
+        /// Initrd length in bytes.
+        len: u64,
+        /// Where it would start.
+        gpa: u64,
+        /// RAM size in bytes.
+        ram_size: u64,
+    },
+    /// The initrd would end outside the window the protocol confines it to.
+    #[error("the {len}-byte initrd at {gpa:#x} would end past {window_end:#x}: the arm64 boot protocol needs the kernel and the initrd in one 32 GiB window from a 1 GiB boundary")]
+    InitrdOutsideWindow {
+        /// Initrd length in bytes.
+        len: u64,
+        /// Where it would start.
+        gpa: u64,
+        /// End of the window (exclusive).
+        window_end: u64,
+    },
+    /// A compressed kernel in a format `boot` does not decompress.
+    #[error("the kernel is {format}-compressed: boot decompresses gzip (Image.gz) only; decompress it to the raw Image first")]
+    Compressed {
+        /// The format its magic number names (`zstd`, `xz`, ...).
+        format: &'static str,
+    },
+    /// An EFI zboot image (`CONFIG_EFI_ZBOOT`).
+    #[error("the kernel is an EFI zboot image ({compression}-compressed Image behind an EFI decompressor, for UEFI firmware): boot needs the Image or Image.gz (build with CONFIG_EFI_ZBOOT off, or use the Image from the kernel build)")]
+    EfiZboot {
+        /// The payload's compression, from the zboot header.
+        compression: String,
+    },
+    /// A gzip-compressed kernel that does not decompress.
+    #[error("cannot decompress the gzip-compressed kernel: {0}")]
+    Gzip(std::io::Error),
+    /// A gzip-compressed kernel larger than RAM once decompressed.
+    #[error(
+        "the gzip-compressed kernel decompresses to more than {limit} bytes (the guest's RAM)"
+    )]
+    GzipTooLarge {
+        /// The bound in bytes.
+        limit: u64,
     },
     /// Writing guest memory failed.
     #[error("cannot write the kernel to guest RAM at {gpa:#x}: {source}")]
@@ -307,6 +364,12 @@ where
     })
 }
 
+/// Start of the DTB's slot: the first [`DTB_ALIGN`] boundary at or above
+/// `image_end` (and `ram.base`); `None` on overflow.
+fn dtb_slot(ram: RamRange, image_end: u64) -> Option<u64> {
+    image_end.max(ram.base).checked_next_multiple_of(DTB_ALIGN)
+}
+
 /// Guest-physical address for a DTB of `dtb_len` bytes: the first
 /// [`DTB_ALIGN`] boundary at or above `image_end`, so it overlaps neither the
 /// kernel nor its BSS and sits in its own 2 MiB block. Checks the 2 MiB size
@@ -320,14 +383,118 @@ pub fn dtb_address(ram: RamRange, image_end: u64, dtb_len: u64) -> Result<u64, I
         image_end,
         ram_size: ram.size,
     };
-    let addr = image_end
-        .max(ram.base)
-        .checked_next_multiple_of(DTB_ALIGN)
-        .ok_or_else(no_room)?;
+    let addr = dtb_slot(ram, image_end).ok_or_else(no_room)?;
     if !ram.contains_range(addr, dtb_len) {
         return Err(no_room());
     }
     Ok(addr)
+}
+
+/// Guest-physical address for an initrd of `len` bytes, given the kernel
+/// loaded at `entry` with its footprint ending at `image_end`: the end of
+/// the DTB's slot (the DTB is at [`dtb_address`] and at most
+/// [`DTB_MAX_SIZE`] bytes), so it overlaps neither the kernel, nor its
+/// BSS, nor the DTB, whatever the DTB's length. The address is 2 MiB
+/// aligned (the protocol asks none; this keeps it out of the DTB's
+/// block). Checks that `[addr, addr + len)` lies in `ram` and in the
+/// protocol's window: [`INITRD_WINDOW`] bytes from the
+/// [`INITRD_WINDOW_ALIGN`] boundary at or below `entry`.
+pub fn initrd_address(
+    ram: RamRange,
+    entry: u64,
+    image_end: u64,
+    len: u64,
+) -> Result<u64, ImageError> {
+    let gpa = dtb_slot(ram, image_end)
+        .and_then(|dtb| dtb.checked_add(DTB_MAX_SIZE))
+        .unwrap_or(u64::MAX);
+    if !ram.contains_range(gpa, len) {
+        return Err(ImageError::InitrdDoesNotFit {
+            len,
+            gpa,
+            ram_size: ram.size,
+        });
+    }
+    let window_end = (entry - entry % INITRD_WINDOW_ALIGN).saturating_add(INITRD_WINDOW);
+    if gpa.checked_add(len).is_none_or(|end| end > window_end) {
+        return Err(ImageError::InitrdOutsideWindow {
+            len,
+            gpa,
+            window_end,
+        });
+    }
+    Ok(gpa)
+}
+
+/// How a kernel file is packed, from its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelPacking {
+    /// Not compressed: an `Image` (or something else [`load_image`] refuses).
+    Raw,
+    /// gzip (RFC 1952 magic `1f 8b`): `Image.gz`, which [`unpack_kernel`]
+    /// decompresses.
+    Gzip,
+}
+
+/// Magic numbers of the compressed formats `boot` refuses (those the
+/// kernel's `make` targets and distributions produce), with their names.
+const REFUSED_MAGICS: [(&[u8], &str); 6] = [
+    (&[0x28, 0xb5, 0x2f, 0xfd], "zstd"),
+    (&[0xfd, b'7', b'z', b'X', b'Z', 0x00], "xz"),
+    (&[0x04, 0x22, 0x4d, 0x18], "lz4"),
+    // The lz4 "legacy" frame, which the kernel's `lz4 -l` writes.
+    (&[0x02, 0x21, 0x4c, 0x18], "lz4"),
+    (b"BZh", "bzip2"),
+    (&[0x89, b'L', b'Z', b'O'], "lzo"),
+];
+
+/// How `file` is packed: [`KernelPacking::Gzip`], or raw; an EFI zboot
+/// image (`MZ`, then `zimg` at offset 4, its payload's compression named
+/// at offset 0x18) and the formats of `REFUSED_MAGICS` are refused.
+pub fn kernel_packing(file: &[u8]) -> Result<KernelPacking, ImageError> {
+    if file.starts_with(&[0x1f, 0x8b]) {
+        return Ok(KernelPacking::Gzip);
+    }
+    if file.starts_with(EFI_STUB_MAGIC) && file.get(4..8) == Some(&b"zimg"[..]) {
+        // A NUL-terminated name in a 32-byte field; printed, so only its
+        // printable ASCII.
+        let field = file.get(0x18..0x38).unwrap_or_default();
+        let compression = field
+            .iter()
+            .take_while(|&&b| b != 0)
+            .filter(|b| b.is_ascii_graphic())
+            .map(|&b| char::from(b))
+            .collect();
+        return Err(ImageError::EfiZboot { compression });
+    }
+    match REFUSED_MAGICS
+        .iter()
+        .find(|(magic, _)| file.starts_with(magic))
+    {
+        Some(&(_, format)) => Err(ImageError::Compressed { format }),
+        None => Ok(KernelPacking::Raw),
+    }
+}
+
+/// The Image in the kernel file `file`: `file` itself if it is raw, else
+/// its gzip stream decompressed, refused past `limit` bytes
+/// ([`ImageError::GzipTooLarge`]) before more is held in memory. Other
+/// compressions are refused ([`kernel_packing`]).
+pub fn unpack_kernel(file: Vec<u8>, limit: u64) -> Result<(Vec<u8>, KernelPacking), ImageError> {
+    use std::io::Read;
+    let packing = kernel_packing(&file)?;
+    if packing == KernelPacking::Raw {
+        return Ok((file, packing));
+    }
+    let mut image = Vec::new();
+    flate2::read::GzDecoder::new(file.as_slice())
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut image)
+        .map_err(ImageError::Gzip)?;
+    if image.len() as u64 > limit {
+        return Err(ImageError::GzipTooLarge { limit });
+    }
+    Ok((image, packing))
 }
 
 #[cfg(test)]
@@ -546,5 +713,134 @@ mod tests {
             .starts_with("no room for the 4096-byte device tree"));
         assert!(dtb_address(ram, u64::MAX - 5, 16).is_err());
         assert!(dtb_address(ram, RAM_BASE + 15 * MIB, DTB_MAX_SIZE).is_err());
+    }
+
+    #[test]
+    fn the_initrd_goes_after_the_dtb_slot_and_overlaps_nothing() {
+        let (mem, ram) = guest_ram();
+        let img = image(0, 3 * MIB + 4096, 2 << 1, 4096);
+        let k = load_image(&mem, ram, &img).unwrap();
+        let dtb = dtb_address(ram, k.image_end, DTB_MAX_SIZE).unwrap();
+        let len = 3 * MIB + 5;
+        let initrd = initrd_address(ram, k.entry, k.image_end, len).unwrap();
+        // Kernel [0, 3 MiB + 4 KiB), DTB at 4 MiB (up to 2 MiB), initrd at 6 MiB.
+        assert_eq!(dtb, RAM_BASE + 4 * MIB);
+        assert_eq!(initrd, RAM_BASE + 6 * MIB);
+        assert!(initrd >= k.image_end && initrd >= dtb + DTB_MAX_SIZE);
+        // The DTB's address does not depend on its length, so the initrd
+        // never overlaps it whatever the DTB's final size.
+        assert_eq!(dtb_address(ram, k.image_end, 1).unwrap(), dtb);
+        // Up to the end of RAM fits; one byte more does not.
+        let room = RAM_BASE + RAM - initrd;
+        assert_eq!(
+            initrd_address(ram, k.entry, k.image_end, room).unwrap(),
+            initrd
+        );
+        let e = initrd_address(ram, k.entry, k.image_end, room + 1).unwrap_err();
+        assert!(matches!(e, ImageError::InitrdDoesNotFit { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "no room for the {}-byte initrd at 0x40600000 (above the kernel and the device tree) in 16 MiB of RAM",
+                room + 1
+            )
+        );
+        // A kernel filling RAM leaves no room; huge values do not panic.
+        assert!(initrd_address(ram, k.entry, RAM_BASE + RAM, 1).is_err());
+        assert!(initrd_address(ram, k.entry, u64::MAX - 5, 1).is_err());
+        assert!(initrd_address(ram, k.entry, k.image_end, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn the_initrd_stays_in_the_32_gib_window_of_the_kernel() {
+        // 40 GiB of RAM (no memory behind it: placement only).
+        let ram = RamRange {
+            base: RAM_BASE,
+            size: 40 << 30,
+        };
+        let entry = RAM_BASE;
+        let image_end = RAM_BASE + 3 * MIB;
+        let gpa = RAM_BASE + 6 * MIB;
+        let window_end = RAM_BASE + INITRD_WINDOW;
+        assert_eq!(
+            initrd_address(ram, entry, image_end, window_end - gpa).unwrap(),
+            gpa
+        );
+        let e = initrd_address(ram, entry, image_end, window_end - gpa + 1).unwrap_err();
+        assert!(
+            matches!(e, ImageError::InitrdOutsideWindow { window_end: w, .. } if w == window_end),
+            "{e}"
+        );
+        assert!(e.to_string().contains("one 32 GiB window"), "{e}");
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(data).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn a_gzip_kernel_is_decompressed_within_its_bound() {
+        let img = image(0, MIB, 2 << 1, 100_000);
+        let gz = gzip(&img);
+        assert_eq!(kernel_packing(&gz).unwrap(), KernelPacking::Gzip);
+        let (out, packing) = unpack_kernel(gz.clone(), img.len() as u64).unwrap();
+        assert_eq!(
+            (out.as_slice(), packing),
+            (img.as_slice(), KernelPacking::Gzip)
+        );
+        // One byte over the bound is refused.
+        let e = unpack_kernel(gz.clone(), img.len() as u64 - 1).unwrap_err();
+        assert!(matches!(e, ImageError::GzipTooLarge { .. }), "{e}");
+        // A stream cut short or corrupted is an error, not a short Image.
+        let e = unpack_kernel(gz[..gz.len() / 2].to_vec(), 1 << 30).unwrap_err();
+        assert!(matches!(e, ImageError::Gzip(_)), "{e}");
+        assert!(e
+            .to_string()
+            .starts_with("cannot decompress the gzip-compressed kernel"));
+        let mut bad = gz.clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        assert!(unpack_kernel(bad, 1 << 30).is_err());
+        // A raw Image passes through untouched.
+        let (out, packing) = unpack_kernel(img.clone(), 0).unwrap();
+        assert_eq!((out, packing), (img, KernelPacking::Raw));
+    }
+
+    #[test]
+    fn other_compressions_and_efi_zboot_are_refused_by_name() {
+        for (magic, name) in REFUSED_MAGICS {
+            let mut file = magic.to_vec();
+            file.resize(4096, 0);
+            let e = kernel_packing(&file).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("the kernel is {name}-compressed: boot decompresses gzip (Image.gz) only; decompress it to the raw Image first")
+            );
+        }
+        // EFI zboot: MZ, "zimg", payload offset and size, then the
+        // compression's name at 0x18.
+        let mut zboot = vec![0u8; 4096];
+        zboot[0..2].copy_from_slice(b"MZ");
+        zboot[4..8].copy_from_slice(b"zimg");
+        zboot[0x18..0x1c].copy_from_slice(b"zstd");
+        let e = kernel_packing(&zboot).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("the kernel is an EFI zboot image (zstd-compressed Image"),
+            "{e}"
+        );
+        // The name is the file's: only its printable ASCII is shown.
+        zboot[0x18..0x20].copy_from_slice(b"g\x1b[2Jzip");
+        let e = kernel_packing(&zboot).unwrap_err();
+        assert!(
+            matches!(&e, ImageError::EfiZboot { compression } if compression == "g[2Jzip"),
+            "{e}"
+        );
+        // An EFI-stub Image (MZ, no zimg) is a raw Image.
+        let efi = efi_image(&[(0x1000, 0x100)], 0x2000);
+        assert_eq!(kernel_packing(&efi).unwrap(), KernelPacking::Raw);
     }
 }

@@ -133,9 +133,12 @@ fn default_cmdline() -> String {
 #[derive(Parser, Debug)]
 #[command(name = "boot", version, verbatim_doc_comment)]
 struct Args {
-    /// Linux arm64 Image to boot.
+    /// Linux arm64 Image to boot, or Image.gz (gzip, decompressed by boot)
     #[arg(long, default_value = "guest/out/Image")]
     kernel: PathBuf,
+    /// Initramfs to load into guest RAM for the kernel (a cpio archive, compressed as the kernel accepts)
+    #[arg(long, value_name = "PATH")]
+    initrd: Option<PathBuf>,
     /// Raw disk image for the root device /dev/vda (opened read-write).
     #[arg(long, default_value = "guest/out/rootfs.ext4")]
     disk: PathBuf,
@@ -149,7 +152,7 @@ struct Args {
     #[arg(long)]
     cmdline: Option<String>,
     /// Restore a snapshot chain: NAME or NAME+N (instead of booting a kernel).
-    #[arg(long, value_name = "SPEC", conflicts_with_all = ["kernel", "disk", "mem", "cpus", "cmdline"])]
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["kernel", "initrd", "disk", "mem", "cpus", "cmdline"])]
     restore: Option<String>,
     /// Name of the snapshot Ctrl-A s writes (then NAME.2, NAME.3, ...).
     #[arg(long)]
@@ -304,6 +307,7 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
         Some(spec) => BootSource::Restore { spec },
         None => BootSource::Fresh(FreshBoot {
             kernel: args.kernel,
+            initrd: args.initrd,
             disk: args.disk,
             mem_bytes: args.mem * 1024 * 1024,
             cpus: usize::try_from(args.cpus).context("--cpus")?,

@@ -8,8 +8,11 @@ use std::path::PathBuf;
 /// A fresh boot of a kernel.
 #[derive(Debug, Clone)]
 pub struct FreshBoot {
-    /// Linux arm64 `Image`.
+    /// Linux arm64 `Image`, or `Image.gz`.
     pub kernel: PathBuf,
+    /// The initrd (a cpio archive, compressed as the kernel accepts),
+    /// loaded into guest RAM as is; `None`: no initrd.
+    pub initrd: Option<PathBuf>,
     /// Raw disk image for `/dev/vda`, opened read-write.
     pub disk: PathBuf,
     /// Guest RAM in bytes.

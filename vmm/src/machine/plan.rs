@@ -3,7 +3,7 @@
 //! into fresh RAM, Linux arm64 boot protocol); a restore's by
 //! [`crate::machine::snapshot::restore`].
 
-use crate::arch::{fdt, image, layout};
+use crate::arch::{fdt, idregs, image, layout};
 use crate::devices::virtio::net::default_mac;
 use crate::hv::GicMode;
 use crate::machine::config::{FreshBoot, NetConfig, VsockConfig, DEFAULT_GUEST_CID};
@@ -94,18 +94,51 @@ pub fn fresh(
         v
     });
     let kernel = read_kernel(f)?;
-    let disk = open_input("disk image", "--disk", &f.disk, true)?;
+    let initrd = f
+        .initrd
+        .as_deref()
+        .map(|path| read_input("initrd", None, path, f.mem_bytes).map(|bytes| (path, bytes)))
+        .transpose()?;
+    let disk = open_input("disk image", Some("--disk"), &f.disk, true)?;
     let ram = Arc::new(GuestRam::new_anonymous(f.mem_bytes)?);
     // Not into the VM generation ID's page.
     let load = layout::loadable_ram(ram.range());
     let loaded = image::load_image(ram.memory(), load, &kernel)
         .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
+    tracing::info!(
+        entry = format_args!("{:#x}", loaded.entry),
+        page_size = ?loaded.page_size,
+        "kernel {} loaded",
+        f.kernel.display()
+    );
+    if let Some(page) = loaded.page_size.filter(|&p| !idregs::granule_supported(p)) {
+        // It would stop in its first instructions, silently.
+        bail!(
+            "kernel {} uses {} KiB pages (its Image header), a granule this machine's CPU does not implement (both backends offer 4 KiB and 16 KiB; Apple cores have no 64 KiB granule): use a 4 KiB- or 16 KiB-page kernel",
+            f.kernel.display(),
+            page >> 10
+        );
+    }
+    let initrd = match initrd {
+        Some((path, bytes)) => {
+            let len = bytes.len() as u64;
+            let gpa = image::initrd_address(load, loaded.entry, loaded.image_end, len)
+                .with_context(|| format!("cannot load initrd {}", path.display()))?;
+            ram.memory()
+                .write_slice(&bytes, GuestAddress(gpa))
+                .context("cannot write the initrd into guest RAM")?;
+            Some(gpa..gpa + len)
+        }
+        None => None,
+    };
     let dtb = fdt::build_fdt(&fdt::FdtConfig {
         vcpus: f.cpus,
         ram_size: ram.size(),
         cmdline: f.cmdline.clone(),
         rng_seed: Some(host_random()?),
+        kaslr_seed: Some(u64::from_le_bytes(host_random()?)),
         virtio_slots: Devices::virtio_slots(net.is_some(), vsock.is_some()),
+        initrd,
     })?;
     let dtb_gpa = image::dtb_address(load, loaded.image_end, dtb.len() as u64)?;
     ram.memory()
@@ -134,13 +167,18 @@ pub fn fresh(
     })
 }
 
-/// Opens the user's file `path` (`what`, given with `flag`), read-write
-/// if `write`: a regular file (or a symbolic link to one), checked
-/// through the open descriptor; the open never waits on a FIFO or a
-/// device. Errors say what is there instead: `kernel PATH is a directory`,
+/// Opens the user's file `path` (`what`), read-write if `write`: a
+/// regular file (or a symbolic link to one), checked through the open
+/// descriptor; the open never waits on a FIFO or a device. Errors say what is there instead: `kernel PATH is a directory`,
 /// `disk image PATH is not a regular file (a character device)`, `...
-/// not found`.
-fn open_input(what: &str, flag: &str, path: &Path, write: bool) -> anyhow::Result<File> {
+/// not found`; `default_of`: the option whose default is a file of the
+/// guest build (`--kernel`), which a missing file's error names.
+fn open_input(
+    what: &str,
+    default_of: Option<&str>,
+    path: &Path,
+    write: bool,
+) -> anyhow::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let named = |is: String| anyhow::anyhow!("{what} {} {is}", path.display());
     let kind = |t: std::fs::FileType| match t {
@@ -153,9 +191,12 @@ fn open_input(what: &str, flag: &str, path: &Path, write: bool) -> anyhow::Resul
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(|e| match std::fs::metadata(path) {
-            Err(m) if m.kind() == std::io::ErrorKind::NotFound => named(format!(
-                "not found (build the guest with guest/build.sh, or pass {flag})"
-            )),
+            Err(m) if m.kind() == std::io::ErrorKind::NotFound => named(match default_of {
+                Some(flag) => {
+                    format!("not found (build the guest with guest/build.sh, or pass {flag})")
+                }
+                None => "not found".to_string(),
+            }),
             Ok(m) if !m.is_file() => named(kind(m.file_type())),
             _ => anyhow::anyhow!(
                 "cannot open {what} {}{}: {e}",
@@ -180,24 +221,54 @@ fn open_input(what: &str, flag: &str, path: &Path, write: bool) -> anyhow::Resul
     Ok(f)
 }
 
-/// The kernel of `f`, read whole: a regular file no larger than guest
-/// RAM.
+/// The kernel Image of `f`: its file read whole (a regular file no larger
+/// than guest RAM), decompressed if it is `Image.gz` (to at most guest RAM;
+/// other compressions are refused, [`image::unpack_kernel`]).
 fn read_kernel(f: &FreshBoot) -> anyhow::Result<Vec<u8>> {
-    use std::io::Read;
-    let file = open_input("kernel", "--kernel", &f.kernel, false)?;
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > f.mem_bytes {
-        bail!(
-            "kernel {} is {len} bytes, more than the guest's {} bytes of RAM",
+    let file = read_input("kernel", Some("--kernel"), &f.kernel, f.mem_bytes)?;
+    let (kernel, packing) = image::unpack_kernel(file, f.mem_bytes)
+        .with_context(|| format!("cannot load kernel {}", f.kernel.display()))?;
+    if packing == image::KernelPacking::Gzip {
+        tracing::info!(
+            "kernel {}: gzip, {} bytes decompressed",
             f.kernel.display(),
-            f.mem_bytes
+            kernel.len()
         );
     }
-    let mut kernel = Vec::with_capacity(len as usize);
-    file.take(f.mem_bytes + 1)
-        .read_to_end(&mut kernel)
-        .with_context(|| format!("cannot read kernel {}", f.kernel.display()))?;
     Ok(kernel)
+}
+
+/// The user's file `path` (`what`; see [`open_input`]) read whole,
+/// refused if larger than `max` bytes (the guest's RAM) or empty.
+fn read_input(
+    what: &str,
+    default_of: Option<&str>,
+    path: &Path,
+    max: u64,
+) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open_input(what, default_of, path, false)?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > max {
+        bail!(
+            "{what} {} is {len} bytes, more than the guest's {max} bytes of RAM",
+            path.display()
+        );
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    if bytes.len() as u64 > max {
+        bail!(
+            "{what} {} is more than the guest's {max} bytes of RAM",
+            path.display()
+        );
+    }
+    if bytes.is_empty() {
+        bail!("{what} {} is empty", path.display());
+    }
+    Ok(bytes)
 }
 
 /// `N` bytes of host randomness (the OS's CSPRNG): the device tree's
