@@ -6,9 +6,10 @@ use ignition_vmm::arch::layout;
 use ignition_vmm::daemon::Detach;
 use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
+use ignition_vmm::machine::branch;
 use ignition_vmm::machine::{
-    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
-    SnapshotOptions, VmExit, VsockConfig,
+    AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
+    SnapshotMode, SnapshotOptions, VmExit, VsockConfig,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,9 +131,21 @@ fn default_cmdline() -> String {
 /// after every restore, the VMM sends it the VM generation ID; on a restore
 /// the agent gives the clone a new machine ID and network address first.
 /// The VM is ready (the control socket's `status`) when the agent answers.
+///
+/// `boot branch --control PATH --count N [--name B]` asks the VM listening
+/// on PATH to branch: write the layer B and start N children restored from
+/// it (B-1 .. B-N), each a headless boot of its own, and prints them once
+/// all are ready.
 #[derive(Parser, Debug)]
-#[command(name = "boot", version, verbatim_doc_comment)]
+#[command(
+    name = "boot",
+    version,
+    verbatim_doc_comment,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Linux arm64 Image to boot.
     #[arg(long, default_value = "guest/out/Image")]
     kernel: PathBuf,
@@ -205,6 +218,39 @@ struct Args {
     /// Append the log lines (stderr) to this file
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Most children one branch request may start
+    #[arg(long, value_name = "N", default_value_t = branch::DEFAULT_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    branch_limit: u64,
+    /// Seconds a branch request waits for its children to be ready
+    #[arg(long, value_name = "SECS", default_value_t = branch::DEFAULT_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    branch_timeout: u64,
+    /// Where a branch's children's files go (a directory per branch, named after its layer) [default: the --control socket's directory]
+    #[arg(long, value_name = "DIR")]
+    branch_dir: Option<PathBuf>,
+}
+
+/// Subcommands: clients of a running VM.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Branch a running VM: write a layer and start children restored from it, each its own headless boot; print them once all are ready
+    Branch(BranchArgs),
+}
+
+/// `boot branch`.
+#[derive(clap::Args, Debug)]
+struct BranchArgs {
+    /// The running VM's control socket
+    #[arg(long, value_name = "PATH")]
+    control: PathBuf,
+    /// How many children
+    #[arg(long, value_name = "N")]
+    count: u64,
+    /// The layer's name; the children are NAME-1 .. NAME-N [default: the VM's next snapshot name]
+    #[arg(long)]
+    name: Option<String>,
+    /// Print the VM's answer as JSON instead of a table
+    #[arg(long)]
+    json: bool,
 }
 
 /// `ADDR/PREFIX[,GATEWAY]` with an IPv4 or IPv6 address and gateway.
@@ -263,6 +309,9 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
+    if let Some(Command::Branch(b)) = &args.command {
+        return branch_client(b);
+    }
     if args.daemonize && args.console == ConsoleConfig::Stdio {
         eprintln!(
             "boot: --daemonize needs --console file:PATH or socket:PATH (a daemon has no terminal)"
@@ -346,11 +395,65 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
             cid: args.vsock_cid,
         }),
         console: args.console,
+        branch: BranchConfig {
+            limit: usize::try_from(args.branch_limit).context("--branch-limit")?,
+            timeout: std::time::Duration::from_secs(args.branch_timeout),
+            dir: args.branch_dir,
+        },
     };
     match backend {
         Backend::Emu => run_emu(&cfg, running),
         Backend::Hvf => run_hvf(&cfg, running),
     }
+}
+
+/// `boot branch`: sends the request, prints the answer; exit status 0, or
+/// 1 with the VM's error (`boot: CODE: MESSAGE`).
+fn branch_client(b: &BranchArgs) -> ExitCode {
+    let mut req = serde_json::json!({"command": "branch", "count": b.count});
+    if let Some(n) = &b.name {
+        req["name"] = n.clone().into();
+    }
+    let answer = match branch::request(&b.control, &req, None) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("boot: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if b.json {
+        println!("{answer}");
+        return ExitCode::SUCCESS;
+    }
+    let layer = &answer["layer"];
+    println!(
+        "layer {} ({}, {} pages, paused {} us); children ready in {} ms; their files in {}",
+        layer["name"].as_str().unwrap_or("?"),
+        layer["kind"].as_str().unwrap_or("?"),
+        layer["pages"],
+        layer["pause_us"],
+        answer["total_ms"],
+        answer["dir"].as_str().unwrap_or("?"),
+    );
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        v => v.to_string(),
+    };
+    println!("NAME\tPID\tCID\tCONTROL\tCONSOLE\tVSOCK\tLOG");
+    for c in answer["children"].as_array().into_iter().flatten() {
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            s(&c["name"]),
+            s(&c["pid"]),
+            s(&c["cid"]),
+            s(&c["control"]),
+            s(&c["console"]),
+            s(&c["vsock"]),
+            s(&c["log"]),
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 #[cfg(emu)]

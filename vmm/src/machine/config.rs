@@ -83,6 +83,8 @@ pub struct MachineConfig {
     pub agent: Option<AgentConfig>,
     /// Where the guest's console goes (`boot --console`).
     pub console: ConsoleConfig,
+    /// How the `branch` verb starts children.
+    pub branch: crate::machine::branch::BranchConfig,
 }
 
 /// The guest agent (`boot --vsock-uds`, unless `--no-agent`).

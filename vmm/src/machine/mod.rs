@@ -40,6 +40,7 @@ use std::time::Instant;
 use vm::Vmm;
 
 mod agent;
+pub mod branch;
 pub mod config;
 mod console_host;
 mod console_input;
@@ -53,6 +54,7 @@ mod snapshot;
 mod vcpu;
 mod vm;
 
+pub use branch::BranchConfig;
 pub use config::{
     AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
     SnapshotOptions, VsockConfig, DEFAULT_GUEST_CID,
@@ -90,6 +92,8 @@ struct Machine<V: Vm> {
     started: Instant,
     restored_from: Option<String>,
     readiness: Arc<agent::Readiness>,
+    /// How `branch` starts children.
+    branch: branch::Source,
 }
 
 impl<V: Vm + 'static> ops::Verbs for Machine<V> {
@@ -116,11 +120,41 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
             }
+            Op::Branch { name, count } => Ok(Reply::Branch(self.branch(name, count)?)),
         }
     }
 }
 
 impl<V: Vm + 'static> Machine<V> {
+    /// [`ops::Op::Branch`]: the source's devices as they are now, the layer
+    /// written as `snapshot` writes it.
+    fn branch(
+        &self,
+        name: Option<String>,
+        count: usize,
+    ) -> Result<branch::Branched, ops::BranchError> {
+        let name = name
+            .or_else(|| self.snapshots.next_name())
+            .ok_or(ops::SnapshotError::NoName)?;
+        let devices = self.vmm.devices();
+        let src = branch::Source {
+            net: devices.has_net(),
+            cid: devices.vsock_cid(),
+            ..self.branch.clone()
+        };
+        branch::branch(&src, &name, count, |name| {
+            self.snapshots
+                .take(&self.vmm, Some(name.clone()), true)?
+                .ok_or_else(|| {
+                    ops::SnapshotError::Failed {
+                        name,
+                        reason: anyhow::anyhow!("the layer was not committed"),
+                    }
+                    .into()
+                })
+        })
+    }
+
     fn status(&self) -> ops::Status {
         let agent = self.readiness.agent();
         ops::Status {
@@ -231,6 +265,19 @@ where
             BootSource::Fresh(_) => None,
         },
         readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
+        branch: branch::Source {
+            branch: cfg.branch.clone(),
+            store: std::path::absolute(&cfg.snapshots.store)
+                .context("--store")
+                .map_err(StartError::Options)?,
+            track_dirty: cfg.snapshots.track_dirty,
+            mode: cfg.snapshots.mode,
+            backend: H::NAME,
+            control: cfg.control.clone(),
+            net: false,
+            cid: None,
+            agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
+        },
     });
     let front = Front {
         signals: &signals,
