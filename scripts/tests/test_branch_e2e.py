@@ -9,12 +9,14 @@ its next snapshot is a diff on the branch layer; `vmstore verify --all` passes. 
 name that exists, a count of 0 or above the limit, a source without --track-dirty. All or
 nothing: a child that cannot start fails the request and no child of it runs. kill -9 of the
 source leaves its children running; kill -9 of the source while the layer is being written
-leaves a valid store and no child.
+leaves a valid store and no child; while its children start, all of them or none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -244,4 +246,40 @@ def test_killing_the_source_mid_branch_leaves_a_valid_store_and_no_child(cfg, di
     assert "k" not in vmstore.layer_names(store)
     assert branch_processes("k") == []
     vmstore.vmstore(store, "gc")
+    verify_store(store)
+
+
+def test_killing_the_source_while_its_children_start_leaves_all_of_them_or_none(cfg, disk, tmp_path):
+    """The children's guard pipes: a source that dies before its answer takes the children
+    it started with it. If the branch was answered first (all ready, committed), all of
+    them run on; either way, never some."""
+    store = tmp_path / "store"
+    with boot_source(cfg, disk, store, tmp_path) as vm:
+        assert vm.control_path is not None
+        bdir = vm.control_path.parent / "h"
+        answered: list[object] = []
+
+        def ask() -> None:
+            with contextlib.suppress(OSError, ControlError):  # the source died under it
+                answered.append(vm.branch(3, "h"))
+
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.monotonic() + 120
+        while not list(bdir.glob("*.pid")):
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.002)
+        os.kill(vm.pid, signal.SIGKILL)
+        t.join(60)
+        vm.wait_exit()
+        if answered:
+            assert len(branch_processes("h")) == 3
+        else:
+            deadline = time.monotonic() + 120
+            while branch_processes("h"):
+                assert time.monotonic() < deadline, branch_processes("h")
+                time.sleep(0.1)
+            logs = [p.read_text() for p in bdir.glob("*.log")]
+            assert any("before it completed: quitting" in log for log in logs), logs
+    assert "h" in vmstore.layer_names(store)
     verify_store(store)

@@ -224,6 +224,9 @@ struct Args {
     /// Seconds a branch request waits for its children to be ready
     #[arg(long, value_name = "SECS", default_value_t = branch::DEFAULT_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     branch_timeout: u64,
+    /// A branch's child (set by the source): quit unless the source completes the branch on this pipe's read end
+    #[arg(long, value_name = "FD", hide = true)]
+    branch_guard: Option<i32>,
     /// Where a branch's children's files go (a directory per branch, named after its layer) [default: the --control socket's directory]
     #[arg(long, value_name = "DIR")]
     branch_dir: Option<PathBuf>,
@@ -395,6 +398,7 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
             cid: args.vsock_cid,
         }),
         console: args.console,
+        branch_guard: args.branch_guard.map(guard_fd).transpose()?,
         branch: BranchConfig {
             limit: usize::try_from(args.branch_limit).context("--branch-limit")?,
             timeout: std::time::Duration::from_secs(args.branch_timeout),
@@ -405,6 +409,22 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
         Backend::Emu => run_emu(&cfg, running),
         Backend::Hvf => run_hvf(&cfg, running),
     }
+}
+
+/// `--branch-guard FD`: the descriptor the source left open for this
+/// process, owned from now on and closed on exec (a child of this VM's own
+/// branches does not inherit it).
+fn guard_fd(fd: i32) -> anyhow::Result<std::sync::Arc<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl on a number only reads the descriptor table.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        anyhow::bail!("--branch-guard {fd}: not an open descriptor of this process");
+    }
+    // SAFETY: the descriptor is open (checked above) and nothing else in
+    // this process owns it: the source passed it for this option only.
+    Ok(std::sync::Arc::new(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    }))
 }
 
 /// `boot branch`: sends the request, prints the answer; exit status 0, or

@@ -20,11 +20,18 @@
 //! names the child and why. The layer `B` stays in the store either way
 //! (the source's next snapshot is a diff on it), and so does the branch
 //! directory with the children's log files.
+//!
+//! A branch whose source dies before its answer leaves no child: each
+//! child holds the read end of a pipe from the source (`boot
+//! --branch-guard FD`), and quits if the pipe ends before the source has
+//! written [`GUARD_COMMIT`] to it, which it does once every child is
+//! ready ([`watch_guard`]).
 
 use crate::machine::config::SnapshotMode;
 use crate::machine::ops::{BranchError, Written};
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -48,6 +55,10 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// store, so that its restore fails as any child's start may, whatever
 /// this machine's speed (`scripts/tests/test_branch_e2e.py`).
 pub const TEST_FAIL_CHILD_ENV: &str = "IGNITION_TEST_BRANCH_FAIL_CHILD";
+
+/// The byte the source writes on a child's guard pipe once every child of
+/// the request is ready: the child is the branch's for good.
+pub const GUARD_COMMIT: u8 = b'C';
 
 /// Longest path a Unix socket can have (`sun_path` less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -217,7 +228,7 @@ fn branch_dir(src: &Source, name: &str) -> Result<PathBuf, BranchError> {
 }
 
 /// `boot`'s arguments for `child`, restored from layer `layer`.
-fn child_args(src: &Source, layer: &str, child: &Child) -> Vec<std::ffi::OsString> {
+fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = Vec::new();
     let mut arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
         a.push(k.into());
@@ -251,15 +262,20 @@ fn child_args(src: &Source, layer: &str, child: &Child) -> Vec<std::ffi::OsStrin
     if let (Some(v), Some(cid)) = (&child.vsock, child.cid) {
         arg("--vsock-uds", v);
         arg("--vsock-cid", &cid.to_string());
-        match src.agent_timeout {
-            Some(t) => arg("--agent-timeout", &t.as_secs().max(1).to_string()),
-            None => a.push("--no-agent".into()),
+        if let Some(t) = src.agent_timeout {
+            arg("--agent-timeout", &t.as_secs().max(1).to_string());
         }
     }
-    if src.track_dirty {
-        a.push("--track-dirty".into());
-    }
-    a.push("--daemonize".into());
+    arg("--branch-guard", &guard.to_string());
+    let flags = [
+        (
+            child.vsock.is_some() && src.agent_timeout.is_none(),
+            "--no-agent",
+        ),
+        (src.track_dirty, "--track-dirty"),
+        (true, "--daemonize"),
+    ];
+    a.extend(flags.iter().filter(|f| f.0).map(|f| f.1.into()));
     a
 }
 
@@ -343,7 +359,13 @@ fn start_all(
     let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
     // All at once: each waits for its own restore.
     let mut spawned = Vec::new();
+    let mut guards = Vec::new();
     for c in children.iter() {
+        // Both ends close on exec; the child's end is kept open across it
+        // by `pre_exec` below, in that child only.
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| (c.name.clone(), format!("cannot make its guard pipe: {e}")))?;
+        let fd = read.as_raw_fd();
         let missing;
         let layer = if fail.as_deref() == Some(c.name.as_str()) {
             missing = format!("{layer}-test-missing");
@@ -351,21 +373,34 @@ fn start_all(
         } else {
             layer
         };
-        let p = Command::new(exe)
-            .args(child_args(src, layer, c))
+        let mut cmd = Command::new(exe);
+        cmd.args(child_args(src, layer, c, fd))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             // Not in the source's process group: a signal to the source's
             // group (a terminal's Ctrl-C) does not reach the child.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| {
-                (
-                    c.name.clone(),
-                    format!("cannot start {}: {e}", exe.display()),
-                )
-            })?;
+            .process_group(0);
+        // SAFETY: runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: fcntl is one. It clears
+        // FD_CLOEXEC on the guard's read end, which this process owns and
+        // keeps open until the child is spawned.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let p = cmd.spawn().map_err(|e| {
+            (
+                c.name.clone(),
+                format!("cannot start {}: {e}", exe.display()),
+            )
+        })?;
+        drop(read);
+        guards.push(std::fs::File::from(write));
         spawned.push(p);
     }
     let mut first_error = None;
@@ -401,6 +436,37 @@ fn start_all(
     for c in children.iter_mut() {
         c.generation_id = wait_ready(c, deadline).map_err(|why| (c.name.clone(), why))?;
     }
+    for (c, mut g) in children.iter().zip(guards) {
+        g.write_all(&[GUARD_COMMIT])
+            .map_err(|e| (c.name.clone(), format!("its guard pipe: {e}")))?;
+    }
+    Ok(())
+}
+
+/// In a child (`boot --branch-guard FD`): reads the guard pipe `guard` on a
+/// thread of its own and calls `quit` if it ends before [`GUARD_COMMIT`]
+/// (the source died, or stops the children of a failed request), else
+/// closes it and returns.
+pub fn watch_guard(guard: OwnedFd, quit: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("branch-guard".into())
+        .spawn(move || {
+            let mut byte = [0u8];
+            let mut f = std::fs::File::from(guard);
+            let committed = loop {
+                match f.read(&mut byte) {
+                    Ok(1) => break byte[0] == GUARD_COMMIT,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    _ => break false,
+                }
+            };
+            if !committed {
+                crate::console::message(
+                    "[branch] the branch's source ended or stopped the branch before it completed: quitting",
+                );
+                quit();
+            }
+        })?;
     Ok(())
 }
 
@@ -591,7 +657,7 @@ mod tests {
         assert_eq!(dir, Path::new("/run/vm/b"));
         let mut c = child_files(&dir, "b-1", true);
         c.cid = Some(77);
-        let a: Vec<String> = child_args(&src, "b", &c)
+        let a: Vec<String> = child_args(&src, "b", &c, 9)
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect();
@@ -600,8 +666,8 @@ mod tests {
             "--restore b --store /s --name b-1 --backend emu",
             "--control /run/vm/b/b-1.control --console socket:/run/vm/b/b-1.console",
             "--pid-file /run/vm/b/b-1.pid --log-file /run/vm/b/b-1.log",
-            "--vsock-uds /run/vm/b/b-1.vsock --vsock-cid 77 --agent-timeout 300",
-            "--track-dirty --daemonize",
+            "--vsock-uds /run/vm/b/b-1.vsock --vsock-cid 77",
+            "--agent-timeout 300 --branch-guard 9 --track-dirty --daemonize",
         ] {
             assert!(joined.contains(want), "{joined} lacks {want}");
         }

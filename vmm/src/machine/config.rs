@@ -85,6 +85,9 @@ pub struct MachineConfig {
     pub console: ConsoleConfig,
     /// How the `branch` verb starts children.
     pub branch: crate::machine::branch::BranchConfig,
+    /// A branch's child: the read end of its guard pipe (`boot
+    /// --branch-guard FD`; [`crate::machine::branch::watch_guard`]).
+    pub branch_guard: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// The guest agent (`boot --vsock-uds`, unless `--no-agent`).

@@ -320,7 +320,21 @@ fn serve<V: Vm + 'static>(
         .console
         .start(verbs.clone(), machine.clone())
         .map_err(StartError::Start)?;
-    front.signals.serve(verbs);
+    front.signals.serve(verbs.clone());
+    if let Some(g) = &cfg.branch_guard {
+        let guard = g
+            .try_clone()
+            .context("--branch-guard")
+            .map_err(StartError::Start)?;
+        branch::watch_guard(
+            guard,
+            Box::new(move || {
+                let _ = verbs.execute(ops::Op::Quit);
+            }),
+        )
+        .context("cannot start the branch guard's thread")
+        .map_err(StartError::Start)?;
+    }
 
     let t = Instant::now();
     let (threads, gic_load) = machine
