@@ -9,7 +9,8 @@ use ignition_vmm::hv::GicMode;
 use ignition_vmm::machine::branch;
 use ignition_vmm::machine::{
     AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
-    SnapshotMode, SnapshotOptions, VmExit, VsockConfig,
+    SnapshotMode, SnapshotOptions, VmExit, VsockConfig, DEFAULT_BRANCH_LIMIT,
+    DEFAULT_BRANCH_TIMEOUT,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -219,10 +220,10 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
     /// Most children one branch request may start
-    #[arg(long, value_name = "N", default_value_t = branch::DEFAULT_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BRANCH_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     branch_limit: u64,
     /// Seconds a branch request waits for its children to be ready
-    #[arg(long, value_name = "SECS", default_value_t = branch::DEFAULT_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BRANCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     branch_timeout: u64,
     /// A branch's child (set by the source): quit unless the source completes the branch on this pipe's read end
     #[arg(long, value_name = "FD", hide = true)]

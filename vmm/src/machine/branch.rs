@@ -27,9 +27,8 @@
 //! written [`GUARD_COMMIT`] to it, which it does once every child is
 //! ready ([`watch_guard`]).
 
-use crate::machine::config::SnapshotMode;
-use crate::machine::ops::{BranchError, Written};
-use serde::Serialize;
+use crate::machine::config::{BranchConfig, SnapshotMode};
+use crate::machine::ops::{BranchError, Branched, Child, Written};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
@@ -38,13 +37,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Children one request may start without `--branch-limit`.
-pub const DEFAULT_LIMIT: usize = 64;
-
-/// How long, without `--branch-timeout`, a request waits for its children
-/// to be ready, from the layer's commit.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long a child stopped with `SIGTERM` (a failed request's) has to end
 /// before it gets `SIGKILL`.
@@ -62,29 +54,6 @@ pub const GUARD_COMMIT: u8 = b'C';
 
 /// Longest path a Unix socket can have (`sun_path` less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
-
-/// The branch settings of a VM (`boot --branch-limit`, `--branch-timeout`,
-/// `--branch-dir`).
-#[derive(Debug, Clone)]
-pub struct BranchConfig {
-    /// Most children per request.
-    pub limit: usize,
-    /// How long a request waits for its children to be ready.
-    pub timeout: Duration,
-    /// Where the branch directories go; `None`: the control socket's
-    /// directory.
-    pub dir: Option<PathBuf>,
-}
-
-impl Default for BranchConfig {
-    fn default() -> Self {
-        BranchConfig {
-            limit: DEFAULT_LIMIT,
-            timeout: DEFAULT_TIMEOUT,
-            dir: None,
-        }
-    }
-}
 
 /// What the children inherit of the source: how to start them.
 #[derive(Debug, Clone)]
@@ -107,42 +76,6 @@ pub struct Source {
     pub cid: Option<u64>,
     /// The guest agent's timeout, if the source waits for one.
     pub agent_timeout: Option<Duration>,
-}
-
-/// A running child, as the answer lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Child {
-    /// Its name (`B-i`): its snapshots' too.
-    pub name: String,
-    /// Its `boot` process.
-    pub pid: u32,
-    /// Its control socket.
-    pub control: PathBuf,
-    /// Its console socket.
-    pub console: PathBuf,
-    /// Its vsock socket (`None`: the source has no vsock device).
-    pub vsock: Option<PathBuf>,
-    /// Its vsock CID.
-    pub cid: Option<u64>,
-    /// Its log file.
-    pub log: PathBuf,
-    /// Its pid file.
-    pub pid_file: PathBuf,
-    /// The VM generation ID it reports (32 hex digits).
-    pub generation_id: Option<String>,
-}
-
-/// The answer to `branch`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Branched {
-    /// The layer written.
-    pub layer: Written,
-    /// The branch directory.
-    pub dir: PathBuf,
-    /// The children, `B-1` first, all ready.
-    pub children: Vec<Child>,
-    /// From the request to the last child ready, in ms.
-    pub total_ms: u64,
 }
 
 /// The children's names: `B-1 .. B-N`.

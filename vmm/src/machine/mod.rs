@@ -54,10 +54,10 @@ mod snapshot;
 mod vcpu;
 mod vm;
 
-pub use branch::BranchConfig;
 pub use config::{
-    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
-    SnapshotOptions, VsockConfig, DEFAULT_GUEST_CID,
+    AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
+    SnapshotMode, SnapshotOptions, VsockConfig, DEFAULT_BRANCH_LIMIT, DEFAULT_BRANCH_TIMEOUT,
+    DEFAULT_GUEST_CID,
 };
 pub use snapshot::state::MACHINE_STATE_VERSION;
 pub use vcpu::run_state::VmExit;
@@ -132,7 +132,7 @@ impl<V: Vm + 'static> Machine<V> {
         &self,
         name: Option<String>,
         count: usize,
-    ) -> Result<branch::Branched, ops::BranchError> {
+    ) -> Result<ops::Branched, ops::BranchError> {
         let name = name
             .or_else(|| self.snapshots.next_name())
             .ok_or(ops::SnapshotError::NoName)?;

@@ -9,6 +9,7 @@
 //! or `quit`.
 
 use serde::Serialize;
+use std::path::PathBuf;
 
 /// A verb.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +61,7 @@ pub enum Reply {
     /// [`Op::Status`].
     Status(Status),
     /// [`Op::Branch`]: the layer and the children, all ready.
-    Branch(crate::machine::branch::Branched),
+    Branch(Branched),
     /// [`Op::Pause`], [`Op::Resume`], [`Op::Quit`], and a snapshot
     /// answered once the guest runs again: done.
     Done {},
@@ -80,6 +81,42 @@ pub struct Written {
     pub pause_us: u64,
     /// `Snapshot-write-time`, in ms.
     pub write_ms: u64,
+}
+
+/// A running child, as the answer lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Child {
+    /// Its name (`B-i`): its snapshots' too.
+    pub name: String,
+    /// Its `boot` process.
+    pub pid: u32,
+    /// Its control socket.
+    pub control: PathBuf,
+    /// Its console socket.
+    pub console: PathBuf,
+    /// Its vsock socket (`None`: the source has no vsock device).
+    pub vsock: Option<PathBuf>,
+    /// Its vsock CID.
+    pub cid: Option<u64>,
+    /// Its log file.
+    pub log: PathBuf,
+    /// Its pid file.
+    pub pid_file: PathBuf,
+    /// The VM generation ID it reports (32 hex digits).
+    pub generation_id: Option<String>,
+}
+
+/// [`Op::Branch`]'s result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Branched {
+    /// The layer written.
+    pub layer: Written,
+    /// The branch directory.
+    pub dir: PathBuf,
+    /// The children, `B-1` first, all ready.
+    pub children: Vec<Child>,
+    /// From the request to the last child ready, in ms.
+    pub total_ms: u64,
 }
 
 /// What [`Op::Status`] reports.
