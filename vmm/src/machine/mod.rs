@@ -10,7 +10,8 @@
 //!   every thread shares, the guest's clock, a vCPU's state.
 //! - `console_input`, `console_socket` (with `console_host`, the console's
 //!   host end), [`control_socket`] and [`signals`]: the front-ends, each
-//!   turning its input into verbs.
+//!   turning its input into verbs; [`branch`]: a branch's children, started
+//!   and waited for.
 //! - `plan`: what gets built (a fresh boot's plan).
 //! - `vm`: the running VM ([`vm::Vmm`]): built from a plan, it owns RAM,
 //!   the bus, the interrupt controller, the devices, the run state and the
@@ -26,7 +27,8 @@
 //! signal thread; a thread per control-socket client (at most
 //! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
 //! background snapshot's writer; the guest agent's thread (with a vsock
-//! device); and the caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
+//! device); a branch's child's guard thread (`--branch-guard`); and the
+//! caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
 //! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
