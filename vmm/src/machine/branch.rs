@@ -29,6 +29,7 @@
 
 use crate::machine::config::{BranchConfig, SnapshotMode};
 use crate::machine::ops::{BranchError, Branched, Child, Written};
+use crate::sync::Locked;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
@@ -36,6 +37,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a child stopped with `SIGTERM` (a failed request's) has to end
@@ -280,6 +282,24 @@ pub fn branch(
     }
 }
 
+/// Held while a request makes its guard pipes and spawns its children, so
+/// that no other request's child inherits a pipe before it is marked
+/// close-on-exec.
+static SPAWNING: Mutex<()> = Mutex::new(());
+
+/// A pipe, both ends close-on-exec (the child's end is kept open across its
+/// exec by `pre_exec`, in that child only). Called with [`SPAWNING`] held.
+fn guard_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe()?;
+    for fd in [&read, &write] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((read, write))
+}
+
 /// Starts every child, then waits for each to be ready. Errors: the first
 /// child that failed, and why.
 fn start_all(
@@ -293,10 +313,10 @@ fn start_all(
     // All at once: each waits for its own restore.
     let mut spawned = Vec::new();
     let mut guards = Vec::new();
+    // Another request's children must not inherit this one's pipes.
+    let spawning = SPAWNING.locked();
     for c in children.iter() {
-        // Both ends close on exec; the child's end is kept open across it
-        // by `pre_exec` below, in that child only.
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        let (read, write) = guard_pipe()
             .map_err(|e| (c.name.clone(), format!("cannot make its guard pipe: {e}")))?;
         let fd = read.as_raw_fd();
         let missing;
@@ -336,6 +356,7 @@ fn start_all(
         guards.push(std::fs::File::from(write));
         spawned.push(p);
     }
+    drop(spawning);
     let mut first_error = None;
     for (c, p) in children.iter_mut().zip(spawned) {
         // `--daemonize`: the process exits once the VM runs, or with the
