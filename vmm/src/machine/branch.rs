@@ -57,7 +57,8 @@ pub const GUARD_COMMIT: u8 = b'C';
 /// Longest path a Unix socket can have (`sun_path` less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
-/// What the children inherit of the source: how to start them.
+/// What the children inherit of the source: how to start them. The
+/// devices' facts (`net`, `cid`) are read when a request comes.
 #[derive(Debug, Clone)]
 pub struct Source {
     /// The branch settings (passed on: a child can branch too).

@@ -276,6 +276,7 @@ where
             mode: cfg.snapshots.mode,
             backend: H::NAME,
             control: cfg.control.clone(),
+            // Read from the devices at each request.
             net: false,
             cid: None,
             agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
