@@ -6,7 +6,9 @@ Modules:
   attach     a client of a socket console (boot --console socket:PATH); also
              `python3 -m ignition.attach PATH`
   vm         Vm: one `boot` process (fresh boot or restore) with login, sh,
-             snapshot (Ctrl-A s), quit (Ctrl-A x), poweroff, kill; VmConfig
+             snapshot (Ctrl-A s), quit (Ctrl-A x), poweroff, kill, branch; VmConfig
+  branch     Child: a handle to one child of a branch (its control socket,
+             guest agent, console socket), stop, kill
   loglines   the VMM's log lines: pexpect patterns and parsers to numbers
   timeouts   the one timeout policy, scaled by backend
   store      a snapshot store on disk: layers, work directories, `vmstore`, sizes
@@ -46,12 +48,14 @@ The binaries and the guest are found from the repository this package lives
 in (ignition.paths); an editable install keeps that link.
 """
 
+from .branch import Child
 from .console import ConsoleError
 from .control import ControlClient, ControlError
 from .timeouts import Timeouts
 from .vm import Layer, Restored, Snapshot, Vm, VmConfig
 
 __all__ = [
+    "Child",
     "ControlClient",
     "ControlError",
     "ConsoleError",

@@ -5,7 +5,7 @@
 
 The page is generated, never edited by hand: scripts/tests/test_book.py fails
 when it differs from what `boot --help` and `vmstore [SUBCOMMAND] --help`
-print, so the reference cannot drift from the binaries.
+(and `boot SUBCOMMAND --help`) print, so the reference cannot drift from the binaries.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def subcommands(top_help: str) -> list[str]:
 
 def page() -> str:
     boot, vmstore = str(paths.boot_bin()), str(paths.vmstore_bin())
+    boot_top = help_text([boot])
     out = [
         "# Command reference",
         "",
@@ -45,10 +46,12 @@ def page() -> str:
         "## boot",
         "",
         "```text",
-        help_text([boot]).rstrip(),
+        boot_top.rstrip(),
         "```",
         "",
     ]
+    for sub in subcommands(boot_top):
+        out += [f"### boot {sub}", "", "```text", help_text([boot, sub]).rstrip(), "```", ""]
     top = help_text([vmstore])
     out += ["## vmstore", "", "```text", top.rstrip(), "```", ""]
     for sub in subcommands(top):

@@ -23,12 +23,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import overload
+from typing import Any, overload
 
 import pexpect
 
 from . import console, loglines, paths, timeouts
 from .agent import Agent, AgentError, Completed, Execution, Exposed
+from .branch import Child
 from .console import ConsoleError
 from .control import ControlClient
 
@@ -163,6 +164,10 @@ class Vm:
         else:
             self.vsock_path = None
         self._ctl: ControlClient | None = None
+        self.children: list[Child] = []
+        """The children of this VM's branches (branch()); terminate() stops those still running."""
+        self.branched: dict[str, Any] | None = None
+        """The last branch()'s whole answer (layer, dir, children, total_ms)."""
         self.argv = cfg.argv(*args)
         self.log_path = log_path
         self.restored: Restored | None = None
@@ -399,6 +404,20 @@ class Vm:
             return Layer(r["name"], r["kind"], r["pages"], r["pause_us"], r["write_ms"])
         return self.snapshot_finish(self.snapshot_start(name), kind)
 
+    def branch(self, count: int, name: str | None = None) -> list[Child]:
+        """The control socket's `branch` (a VM started with control=True and track_dirty):
+        writes layer `name` and starts `count` children restored from it (name-1 ..
+        name-count, each a daemonized boot with its own sockets in the branch directory, next
+        to this VM's control socket); returns their handles once every child is ready.
+        Raises ControlError if the VMM refuses or a child fails (then none runs)."""
+        with self.control() as c:
+            c.sock.settimeout(None)  # as long as the children take; the VMM bounds it
+            answer = c.branch(count, name)
+        self.branched = answer
+        children = [Child.from_answer(ch, self.timeouts) for ch in answer["children"]]
+        self.children += children
+        return children
+
     def snapshot_start(self, name: str) -> PendingSnapshot:
         """Ctrl-A s, until the guest runs again (`Snapshot-pause-time`); in the background
         mode the layer is still being written: see snapshot_finish."""
@@ -506,6 +525,9 @@ class Vm:
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None
+        for ch in self.children:
+            if ch.alive():
+                ch.stop()
         console.terminate(self.child)
         if self._control_dir is not None:
             self._control_dir.cleanup()

@@ -130,6 +130,7 @@ RUN = [
     "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
     "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
     "python3 -m ignition.debian_guest --out DIR",
+    "python3 -m ignition.bench.branch --counts 1,8 --runs 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -169,6 +170,8 @@ EXCEPTIONS = {
     ): "test_headless_e2e.py daemonizes the same way, in its own directory",
     "boot --kernel DIR/Image --initrd DIR/initrd.cpio --vsock-uds /tmp/vm.vsock": "an interactive session; "
     "test_debian_guest_e2e.py boots Debian's kernel and initramfs the same way",
+    "boot branch --control /tmp/vm.sock --count 4 --name web": "needs a VM listening on /tmp/vm.sock; "
+    "test_branch_e2e.py runs boot branch (table and --json) against its own source",
     "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "
     "runs with --runs 1 --disk-mib 256 --data-mib 64",
 }
@@ -245,6 +248,7 @@ PY_RUN = {
     ("python.md", "from ignition import Vm, VmConfig"): "test_book_python_ignition_example",
     ("control-socket.md", "from ignition.control import ControlClient"): "test_book_python_control_example",
     ("agent.md", "from ignition import Vm, VmConfig"): "test_book_python_agent_example",
+    ("branching.md", "from ignition import Vm, VmConfig"): "test_book_python_branch_example",
 }
 
 
@@ -329,3 +333,13 @@ def test_book_python_agent_example(tmp_path, guest_out):
     lines = out.splitlines()
     assert lines[0] == "b'aarch64\\n' b'oops\\n' 3", out
     assert lines[1].startswith("guest port 8080 is at ('127.0.0.1', "), out
+
+
+@pytest.mark.e2e
+def test_book_python_branch_example(tmp_path, guest_out):
+    """Boots a copy of the guest's disk as ./copy.ext4 with the agent and branches it."""
+    shutil.copyfile(guest_out / "rootfs.ext4", tmp_path / "copy.ext4")
+    out = run_python(book_python_blocks()[("branching.md", "from ignition import Vm, VmConfig")], tmp_path, 900)
+    rows = [line.split() for line in out.splitlines()]
+    assert [r[0] for r in rows] == ["web-1", "web-2"] and all(r[2] == "hello" for r in rows), out
+    assert rows[0][1] != rows[1][1], out

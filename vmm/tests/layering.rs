@@ -21,7 +21,7 @@
 //!
 //! ```text
 //! {config, ops, device_manager, vcpu}
-//!     <- {plan, console_input, control_socket, signals, agent} <- vm <- snapshot <- mod.rs
+//!     <- {plan, console_input, control_socket, signals, agent, branch} <- vm <- snapshot <- mod.rs
 //! ```
 //!
 //! | wing              | may use (of `machine`)                                   |
@@ -31,6 +31,7 @@
 //! | `vcpu`            | itself                                                   |
 //! | `console_input`, `control_socket`, `signals` | itself, `ops`                 |
 //! | `agent`           | itself, `config`                                         |
+//! | `branch`          | itself, `config`, `ops`                                  |
 //! | `plan`            | itself, `config`, `device_manager`, `vcpu`               |
 //! | `vm`              | the above but the front-ends                             |
 //! | `snapshot`        | the above, `vm`                                          |
@@ -73,6 +74,7 @@ fn machine_allowed(wing: &str) -> Option<&'static [&'static str]> {
         "control_socket" => Some(&["control_socket", "ops"]),
         "signals" => Some(&["signals", "ops"]),
         "agent" => Some(&["agent", "config"]),
+        "branch" => Some(&["branch", "config", "ops"]),
         "plan" => Some(&["config", "device_manager", "vcpu", "plan"]),
         "vm" => Some(&["config", "ops", "device_manager", "vcpu", "plan", "vm"]),
         "snapshot" => Some(&[

@@ -6,9 +6,11 @@ use ignition_vmm::arch::layout;
 use ignition_vmm::daemon::Detach;
 use ignition_vmm::devices::virtio::net::{host_end::NetHost, parse_mac};
 use ignition_vmm::hv::GicMode;
+use ignition_vmm::machine::branch;
 use ignition_vmm::machine::{
-    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
-    SnapshotOptions, VmExit, VsockConfig,
+    AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
+    SnapshotMode, SnapshotOptions, VmExit, VsockConfig, DEFAULT_BRANCH_LIMIT,
+    DEFAULT_BRANCH_TIMEOUT,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,9 +132,21 @@ fn default_cmdline() -> String {
 /// after every restore, the VMM sends it the VM generation ID; on a restore
 /// the agent gives the clone a new machine ID and network address first.
 /// The VM is ready (the control socket's `status`) when the agent answers.
+///
+/// `boot branch --control PATH --count N [--name B]` asks the VM listening
+/// on PATH to branch: write the layer B and start N children restored from
+/// it (B-1 .. B-N), each a headless boot of its own, and prints them once
+/// all are ready.
 #[derive(Parser, Debug)]
-#[command(name = "boot", version, verbatim_doc_comment)]
+#[command(
+    name = "boot",
+    version,
+    verbatim_doc_comment,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Linux arm64 Image to boot, or Image.gz (gzip, decompressed by boot)
     #[arg(long, default_value = "guest/out/Image")]
     kernel: PathBuf,
@@ -166,7 +180,7 @@ struct Args {
     /// Snapshot store directory.
     #[arg(long, default_value = "vmstore")]
     store: PathBuf,
-    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit) on this Unix socket, mode 0600
+    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit, branch) on this Unix socket, mode 0600
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
@@ -208,6 +222,42 @@ struct Args {
     /// Append the log lines (stderr) to this file
     #[arg(long, value_name = "PATH")]
     log_file: Option<PathBuf>,
+    /// Most children one branch request may start
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BRANCH_LIMIT as u64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    branch_limit: u64,
+    /// Seconds a branch request waits for its children to be ready
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_BRANCH_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    branch_timeout: u64,
+    /// A branch's child (set by the source): quit unless the source completes the branch on this pipe's read end
+    #[arg(long, value_name = "FD", hide = true)]
+    branch_guard: Option<i32>,
+    /// Where a branch's children's files go (a directory per branch, named after its layer) [default: the --control socket's directory]
+    #[arg(long, value_name = "DIR")]
+    branch_dir: Option<PathBuf>,
+}
+
+/// Subcommands: clients of a running VM.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Branch a running VM: write a layer and start children restored from it, each its own headless boot; print them once all are ready
+    Branch(BranchArgs),
+}
+
+/// `boot branch`.
+#[derive(clap::Args, Debug)]
+struct BranchArgs {
+    /// The running VM's control socket
+    #[arg(long, value_name = "PATH")]
+    control: PathBuf,
+    /// How many children
+    #[arg(long, value_name = "N")]
+    count: u64,
+    /// The layer's name; the children are NAME-1 .. NAME-N [default: the VM's next snapshot name]
+    #[arg(long)]
+    name: Option<String>,
+    /// Print the VM's answer as JSON instead of a table
+    #[arg(long)]
+    json: bool,
 }
 
 /// `ADDR/PREFIX[,GATEWAY]` with an IPv4 or IPv6 address and gateway.
@@ -266,6 +316,9 @@ fn main() -> ExitCode {
         )
         .init();
     let args = Args::parse();
+    if let Some(Command::Branch(b)) = &args.command {
+        return branch_client(b);
+    }
     if args.daemonize && args.console == ConsoleConfig::Stdio {
         eprintln!(
             "boot: --daemonize needs --console file:PATH or socket:PATH (a daemon has no terminal)"
@@ -350,11 +403,82 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
             cid: args.vsock_cid,
         }),
         console: args.console,
+        branch_guard: args.branch_guard.map(guard_fd).transpose()?,
+        branch: BranchConfig {
+            limit: usize::try_from(args.branch_limit).context("--branch-limit")?,
+            timeout: std::time::Duration::from_secs(args.branch_timeout),
+            dir: args.branch_dir,
+        },
     };
     match backend {
         Backend::Emu => run_emu(&cfg, running),
         Backend::Hvf => run_hvf(&cfg, running),
     }
+}
+
+/// `--branch-guard FD`: the descriptor the source left open for this
+/// process, owned from now on and closed on exec (a child of this VM's own
+/// branches does not inherit it).
+fn guard_fd(fd: i32) -> anyhow::Result<std::sync::Arc<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl on a number only reads the descriptor table.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        anyhow::bail!("--branch-guard {fd}: not an open descriptor of this process");
+    }
+    // SAFETY: the descriptor is open (checked above) and nothing else in
+    // this process owns it: the source passed it for this option only.
+    Ok(std::sync::Arc::new(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    }))
+}
+
+/// `boot branch`: sends the request, prints the answer; exit status 0, or
+/// 1 with the VM's error (`boot: CODE: MESSAGE`).
+fn branch_client(b: &BranchArgs) -> ExitCode {
+    let mut req = serde_json::json!({"command": "branch", "count": b.count});
+    if let Some(n) = &b.name {
+        req["name"] = n.clone().into();
+    }
+    let answer = match branch::request(&b.control, &req, None) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("boot: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if b.json {
+        println!("{answer}");
+        return ExitCode::SUCCESS;
+    }
+    let layer = &answer["layer"];
+    println!(
+        "layer {} ({}, {} pages, paused {} us); children ready in {} ms; their files in {}",
+        layer["name"].as_str().unwrap_or("?"),
+        layer["kind"].as_str().unwrap_or("?"),
+        layer["pages"],
+        layer["pause_us"],
+        answer["total_ms"],
+        answer["dir"].as_str().unwrap_or("?"),
+    );
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        v => v.to_string(),
+    };
+    println!("NAME\tPID\tCID\tCONTROL\tCONSOLE\tVSOCK\tLOG");
+    for c in answer["children"].as_array().into_iter().flatten() {
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            s(&c["name"]),
+            s(&c["pid"]),
+            s(&c["cid"]),
+            s(&c["control"]),
+            s(&c["console"]),
+            s(&c["vsock"]),
+            s(&c["log"]),
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 #[cfg(emu)]

@@ -86,6 +86,42 @@ pub struct MachineConfig {
     pub agent: Option<AgentConfig>,
     /// Where the guest's console goes (`boot --console`).
     pub console: ConsoleConfig,
+    /// How the `branch` verb starts children.
+    pub branch: BranchConfig,
+    /// A branch's child: the read end of its guard pipe (`boot
+    /// --branch-guard FD`), which it quits on if it ends before the
+    /// source completes the branch.
+    pub branch_guard: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+}
+
+/// Children one `branch` request may start without `--branch-limit`.
+pub const DEFAULT_BRANCH_LIMIT: usize = 64;
+
+/// How long, without `--branch-timeout`, a `branch` request waits for its
+/// children to be ready, from the layer's commit.
+pub const DEFAULT_BRANCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The branch settings of a VM (`boot --branch-limit`, `--branch-timeout`,
+/// `--branch-dir`).
+#[derive(Debug, Clone)]
+pub struct BranchConfig {
+    /// Most children per request.
+    pub limit: usize,
+    /// How long a request waits for its children to be ready.
+    pub timeout: std::time::Duration,
+    /// Where the branch directories go; `None`: the control socket's
+    /// directory.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for BranchConfig {
+    fn default() -> Self {
+        BranchConfig {
+            limit: DEFAULT_BRANCH_LIMIT,
+            timeout: DEFAULT_BRANCH_TIMEOUT,
+            dir: None,
+        }
+    }
 }
 
 /// The guest agent (`boot --vsock-uds`, unless `--no-agent`).

@@ -8,6 +8,7 @@
 //! {"command": "resume"}
 //! {"command": "status"}
 //! {"command": "quit"}
+//! {"command": "branch", "name": "NAME", "count": N}   name optional, as snapshot's
 //! ```
 //!
 //! Responses are `{"ok": true, "result": {...}}` or `{"ok": false, "error":
@@ -27,7 +28,7 @@
 //!
 //! This is a front-end: each request is a verb ([`crate::machine::ops`]).
 
-use crate::machine::ops::{Op, OpError, SnapshotWait, Verbs};
+use crate::machine::ops::{BranchError, Op, OpError, SnapshotWait, Verbs};
 use crate::sync::{Locked, Waited};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -70,6 +71,16 @@ pub enum ErrorCode {
     Refused,
     /// The snapshot failed; nothing was written.
     SnapshotFailed,
+    /// `branch`: the layer's or a child's name is taken, or the branch
+    /// directory exists.
+    Exists,
+    /// `branch`: a count of 0 or above the limit.
+    BadCount,
+    /// `branch`: the source was not started with `--track-dirty`.
+    NeedsTrackDirty,
+    /// `branch`: the layer was written, but a child failed to start or to
+    /// become ready; every child of the request was stopped.
+    BranchFailed,
     /// [`MAX_CLIENTS`] clients are connected: this one is closed.
     TooManyClients,
     /// A line begun was not finished within [`PARTIAL_LINE_TIMEOUT`]: the
@@ -82,7 +93,20 @@ impl ErrorCode {
     fn of(e: &OpError) -> Self {
         match e {
             OpError::Pause(_) => ErrorCode::Refused,
-            OpError::Snapshot(_) => ErrorCode::SnapshotFailed,
+            OpError::Snapshot(_) | OpError::Branch(BranchError::Snapshot(_)) => {
+                ErrorCode::SnapshotFailed
+            }
+            OpError::Branch(e) => match e {
+                BranchError::Exists(_) => ErrorCode::Exists,
+                BranchError::Count { .. } => ErrorCode::BadCount,
+                BranchError::NoTrackDirty => ErrorCode::NeedsTrackDirty,
+                BranchError::BadName(_) => ErrorCode::BadRequest,
+                BranchError::Child { .. } | BranchError::Failed(_) => ErrorCode::BranchFailed,
+                BranchError::Network
+                | BranchError::NoDir
+                | BranchError::PathTooLong(_)
+                | BranchError::Snapshot(_) => ErrorCode::Refused,
+            },
         }
     }
 }
@@ -107,6 +131,9 @@ struct Fields {
     /// `Some` when the key is there (its value may be `null`).
     #[serde(default, deserialize_with = "present")]
     name: Option<Option<String>>,
+    /// `branch`'s count.
+    #[serde(default)]
+    count: Option<u64>,
 }
 
 /// A key that is there: `Some` of its value.
@@ -115,7 +142,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 }
 
 /// The commands, for the unknown command's message.
-const COMMANDS: [&str; 5] = ["snapshot", "pause", "resume", "status", "quit"];
+const COMMANDS: [&str; 6] = ["snapshot", "pause", "resume", "status", "quit", "branch"];
 
 /// Parses one request line (untrusted) into its verb: a snapshot answered
 /// once its layer is committed, or another verb. Errors:
@@ -134,7 +161,22 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
         ));
     }
     let f: Fields = serde_json::from_slice(line).map_err(|e| bad(format!("bad request: {e}")))?;
+    if f.count.is_some() && f.command != "branch" {
+        return Err(bad(format!(
+            "unknown field 'count' in a '{}' request",
+            f.command
+        )));
+    }
     let op = match f.command.as_str() {
+        "branch" => {
+            let count = f
+                .count
+                .ok_or_else(|| bad("a 'branch' request needs a \"count\"".into()))?;
+            return Ok(Op::Branch {
+                name: f.name.flatten(),
+                count: usize::try_from(count).unwrap_or(usize::MAX),
+            });
+        }
         "snapshot" => {
             return Ok(Op::Snapshot {
                 name: f.name.flatten(),
@@ -435,6 +477,34 @@ mod tests {
             code(br#"{"command":"snapshot","name":3}"#),
             Some(ErrorCode::BadRequest)
         );
+    }
+
+    #[test]
+    fn branch_requests_parse() {
+        assert_eq!(
+            parse_request(br#"{"command":"branch","name":"b","count":4}"#),
+            Ok(Op::Branch {
+                name: Some("b".into()),
+                count: 4
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"command":"branch","count":0}"#),
+            Ok(Op::Branch {
+                name: None,
+                count: 0
+            })
+        );
+        for bad in [
+            &br#"{"command":"branch"}"#[..],
+            br#"{"command":"branch","count":-1}"#,
+            br#"{"command":"branch","count":1.5}"#,
+            br#"{"command":"branch","count":"2"}"#,
+            br#"{"command":"snapshot","count":2}"#,
+            br#"{"command":"branch","count":2,"count":3}"#,
+        ] {
+            assert_eq!(code(bad), Some(ErrorCode::BadRequest), "{bad:?}");
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   every thread shares, the guest's clock, a vCPU's state.
 //! - `console_input`, `console_socket` (with `console_host`, the console's
 //!   host end), [`control_socket`] and [`signals`]: the front-ends, each
-//!   turning its input into verbs.
+//!   turning its input into verbs; [`branch`]: a branch's children, started
+//!   and waited for.
 //! - `plan`: what gets built (a fresh boot's plan).
 //! - `vm`: the running VM ([`vm::Vmm`]): built from a plan, it owns RAM,
 //!   the bus, the interrupt controller, the devices, the run state and the
@@ -26,7 +27,8 @@
 //! signal thread; a thread per control-socket client (at most
 //! [`control_socket::MAX_CLIENTS`]); the clock's physical timer thread; a
 //! background snapshot's writer; the guest agent's thread (with a vsock
-//! device); and the caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
+//! device); a branch's child's guard thread (`--branch-guard`); and the
+//! caller's thread, which waits for the VM to end. Lock order: a device lock (the clock's counts as one),
 //! then the GIC lock (interrupt lines), then the run state's; never the
 //! reverse. No lock is held across [`crate::hv::Vcpu::run`].
 
@@ -40,6 +42,7 @@ use std::time::Instant;
 use vm::Vmm;
 
 mod agent;
+pub mod branch;
 pub mod config;
 mod console_host;
 mod console_input;
@@ -54,8 +57,9 @@ mod vcpu;
 mod vm;
 
 pub use config::{
-    AgentConfig, BootSource, ConsoleConfig, FreshBoot, MachineConfig, NetConfig, SnapshotMode,
-    SnapshotOptions, VsockConfig, DEFAULT_GUEST_CID,
+    AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
+    SnapshotMode, SnapshotOptions, VsockConfig, DEFAULT_BRANCH_LIMIT, DEFAULT_BRANCH_TIMEOUT,
+    DEFAULT_GUEST_CID,
 };
 pub use snapshot::state::MACHINE_STATE_VERSION;
 pub use vcpu::run_state::VmExit;
@@ -90,6 +94,8 @@ struct Machine<V: Vm> {
     started: Instant,
     restored_from: Option<String>,
     readiness: Arc<agent::Readiness>,
+    /// How `branch` starts children.
+    branch: branch::Source,
 }
 
 impl<V: Vm + 'static> ops::Verbs for Machine<V> {
@@ -116,11 +122,41 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
             }
+            Op::Branch { name, count } => Ok(Reply::Branch(self.branch(name, count)?)),
         }
     }
 }
 
 impl<V: Vm + 'static> Machine<V> {
+    /// [`ops::Op::Branch`]: the source's devices as they are now, the layer
+    /// written as `snapshot` writes it.
+    fn branch(
+        &self,
+        name: Option<String>,
+        count: usize,
+    ) -> Result<ops::Branched, ops::BranchError> {
+        let name = name
+            .or_else(|| self.snapshots.next_name())
+            .ok_or(ops::SnapshotError::NoName)?;
+        let devices = self.vmm.devices();
+        let src = branch::Source {
+            net: devices.has_net(),
+            cid: devices.vsock_cid(),
+            ..self.branch.clone()
+        };
+        branch::branch(&src, &name, count, |name| {
+            self.snapshots
+                .take(&self.vmm, Some(name.clone()), true)?
+                .ok_or_else(|| {
+                    ops::SnapshotError::Failed {
+                        name,
+                        reason: anyhow::anyhow!("the layer was not committed"),
+                    }
+                    .into()
+                })
+        })
+    }
+
     fn status(&self) -> ops::Status {
         let agent = self.readiness.agent();
         ops::Status {
@@ -231,6 +267,20 @@ where
             BootSource::Fresh(_) => None,
         },
         readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
+        branch: branch::Source {
+            branch: cfg.branch.clone(),
+            store: std::path::absolute(&cfg.snapshots.store)
+                .context("--store")
+                .map_err(StartError::Options)?,
+            track_dirty: cfg.snapshots.track_dirty,
+            mode: cfg.snapshots.mode,
+            backend: H::NAME,
+            control: cfg.control.clone(),
+            // Read from the devices at each request.
+            net: false,
+            cid: None,
+            agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
+        },
     });
     let front = Front {
         signals: &signals,
@@ -273,7 +323,21 @@ fn serve<V: Vm + 'static>(
         .console
         .start(verbs.clone(), machine.clone())
         .map_err(StartError::Start)?;
-    front.signals.serve(verbs);
+    front.signals.serve(verbs.clone());
+    if let Some(g) = &cfg.branch_guard {
+        let guard = g
+            .try_clone()
+            .context("--branch-guard")
+            .map_err(StartError::Start)?;
+        branch::watch_guard(
+            guard,
+            Box::new(move || {
+                let _ = verbs.execute(ops::Op::Quit);
+            }),
+        )
+        .context("cannot start the branch guard's thread")
+        .map_err(StartError::Start)?;
+    }
 
     let t = Instant::now();
     let (threads, gic_load) = machine

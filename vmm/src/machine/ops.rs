@@ -9,6 +9,7 @@
 //! or `quit`.
 
 use serde::Serialize;
+use std::path::PathBuf;
 
 /// A verb.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +31,15 @@ pub enum Op {
     /// Ends the VM, as the guest's power-off would (a snapshot being
     /// written is finished first).
     Quit,
+    /// Writes layer `name` (default: as [`Op::Snapshot`]'s) and starts
+    /// `count` children restored from it, each its own `boot` process
+    /// ([`crate::machine::branch`]); answers once every child is ready.
+    Branch {
+        /// The layer's name; the children are `NAME-1 .. NAME-count`.
+        name: Option<String>,
+        /// How many children.
+        count: usize,
+    },
 }
 
 /// When [`Op::Snapshot`] answers.
@@ -50,6 +60,8 @@ pub enum Reply {
     Snapshot(Written),
     /// [`Op::Status`].
     Status(Status),
+    /// [`Op::Branch`]: the layer and the children, all ready.
+    Branch(Branched),
     /// [`Op::Pause`], [`Op::Resume`], [`Op::Quit`], and a snapshot
     /// answered once the guest runs again: done.
     Done {},
@@ -69,6 +81,42 @@ pub struct Written {
     pub pause_us: u64,
     /// `Snapshot-write-time`, in ms.
     pub write_ms: u64,
+}
+
+/// A running child, as the answer lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Child {
+    /// Its name (`B-i`): its snapshots' too.
+    pub name: String,
+    /// Its `boot` process.
+    pub pid: u32,
+    /// Its control socket.
+    pub control: PathBuf,
+    /// Its console socket.
+    pub console: PathBuf,
+    /// Its vsock socket (`None`: the source has no vsock device).
+    pub vsock: Option<PathBuf>,
+    /// Its vsock CID.
+    pub cid: Option<u64>,
+    /// Its log file.
+    pub log: PathBuf,
+    /// Its pid file.
+    pub pid_file: PathBuf,
+    /// The VM generation ID it reports (32 hex digits).
+    pub generation_id: Option<String>,
+}
+
+/// [`Op::Branch`]'s result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Branched {
+    /// The layer written.
+    pub layer: Written,
+    /// The branch directory.
+    pub dir: PathBuf,
+    /// The children, `B-1` first, all ready.
+    pub children: Vec<Child>,
+    /// From the request to the last child ready, in ms.
+    pub total_ms: u64,
 }
 
 /// What [`Op::Status`] reports.
@@ -114,6 +162,65 @@ pub enum OpError {
     /// pages and disk chunks it would have held go into the next one).
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    /// A branch was refused, or failed (no child of it runs).
+    #[error(transparent)]
+    Branch(#[from] BranchError),
+}
+
+/// Why a branch was refused or failed. A refusal comes before anything is
+/// done; once the layer is written it stays in the store, and a failure
+/// stops every child of the request.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    /// A count of 0 or above the limit (`boot --branch-limit`).
+    #[error("count {count} is out of range: 1 to {limit} children (boot --branch-limit)")]
+    Count {
+        /// The count asked for.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The source does not track dirty pages.
+    #[error("branching needs a source started with --track-dirty (the layer is written in the background, and the children's snapshots are diffs)")]
+    NoTrackDirty,
+    /// The layer's or a child's name is taken in the store, or the branch
+    /// directory exists.
+    #[error("'{0}' exists already; choose another name")]
+    Exists(String),
+    /// The layer's name, or a child's, is not a valid snapshot name.
+    #[error("{0}")]
+    BadName(String),
+    /// The source has a network device.
+    #[error(
+        "a VM with a network device cannot branch yet: each child needs a network end of its own"
+    )]
+    Network,
+    /// Neither `--branch-dir` nor `--control` says where the children's
+    /// files go.
+    #[error("no branch directory: start boot with --branch-dir or --control")]
+    NoDir,
+    /// The branch directory's path is too long for the children's sockets.
+    #[error("{0}: too long for the children's Unix sockets (at most 107 bytes); use a shorter --branch-dir")]
+    PathTooLong(String),
+    /// The layer was not written; no child was started.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// A child did not start or was not ready in time: every child of the
+    /// request has been stopped; the layer stays in the store.
+    #[error(
+        "'{layer}' written, but child '{child}' failed, and every child was stopped: {reason}"
+    )]
+    Child {
+        /// The layer's name.
+        layer: String,
+        /// The first child that failed.
+        child: String,
+        /// Why.
+        reason: String,
+    },
+    /// Anything else before a child was started (the directory, ...).
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// Why the VM could not be paused or resumed.

@@ -382,6 +382,16 @@ impl Devices {
         self.vmgenid.as_ref().map(VmGenId::id)
     }
 
+    /// The guest's vsock CID, if the VM has a vsock device.
+    pub fn vsock_cid(&self) -> Option<u64> {
+        self.vsock.as_ref().map(|v| v.dev.locked().device().cid())
+    }
+
+    /// Whether the VM has a network device.
+    pub fn has_net(&self) -> bool {
+        self.net.is_some()
+    }
+
     /// At the VM's end: removes the files the devices made on the host
     /// (the vsock device's socket file), whoever still holds them.
     pub fn remove_host_files(&self) {

@@ -224,7 +224,7 @@ impl Snapshots {
     }
 
     /// The name of the next snapshot: `NAME`, then `NAME.2`, `NAME.3`, ...
-    fn next_name(&self) -> Option<String> {
+    pub fn next_name(&self) -> Option<String> {
         let base = self.name.as_ref()?;
         Some(match self.lineage.locked().taken {
             0 => base.clone(),

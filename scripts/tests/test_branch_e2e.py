@@ -1,0 +1,306 @@
+"""The control socket's `branch`, end to end (Vm.branch, `boot branch`).
+
+A source VM (with the guest agent) writes known data to a tmpfs file (RAM) and to its disk,
+then branches into children: every child is ready when the answer comes, sees the data, has
+its own generation ID (the answer's, its status's and its agent's agree), machine ID and vsock
+CID (the guest's own, as `vsock cid` reads it), answers on vsock, and writes to its own disk
+without its siblings or the source seeing it (read back after dropping the guest's page cache,
+so from the disk). The source runs on and its next snapshot is a diff on the branch layer;
+`vmstore verify --all` passes. Refusals: a name that exists, a count of 0 or above the limit,
+a source without --track-dirty. All or nothing: a child that cannot start fails the request
+and no child of it runs. kill -9 of the source leaves its children running; kill -9 of the
+source while the layer is being written leaves a valid store and no child; while its children
+start, all of them or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ignition import store as vmstore
+from ignition.agent import NoAgent
+from ignition.branch import Child, pid_alive
+from ignition.control import ControlError
+from ignition.vm import Vm
+
+pytestmark = pytest.mark.e2e
+
+MEM = 256
+RAM_FILE = "/mnt/ram/known"
+DISK_FILE = "/root/known"
+OWN_FILE = "/root/own"
+
+
+def boot_source(cfg, disk, store, tmp_path, track_dirty=True, extra=()):
+    vm = Vm.boot(
+        cfg,
+        disk=disk,
+        mem=MEM,
+        store=store,
+        name="src",
+        track_dirty=track_dirty,
+        agent=True,
+        extra=list(extra),
+        log_path=tmp_path / "source.log",
+    )
+    try:
+        vm.wait_ready()
+    except BaseException:
+        vm.terminate()
+        raise
+    return vm
+
+
+def branch_processes(layer: str) -> list[int]:
+    """Pids of `boot` processes restored as children of layer (by their --name)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--restore" in argv and b"--name" in argv:
+            name = argv[argv.index(b"--name") + 1].decode()
+            if name.startswith(f"{layer}-") and pid_alive(int(d.name)):
+                found.append(int(d.name))
+    return found
+
+
+def run(c: Child | Vm, cmd: str) -> str:
+    """`sh -c cmd` through the agent. A connection the guest refuses before the request is sent
+    (NoAgent: the command did not run) is tried again, up to 5 times: shortly after a restore,
+    some fresh host connections to a ready agent are refused (seen on plain restores too, in
+    test_agent_e2e); that is the vsock or agent side's to fix, not what this suite checks."""
+    for _ in range(4):
+        try:
+            return c.run(cmd)
+        except NoAgent:
+            time.sleep(0.1)
+    return c.run(cmd)
+
+
+def verify_store(store: Path) -> None:
+    r = vmstore.vmstore(store, "verify", "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    children: list[Child] = []
+    with boot_source(cfg, disk, store, tmp_path) as vm:
+        try:
+            run(vm, f"mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo in-ram > {RAM_FILE}")
+            run(vm, f"echo on-disk > {DISK_FILE} && sync")
+            source_id = vm.wait_ready()["generation_id"]
+            source_machine = vm.agent.info().machine_id
+
+            children = vm.branch(3, name="b")
+            answer = vm.branched
+            assert answer is not None
+            assert answer["layer"]["name"] == "b"
+            assert [c.name for c in children] == ["b-1", "b-2", "b-3"]
+            assert Path(str(answer["dir"])) == vm.control_path.parent / "b"
+            ids, cids, machines = set(), set(), set()
+            for c in children:
+                assert c.alive()
+                for p in (c.control_path, c.console_path, c.vsock_path):
+                    assert p is not None and p.parent == Path(str(answer["dir"]))
+                assert c.log_path.exists() and int(c.pid_file.read_text()) == c.pid
+                st = c.status()
+                assert st["ready"] and st["restored_from"] == "b" and st["parent"] == "b", st
+                assert st["generation_id"] == c.generation_id
+                info = c.agent.wait_listening(c.timeouts.cmd)
+                assert info.generation_id == c.generation_id
+                # The guest's own CID is the answer's (the transport was reset to it).
+                assert run(c, "vsock cid") == str(c.cid)
+                ids.add(c.generation_id)
+                cids.add(c.cid)
+                machines.add(info.machine_id)
+                # The source's RAM and disk, as they were at the branch.
+                assert run(c, f"cat {RAM_FILE}") == "in-ram"
+                assert run(c, f"cat {DISK_FILE}") == "on-disk"
+            assert len(ids) == 3 and source_id not in ids
+            assert len(cids) == 3 and None not in cids and int(run(vm, "vsock cid")) not in cids
+            assert len(machines) == 3 and source_machine not in machines
+
+            # Each writes its own disk; the page cache dropped, each reads back its own.
+            for c in children:
+                run(c, f"echo {c.name} > {OWN_FILE} && sync")
+            run(vm, f"echo source > {OWN_FILE} && sync")
+            for c in children:
+                assert run(c, f"echo 3 > /proc/sys/vm/drop_caches; cat {OWN_FILE}") == c.name
+            assert run(vm, f"echo 3 > /proc/sys/vm/drop_caches; cat {OWN_FILE}") == "source"
+
+            # The source runs on; its next snapshot is a diff on the branch layer.
+            assert run(vm, "echo alive") == "alive"
+            assert vm.wait_ready()["parent"] == "b"
+            after = vm.snapshot("src-after")
+            assert after.kind == "diff"
+            # A child's own snapshot is a diff on the branch layer too.
+            with children[0].control() as ctl:
+                own = ctl.snapshot()
+            assert (own["name"], own["kind"]) == ("b-1", "diff")
+            verify_store(store)
+            tree = vmstore.vmstore(store, "tree").stdout
+            for name in ("b", "b-1", "src-after"):
+                assert name in tree, tree
+
+            # Refusals, each before anything is done.
+            with vm.control() as ctl:
+                refusals = [(2, "b", "exists"), (2, "b-1", "exists"), (0, "c", "bad_count"), (65, "c", "bad_count")]
+                for count, name, code in refusals:
+                    with pytest.raises(ControlError) as e:
+                        ctl.branch(count, name)
+                    assert e.value.code == code, e.value
+                r = ctl.raw(json.dumps({"command": "branch", "name": "c"}).encode())
+                assert r["error"]["code"] == "bad_request", r
+            assert "c" not in vmstore.layer_names(store)
+
+            # kill -9 of the source: its children run on and answer.
+            vm.kill(signal.SIGKILL)
+            for c in children:
+                assert c.alive()
+                assert run(c, "echo still") == "still"
+                assert c.status()["ready"]
+        finally:
+            for c in children:
+                c.stop()
+    for c in children:
+        assert not c.alive()
+        # A child's end removes its sockets and pid file.
+        assert not c.control_path.exists() and not c.pid_file.exists()
+    verify_store(store)
+
+
+def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    with boot_source(cfg, disk, store, tmp_path, extra=["--branch-limit", "2"]) as vm:
+        assert vm.control_path is not None
+        argv = [str(cfg.boot), "branch", "--control", str(vm.control_path)]
+        r = subprocess.run([*argv, "--count", "3", "--name", "x"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "bad_count" in r.stderr and "1 to 2 children" in r.stderr, r.stderr
+        r = subprocess.run([*argv, "--count", "2", "--name", "x", "--json"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        answer = json.loads(r.stdout)
+        vm.children += [Child.from_answer(c) for c in answer["children"]]
+        assert [c["name"] for c in answer["children"]] == ["x-1", "x-2"]
+        r = subprocess.run([*argv, "--count", "1", "--name", "y"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        rows = [line.split("\t") for line in r.stdout.splitlines()[1:]]
+        assert rows[0][:1] == ["NAME"] and rows[1][0] == "y-1", r.stdout
+        name, pid, cid, control, console, vsock, log = rows[1]
+        row = {"name": name, "pid": int(pid), "cid": int(cid), "control": control, "console": console}
+        row |= {"vsock": vsock, "log": log, "pid_file": str(Path(log).with_suffix(".pid")), "generation_id": None}
+        vm.children.append(Child.from_answer(row))
+        assert all(c.alive() for c in vm.children)
+        # y is a diff on x: repeated branches of one source form a chain.
+        assert "y" in vmstore.vmstore(store, "tree").stdout
+    # Vm's end stops the children it knows.
+    assert all(not c.alive() for c in vm.children)
+
+
+def test_a_source_without_track_dirty_is_refused(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    with boot_source(cfg, disk, store, tmp_path, track_dirty=False) as vm:
+        with vm.control() as ctl, pytest.raises(ControlError) as e:
+            ctl.branch(2, "b")
+        assert e.value.code == "needs_track_dirty", e.value
+    assert not store.exists() or vmstore.layer_names(store) == []
+
+
+def test_a_child_that_cannot_start_fails_the_request_and_no_child_runs(cfg, disk, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    monkeypatch.setenv("IGNITION_TEST_BRANCH_FAIL_CHILD", "f-2")
+    with boot_source(cfg, disk, store, tmp_path) as vm:
+        with pytest.raises(ControlError) as e:
+            vm.branch(3, "f")
+        assert e.value.code == "branch_failed", e.value
+        assert "'f-2'" in e.value.message and "every child was stopped" in e.value.message, e.value
+        assert branch_processes("f") == []
+        # The layer stays, valid; the source runs on and branches again.
+        assert "f" in vmstore.layer_names(store)
+        verify_store(store)
+        children = vm.branch(1, "g")
+        assert run(children[0], "echo ok") == "ok"
+    assert branch_processes("g") == []
+
+
+def test_killing_the_source_mid_branch_leaves_a_valid_store_and_no_child(cfg, disk, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_GATE", str(gate))
+    with boot_source(cfg, disk, store, tmp_path) as vm:
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                vm.branch(2, "k")
+            except BaseException as e:  # noqa: BLE001 - the source dies under it
+                errors.append(e)
+
+        t = threading.Thread(target=ask)
+        t.start()
+        # The writer waits at the gate with the layer half written.
+        with vm.control() as ctl:
+            deadline = time.monotonic() + 60
+            while not ctl.status()["snapshot_in_progress"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        vm.kill(signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive() and errors
+    assert branch_processes("k") == []
+    # Killed before the layer's first file: no store yet; else no layer `k`, and a valid store.
+    if store.exists():
+        assert "k" not in vmstore.layer_names(store)
+        vmstore.vmstore(store, "gc")
+        verify_store(store)
+
+
+def test_killing_the_source_while_its_children_start_leaves_all_of_them_or_none(cfg, disk, tmp_path):
+    """The children's guard pipes: a source that dies before its answer takes the children
+    it started with it. If the branch was answered first (all ready, committed), all of
+    them run on; either way, never some."""
+    store = tmp_path / "store"
+    with boot_source(cfg, disk, store, tmp_path) as vm:
+        assert vm.control_path is not None
+        bdir = vm.control_path.parent / "h"
+        answered: list[object] = []
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                answered.append(vm.branch(3, "h"))
+            except (OSError, ControlError) as e:  # expected once the source is killed
+                errors.append(e)
+
+        t = threading.Thread(target=ask)
+        t.start()
+        deadline = time.monotonic() + 120
+        while not list(bdir.glob("*.pid")):
+            assert time.monotonic() < deadline and t.is_alive(), f"the branch ended first: {errors}"
+            time.sleep(0.002)
+        os.kill(vm.pid, signal.SIGKILL)
+        t.join(60)
+        vm.wait_exit()
+        if answered:
+            assert len(branch_processes("h")) == 3
+        else:
+            deadline = time.monotonic() + 120
+            while branch_processes("h"):
+                assert time.monotonic() < deadline, branch_processes("h")
+                time.sleep(0.1)
+            logs = [p.read_text() for p in bdir.glob("*.log")]
+            assert any("before it completed: quitting" in log for log in logs), logs
+    assert "h" in vmstore.layer_names(store)
+    verify_store(store)

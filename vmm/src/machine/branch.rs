@@ -1,0 +1,638 @@
+//! The `branch` verb: a layer of the running VM, then N children restored
+//! from it, each its own `boot` process.
+//!
+//! `branch {name: B, count: N}` writes the layer `B` as a snapshot of the
+//! source (paused as for `snapshot`; the source runs on), then starts the
+//! children `B-1 .. B-N`: each is this executable again
+//! ([`std::env::current_exe`]) with `--restore B --daemonize`, in a session
+//! of its own (a daemon: killing the source does not touch it), with its
+//! own control socket, console socket, vsock socket, log file and pid file
+//! in the branch directory `<dir>/B/`, where `<dir>` is the source's
+//! `--branch-dir`, else the directory of its control socket. A child's
+//! identity is its own: a fresh VM generation ID (every restore has one), a
+//! vsock CID derived from its name ([`child_cids`]), and its snapshots are
+//! named after it (`B-1`, `B-1.2`, ...), diffs on `B`. Its disk is an
+//! overlay on the layer's disk image: nothing is copied.
+//!
+//! The answer comes once every child's control socket reports it `ready`;
+//! if one fails to start, or is not ready within the timeout, every child
+//! of the request is stopped (`SIGTERM`, then `SIGKILL`) and the answer
+//! names the child and why. The layer `B` stays in the store either way
+//! (the source's next snapshot is a diff on it), and so does the branch
+//! directory with the children's log files.
+//!
+//! A branch whose source dies before its answer leaves no child: each
+//! child holds the read end of a pipe from the source (`boot
+//! --branch-guard FD`), and quits if the pipe ends before the source has
+//! written [`GUARD_COMMIT`] to it, which it does once every child is
+//! ready ([`watch_guard`]).
+
+use crate::machine::config::{BranchConfig, SnapshotMode};
+use crate::machine::ops::{BranchError, Branched, Child, Written};
+use crate::sync::Locked;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a child stopped with `SIGTERM` (a failed request's) has to end
+/// before it gets `SIGKILL`.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Test hook: with `IGNITION_TEST_BRANCH_FAIL_CHILD=NAME` in the source's
+/// environment, the child `NAME` is started on a layer that is not in the
+/// store, so that its restore fails as any child's start may, whatever
+/// this machine's speed (`scripts/tests/test_branch_e2e.py`).
+pub const TEST_FAIL_CHILD_ENV: &str = "IGNITION_TEST_BRANCH_FAIL_CHILD";
+
+/// The byte the source writes on a child's guard pipe once every child of
+/// the request is ready: the child is the branch's for good.
+pub const GUARD_COMMIT: u8 = b'C';
+
+/// Longest path a Unix socket can have (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// What the children inherit of the source: how to start them. The
+/// devices' facts (`net`, `cid`) are read when a request comes.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The branch settings (passed on: a child can branch too).
+    pub branch: BranchConfig,
+    /// `--store`, absolute.
+    pub store: PathBuf,
+    /// `--track-dirty`.
+    pub track_dirty: bool,
+    /// `--snapshot-mode`.
+    pub mode: SnapshotMode,
+    /// `--backend`'s name.
+    pub backend: &'static str,
+    /// `--control`, if any.
+    pub control: Option<PathBuf>,
+    /// The source has a network device.
+    pub net: bool,
+    /// The source's vsock CID, if it has a vsock device.
+    pub cid: Option<u64>,
+    /// The guest agent's timeout, if the source waits for one.
+    pub agent_timeout: Option<Duration>,
+}
+
+/// The children's names: `B-1 .. B-N`.
+pub fn child_names(name: &str, count: usize) -> Vec<String> {
+    (1..=count).map(|i| format!("{name}-{i}")).collect()
+}
+
+/// Refuses a request before anything is done: a count of 0 or above
+/// `limit`, a source without dirty tracking, or a layer or child name that
+/// is invalid or taken (`taken` says whether the store has a name).
+pub fn check(
+    name: &str,
+    count: usize,
+    limit: usize,
+    track_dirty: bool,
+    taken: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, BranchError> {
+    if count == 0 || count > limit {
+        return Err(BranchError::Count { count, limit });
+    }
+    if !track_dirty {
+        return Err(BranchError::NoTrackDirty);
+    }
+    let names = child_names(name, count);
+    for n in std::iter::once(name).chain(names.iter().map(String::as_str)) {
+        snapshot_store::validate_name(n).map_err(|e| BranchError::BadName(format!("{e}")))?;
+        if taken(n) {
+            return Err(BranchError::Exists(n.to_string()));
+        }
+    }
+    Ok(names)
+}
+
+/// The guests' vsock CIDs for `names`: each derived from its name (SHA-256,
+/// within the valid guest CIDs), the same on every branch of that name,
+/// and distinct from `source`'s and from each other's (a collision takes
+/// the next CID).
+pub fn child_cids(names: &[String], source: u64) -> Vec<u64> {
+    // Guest CIDs: 3 ..= u32::MAX - 1.
+    const FIRST: u64 = 3;
+    const SPAN: u64 = u32::MAX as u64 - 1 - FIRST + 1;
+    let mut used = vec![source];
+    for n in names {
+        let h = snapshot_store::sha256(n.as_bytes());
+        let mut cid = FIRST + u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])) % SPAN;
+        while used.contains(&cid) {
+            cid = FIRST + (cid - FIRST + 1) % SPAN;
+        }
+        used.push(cid);
+    }
+    used.split_off(1)
+}
+
+/// One child's files in the branch directory `dir`.
+fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
+    let f = |ext: &str| dir.join(format!("{name}.{ext}"));
+    Child {
+        name: name.to_string(),
+        pid: 0,
+        control: f("control"),
+        console: f("console"),
+        vsock: vsock.then(|| f("vsock")),
+        cid: None,
+        log: f("log"),
+        pid_file: f("pid"),
+        generation_id: None,
+    }
+}
+
+/// The branch directory of layer `name`.
+fn branch_dir(src: &Source, name: &str) -> Result<PathBuf, BranchError> {
+    let base = match (&src.branch.dir, &src.control) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => c
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from(".")),
+        (None, None) => return Err(BranchError::NoDir),
+    };
+    let base = std::path::absolute(&base)
+        .map_err(|e| BranchError::Failed(format!("{}: {e}", base.display())))?;
+    Ok(base.join(name))
+}
+
+/// `boot`'s arguments for `child`, restored from layer `layer`.
+fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = Vec::new();
+    let mut arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
+        a.push(k.into());
+        a.push(v.as_ref().to_os_string());
+    };
+    arg("--restore", &layer);
+    arg("--store", &src.store);
+    arg("--name", &child.name);
+    arg("--backend", &src.backend);
+    arg("--control", &child.control);
+    let mut console = std::ffi::OsString::from("socket:");
+    console.push(&child.console);
+    arg("--console", &console);
+    arg("--pid-file", &child.pid_file);
+    arg("--log-file", &child.log);
+    arg(
+        "--snapshot-mode",
+        &match src.mode {
+            SnapshotMode::Background => "background",
+            SnapshotMode::Stop => "stop",
+        },
+    );
+    arg("--branch-limit", &src.branch.limit.to_string());
+    arg(
+        "--branch-timeout",
+        &src.branch.timeout.as_secs().to_string(),
+    );
+    if let Some(d) = &src.branch.dir {
+        arg("--branch-dir", d);
+    }
+    if let (Some(v), Some(cid)) = (&child.vsock, child.cid) {
+        arg("--vsock-uds", v);
+        arg("--vsock-cid", &cid.to_string());
+        if let Some(t) = src.agent_timeout {
+            arg("--agent-timeout", &t.as_secs().max(1).to_string());
+        }
+    }
+    arg("--branch-guard", &guard.to_string());
+    let flags = [
+        (
+            child.vsock.is_some() && src.agent_timeout.is_none(),
+            "--no-agent",
+        ),
+        (src.track_dirty, "--track-dirty"),
+        (true, "--daemonize"),
+    ];
+    a.extend(flags.iter().filter(|f| f.0).map(|f| f.1.into()));
+    a
+}
+
+/// Checks `name` and `count` against the source, writes the layer with
+/// `snapshot` and starts the children (see the module's doc).
+pub fn branch(
+    src: &Source,
+    name: &str,
+    count: usize,
+    snapshot: impl FnOnce(String) -> Result<Written, BranchError>,
+) -> Result<Branched, BranchError> {
+    let t0 = Instant::now();
+    if src.net {
+        return Err(BranchError::Network);
+    }
+    let store = snapshot_store::Store::open(&src.store).ok();
+    let names = check(name, count, src.branch.limit, src.track_dirty, |n| {
+        store.as_ref().is_some_and(|s| s.contains(n))
+    })?;
+    let dir = branch_dir(src, name)?;
+    if dir.exists() {
+        return Err(BranchError::Exists(dir.display().to_string()));
+    }
+    let cids = src.cid.map(|c| child_cids(&names, c)).unwrap_or_default();
+    let mut children: Vec<Child> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let mut c = child_files(&dir, n, src.cid.is_some());
+            c.cid = cids.get(i).copied();
+            c
+        })
+        .collect();
+    // The vsock device also listens on `<vsock>_PORT` (up to 11 more bytes).
+    let longest = children.iter().map(|c| {
+        let vsock = c.vsock.as_ref().map_or(0, |v| v.as_os_str().len() + 11);
+        vsock
+            .max(c.control.as_os_str().len())
+            .max(c.console.as_os_str().len())
+    });
+    if longest.max().unwrap_or(0) > MAX_SOCKET_PATH {
+        return Err(BranchError::PathTooLong(dir.display().to_string()));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| BranchError::Failed(format!("cannot find this executable: {e}")))?;
+
+    let layer = snapshot(name.to_string())?;
+
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))?;
+    let deadline = Instant::now() + src.branch.timeout;
+    match start_all(&exe, src, name, &mut children, deadline) {
+        Ok(()) => Ok(Branched {
+            layer,
+            dir,
+            children,
+            total_ms: t0.elapsed().as_millis() as u64,
+        }),
+        Err((child, why)) => {
+            stop_all(&children);
+            Err(BranchError::Child {
+                layer: name.to_string(),
+                child,
+                reason: why,
+            })
+        }
+    }
+}
+
+/// Held while a request makes its guard pipes and spawns its children, so
+/// that no other request's child inherits a pipe before it is marked
+/// close-on-exec.
+static SPAWNING: Mutex<()> = Mutex::new(());
+
+/// A pipe, both ends close-on-exec (the child's end is kept open across its
+/// exec by `pre_exec`, in that child only). Called with [`SPAWNING`] held.
+fn guard_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe()?;
+    for fd in [&read, &write] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((read, write))
+}
+
+/// Starts every child, then waits for each to be ready. Errors: the first
+/// child that failed, and why.
+fn start_all(
+    exe: &Path,
+    src: &Source,
+    layer: &str,
+    children: &mut [Child],
+    deadline: Instant,
+) -> Result<(), (String, String)> {
+    let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
+    // All at once: each waits for its own restore.
+    let mut spawned = Vec::new();
+    let mut guards = Vec::new();
+    // Another request's children must not inherit this one's pipes.
+    let spawning = SPAWNING.locked();
+    for c in children.iter() {
+        let (read, write) = guard_pipe()
+            .map_err(|e| (c.name.clone(), format!("cannot make its guard pipe: {e}")))?;
+        let fd = read.as_raw_fd();
+        let missing;
+        let layer = if fail.as_deref() == Some(c.name.as_str()) {
+            missing = format!("{layer}-test-missing");
+            &missing
+        } else {
+            layer
+        };
+        let mut cmd = Command::new(exe);
+        cmd.args(child_args(src, layer, c, fd))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Not in the source's process group: a signal to the source's
+            // group (a terminal's Ctrl-C) does not reach the child.
+            .process_group(0);
+        // SAFETY: runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: fcntl is one. It clears
+        // FD_CLOEXEC on the guard's read end, which this process owns and
+        // keeps open until the child is spawned.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let p = cmd.spawn().map_err(|e| {
+            (
+                c.name.clone(),
+                format!("cannot start {}: {e}", exe.display()),
+            )
+        })?;
+        drop(read);
+        guards.push(std::fs::File::from(write));
+        spawned.push(p);
+    }
+    drop(spawning);
+    let mut first_error = None;
+    for (c, p) in children.iter_mut().zip(spawned) {
+        // `--daemonize`: the process exits once the VM runs, or with the
+        // error that stopped it.
+        let out = p.wait_with_output();
+        let failed = match out {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(
+                String::from_utf8_lossy(&o.stderr)
+                    .trim()
+                    .trim_start_matches("boot: ")
+                    .to_string(),
+            ),
+            Err(e) => Some(format!("cannot wait for its boot: {e}")),
+        };
+        match failed {
+            None => match read_pid(&c.pid_file) {
+                Ok(pid) => c.pid = pid,
+                Err(e) => {
+                    first_error.get_or_insert((c.name.clone(), e));
+                }
+            },
+            Some(why) => {
+                first_error.get_or_insert((c.name.clone(), why));
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    for c in children.iter_mut() {
+        c.generation_id = wait_ready(c, deadline).map_err(|why| (c.name.clone(), why))?;
+    }
+    for (c, mut g) in children.iter().zip(guards) {
+        g.write_all(&[GUARD_COMMIT])
+            .map_err(|e| (c.name.clone(), format!("its guard pipe: {e}")))?;
+    }
+    Ok(())
+}
+
+/// In a child (`boot --branch-guard FD`): reads the guard pipe `guard` on a
+/// thread of its own and calls `quit` if it ends before [`GUARD_COMMIT`]
+/// (the source died, or stops the children of a failed request), else
+/// closes it and returns.
+pub fn watch_guard(guard: OwnedFd, quit: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("branch-guard".into())
+        .spawn(move || {
+            let mut byte = [0u8];
+            let mut f = std::fs::File::from(guard);
+            let committed = loop {
+                match f.read(&mut byte) {
+                    Ok(1) => break byte[0] == GUARD_COMMIT,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    _ => break false,
+                }
+            };
+            if !committed {
+                crate::console::message(
+                    "[branch] the branch's source ended or stopped the branch before it completed: quitting",
+                );
+                quit();
+            }
+        })?;
+    Ok(())
+}
+
+/// The pid in a pid file (`PID\n`).
+fn read_pid(path: &Path) -> Result<u32, String> {
+    let s = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{}: not a pid: {s:?}", path.display()))
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Asks `c`'s control socket for its status until it is ready (returns its
+/// generation ID), its agent failed, its process ended, or `deadline`.
+fn wait_ready(c: &Child, deadline: Instant) -> Result<Option<String>, String> {
+    loop {
+        if !alive(c.pid) {
+            return Err(format!(
+                "its boot (pid {}) ended before it was ready; see {}",
+                c.pid,
+                c.log.display()
+            ));
+        }
+        let status = request(
+            &c.control,
+            &serde_json::json!({"command": "status"}),
+            Some(Duration::from_secs(10)),
+        );
+        if let Ok(s) = &status {
+            if s["ready"] == true {
+                return Ok(s["generation_id"].as_str().map(str::to_string));
+            }
+            if s["agent"] == "failed" {
+                return Err(format!(
+                    "its guest agent failed: {}",
+                    s["agent_error"].as_str().unwrap_or("no reason given")
+                ));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(match status {
+                Ok(s) => format!(
+                    "not ready in time (agent: {})",
+                    s["agent"].as_str().unwrap_or("?")
+                ),
+                Err(e) => format!("not ready in time: {e}"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `req` to the control socket at `path` and returns the answer's
+/// `result`; errors: the connection's, or the VM's error as `CODE:
+/// MESSAGE`. `timeout` bounds each read and write (`None`: none, as a
+/// `branch` may take long).
+pub fn request(
+    path: &Path,
+    req: &serde_json::Value,
+    timeout: Option<Duration>,
+) -> Result<serde_json::Value, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    s.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    s.set_write_timeout(timeout).map_err(|e| e.to_string())?;
+    writeln!(s, "{req}").map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut answer = String::new();
+    BufReader::new(s)
+        .read_line(&mut answer)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut v: serde_json::Value = serde_json::from_str(&answer)
+        .map_err(|e| format!("{}: bad answer {answer:?}: {e}", path.display()))?;
+    if v["ok"] != true {
+        let e = &v["error"];
+        return Err(format!(
+            "{}: {}",
+            e["code"].as_str().unwrap_or("?"),
+            e["message"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(v["result"].take())
+}
+
+/// Stops the children of a failed request: `SIGTERM` (they quit as
+/// `Ctrl-A x` does), then `SIGKILL` for one still there after
+/// [`STOP_GRACE`].
+fn stop_all(children: &[Child]) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pids: Vec<Pid> = children
+        .iter()
+        .filter(|c| c.pid != 0)
+        .filter_map(|c| i32::try_from(c.pid).ok().map(Pid::from_raw))
+        .collect();
+    for &p in &pids {
+        let _ = kill(p, Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline && pids.iter().any(|&p| kill(p, None).is_ok()) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &p in &pids {
+        let _ = kill(p, Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_are_named_after_the_layer() {
+        assert_eq!(child_names("b", 3), ["b-1", "b-2", "b-3"]);
+        assert!(child_names("b", 0).is_empty());
+    }
+
+    #[test]
+    fn requests_are_checked_before_anything_is_done() {
+        let none = |_: &str| false;
+        assert!(matches!(
+            check("b", 0, 64, true, none),
+            Err(BranchError::Count {
+                count: 0,
+                limit: 64
+            })
+        ));
+        assert!(matches!(
+            check("b", 65, 64, true, none),
+            Err(BranchError::Count { count: 65, .. })
+        ));
+        assert_eq!(check("b", 64, 64, true, none).unwrap().len(), 64);
+        assert!(matches!(
+            check("b", 2, 64, false, none),
+            Err(BranchError::NoTrackDirty)
+        ));
+        assert!(matches!(
+            check("b", 2, 64, true, |n| n == "b"),
+            Err(BranchError::Exists(n)) if n == "b"
+        ));
+        // A child's name taken (say, by an earlier branch of `b`) too.
+        assert!(matches!(
+            check("b", 2, 64, true, |n| n == "b-2"),
+            Err(BranchError::Exists(n)) if n == "b-2"
+        ));
+        assert!(matches!(
+            check("../b", 2, 64, true, none),
+            Err(BranchError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn cids_are_stable_distinct_and_not_the_sources() {
+        let names = child_names("golden", 32);
+        let a = child_cids(&names, 3);
+        assert_eq!(a, child_cids(&names, 3));
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 32);
+        assert!(a
+            .iter()
+            .all(|&c| (3..u32::MAX as u64).contains(&c) && c != 3));
+        // A source whose CID is a child's own pushes that child to the next.
+        let b = child_cids(&names[..1], a[0]);
+        assert_eq!(b, [a[0] + 1]);
+    }
+
+    #[test]
+    fn a_childs_arguments_name_its_own_files() {
+        let src = Source {
+            branch: BranchConfig::default(),
+            store: "/s".into(),
+            track_dirty: true,
+            mode: SnapshotMode::Background,
+            backend: "emu",
+            control: Some("/run/vm/control".into()),
+            net: false,
+            cid: Some(3),
+            agent_timeout: Some(Duration::from_secs(300)),
+        };
+        let dir = branch_dir(&src, "b").unwrap();
+        assert_eq!(dir, Path::new("/run/vm/b"));
+        let mut c = child_files(&dir, "b-1", true);
+        c.cid = Some(77);
+        let a: Vec<String> = child_args(&src, "b", &c, 9)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let joined = a.join(" ");
+        for want in [
+            "--restore b --store /s --name b-1 --backend emu",
+            "--control /run/vm/b/b-1.control --console socket:/run/vm/b/b-1.console",
+            "--pid-file /run/vm/b/b-1.pid --log-file /run/vm/b/b-1.log",
+            "--vsock-uds /run/vm/b/b-1.vsock --vsock-cid 77",
+            "--agent-timeout 300 --branch-guard 9 --track-dirty --daemonize",
+        ] {
+            assert!(joined.contains(want), "{joined} lacks {want}");
+        }
+        let no_control = Source {
+            control: None,
+            ..src
+        };
+        assert!(matches!(
+            branch_dir(&no_control, "b"),
+            Err(BranchError::NoDir)
+        ));
+    }
+}
