@@ -442,7 +442,8 @@ impl Persist for Vsock {
     }
 
     /// The device with the command line's CID (or the saved one), no
-    /// connections, and the transport-reset event due.
+    /// connections, the transport-reset event due, and host ports from a
+    /// random point on ([`Muxer::start_ports_at_random`]).
     fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VirtioError> {
         let cid = args.cid.unwrap_or(state.cid);
         if !valid_guest_cid(cid) {
@@ -453,6 +454,7 @@ impl Persist for Vsock {
         }
         let mut dev = Vsock::new(cid, args.host);
         dev.reset_event = true;
+        dev.mux.start_ports_at_random();
         Ok(dev)
     }
 }
