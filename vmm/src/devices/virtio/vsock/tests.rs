@@ -489,7 +489,7 @@ fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
         .collect();
     assert!(starts
         .iter()
-        .all(|&p| (FIRST_LOCAL_PORT..u32::MAX).contains(&p)));
+        .all(|&p| p >= FIRST_LOCAL_PORT && p < u32::MAX));
     assert!(
         starts.iter().any(|&p| p != starts[0]) || starts[0] != FIRST_LOCAL_PORT,
         "{starts:?}"
