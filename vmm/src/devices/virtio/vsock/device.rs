@@ -442,8 +442,7 @@ impl Persist for Vsock {
     }
 
     /// The device with the command line's CID (or the saved one), no
-    /// connections, the transport-reset event due, and host ports from a
-    /// random point on ([`Muxer::start_ports_at_random`]).
+    /// connections, and the transport-reset event due.
     fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VirtioError> {
         let cid = args.cid.unwrap_or(state.cid);
         if !valid_guest_cid(cid) {
@@ -454,7 +453,6 @@ impl Persist for Vsock {
         }
         let mut dev = Vsock::new(cid, args.host);
         dev.reset_event = true;
-        dev.mux.start_ports_at_random();
         Ok(dev)
     }
 }

@@ -192,29 +192,6 @@ impl Muxer {
         }
     }
 
-    /// Gives host-initiated connections ports from a random point of the
-    /// host range on: a restored guest may still know connections (closing
-    /// ones too) from the ports its snapshot's VMM gave out, and a new
-    /// connection from one of those would be refused.
-    pub(super) fn start_ports_at_random(&mut self) {
-        let mut b = [0u8; 4];
-        if getrandom::fill(&mut b).is_err() {
-            // Unpredictability is not needed, only a likely fresh start.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            b = (t.subsec_nanos() ^ std::process::id()).to_le_bytes();
-        }
-        let span = u32::MAX - 1 - FIRST_LOCAL_PORT;
-        self.next_local_port = FIRST_LOCAL_PORT + u32::from_le_bytes(b) % span;
-    }
-
-    /// The port the next host-initiated connection gets (if free).
-    #[cfg(test)]
-    pub(super) fn next_local_port(&self) -> u32 {
-        self.next_local_port
-    }
-
     /// Open connections.
     pub(super) fn connections(&self) -> usize {
         self.conns.len()
