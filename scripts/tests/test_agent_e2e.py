@@ -79,6 +79,15 @@ def test_exec_exit_codes_signals_stdin_timeout_and_pty(vm):
         done = ex.wait()
     assert done.exit_code == 3
     assert b"30 100" in done.stdout and b"/dev/pts/" in done.stdout, done.stdout
+    # pty mode: the end of stdin is the terminal's end of file, after a whole line and after
+    # a partial one (cat ends on it).
+    for data in (b"whole line\n", b"partial"):
+        with vm.exec_stream(["cat"], pty=(24, 80), timeout=vm.timeouts.cmd) as ex:
+            ex.send_stdin(data)
+            ex.close_stdin()
+            done = ex.wait()
+        assert done.exit_code == 0 and not done.timed_out, done
+        assert done.stdout.replace(b"\r\n", b"\n").count(data.strip()) == 2, done.stdout  # echo and cat
 
 
 def test_16_mib_of_binary_stdout_and_32_execs_at_once(vm):
