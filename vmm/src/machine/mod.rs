@@ -218,7 +218,12 @@ where
     stages.vm_create = launch.times.vm_create;
     stages.gic = launch.times.gic;
     stages.devices = launch.times.devices;
-    let snapshots = Snapshots::new(&cfg.snapshots, launch.parent.take(), H::NAME);
+    // What the agent's answer means for readiness: the restored snapshot
+    // records whether its agent had answered (no flag is needed).
+    let expect = agent::Expect::new(cfg.agent.is_some(), launch.agent_answered);
+    let readiness = Arc::new(agent::Readiness::new(expect, launch.agent_answered));
+    let parent = launch.parent.take();
+    let snapshots = Snapshots::new(&cfg.snapshots, parent, H::NAME, readiness.clone());
     snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
     let _raw = console.raw_terminal().map_err(StartError::Start)?;
     let machine = Arc::new(Machine {
@@ -230,7 +235,7 @@ where
             BootSource::Restore { spec } => Some(spec.clone()),
             BootSource::Fresh(_) => None,
         },
-        readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
+        readiness,
     });
     let front = Front {
         signals: &signals,

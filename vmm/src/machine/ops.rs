@@ -76,11 +76,13 @@ pub struct Written {
 pub struct Status {
     /// `running` or `paused`.
     pub state: &'static str,
-    /// The vCPUs run and the guest agent, if the VM has one, answered with
-    /// the VM's generation ID.
+    /// The vCPUs run and, in a VM restored from a snapshot whose guest
+    /// agent had answered, the agent answered with the VM's new generation
+    /// ID.
     pub ready: bool,
-    /// The guest agent: `off` (none: no vsock device, or `--no-agent`),
-    /// `waiting`, `ready`, `failed`.
+    /// The guest agent: `absent` (none asked: no vsock device, or
+    /// `--no-agent`; or, where none was required, nothing listened within
+    /// the agent timeout), `waiting`, `ready`, `failed`.
     pub agent: &'static str,
     /// Why the agent failed (`agent` is `failed`), else `None`.
     pub agent_error: Option<String>,

@@ -34,6 +34,7 @@ use super::writer::{self, BackgroundWriter, Begun, Lineage, Outcome};
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
+use crate::machine::agent::Readiness;
 use crate::machine::config::{SnapshotMode, SnapshotOptions};
 use crate::machine::ops::{PauseError, SnapshotError, Written};
 use crate::machine::vm::{Stopped, Vmm};
@@ -86,13 +87,21 @@ pub struct Snapshots {
     test_delay: Option<Duration>,
     /// The test hook's gate ([`TEST_GATE_ENV`]).
     test_gate: Option<PathBuf>,
+    /// Whether the guest agent has answered, which each layer records.
+    agent: Arc<Readiness>,
 }
 
 impl Snapshots {
     /// The snapshots of a VM with options `opts`, written by `backend`;
     /// `parent` is the layer a restored VM came from (the first diff's
-    /// parent, with tracking).
-    pub fn new(opts: &SnapshotOptions, parent: Option<Layer>, backend: &'static str) -> Self {
+    /// parent, with tracking); each layer records whether `agent` has
+    /// answered.
+    pub fn new(
+        opts: &SnapshotOptions,
+        parent: Option<Layer>,
+        backend: &'static str,
+        agent: Arc<Readiness>,
+    ) -> Self {
         Snapshots {
             store: opts.store.clone(),
             name: opts.name.clone(),
@@ -113,6 +122,7 @@ impl Snapshots {
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
             test_gate: std::env::var_os(TEST_GATE_ENV).map(PathBuf::from),
+            agent,
         }
     }
 
@@ -300,6 +310,7 @@ impl Snapshots {
             power: captured.power,
             clock: captured.clock,
             gic: captured.gic,
+            agent_answered: Some(self.agent.answered()),
             devices: captured.devices,
         };
         let store = Store::create(&self.store).context("cannot open the snapshot store")?;
