@@ -313,7 +313,13 @@ def test_a_restore_waits_for_the_agent_its_snapshot_had(tmp_path, guest_disk, cf
         vm.run(STOP_AGENT)
         vm.snapshot("stopped")
     with Vm.restore(
-        cfg, "stopped", store=store, agent=True, wait=False, log_path=tmp_path / "r.log", extra=["--agent-timeout", "15"]
+        cfg,
+        "stopped",
+        store=store,
+        agent=True,
+        wait=False,
+        log_path=tmp_path / "r.log",
+        extra=["--agent-timeout", "15"],
     ) as vm:
         vm.wait_restored(prompt=False)
         seen = agent_settles(vm)
