@@ -28,6 +28,7 @@ import pytest
 from ignition import agent as ag
 from ignition import loglines, net
 from ignition.agent import AgentError
+from ignition.control import ControlError
 from ignition.vm import Vm
 
 pytestmark = pytest.mark.e2e
@@ -248,6 +249,9 @@ def test_no_agent_asked_is_ready_when_the_vcpus_run(tmp_path, guest_disk, cfg):
     ) as vm:
         st = vm.wait_ready()
         assert st["agent"] == "absent" and st["ready"]
+        with vm.control() as c, pytest.raises(ControlError) as e:
+            c.exec(["true"])
+        assert e.value.code == "refused", e.value
         assert vm.quit() == 0
     assert "Agent-" not in log.read_text()
 

@@ -91,6 +91,31 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         assert r.quit() == 0
 
 
+def test_exec_runs_a_command_through_the_agent(vm_and_socket):
+    """`exec`: exit codes, a signal, binary stdin and stdout, stderr, the timeout; the agent's
+    errors and a bad request are answered, and the connection serves on."""
+    vm, path = vm_and_socket
+    data = bytes(range(256)) * 64
+    with vm.control(path) as c:
+        r = c.exec(["sh", "-c", "cat; echo oops >&2; exit 3"], stdin=data)
+        assert (r["exit_code"], r["signal"], r["timed_out"]) == (3, None, False)
+        assert (r["stdout"], r["stderr"]) == (data, b"oops\n")
+        r = c.exec(["sh", "-c", "kill -TERM $$"])
+        assert (r["exit_code"], r["signal"]) == (None, 15)
+        r = c.exec(["sleep", "100"], timeout_ms=500)
+        assert (r["exit_code"], r["signal"], r["timed_out"]) == (None, 9, True)
+        with pytest.raises(ControlError) as e:
+            c.exec(["no-such-command"])
+        assert e.value.code == "exec_failed" and "error 2" in e.value.message, e.value
+        # Output over 1 MiB is refused, not buffered.
+        with pytest.raises(ControlError) as e:
+            c.exec(["head", "-c", str((1 << 20) + 1), "/dev/zero"])
+        assert e.value.code == "exec_failed" and "exceeds" in e.value.message, e.value
+        reply = c.raw(b'{"command": "exec", "argv": ["true"], "stdin": "not base64!"}')
+        assert not reply["ok"] and reply["error"]["code"] == "bad_request", reply
+        assert c.exec(["echo", "still"])["stdout"] == b"still\n"
+
+
 def test_bad_requests_change_nothing(vm_and_socket):
     vm, path = vm_and_socket
     with vm.control(path) as c, vm.control(path) as other:

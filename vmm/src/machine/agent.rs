@@ -18,10 +18,12 @@
 
 use crate::console;
 use crate::machine::config::AgentConfig;
+use crate::machine::ops;
 use crate::sync::Locked;
-use agent_client::{Agent, AgentError, FrameError, IdentityRequest, AGENT_PORT};
+use agent_client::{Agent, AgentError, ExecRequest, FrameError, IdentityRequest, AGENT_PORT};
 use anyhow::Context;
-use std::path::PathBuf;
+use base64::Engine;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -329,6 +331,32 @@ fn spawn(
                 }
             }
         })
+}
+
+/// Runs `op` in the guest through the agent behind `uds` (the control
+/// socket's `exec`), collecting at most [`ops::MAX_EXEC_OUTPUT`] bytes of
+/// each stream; waits at most its timeout and [`EXCHANGE_TIMEOUT`] for
+/// the agent.
+pub fn exec(uds: &Path, op: ops::ExecOp) -> Result<ops::Executed, ops::ExecError> {
+    let req = ExecRequest {
+        argv: op.argv,
+        stdin: op.stdin.is_some(),
+        timeout_ms: op.timeout_ms,
+        ..ExecRequest::default()
+    };
+    let stdin = op.stdin.unwrap_or_default();
+    let done = Agent::new(uds)
+        .with_timeout(EXCHANGE_TIMEOUT)
+        .exec(&req, &stdin, ops::MAX_EXEC_OUTPUT)
+        .map_err(|e| ops::ExecError::Agent(e.to_string()))?;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    Ok(ops::Executed {
+        exit_code: (!done.exit.signaled).then_some(done.exit.code),
+        signal: done.exit.signaled.then_some(done.exit.code),
+        timed_out: done.exit.timed_out,
+        stdout: b64(&done.stdout),
+        stderr: b64(&done.stderr),
+    })
 }
 
 #[cfg(test)]

@@ -90,6 +90,9 @@ struct Machine<V: Vm> {
     started: Instant,
     restored_from: Option<String>,
     readiness: Arc<agent::Readiness>,
+    /// The VMM's vsock socket, where the VMM asks the guest agent (`None`:
+    /// no vsock device, or `--no-agent`).
+    agent_uds: Option<std::path::PathBuf>,
 }
 
 impl<V: Vm + 'static> ops::Verbs for Machine<V> {
@@ -115,6 +118,10 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
             Op::Quit => {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
+            }
+            Op::Exec(e) => {
+                let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
+                Ok(Reply::Exec(agent::exec(uds, e)?))
             }
         }
     }
@@ -236,6 +243,11 @@ where
             BootSource::Fresh(_) => None,
         },
         readiness,
+        agent_uds: cfg
+            .vsock
+            .as_ref()
+            .filter(|_| cfg.agent.is_some())
+            .map(|v| v.uds.clone()),
     });
     let front = Front {
         signals: &signals,

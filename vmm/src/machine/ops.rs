@@ -30,6 +30,28 @@ pub enum Op {
     /// Ends the VM, as the guest's power-off would (a snapshot being
     /// written is finished first).
     Quit,
+    /// Runs a command in the guest through its agent and waits for it to
+    /// end (at most its timeout).
+    Exec(ExecOp),
+}
+
+/// Longest [`ExecOp::timeout_ms`]: an hour.
+pub const MAX_EXEC_TIMEOUT_MS: u32 = 3_600_000;
+
+/// Most bytes of each of stdout and stderr [`Op::Exec`] collects; more is
+/// an error (the command is killed).
+pub const MAX_EXEC_OUTPUT: u64 = 1 << 20;
+
+/// [`Op::Exec`]'s command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOp {
+    /// The command and its arguments (1 to 4096; `argv[0]` looked up in the
+    /// agent's `PATH`).
+    pub argv: Vec<String>,
+    /// Its stdin; `None`: `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Milliseconds until the agent kills it (1 to [`MAX_EXEC_TIMEOUT_MS`]).
+    pub timeout_ms: u32,
 }
 
 /// When [`Op::Snapshot`] answers.
@@ -50,6 +72,8 @@ pub enum Reply {
     Snapshot(Written),
     /// [`Op::Status`].
     Status(Status),
+    /// [`Op::Exec`].
+    Exec(Executed),
     /// [`Op::Pause`], [`Op::Resume`], [`Op::Quit`], and a snapshot
     /// answered once the guest runs again: done.
     Done {},
@@ -69,6 +93,22 @@ pub struct Written {
     pub pause_us: u64,
     /// `Snapshot-write-time`, in ms.
     pub write_ms: u64,
+}
+
+/// How [`Op::Exec`]'s command ended, and its output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Executed {
+    /// Its exit status (0 to 255), or `None` if a signal ended it.
+    pub exit_code: Option<u32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<u32>,
+    /// The timeout ended it (with `SIGKILL`).
+    pub timed_out: bool,
+    /// Its stdout, base64 (RFC 4648 with padding), at most
+    /// [`MAX_EXEC_OUTPUT`] bytes before encoding.
+    pub stdout: String,
+    /// Its stderr, the same way.
+    pub stderr: String,
 }
 
 /// What [`Op::Status`] reports.
@@ -116,6 +156,22 @@ pub enum OpError {
     /// pages and disk chunks it would have held go into the next one).
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    /// [`Op::Exec`] failed.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// Why [`Op::Exec`] has no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The VMM asks no agent: no vsock device, or `--no-agent`.
+    #[error("the VM has no guest agent to ask (no vsock device, or --no-agent)")]
+    NoAgent,
+    /// The agent did not run it (nothing listens, the command does not
+    /// exist, ...), the connection failed, or the output exceeded
+    /// [`MAX_EXEC_OUTPUT`]: the agent client's error.
+    #[error("{0}")]
+    Agent(String),
 }
 
 /// Why the VM could not be paused or resumed.
