@@ -167,7 +167,7 @@ struct Args {
     /// Snapshot store directory.
     #[arg(long, default_value = "vmstore")]
     store: PathBuf,
-    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit) on this Unix socket, mode 0600
+    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit, exec) on this Unix socket, mode 0600
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
