@@ -116,6 +116,31 @@ def test_exec_runs_a_command_through_the_agent(vm_and_socket):
         assert c.exec(["echo", "still"])["stdout"] == b"still\n"
 
 
+def test_quit_during_an_exec_answers_it(vm_and_socket):
+    """A `quit` while another connection's `exec` waits for a command with an hour's timeout:
+    the exec is answered (the VM has ended) and boot exits."""
+    vm, path = vm_and_socket
+    answers: list[dict] = []
+    with vm.control(path) as c, vm.control(path) as other:
+        running = threading.Thread(
+            target=lambda: answers.append(
+                c.raw(b'{"command": "exec", "argv": ["sleep", "100000"], "timeout_ms": 3600000}')
+            )
+        )
+        running.start()
+        # The command runs in the guest before the quit.
+        deadline = time.monotonic() + 120
+        while "sleep 100000" not in vm.run("ps -o args"):
+            assert time.monotonic() < deadline, "the exec never started"
+            time.sleep(0.1)
+        other.quit()
+        running.join(timeout=300)
+        assert not running.is_alive()
+    assert vm.wait_exit() == 0
+    assert answers and not answers[0]["ok"], answers
+    assert answers[0]["error"]["code"] == "exec_failed" and "ended" in answers[0]["error"]["message"], answers
+
+
 def test_bad_requests_change_nothing(vm_and_socket):
     vm, path = vm_and_socket
     with vm.control(path) as c, vm.control(path) as other:

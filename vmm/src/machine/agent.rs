@@ -25,6 +25,7 @@ use anyhow::Context;
 use base64::Engine;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -336,8 +337,39 @@ fn spawn(
 /// Runs `op` in the guest through the agent behind `uds` (the control
 /// socket's `exec`), collecting at most [`ops::MAX_EXEC_OUTPUT`] bytes of
 /// each stream; waits at most its timeout and [`EXCHANGE_TIMEOUT`] for
-/// the agent.
-pub fn exec(uds: &Path, op: ops::ExecOp) -> Result<ops::Executed, ops::ExecError> {
+/// the agent, and no longer than the VM runs (`ended`: then an error; the
+/// exchange's thread ends with its connection).
+pub fn exec(
+    uds: &Path,
+    op: ops::ExecOp,
+    ended: &dyn Fn() -> bool,
+) -> Result<ops::Executed, ops::ExecError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let uds = uds.to_path_buf();
+    std::thread::Builder::new()
+        .name("agent-exec".into())
+        .spawn(move || {
+            let _ = tx.send(exec_now(&uds, op));
+        })
+        .map_err(|e| ops::ExecError::Agent(format!("cannot spawn the exec's thread: {e}")))?;
+    loop {
+        match rx.recv_timeout(RETRY) {
+            Ok(r) => return r,
+            Err(RecvTimeoutError::Timeout) if !ended() => {}
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(ops::ExecError::Agent("the VM has ended".into()))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ops::ExecError::Agent(
+                    "the exec's thread ended without an answer".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// [`exec`]'s exchange.
+fn exec_now(uds: &Path, op: ops::ExecOp) -> Result<ops::Executed, ops::ExecError> {
     let req = ExecRequest {
         argv: op.argv,
         stdin: op.stdin.is_some(),

@@ -121,7 +121,8 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
             }
             Op::Exec(e) => {
                 let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
-                Ok(Reply::Exec(agent::exec(uds, e)?))
+                let ended = || self.vmm.finished();
+                Ok(Reply::Exec(agent::exec(uds, e, &ended)?))
             }
         }
     }
