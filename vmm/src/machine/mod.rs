@@ -231,7 +231,13 @@ where
     let expect = agent::Expect::new(cfg.agent.is_some(), launch.agent_answered);
     let readiness = Arc::new(agent::Readiness::new(expect, launch.agent_answered));
     let parent = launch.parent.take();
-    let snapshots = Snapshots::new(&cfg.snapshots, parent, H::NAME, readiness.clone());
+    let answered = readiness.clone();
+    let snapshots = Snapshots::new(
+        &cfg.snapshots,
+        parent,
+        H::NAME,
+        Box::new(move || answered.answered()),
+    );
     snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
     let _raw = console.raw_terminal().map_err(StartError::Start)?;
     let machine = Arc::new(Machine {
