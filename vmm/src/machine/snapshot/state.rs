@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 /// Version of the machine-state encoding; bump on incompatible changes.
 /// Older versions are still read: [`MachineState::decode`] upgrades them.
 ///
-/// - 5: whether the guest agent had answered ([`MachineState::agent_answered`]).
+/// - 5: whether the guest agent had answered ([`MachineState::agent_answered`]);
+///   the vsock device's next host port (optional, so version 4 states
+///   read without it).
 /// - 4: each vCPU's debug registers ([`DEBUG_SYSREGS`]: the OS lock,
 ///   breakpoints and watchpoints).
 /// - 3: the guest's clock once for the VM ([`ClockState`]: one count, and
