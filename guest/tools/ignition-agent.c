@@ -7,7 +7,7 @@
  * guest TCP port as the connection's byte stream), info, and identity
  * (after a restore: rotate the clone's network address and machine ID,
  * publish the new generation ID). The protocol is in the book's chapter
- * "The guest agent"; the host's side is the `ignition-agent-proto` crate
+ * "The guest agent"; the host's side is the `ignition-agent-client` crate
  * and the `ignition.agent` Python module.
  *
  *   ignition-agent [--port PORT]
@@ -370,6 +370,24 @@ struct pending {
     size_t off, len;
 };
 
+/* The end of stdin on a pty, as a user at the terminal gives it: the
+ * terminal's EOF character (VEOF, Ctrl-D), put in buf; returns how many.
+ * In canonical mode one at the start of a line makes the reader's read()
+ * return 0; after a partial line (last, the last byte written, ends none)
+ * the first only hands that line over, so two are sent. In raw mode the
+ * command gets the character itself. None if the terminal has no VEOF. */
+static size_t pty_eof(int master, uint8_t last, uint8_t *buf)
+{
+    struct termios t;
+    int line_open;
+    if (tcgetattr(master, &t) < 0 || t.c_cc[VEOF] == _POSIX_VDISABLE)
+        return 0;
+    line_open = last != '\n' && !(last == '\r' && (t.c_iflag & ICRNL)) && last != t.c_cc[VEOF] &&
+                !(t.c_cc[VEOL] != _POSIX_VDISABLE && last == t.c_cc[VEOL]);
+    buf[0] = buf[1] = t.c_cc[VEOF];
+    return (t.c_lflag & ICANON) && line_open ? 2 : 1;
+}
+
 static void exec_request(int fd, struct in *in)
 {
     uint32_t flags = in_u32(in), timeout_ms = in_u32(in);
@@ -513,6 +531,8 @@ child_fail:
     /* Output fds: [0] stdout (or the pty), [1] stderr. */
     int outs[2] = { pty ? master : out_p[0], pty ? -1 : err_p[0] };
     int stdin_fd = pty ? master : in_p[1];
+    /* The last byte written to the command's stdin ('\n': none yet). */
+    uint8_t last_in = '\n';
     int sock_open = 1;
     for (;;) {
         struct pollfd p[5];
@@ -579,6 +599,7 @@ child_fail:
             if (n > 0) {
                 pend.off += (size_t)n;
                 pend.len -= (size_t)n;
+                last_in = pend.buf[pend.off - 1];
             } else if (n < 0 && errno != EINTR && errno != EAGAIN) {
                 /* The command closed its stdin: drop what it did not take. */
                 pend.len = 0;
@@ -602,10 +623,13 @@ child_fail:
                     fail(fd, E_BAD_REQUEST, "stdin data, but stdin was not asked for or has ended");
                 if (len == 0) {
                     stdin_open = 0;
-                    if (!pty && stdin_fd >= 0) {
+                    if (pty)
+                        pend.len = pty_eof(master, last_in, pend.buf);
+                    else if (stdin_fd >= 0) {
                         close(stdin_fd);
                         stdin_fd = -1;
                     }
+                    pend.off = 0;
                 } else if (stdin_fd >= 0) {
                     memcpy(pend.buf, payload(), len);
                     pend.off = 0;

@@ -332,7 +332,7 @@ class Execution:
             self._send(DATA, bytes(view[i : i + CHUNK]))
 
     def close_stdin(self) -> None:
-        """Ends the command's stdin (ignored in pty mode)."""
+        """Ends the command's stdin (in pty mode: the terminal's end of file, VEOF)."""
         if self.stdin_open:
             self.stdin_open = False
             self._send(DATA, b"")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -83,6 +84,18 @@ class ControlClient:
 
     def quit(self) -> None:
         self.request("quit")
+
+    def exec(self, argv: list[str], stdin: bytes | None = None, timeout_ms: int | None = None) -> dict[str, Any]:
+        """Runs argv in the guest through its agent (the `exec` request); returns {exit_code,
+        signal, timed_out, stdout, stderr} with stdout and stderr decoded to bytes. Raises
+        ControlError (`exec_failed`, `refused` without an agent)."""
+        args: dict[str, Any] = {"argv": argv}
+        if stdin is not None:
+            args["stdin"] = base64.b64encode(stdin).decode()
+        if timeout_ms is not None:
+            args["timeout_ms"] = timeout_ms
+        r = self.request("exec", **args)
+        return {**r, "stdout": base64.b64decode(r["stdout"]), "stderr": base64.b64decode(r["stderr"])}
 
     def close(self) -> None:
         try:

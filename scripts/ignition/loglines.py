@@ -48,6 +48,8 @@ AGENT_READY_TIME = r"Agent-ready-time = (\d+) ms"
 """group 1: VM start -> the guest agent's answer with the VM's generation ID, whole ms."""
 AGENT_FAILED = r"Agent-failed: ([^\r\n]*)"
 """group 1: why the guest agent did not answer (in time) or refused."""
+AGENT_ABSENT = r"Agent-absent: ([^\r\n]*)"
+"""group 1: why the VMM stopped asking for a guest agent none required (nothing listened)."""
 RESTORE_DISK = r"Restore-disk = (\d+) us \(overlay on (\d+) layers?\)"
 """groups: opening the chain's disk under the VM's overlay (µs, part of resolve), the layers it reads."""
 

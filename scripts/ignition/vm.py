@@ -305,12 +305,15 @@ class Vm:
             raise ValueError("this VM has no guest agent: start it with agent=True")
         return self._agent
 
-    def wait_ready(self, timeout: float | None = None) -> dict[str, object]:
-        """Waits until the VMM calls the VM ready (its control socket's status: the vCPUs run
-        and the guest agent answered with the VM's generation ID); returns that status.
-        Raises AgentError if the VMM reports the agent failed, ConsoleError on the timeout
-        (default: boot) or if boot exited."""
+    def wait_ready(self, timeout: float | None = None, agent: bool | None = None) -> dict[str, object]:
+        """Waits until the VMM calls the VM ready (its control socket's status: the vCPUs run,
+        and a restore of a snapshot whose agent had answered has its agent's answer) and, with
+        agent (default: the VM was started with agent=True), until the guest agent answered
+        with the VM's generation ID (status agent "ready"); returns that status. Raises
+        AgentError if the VMM reports the agent failed (or, with agent, absent), ConsoleError
+        on the timeout (default: boot) or if boot exited."""
         timeout = self.timeouts.boot if timeout is None else timeout
+        agent = self._agent is not None if agent is None else agent
         deadline = time.monotonic() + timeout
         while self.control_path is not None and not self.control_path.exists():  # boot is starting
             if not self.child.isalive() or time.monotonic() > deadline:
@@ -319,10 +322,12 @@ class Vm:
         with self.control() as c:
             while True:
                 st = c.status()
-                if st["ready"]:
+                if st["ready"] and (not agent or st["agent"] == "ready"):
                     return st
                 if st["agent"] == "failed":
                     raise AgentError(f"the VMM reports the guest agent failed: {st['agent_error']}")
+                if agent and st["agent"] == "absent":
+                    raise AgentError("the VMM reports no guest agent (nothing listened on its port)")
                 if not self.child.isalive():
                     raise ConsoleError("boot exited before the VM was ready")
                 if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -27,6 +28,7 @@ import pytest
 from ignition import agent as ag
 from ignition import loglines, net
 from ignition.agent import AgentError
+from ignition.control import ControlError
 from ignition.vm import Vm
 
 pytestmark = pytest.mark.e2e
@@ -79,6 +81,15 @@ def test_exec_exit_codes_signals_stdin_timeout_and_pty(vm):
         done = ex.wait()
     assert done.exit_code == 3
     assert b"30 100" in done.stdout and b"/dev/pts/" in done.stdout, done.stdout
+    # pty mode: the end of stdin is the terminal's end of file, after a whole line and after
+    # a partial one (cat ends on it).
+    for data in (b"whole line\n", b"partial"):
+        with vm.exec_stream(["cat"], pty=(24, 80), timeout=vm.timeouts.cmd) as ex:
+            ex.send_stdin(data)
+            ex.close_stdin()
+            done = ex.wait()
+        assert done.exit_code == 0 and not done.timed_out, done
+        assert done.stdout.replace(b"\r\n", b"\n").count(data.strip()) == 2, done.stdout  # echo and cat
 
 
 def test_16_mib_of_binary_stdout_and_32_execs_at_once(vm):
@@ -229,11 +240,99 @@ def test_two_restores_of_one_snapshot_are_two_identities(tmp_path, guest_disk, c
     assert clones[0].machine_id != clones[1].machine_id
 
 
-def test_a_guest_without_agent_is_ready_when_its_vcpus_run(tmp_path, guest_disk, cfg):
+def test_no_agent_asked_is_ready_when_the_vcpus_run(tmp_path, guest_disk, cfg):
+    """--no-agent: the VMM does not contact port 1024 (a guest with another service there)."""
     uds = tmp_path / "v.sock"
-    with Vm.boot(cfg, disk=guest_disk, mem=MEM, control=True, extra=["--vsock-uds", str(uds), "--no-agent"]) as vm:
+    log = tmp_path / "boot.log"
+    with Vm.boot(
+        cfg, disk=guest_disk, mem=MEM, control=True, log_path=log, extra=["--vsock-uds", str(uds), "--no-agent"]
+    ) as vm:
         st = vm.wait_ready()
-        assert st["agent"] == "off" and st["ready"]
+        assert st["agent"] == "absent" and st["ready"]
+        with vm.control() as c, pytest.raises(ControlError) as e:
+            c.exec(["true"])
+        assert e.value.code == "refused", e.value
+        assert vm.quit() == 0
+    assert "Agent-" not in log.read_text()
+
+
+def agent_settles(vm: Vm) -> list[dict]:
+    """The VM's statuses, polled until its agent is no longer waiting (boot's own timeout ends
+    the wait)."""
+    seen = []
+    with vm.control() as c:
+        while True:
+            st = c.status()
+            seen.append(st)
+            if st["agent"] != "waiting":
+                return seen
+            assert vm.child.isalive(), "boot exited"
+            time.sleep(0.1)
+
+
+# A guest without the agent: the real guest with a shell for init (no inittab, so no agent).
+NO_AGENT_CMDLINE = "console=ttyAMA0 root=/dev/vda rw rootwait boottimer=0x9100000 init=/bin/sh"
+
+
+def test_a_guest_without_agent_needs_no_flag(tmp_path, guest_disk, cfg):
+    """A fresh boot with a vsock device and no agent in the guest is ready when its vCPUs run;
+    the agent is reported absent after --agent-timeout. A snapshot of it records that no
+    agent answered: its restore is ready when the vCPUs run too."""
+    store = tmp_path / "store"
+    log = tmp_path / "boot.log"
+    extra = ["--cmdline", NO_AGENT_CMDLINE, "--agent-timeout", "5"]
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, agent=True, store=store, log_path=log, extra=extra) as vm:
+        st = vm.wait_ready(agent=False)
+        assert st["ready"] and st["agent"] in ("waiting", "absent"), st
+        seen = agent_settles(vm)
+        assert all(s["ready"] for s in seen), seen
+        assert seen[-1]["agent"] == "absent" and seen[-1]["agent_error"] is None, seen[-1]
+        vm.expect(loglines.AGENT_ABSENT, "Agent-absent")
+        # Asking for the agent is an error, not a hang.
+        with pytest.raises(AgentError, match="no guest agent"):
+            vm.wait_ready()
+        vm.snapshot("bare")
+    assert "Agent-failed" not in log.read_text()
+    with Vm.restore(
+        cfg, "bare", store=store, agent=True, wait=False, log_path=tmp_path / "r.log", extra=["--agent-timeout", "5"]
+    ) as vm:
+        vm.wait_restored(prompt=False)
+        st = vm.wait_ready(agent=False)
+        assert st["ready"] and st["agent"] in ("waiting", "absent"), st
+        seen = agent_settles(vm)
+        assert all(s["ready"] for s in seen) and seen[-1]["agent"] == "absent", seen
+
+
+# The guest agent's listener (its parent is init), stopped: it takes no connection.
+STOP_AGENT = "for p in $(pidof ignition-agent); do [ $(cut -d' ' -f4 /proc/$p/stat) = 1 ] && kill -STOP $p; done"
+
+
+def test_a_restore_waits_for_the_agent_its_snapshot_had(tmp_path, guest_disk, cfg):
+    """A snapshot taken after its agent answered records it: its restore is not ready until
+    the agent answers, and one whose agent cannot answer is reported failed (not hung on),
+    the VM running on."""
+    store = tmp_path / "store"
+    with Vm.boot(cfg, disk=guest_disk, mem=MEM, agent=True, store=store, log_path=tmp_path / "g.log") as vm:
+        vm.wait_ready()
+        vm.run(STOP_AGENT)
+        vm.snapshot("stopped")
+    with Vm.restore(
+        cfg,
+        "stopped",
+        store=store,
+        agent=True,
+        wait=False,
+        log_path=tmp_path / "r.log",
+        extra=["--agent-timeout", "15"],
+    ) as vm:
+        vm.wait_restored(prompt=False)
+        seen = agent_settles(vm)
+        assert not any(s["ready"] for s in seen), seen
+        assert seen[-1]["agent"] == "failed" and "no answer within 15 s" in seen[-1]["agent_error"], seen[-1]
+        assert seen[-1]["state"] == "running"
+        vm.expect(loglines.AGENT_FAILED, "Agent-failed")
+        with pytest.raises(AgentError, match="failed"):
+            vm.wait_ready()
 
 
 def in_netns(name: str, *argv: str) -> subprocess.CompletedProcess:

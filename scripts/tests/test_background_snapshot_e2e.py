@@ -29,11 +29,11 @@ BIG = 8 * 1024 * 1024
 def fill(vm: Vm, path: str, byte: str, sync: bool = False) -> None:
     """Writes BIG bytes of `byte` to `path` in large blocks (a `yes | head` pipe makes a
     system call per line, which the emu backend takes tens of seconds for)."""
-    vm.sh(f"head -c {BIG} /dev/zero | tr '\\0' '{byte}' > {path}" + (" && sync" if sync else ""))
+    vm.run(f"head -c {BIG} /dev/zero | tr '\\0' '{byte}' > {path}" + (" && sync" if sync else ""))
 
 
 def sha(vm: Vm, path: str) -> str:
-    return vm.sh(f"sha256sum {path}").split()[0]
+    return vm.run(f"sha256sum {path}").split()[0]
 
 
 def open_gate(gate):
@@ -47,8 +47,10 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
     store = tmp_path / "store"
     disk = tmp_path / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="bg", log_path=tmp_path / "bg.log") as vm:
-        vm.login()
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="bg", agent=True, log_path=tmp_path / "bg.log"
+    ) as vm:
+        vm.wait_ready()
         fill(vm, "/dev/shm/a", "b")
         fill(vm, "/root/d", "d", sync=True)
         before = sha(vm, "/dev/shm/a")
@@ -60,7 +62,7 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
             # rewrites the file, the disk is read into freed pages, and a
             # file on the disk is rewritten.
             fill(vm, "/dev/shm/a", byte)
-            vm.sh("echo 3 > /proc/sys/vm/drop_caches && cat /bin/busybox /etc/* > /dev/null 2>&1; true")
+            vm.run("echo 3 > /proc/sys/vm/drop_caches && cat /bin/busybox /etc/* > /dev/null 2>&1; true")
             fill(vm, "/root/d", byte, sync=True)
             assert sha(vm, "/dev/shm/a") != before
             open_gate(gate)
@@ -84,11 +86,11 @@ def test_the_layer_holds_ram_as_it_was_at_the_pause(tmp_path, guest_out, cfg, mo
     assert not gate.exists()
 
     for spec in ("bg", "bg+1"):
-        with Vm.restore(cfg, spec, store=store, log_path=tmp_path / f"r-{spec}.log") as vm:
+        with Vm.restore(cfg, spec, store=store, agent=True, log_path=tmp_path / f"r-{spec}.log") as vm:
             assert sha(vm, "/dev/shm/a") == before
             assert sha(vm, "/bin/busybox") == busybox
             # From the layer's disk, not the page cache restored with RAM.
-            vm.sh("echo 3 > /proc/sys/vm/drop_caches")
+            vm.run("echo 3 > /proc/sys/vm/drop_caches")
             assert sha(vm, "/root/d") == on_disk
             assert vm.quit() == 0
 
@@ -113,14 +115,14 @@ def test_a_failed_layer_leaves_nothing_and_loses_no_dirty_page(tmp_path, guest_o
         shutil.copyfile(guest_out / "rootfs.ext4", disk)
         ballast = small / "ballast"
         with Vm.boot(
-            cfg, disk=disk, mem=128, store=store, track_dirty=True, name="f", log_path=tmp_path / "f.log"
+            cfg, disk=disk, mem=128, store=store, track_dirty=True, name="f", agent=True, log_path=tmp_path / "f.log"
         ) as vm:
-            vm.login()
+            vm.wait_ready()
             pending = vm.snapshot_start("f")
             open_gate(gate)
             vm.snapshot_finish(pending, "full")
 
-            vm.sh("echo one > /dev/shm/m1")
+            vm.run("echo one > /dev/shm/m1")
             pending = vm.snapshot_start("f.2")
             # Fill the store's file system while the writer waits.
             subprocess.run(["dd", "if=/dev/zero", f"of={ballast}", "bs=1M"], capture_output=True)
@@ -130,15 +132,15 @@ def test_a_failed_layer_leaves_nothing_and_loses_no_dirty_page(tmp_path, guest_o
             assert sorted(os.listdir(store)) == ["f"], "the failed layer left something behind"
 
             ballast.unlink()
-            vm.sh("echo two > /dev/shm/m2")
+            vm.run("echo two > /dev/shm/m2")
             pending = vm.snapshot_start("f.2")
             open_gate(gate)
             vm.snapshot_finish(pending, "diff")
             assert vm.quit() == 0
 
-        with Vm.restore(cfg, "f+1", store=store, log_path=tmp_path / "r.log") as vm:
+        with Vm.restore(cfg, "f+1", store=store, agent=True, log_path=tmp_path / "r.log") as vm:
             # m1 was dirtied before the failed layer: the next one holds it.
-            assert vm.sh("cat /dev/shm/m1 /dev/shm/m2").split() == ["one", "two"]
+            assert vm.run("cat /dev/shm/m1 /dev/shm/m2").split() == ["one", "two"]
             assert vm.quit() == 0
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)

@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 from ignition import store as vmstore
-from ignition.agent import NoAgent
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlError
 from ignition.vm import Vm
@@ -77,15 +76,7 @@ def branch_processes(layer: str) -> list[int]:
 
 
 def run(c: Child | Vm, cmd: str) -> str:
-    """`sh -c cmd` through the agent. A connection the guest refuses before the request is sent
-    (NoAgent: the command did not run) is tried again, up to 5 times: shortly after a restore,
-    some fresh host connections to a ready agent are refused (seen on plain restores too, in
-    test_agent_e2e); that is the vsock or agent side's to fix, not what this suite checks."""
-    for _ in range(4):
-        try:
-            return c.run(cmd)
-        except NoAgent:
-            time.sleep(0.1)
+    """`sh -c cmd` through the agent."""
     return c.run(cmd)
 
 

@@ -91,6 +91,56 @@ def test_commands(vm_and_socket, tmp_path, cfg):
         assert r.quit() == 0
 
 
+def test_exec_runs_a_command_through_the_agent(vm_and_socket):
+    """`exec`: exit codes, a signal, binary stdin and stdout, stderr, the timeout; the agent's
+    errors and a bad request are answered, and the connection serves on."""
+    vm, path = vm_and_socket
+    data = bytes(range(256)) * 64
+    with vm.control(path) as c:
+        r = c.exec(["sh", "-c", "cat; echo oops >&2; exit 3"], stdin=data)
+        assert (r["exit_code"], r["signal"], r["timed_out"]) == (3, None, False)
+        assert (r["stdout"], r["stderr"]) == (data, b"oops\n")
+        r = c.exec(["sh", "-c", "kill -TERM $$"])
+        assert (r["exit_code"], r["signal"]) == (None, 15)
+        r = c.exec(["sleep", "100"], timeout_ms=500)
+        assert (r["exit_code"], r["signal"], r["timed_out"]) == (None, 9, True)
+        with pytest.raises(ControlError) as e:
+            c.exec(["no-such-command"])
+        assert e.value.code == "exec_failed" and "error 2" in e.value.message, e.value
+        # Output over 1 MiB is refused, not buffered.
+        with pytest.raises(ControlError) as e:
+            c.exec(["head", "-c", str((1 << 20) + 1), "/dev/zero"])
+        assert e.value.code == "exec_failed" and "exceeds" in e.value.message, e.value
+        reply = c.raw(b'{"command": "exec", "argv": ["true"], "stdin": "not base64!"}')
+        assert not reply["ok"] and reply["error"]["code"] == "bad_request", reply
+        assert c.exec(["echo", "still"])["stdout"] == b"still\n"
+
+
+def test_quit_during_an_exec_answers_it(vm_and_socket):
+    """A `quit` while another connection's `exec` waits for a command with an hour's timeout:
+    the exec is answered (the VM has ended) and boot exits."""
+    vm, path = vm_and_socket
+    answers: list[dict] = []
+    with vm.control(path) as c, vm.control(path) as other:
+        running = threading.Thread(
+            target=lambda: answers.append(
+                c.raw(b'{"command": "exec", "argv": ["sleep", "100000"], "timeout_ms": 3600000}')
+            )
+        )
+        running.start()
+        # The command runs in the guest before the quit.
+        deadline = time.monotonic() + 120
+        while "sleep 100000" not in vm.run("ps -o args"):
+            assert time.monotonic() < deadline, "the exec never started"
+            time.sleep(0.1)
+        other.quit()
+        running.join(timeout=300)
+        assert not running.is_alive()
+    assert vm.wait_exit() == 0
+    assert answers and not answers[0]["ok"], answers
+    assert answers[0]["error"]["code"] == "exec_failed" and "ended" in answers[0]["error"]["message"], answers
+
+
 def test_bad_requests_change_nothing(vm_and_socket):
     vm, path = vm_and_socket
     with vm.control(path) as c, vm.control(path) as other:

@@ -10,7 +10,8 @@ and after its commit; a few are killed as soon as the commit is logged
 verified-file cache is written. Whatever the moment, the store must stay
 consistent: every entry is a layer or a work directory, every present
 layer verifies, `vmstore verify --all` passes, `vmstore gc` leaves no work
-directory, every layer restores to a shell, and so does the parent.
+directory, every layer restores to a guest whose agent answers (the guest is
+driven through its agent; Ctrl-A s stays on the console), and so does the parent.
 
 Nothing here depends on timing: a kill that lands after the commit finds
 the layer present (and it must verify); one before finds it absent. The
@@ -56,9 +57,9 @@ def plan(rng: random.Random, expected_s: dict[str, float]) -> list[tuple[str, fl
 def dirty(vm: Vm, i: int) -> None:
     """Dirties 4 MiB of RAM; every other time also writes to the root disk, so a diff's
     disk is sometimes cloned and re-hashed and sometimes the parent's, reused."""
-    vm.sh(f"dd if=/dev/urandom of=/dev/shm/k{i} bs=64k count=64 2>/dev/null")
+    vm.run(f"dd if=/dev/urandom of=/dev/shm/k{i} bs=64k count=64 2>/dev/null")
     if i % 2:
-        vm.sh(f"echo {i} > /root/k{i} && sync")
+        vm.run(f"echo {i} > /root/k{i} && sync")
 
 
 def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
@@ -69,9 +70,11 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
 
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, name="golden", log_path=logs / "golden.log") as vm:
-        vm.login()
-        vm.sh(f"echo {MARK} > /root/golden.txt && sync")
+    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, name="golden", agent=True, log_path=logs / "golden.log") as vm:
+        vm.wait_ready()
+        # Without a machine ID the agent's rotation in each restore writes nothing to the
+        # disk, so only dirty() decides whether a diff's disk is written or reused.
+        vm.run(f"rm /etc/machine-id && echo {MARK} > /root/golden.txt && sync")
         vm.snapshot("golden", "full")
         assert vm.quit() == 0
 
@@ -81,7 +84,7 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
         name = f"ref-{r}-{kind}"
         refs.append(name)
         with Vm.restore(
-            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", agent=True, log_path=logs / f"{name}.log"
         ) as vm:
             dirty(vm, r)
             expected_s[kind] = max(expected_s[kind], vm.snapshot(name, kind).console_wall_s)
@@ -94,7 +97,7 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
         name = f"kill-{i:02d}-{kind}"
         names.append(name)
         with Vm.restore(
-            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", log_path=logs / f"{name}.log"
+            cfg, "golden", store=store, name=name, track_dirty=kind == "diff", agent=True, log_path=logs / f"{name}.log"
         ) as vm:
             dirty(vm, i)
             t0 = time.perf_counter()
@@ -137,10 +140,10 @@ def test_kill_9_during_snapshots_leaves_a_consistent_store(cfg, disk, tmp_path):
     res = vmstore.vmstore(store, "verify", "--all")
     assert res.returncode == 0, f"seed {seed}: after gc: {res.stdout}{res.stderr}"
 
-    # Every present layer restores to a shell with golden's disk; the parent too.
+    # Every present layer restores to a guest with golden's disk; the parent too.
     for name in [n for n in layers if n != "golden"] + ["golden"]:
-        with Vm.restore(cfg, name, store=store, log_path=logs / f"restore-{name}.log") as vm:
-            assert vm.sh("cat /root/golden.txt") == MARK, f"seed {seed}: {name}"
+        with Vm.restore(cfg, name, store=store, agent=True, log_path=logs / f"restore-{name}.log") as vm:
+            assert vm.run("cat /root/golden.txt") == MARK, f"seed {seed}: {name}"
             assert vm.quit() == 0, f"seed {seed}: {name}"
     # Passed: free the disk (a few GiB); a failure keeps the store and the console logs.
     vmstore.remove_tree(store)

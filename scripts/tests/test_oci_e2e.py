@@ -71,17 +71,19 @@ def chain(tmp_path_factory, guest_out, cfg):
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     sums = {}
     with Vm.boot(
-        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", log_path=tmp / "golden.log"
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", agent=True, log_path=tmp / "golden.log"
     ) as vm:
-        vm.login()
-        vm.sh("dd if=/dev/urandom of=/dev/shm/golden bs=64k count=16 2>/dev/null")
-        sums["golden"] = vm.sh("sha256sum /dev/shm/golden").split()[0]
+        vm.wait_ready()
+        vm.run("dd if=/dev/urandom of=/dev/shm/golden bs=64k count=16 2>/dev/null")
+        sums["golden"] = vm.run("sha256sum /dev/shm/golden").split()[0]
         vm.snapshot("golden", "full")
         assert vm.quit() == 0
     for parent, name in zip(CHAIN, CHAIN[1:]):
-        with Vm.restore(cfg, parent, store=store, track_dirty=True, name=name, log_path=tmp / f"{name}.log") as vm:
-            vm.sh(f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null")
-            sums[name] = vm.sh(f"sha256sum /dev/shm/{name}").split()[0]
+        with Vm.restore(
+            cfg, parent, store=store, track_dirty=True, name=name, agent=True, log_path=tmp / f"{name}.log"
+        ) as vm:
+            vm.run(f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null")
+            sums[name] = vm.run(f"sha256sum /dev/shm/{name}").split()[0]
             vm.snapshot(name, "diff")
             assert vm.quit() == 0
     return store, sums
@@ -133,9 +135,9 @@ def test_push_pull_and_restore_from_the_pulled_store(chain, pushed, cfg, tmp_pat
     for name in CHAIN[:4]:
         assert (store_b / name / "manifest.json").read_bytes() == (store_a / name / "manifest.json").read_bytes()
     assert vmstore_json(store_b, "verify", "d3")["ok"] is True
-    with Vm.restore(cfg, "golden+3", store=store_b, log_path=tmp_path / "restore.log") as vm:
+    with Vm.restore(cfg, "golden+3", store=store_b, agent=True, log_path=tmp_path / "restore.log") as vm:
         for name in CHAIN[:4]:
-            assert vm.sh(f"sha256sum /dev/shm/{name}").split()[0] == sums[name], name
+            assert vm.run(f"sha256sum /dev/shm/{name}").split()[0] == sums[name], name
         assert vm.quit() == 0
 
     # Pulling again fetches nothing.

@@ -1,5 +1,8 @@
 """End-to-end snapshots on the real guest: Ctrl-A s, diff chains, restore.
 
+The guest is driven through its agent (vm.run); Ctrl-A s and the snapshot's lines stay on
+the console, whose escapes take snapshots.
+
 golden (full) -> d1 -> d2 -> d3 (diffs), each diff made by restoring its parent
 with --track-dirty and writing a file of known content into /dev/shm. Then
 restores of golden+3 and d1 are checked, the disk's state at the snapshot
@@ -50,21 +53,23 @@ def chain(tmp_path_factory, guest_out, cfg):
     facts: dict[str, Any] = {"sums": {}, "pages": {}}
 
     with Vm.boot(
-        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", log_path=tmp / "golden.log"
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="golden", agent=True, log_path=tmp / "golden.log"
     ) as vm:
-        vm.login()
-        facts["pid"] = vm.sh("sleep 100000 & echo $!").strip()
-        vm.sh("echo before-snapshot > /root/golden.txt && sync")
+        vm.wait_ready()
+        facts["pid"] = vm.run("sleep 100000 >/dev/null 2>&1 & echo $!")
+        vm.run("echo before-snapshot > /root/golden.txt && sync")
         facts["pages"]["golden"] = vm.snapshot("golden", "full").pages
-        vm.sh("echo after-snapshot > /root/after.txt && sync")
+        vm.run("echo after-snapshot > /root/after.txt && sync")
         assert vm.quit() == 0
 
     parent = "golden"
     for n in (1, 2, 3):
         name = f"d{n}"
-        with Vm.restore(cfg, parent, store=store, track_dirty=True, name=name, log_path=tmp / f"{name}.log") as vm:
-            vm.sh(f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null")
-            facts["sums"][name] = vm.sh(f"sha256sum /dev/shm/{name}").split()[0]
+        with Vm.restore(
+            cfg, parent, store=store, track_dirty=True, name=name, agent=True, log_path=tmp / f"{name}.log"
+        ) as vm:
+            vm.run(f"dd if=/dev/urandom of=/dev/shm/{name} bs=64k count=32 2>/dev/null")
+            facts["sums"][name] = vm.run(f"sha256sum /dev/shm/{name}").split()[0]
             facts["pages"][name] = vm.snapshot(name, "diff").pages
             assert vm.quit() == 0
         parent = name
@@ -73,17 +78,17 @@ def chain(tmp_path_factory, guest_out, cfg):
 
 def test_chain_restores_every_layer(chain, cfg, tmp_path):
     store, facts = chain
-    with Vm.restore(cfg, "golden+3", store=store, log_path=tmp_path / "g3.log") as vm:
+    with Vm.restore(cfg, "golden+3", store=store, agent=True, log_path=tmp_path / "g3.log") as vm:
         for name, digest in facts["sums"].items():
-            assert vm.sh(f"sha256sum /dev/shm/{name}").split()[0] == digest
+            assert vm.run(f"sha256sum /dev/shm/{name}").split()[0] == digest
         # A process started before the golden snapshot still runs.
-        assert vm.sh(f"kill -0 {facts['pid']} && echo alive") == "alive"
-        assert vm.sh("uname -m") == "aarch64"
+        assert vm.run(f"kill -0 {facts['pid']} && echo alive") == "alive"
+        assert vm.run("uname -m") == "aarch64"
         assert vm.quit() == 0
 
-    with Vm.restore(cfg, "d1", store=store, log_path=tmp_path / "d1.log") as vm:
-        assert vm.sh("sha256sum /dev/shm/d1").split()[0] == facts["sums"]["d1"]
-        assert vm.sh("ls /dev/shm").split() == ["d1"]
+    with Vm.restore(cfg, "d1", store=store, agent=True, log_path=tmp_path / "d1.log") as vm:
+        assert vm.run("sha256sum /dev/shm/d1").split()[0] == facts["sums"]["d1"]
+        assert vm.run("ls /dev/shm").split() == ["d1"]
         assert vm.quit() == 0
 
 
@@ -104,23 +109,23 @@ def test_diffs_hold_the_dirtied_pages_not_the_ram(chain):
 
 def test_disk_is_captured_at_the_snapshot_instant(chain, cfg, tmp_path):
     store, _ = chain
-    with Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "disk.log") as vm:
-        assert vm.sh("cat /root/golden.txt") == "before-snapshot"
-        status, _ = vm.sh_status("test -e /root/after.txt")
+    with Vm.restore(cfg, "golden", store=store, agent=True, log_path=tmp_path / "disk.log") as vm:
+        assert vm.run("cat /root/golden.txt") == "before-snapshot"
+        status, _ = vm.run_status("test -e /root/after.txt")
         assert status != 0, "a file written after the snapshot must not be in it"
         assert vm.quit() == 0
 
 
 def test_second_snapshot_in_one_run_is_a_suffixed_diff(chain, cfg, tmp_path):
     store = fresh_copy(chain, tmp_path)
-    with Vm.restore(cfg, "d1", store=store, track_dirty=True, name="e", log_path=tmp_path / "e.log") as vm:
-        vm.sh("echo one > /dev/shm/e1")
+    with Vm.restore(cfg, "d1", store=store, track_dirty=True, name="e", agent=True, log_path=tmp_path / "e.log") as vm:
+        vm.run("echo one > /dev/shm/e1")
         vm.snapshot("e", "diff")
-        vm.sh("echo two > /dev/shm/e2")
+        vm.run("echo two > /dev/shm/e2")
         vm.snapshot("e.2", "diff")
         assert vm.quit() == 0
-    with Vm.restore(cfg, "e.2", store=store, log_path=tmp_path / "e2.log") as vm:
-        assert vm.sh("cat /dev/shm/e1 /dev/shm/e2") == "one\ntwo"
+    with Vm.restore(cfg, "e.2", store=store, agent=True, log_path=tmp_path / "e2.log") as vm:
+        assert vm.run("cat /dev/shm/e1 /dev/shm/e2") == "one\ntwo"
         assert vm.quit() == 0
 
 
@@ -229,19 +234,21 @@ def test_failed_snapshot_keeps_dirty_pages_for_the_next(chain, cfg, tmp_path):
     """Dirty state is cleared only after a layer is durable: a snapshot that
     fails leaves every page dirtied before it in the next diff."""
     store = fresh_copy(chain, tmp_path)
-    with Vm.restore(cfg, "golden", store=store, track_dirty=True, name="x", log_path=tmp_path / "x.log") as vm:
-        vm.sh("dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null")
-        sum_a = vm.sh("sha256sum /dev/shm/a").split()[0]
+    with Vm.restore(
+        cfg, "golden", store=store, track_dirty=True, name="x", agent=True, log_path=tmp_path / "x.log"
+    ) as vm:
+        vm.run("dd if=/dev/urandom of=/dev/shm/a bs=64k count=16 2>/dev/null")
+        sum_a = vm.run("sha256sum /dev/shm/a").split()[0]
         (store / "x").mkdir()  # the name is taken: this Ctrl-A s must fail
         vm.send(CTRL_A + "s")
         vm.expect(loglines.snapshot_failed("x"), "the refusal")
         (store / "x").rmdir()
-        vm.sh("echo b > /dev/shm/b")
+        vm.run("echo b > /dev/shm/b")
         vm.snapshot("x", "diff")
         assert vm.quit() == 0
-    with Vm.restore(cfg, "x", store=store, log_path=tmp_path / "x2.log") as vm:
-        assert vm.sh("sha256sum /dev/shm/a").split()[0] == sum_a
-        assert vm.sh("cat /dev/shm/b") == "b"
+    with Vm.restore(cfg, "x", store=store, agent=True, log_path=tmp_path / "x2.log") as vm:
+        assert vm.run("sha256sum /dev/shm/a").split()[0] == sum_a
+        assert vm.run("cat /dev/shm/b") == "b"
         assert vm.quit() == 0
 
 
@@ -250,8 +257,10 @@ def test_disk_diff_hashes_only_written_chunks(chain, cfg, tmp_path):
     hashes a few 256 KiB chunks (disk.diff), not the whole disk; its restore
     has the file."""
     store = fresh_copy(chain, tmp_path)
-    with Vm.restore(cfg, "golden", store=store, track_dirty=True, name="w", log_path=tmp_path / "w.log") as vm:
-        vm.sh("echo chunked > /root/small.txt && sync")
+    with Vm.restore(
+        cfg, "golden", store=store, track_dirty=True, name="w", agent=True, log_path=tmp_path / "w.log"
+    ) as vm:
+        vm.run("echo chunked > /root/small.txt && sync")
         disk = vm.snapshot("w", "diff").disk
         assert vm.quit() == 0
     hashed, chunks = disk.chunks_hashed, disk.chunks
@@ -264,8 +273,8 @@ def test_disk_diff_hashes_only_written_chunks(chain, cfg, tmp_path):
     assert manifest["disk"]["diff_chunks"] == hashed
     assert not (store / "w" / "disk.img").exists()
     assert (store / "w" / "disk.diff").stat().st_size == (64 << 10) + hashed * (256 << 10)
-    with Vm.restore(cfg, "w", store=store, log_path=tmp_path / "w2.log") as vm:
-        assert vm.sh("cat /root/small.txt") == "chunked"
+    with Vm.restore(cfg, "w", store=store, agent=True, log_path=tmp_path / "w2.log") as vm:
+        assert vm.run("cat /root/small.txt") == "chunked"
         assert vm.quit() == 0
 
 
@@ -277,18 +286,18 @@ def test_restores_of_one_layer_run_on_overlays_that_never_share_writes(chain, cf
     store = fresh_copy(chain, tmp_path)
     image = store / "golden" / "disk.img"
     before = (image.read_bytes(), image.stat().st_mtime_ns, image.stat().st_ctime_ns)
-    a = Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "a.log")
+    a = Vm.restore(cfg, "golden", store=store, agent=True, log_path=tmp_path / "a.log")
     try:
-        b = Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "b.log")
+        b = Vm.restore(cfg, "golden", store=store, agent=True, log_path=tmp_path / "b.log")
         try:
             assert a.restored is not None and a.restored.disk_layers == 1
             overlays = sorted(store.glob(".tmp-run-*/disk.overlay"))
             assert len(overlays) == 2, overlays
             for vm, me in ((a, "a"), (b, "b")):
-                vm.sh(f"echo {me} > /root/{me}.txt && sync")
+                vm.run(f"echo {me} > /root/{me}.txt && sync")
             for vm, me, other in ((a, "a", "b"), (b, "b", "a")):
-                assert vm.sh(f"cat /root/{me}.txt") == me
-                status, _ = vm.sh_status(f"test -e /root/{other}.txt")
+                assert vm.run(f"cat /root/{me}.txt") == me
+                status, _ = vm.run_status(f"test -e /root/{other}.txt")
                 assert status != 0, f"{me} sees {other}'s file"
             for o in overlays:
                 st = o.stat()
@@ -303,8 +312,8 @@ def test_restores_of_one_layer_run_on_overlays_that_never_share_writes(chain, cf
         a.terminate()
     assert not list(store.glob(".tmp-run-*")), "the overlays are removed at exit"
     assert (image.read_bytes(), image.stat().st_mtime_ns, image.stat().st_ctime_ns) == before
-    with Vm.restore(cfg, "golden", store=store, log_path=tmp_path / "c.log") as vm:
-        status, _ = vm.sh_status("test -e /root/a.txt || test -e /root/b.txt")
+    with Vm.restore(cfg, "golden", store=store, agent=True, log_path=tmp_path / "c.log") as vm:
+        status, _ = vm.run_status("test -e /root/a.txt || test -e /root/b.txt")
         assert status != 0
         assert vm.quit() == 0
     r = vmstore.vmstore(store, "verify", "--all")
@@ -317,30 +326,40 @@ def test_two_vcpus_snapshot_and_restore(cfg, disk, tmp_path):
     busy), and memory written before the snapshot is there."""
     store = tmp_path / "store"
     with Vm.boot(
-        cfg, disk=disk, mem=MEM, cpus=2, store=store, track_dirty=True, name="smp", log_path=tmp_path / "smp.log"
+        cfg,
+        disk=disk,
+        mem=MEM,
+        cpus=2,
+        store=store,
+        track_dirty=True,
+        name="smp",
+        agent=True,
+        log_path=tmp_path / "smp.log",
     ) as vm:
-        vm.login()
-        vm.sh("for i in 1 2; do (while :; do :; done) & done")
-        vm.sh("echo two-cpus > /dev/shm/smp")
+        vm.wait_ready()
+        vm.run("for i in 1 2; do (while :; do :; done) >/dev/null 2>&1 & done")
+        vm.run("echo two-cpus > /dev/shm/smp")
         vm.snapshot("smp", "full")
         assert vm.quit() == 0
 
     def both_cpus_run(vm):
-        assert vm.sh("cat /sys/devices/system/cpu/online") == "0-1"
-        before = cpu_busy_ticks(vm.sh)
+        assert vm.run("cat /sys/devices/system/cpu/online") == "0-1"
+        before = cpu_busy_ticks(vm.run)
         time.sleep(2)
-        after = cpu_busy_ticks(vm.sh)
+        after = cpu_busy_ticks(vm.run)
         for cpu in ("cpu0", "cpu1"):
             assert after[cpu] - before[cpu] >= 30, f"{cpu} is not running: {before} -> {after}"
 
-    with Vm.restore(cfg, "smp", store=store, track_dirty=True, name="smp-d1", log_path=tmp_path / "r1.log") as vm:
+    with Vm.restore(
+        cfg, "smp", store=store, track_dirty=True, name="smp-d1", agent=True, log_path=tmp_path / "r1.log"
+    ) as vm:
         both_cpus_run(vm)
-        assert vm.sh("cat /dev/shm/smp") == "two-cpus"
-        vm.sh("echo diff > /dev/shm/d1")
+        assert vm.run("cat /dev/shm/smp") == "two-cpus"
+        vm.run("echo diff > /dev/shm/d1")
         vm.snapshot("smp-d1", "diff")
         assert vm.quit() == 0
 
-    with Vm.restore(cfg, "smp+1", store=store, log_path=tmp_path / "r2.log") as vm:
+    with Vm.restore(cfg, "smp+1", store=store, agent=True, log_path=tmp_path / "r2.log") as vm:
         both_cpus_run(vm)
-        assert vm.sh("cat /dev/shm/smp /dev/shm/d1") == "two-cpus\ndiff"
+        assert vm.run("cat /dev/shm/smp /dev/shm/d1") == "two-cpus\ndiff"
         assert vm.quit() == 0

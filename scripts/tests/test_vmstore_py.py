@@ -30,10 +30,12 @@ def made(tmp_path_factory, guest_out, cfg):
     disk = tmp / "rootfs.ext4"
     shutil.copyfile(guest_out / "rootfs.ext4", disk)
     store = tmp / "store"
-    with Vm.boot(cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="g", log_path=tmp / "g.log") as vm:
-        vm.login()
+    with Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="g", agent=True, log_path=tmp / "g.log"
+    ) as vm:
+        vm.wait_ready()
         vm.snapshot("g", "full")
-        vm.sh("echo marker > /dev/shm/m")
+        vm.run("echo marker > /dev/shm/m")
         vm.snapshot("g.2", "diff")
         assert vm.quit() == 0
     return store

@@ -30,7 +30,7 @@
 //! | `device_manager`  | itself                                                   |
 //! | `vcpu`            | itself                                                   |
 //! | `console_input`, `control_socket`, `signals` | itself, `ops`                 |
-//! | `agent`           | itself, `config`                                         |
+//! | `agent`           | itself, `config`, `ops`                                  |
 //! | `branch`          | itself, `config`, `ops`                                  |
 //! | `plan`            | itself, `config`, `device_manager`, `vcpu`               |
 //! | `vm`              | the above but the front-ends                             |
@@ -73,7 +73,7 @@ fn machine_allowed(wing: &str) -> Option<&'static [&'static str]> {
         "console_input" => Some(&["console_input", "ops"]),
         "control_socket" => Some(&["control_socket", "ops"]),
         "signals" => Some(&["signals", "ops"]),
-        "agent" => Some(&["agent", "config"]),
+        "agent" => Some(&["agent", "config", "ops"]),
         "branch" => Some(&["branch", "config", "ops"]),
         "plan" => Some(&["config", "device_manager", "vcpu", "plan"]),
         "vm" => Some(&["config", "ops", "device_manager", "vcpu", "plan", "vm"]),

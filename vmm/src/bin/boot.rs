@@ -125,13 +125,17 @@ fn default_cmdline() -> String {
 /// ms` (with a `Restore-stages:` breakdown, and `Restore-disk`: the chain's
 /// disk opened under the VM's overlay, nothing copied),
 /// `Agent-ready-time = N ms` (VM start to the guest agent's answer with the
-/// VM's generation ID). Logs: set RUST_LOG (e.g. RUST_LOG=debug).
+/// VM's generation ID), or `Agent-failed: WHY`, or `Agent-absent: WHY`.
+/// Logs: set RUST_LOG (e.g. RUST_LOG=debug).
 ///
 /// --vsock-uds PATH also talks to the guest agent (`/bin/ignition-agent`,
-/// vsock port 1024; --no-agent if the guest has none): once it listens, and
-/// after every restore, the VMM sends it the VM generation ID; on a restore
-/// the agent gives the clone a new machine ID and network address first.
-/// The VM is ready (the control socket's `status`) when the agent answers.
+/// vsock port 1024) if the guest has one: once it listens, and after every
+/// restore, the VMM sends it the VM generation ID; on a restore the agent
+/// gives the clone a new machine ID and network address first. A restore
+/// of a snapshot whose agent had answered is ready (the control socket's
+/// `status`) when the agent answers again; a fresh boot, and a guest
+/// without the agent, are ready when the vCPUs run (`status` reports the
+/// agent apart). --no-agent: the VMM does not contact port 1024.
 ///
 /// `boot branch --control PATH --count N [--name B]` asks the VM listening
 /// on PATH to branch: write the layer B and start N children restored from
@@ -180,7 +184,7 @@ struct Args {
     /// Snapshot store directory.
     #[arg(long, default_value = "vmstore")]
     store: PathBuf,
-    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit, branch) on this Unix socket, mode 0600
+    /// Listen for control requests (newline-delimited JSON: snapshot, pause, resume, status, quit, branch, exec) on this Unix socket, mode 0600
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
     /// Hypervisor backend [default: hvf on macOS/aarch64, emu elsewhere]
@@ -201,10 +205,10 @@ struct Args {
     /// The guest's vsock CID [default: 3; with --restore, the snapshot's]
     #[arg(long, value_name = "CID", value_parser = parse_cid, requires = "vsock_uds")]
     vsock_cid: Option<u64>,
-    /// The guest has no Ignition agent on vsock port 1024: the VM is ready when its vCPUs run
+    /// Do not contact the guest agent on vsock port 1024 (the guest has another service there): the VM is ready when its vCPUs run
     #[arg(long, requires = "vsock_uds")]
     no_agent: bool,
-    /// Seconds to wait for the guest agent's answer, from the vCPUs' start (a fresh boot's guest boots first)
+    /// Seconds to wait for the guest agent's answer, from the vCPUs' start (a fresh boot's guest boots first): then Agent-failed, or Agent-absent if nothing listened and no answer was required
     #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
     agent_timeout: u64,
     /// A restored clone's eth0 address, set by the guest agent instead of a new DHCP lease: ADDR/PREFIX[,GATEWAY]

@@ -5,18 +5,27 @@
 //! The agent (`/bin/ignition-agent`, vsock port 1024) answers once it has
 //! taken the ID: on a restore, after it has given the clone a new machine
 //! ID and network address and published the ID (`/run/ignition/generation`).
-//! Its answer carrying the ID makes the VM ready; `Agent-ready-time = N ms`
-//! reports when, from the VM's start (the same origin as `Restore-time`,
-//! which keeps its meaning: the vCPUs run). Without an agent configured,
-//! the VM is ready when its vCPUs run.
+//! `Agent-ready-time = N ms` reports when, from the VM's start (the same
+//! origin as `Restore-time`, which keeps its meaning: the vCPUs run).
+//!
+//! When the VM is ready needs no flag ([`Expect`]): a restore of a
+//! snapshot whose agent had answered (the machine state records it) is
+//! ready once the agent answers with the new generation ID, and fails
+//! after the timeout; a fresh boot, and a restore of a snapshot whose
+//! agent never answered, are ready when the vCPUs run, and the agent's
+//! state is reported apart: `ready` when it answers, `absent` if nothing
+//! listened within the timeout (a guest without the agent).
 
 use crate::console;
 use crate::machine::config::AgentConfig;
+use crate::machine::ops;
 use crate::sync::Locked;
-use agent_client::{Agent, AgentError, FrameError, IdentityRequest};
+use agent_client::{Agent, AgentError, ExecRequest, FrameError, IdentityRequest, AGENT_PORT};
 use anyhow::Context;
-use std::path::PathBuf;
+use base64::Engine;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,6 +43,13 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between attempts while nothing listens on the agent's port yet.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// Attempts made [`RETRY`] apart (about 10 s: a guest's agent starts
+/// with its userspace); then [`SLOW_RETRY`] apart.
+const FAST_RETRIES: u32 = 100;
+
+/// Pause between later attempts.
+const SLOW_RETRY: Duration = Duration::from_secs(1);
+
 /// How long the first attempt waits for the guest to take connections
 /// ([`Handshake::guest_up`]) if it never says so (a guest booted with
 /// `boottimer=off`). Before its userspace is up the guest's vsock driver
@@ -42,25 +58,56 @@ const RETRY: Duration = Duration::from_millis(100);
 /// reset a new connection without the host seeing it.
 const GUEST_UP_WAIT: Duration = Duration::from_secs(30);
 
+/// What the VMM expects of the guest agent, from the configuration and
+/// the restored snapshot's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// No agent is asked (no vsock device, or `--no-agent`): the VM is
+    /// ready when its vCPUs run, the agent `absent`.
+    Nothing,
+    /// An agent may answer (a fresh boot; a restore of a snapshot whose
+    /// agent had not answered, or that does not record it): the VM is
+    /// ready when its vCPUs run; the agent is asked all the same, and its
+    /// state reported apart.
+    Maybe,
+    /// The restored snapshot's agent had answered: the VM is ready once
+    /// the agent answers with the new generation ID.
+    Required,
+}
+
+impl Expect {
+    /// What to expect: `asked`, an agent is configured; `answered`, the
+    /// restored snapshot records that its agent had answered.
+    pub fn new(asked: bool, answered: bool) -> Self {
+        match (asked, answered) {
+            (false, _) => Expect::Nothing,
+            (true, false) => Expect::Maybe,
+            (true, true) => Expect::Required,
+        }
+    }
+}
+
 /// Where the agent is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentState {
-    /// No agent configured (no vsock device, or `--no-agent`).
-    Off,
-    /// Not answered yet.
+    /// None asked (no vsock device, or `--no-agent`), or, where none was
+    /// required, nothing listened on its port within the timeout.
+    Absent,
+    /// Asked, not answered yet.
     Waiting,
     /// It answered with the VM's generation ID.
     Ready,
-    /// It refused, or did not answer in time: why.
+    /// It refused, answered wrongly, or (required, or having taken the
+    /// connection) did not answer in time: why.
     Failed(String),
 }
 
 impl AgentState {
-    /// The state's name for the control socket: `off`, `waiting`,
+    /// The state's name for the control socket: `absent`, `waiting`,
     /// `ready`, `failed`.
     pub fn name(&self) -> &'static str {
         match self {
-            AgentState::Off => "off",
+            AgentState::Absent => "absent",
             AgentState::Waiting => "waiting",
             AgentState::Ready => "ready",
             AgentState::Failed(_) => "failed",
@@ -68,24 +115,37 @@ impl AgentState {
     }
 }
 
-/// Whether the VM is ready: its vCPUs run, and its agent (if any) has
-/// answered.
+/// Whether the VM is ready: its vCPUs run, and its agent answered if one
+/// is required.
 pub struct Readiness {
+    expect: Expect,
     vcpus: AtomicBool,
     agent: Mutex<AgentState>,
+    /// The agent answered in this VM or before its snapshot was taken
+    /// (what snapshots record).
+    answered: AtomicBool,
 }
 
 impl Readiness {
-    /// Not ready; the agent `Waiting`, or `Off` without one.
-    pub fn new(agent: bool) -> Self {
+    /// Not ready; the agent `Waiting`, or `Absent` if nothing is expected.
+    /// `answered`: the restored snapshot records that its agent had
+    /// answered (and a snapshot of this VM records it too).
+    pub fn new(expect: Expect, answered: bool) -> Self {
         Readiness {
+            expect,
             vcpus: AtomicBool::new(false),
-            agent: Mutex::new(if agent {
-                AgentState::Waiting
+            agent: Mutex::new(if expect == Expect::Nothing {
+                AgentState::Absent
             } else {
-                AgentState::Off
+                AgentState::Waiting
             }),
+            answered: AtomicBool::new(answered),
         }
+    }
+
+    /// What is expected of the agent.
+    pub fn expect(&self) -> Expect {
+        self.expect
     }
 
     /// The vCPUs run.
@@ -98,13 +158,22 @@ impl Readiness {
         self.agent.locked().clone()
     }
 
-    /// The vCPUs run and the agent, if any, answered.
+    /// The guest's agent has answered: in this VM, or before the snapshot
+    /// it was restored from was taken.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// The vCPUs run and, if one is required, the agent answered.
     pub fn ready(&self) -> bool {
         self.vcpus.load(Ordering::Acquire)
-            && matches!(*self.agent.locked(), AgentState::Off | AgentState::Ready)
+            && (self.expect != Expect::Required || *self.agent.locked() == AgentState::Ready)
     }
 
     fn set(&self, s: AgentState) {
+        if s == AgentState::Ready {
+            self.answered.store(true, Ordering::Release);
+        }
         *self.agent.locked() = s;
     }
 }
@@ -128,10 +197,13 @@ pub struct Handshake {
 
 /// Starts the thread that tells the agent the generation ID, once the
 /// guest takes connections, retrying while nothing listens on its port,
-/// until `cfg.timeout` has passed. It logs `Agent-ready-time = N ms` once
-/// the agent answered with the ID, or one `Agent-failed:` line (also if
-/// `h` is an error or the thread cannot start), and records the outcome
-/// in `readiness`. The VM runs on either way.
+/// until `cfg.timeout` has passed. It records the outcome in `readiness`
+/// and logs it in one line: `Agent-ready-time = N ms` once the agent
+/// answered with the ID; `Agent-failed: WHY` if it refused or answered
+/// wrongly, or did not answer in time where one is required or had taken
+/// the connection (also if `h` is an error or the thread cannot start);
+/// `Agent-absent: WHY` if nothing listened where none is required. The VM
+/// runs on either way.
 pub fn start(cfg: &AgentConfig, h: anyhow::Result<Handshake>, readiness: Arc<Readiness>) {
     let started =
         h.and_then(|h| spawn(cfg, h, readiness.clone()).context("cannot spawn the agent thread"));
@@ -144,6 +216,56 @@ pub fn start(cfg: &AgentConfig, h: anyhow::Result<Handshake>, readiness: Arc<Rea
 fn failed(readiness: &Readiness, why: String) {
     console::message(&format!("Agent-failed: {why}"));
     readiness.set(AgentState::Failed(why));
+}
+
+/// How the attempts ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The agent answered with the generation ID.
+    Ready,
+    /// The agent failed: why.
+    Failed(String),
+    /// No agent listened (none was required): why.
+    Absent(String),
+}
+
+/// How attempt error `e` ends the attempts, with `expect`; `None`: try
+/// again. `heard`: some attempt reached a listener; `late`: the timeout
+/// (`secs`) has passed.
+fn after(e: &AgentError, expect: Expect, heard: bool, late: bool, secs: u64) -> Option<Outcome> {
+    match e {
+        // Refused, or not the protocol.
+        AgentError::Guest { .. }
+        | AgentError::Unexpected(..)
+        | AgentError::Encode(_)
+        | AgentError::Frame(
+            FrameError::Version(_)
+            | FrameError::Reserved
+            | FrameError::UnknownType(_)
+            | FrameError::TooLong(_)
+            | FrameError::Malformed(_),
+        ) => Some(Outcome::Failed(e.to_string())),
+        // Not listening yet, restarting (a respawned agent), a connection
+        // lost to the transport reset, or slow: until the timeout.
+        _ if !late => None,
+        _ if expect == Expect::Required || heard => Some(Outcome::Failed(format!(
+            "no answer within {secs} s (last: {e})"
+        ))),
+        _ => Some(Outcome::Absent(format!(
+            "nothing listened on vsock port {AGENT_PORT} within {secs} s; the VM was ready when its vCPUs ran"
+        ))),
+    }
+}
+
+/// The pause before attempt `n` + 1 while nothing answers: [`RETRY`] for
+/// the first [`FAST_RETRIES`], then [`SLOW_RETRY`] (a guest without the
+/// agent is asked seldom).
+fn pause(n: u32) -> Duration {
+    if n < FAST_RETRIES {
+        RETRY
+    } else {
+        SLOW_RETRY
+    }
 }
 
 /// The thread of [`start`].
@@ -170,51 +292,103 @@ fn spawn(
                 }
                 std::thread::sleep(RETRY);
             }
+            let (mut heard, mut attempts) = (false, 0);
             let outcome = loop {
                 if (h.ended)() {
                     return;
                 }
-                match agent.identity(&req, ACK_TIMEOUT) {
-                    Ok(info) if info.generation_id == req.generation_id => break Ok(()),
-                    Ok(_) => break Err("the agent answered with another generation ID".into()),
-                    // Refused, or not the protocol.
-                    Err(
-                        e @ (AgentError::Guest { .. }
-                        | AgentError::Unexpected(..)
-                        | AgentError::Encode(_)
-                        | AgentError::Frame(
-                            FrameError::Version(_)
-                            | FrameError::Reserved
-                            | FrameError::UnknownType(_)
-                            | FrameError::TooLong(_)
-                            | FrameError::Malformed(_),
-                        )),
-                    ) => break Err(e.to_string()),
-                    // Not listening yet, restarting (a respawned agent), a
-                    // connection lost to the transport reset, or slow.
-                    Err(e) if Instant::now() >= deadline => {
-                        break Err(format!(
-                            "no answer within {} s (last: {e})",
-                            timeout.as_secs()
-                        ))
+                let e = match agent.identity(&req, ACK_TIMEOUT) {
+                    Ok(info) if info.generation_id == req.generation_id => break Outcome::Ready,
+                    Ok(_) => {
+                        break Outcome::Failed(
+                            "the agent answered with another generation ID".into(),
+                        )
                     }
-                    Err(_) => std::thread::sleep(RETRY),
+                    Err(e) => e,
+                };
+                heard |= !matches!(e, AgentError::NoAgent(_) | AgentError::Connect { .. });
+                let late = Instant::now() >= deadline;
+                match after(&e, readiness.expect(), heard, late, timeout.as_secs()) {
+                    None => std::thread::sleep(pause(attempts)),
+                    Some(end) => break end,
                 }
+                attempts += 1;
             };
             if (h.ended)() {
                 return;
             }
             match outcome {
-                Ok(()) => {
+                Outcome::Ready => {
                     readiness.set(AgentState::Ready);
                     console::message(&format!(
                         "Agent-ready-time = {} ms",
                         h.t0.elapsed().as_millis()
                     ));
                 }
-                Err(why) => failed(&readiness, why),
+                Outcome::Failed(why) => failed(&readiness, why),
+                Outcome::Absent(why) => {
+                    console::message(&format!("Agent-absent: {why}"));
+                    readiness.set(AgentState::Absent);
+                }
             }
         })
+}
+
+/// Runs `op` in the guest through the agent behind `uds` (the control
+/// socket's `exec`), collecting at most [`ops::MAX_EXEC_OUTPUT`] bytes of
+/// each stream; waits at most its timeout and [`EXCHANGE_TIMEOUT`] for
+/// the agent, and no longer than the VM runs (`ended`: then an error; the
+/// exchange's thread ends with its connection).
+pub fn exec(
+    uds: &Path,
+    op: ops::ExecOp,
+    ended: &dyn Fn() -> bool,
+) -> Result<ops::Executed, ops::ExecError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let uds = uds.to_path_buf();
+    std::thread::Builder::new()
+        .name("agent-exec".into())
+        .spawn(move || {
+            let _ = tx.send(exec_now(&uds, op));
+        })
+        .map_err(|e| ops::ExecError::Agent(format!("cannot spawn the exec's thread: {e}")))?;
+    loop {
+        match rx.recv_timeout(RETRY) {
+            Ok(r) => return r,
+            Err(RecvTimeoutError::Timeout) if !ended() => {}
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(ops::ExecError::Agent("the VM has ended".into()))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ops::ExecError::Agent(
+                    "the exec's thread ended without an answer".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// [`exec`]'s exchange.
+fn exec_now(uds: &Path, op: ops::ExecOp) -> Result<ops::Executed, ops::ExecError> {
+    let req = ExecRequest {
+        argv: op.argv,
+        stdin: op.stdin.is_some(),
+        timeout_ms: op.timeout_ms,
+        ..ExecRequest::default()
+    };
+    let stdin = op.stdin.unwrap_or_default();
+    let done = Agent::new(uds)
+        .with_timeout(EXCHANGE_TIMEOUT)
+        .exec(&req, &stdin, ops::MAX_EXEC_OUTPUT)
+        .map_err(|e| ops::ExecError::Agent(e.to_string()))?;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    Ok(ops::Executed {
+        exit_code: (!done.exit.signaled).then_some(done.exit.code),
+        signal: done.exit.signaled.then_some(done.exit.code),
+        timed_out: done.exit.timed_out,
+        stdout: b64(&done.stdout),
+        stderr: b64(&done.stderr),
+    })
 }
 
 #[cfg(test)]
@@ -222,24 +396,75 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ready_means_vcpus_running_and_the_agent_answered_if_there_is_one() {
-        let none = Readiness::new(false);
+    fn what_is_expected_follows_the_configuration_and_the_snapshot() {
+        assert_eq!(Expect::new(false, false), Expect::Nothing);
+        assert_eq!(Expect::new(false, true), Expect::Nothing);
+        assert_eq!(Expect::new(true, false), Expect::Maybe);
+        assert_eq!(Expect::new(true, true), Expect::Required);
+    }
+
+    #[test]
+    fn ready_means_vcpus_running_and_the_agent_answered_if_required() {
+        let none = Readiness::new(Expect::Nothing, false);
         assert!(!none.ready(), "not before the vCPUs run");
         none.vcpus_running();
         assert!(none.ready());
-        assert_eq!(none.agent().name(), "off");
+        assert_eq!(none.agent().name(), "absent");
+        assert!(!none.answered());
 
-        let with = Readiness::new(true);
+        // A fresh boot: ready when the vCPUs run, the agent reported apart.
+        let maybe = Readiness::new(Expect::Maybe, false);
+        maybe.vcpus_running();
+        assert!(maybe.ready());
+        assert_eq!(maybe.agent().name(), "waiting");
+        maybe.set(AgentState::Ready);
+        assert!(maybe.ready() && maybe.answered());
+        let gone = Readiness::new(Expect::Maybe, false);
+        gone.vcpus_running();
+        gone.set(AgentState::Absent);
+        assert!(gone.ready() && !gone.answered());
+
+        // A restore of a snapshot whose agent answered.
+        let with = Readiness::new(Expect::Required, true);
         with.vcpus_running();
         assert!(!with.ready());
         assert_eq!(with.agent().name(), "waiting");
+        assert!(with.answered(), "a snapshot of it records the agent");
         with.set(AgentState::Ready);
         assert!(with.ready());
 
-        let failed = Readiness::new(true);
+        let failed = Readiness::new(Expect::Required, true);
         failed.vcpus_running();
         failed.set(AgentState::Failed("no answer".into()));
         assert!(!failed.ready());
         assert_eq!(failed.agent(), AgentState::Failed("no answer".into()));
+    }
+
+    #[test]
+    fn attempts_end_as_the_expectation_says() {
+        let none = AgentError::NoAgent(AGENT_PORT);
+        let lost = AgentError::Closed("identity");
+        let refused = AgentError::Guest {
+            code: 1,
+            message: "no".into(),
+        };
+        let fail = |n: Option<Outcome>| matches!(n, Some(Outcome::Failed(_)));
+        for expect in [Expect::Maybe, Expect::Required] {
+            // Before the timeout: again, unless refused.
+            assert_eq!(after(&none, expect, false, false, 9), None);
+            assert_eq!(after(&lost, expect, true, false, 9), None);
+            assert!(fail(after(&refused, expect, true, false, 9)));
+            // A listener that took the connection and did not answer fails.
+            assert!(fail(after(&lost, expect, true, true, 9)));
+        }
+        // Nothing ever listened: a failure where the agent is required, an
+        // absent agent where not.
+        assert!(fail(after(&none, Expect::Required, false, true, 9)));
+        let Some(Outcome::Absent(why)) = after(&none, Expect::Maybe, false, true, 9) else {
+            panic!("not absent");
+        };
+        assert!(why.contains("within 9 s"), "{why}");
+        assert_eq!(pause(0), RETRY);
+        assert_eq!(pause(FAST_RETRIES), SLOW_RETRY);
     }
 }

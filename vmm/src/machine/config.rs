@@ -81,8 +81,10 @@ pub struct MachineConfig {
     pub net: Option<NetConfig>,
     /// The vsock device (`boot --vsock-uds`); `None`: no vsock device.
     pub vsock: Option<VsockConfig>,
-    /// The guest agent the VMM tells the generation ID and waits for
-    /// (needs a vsock device); `None`: the VM is ready when its vCPUs run.
+    /// The guest agent the VMM tells the generation ID (needs a vsock
+    /// device); whether the VM's readiness waits for it is the restored
+    /// snapshot's to say. `None`: no agent is asked, and the VM is ready
+    /// when its vCPUs run.
     pub agent: Option<AgentConfig>,
     /// Where the guest's console goes (`boot --console`).
     pub console: ConsoleConfig,
@@ -127,8 +129,9 @@ impl Default for BranchConfig {
 /// The guest agent (`boot --vsock-uds`, unless `--no-agent`).
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// How long to wait for the agent's answer, from the vCPUs' start (a
-    /// fresh boot's guest boots first).
+    /// How long to ask for the agent's answer, from the vCPUs' start (a
+    /// fresh boot's guest boots first); then it failed, or is absent if
+    /// nothing listened and no answer was required.
     pub timeout: std::time::Duration,
     /// eth0's address for a restored clone (`ADDR/PREFIX[,GATEWAY]`,
     /// `boot --agent-address`); `None`: a new DHCP lease.

@@ -9,7 +9,12 @@
 //! {"command": "status"}
 //! {"command": "quit"}
 //! {"command": "branch", "name": "NAME", "count": N}   name optional, as snapshot's
+//! {"command": "exec", "argv": ["sh", "-c", "..."], "stdin": "BASE64", "timeout_ms": 60000}
 //! ```
+//!
+//! `exec` runs a command through the guest agent (`stdin` and
+//! `timeout_ms` optional: `/dev/null`, [`DEFAULT_EXEC_TIMEOUT_MS`]) and
+//! answers with its exit and its output in base64.
 //!
 //! Responses are `{"ok": true, "result": {...}}` or `{"ok": false, "error":
 //! {"code": CODE, "message": "..."}}` with CODE one of [`ErrorCode`]'s. A
@@ -28,8 +33,11 @@
 //!
 //! This is a front-end: each request is a verb ([`crate::machine::ops`]).
 
-use crate::machine::ops::{BranchError, Op, OpError, SnapshotWait, Verbs};
+use crate::machine::ops::{
+    BranchError, ExecError, ExecOp, Op, OpError, SnapshotWait, Verbs, MAX_EXEC_TIMEOUT_MS,
+};
 use crate::sync::{Locked, Waited};
+use base64::Engine;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -50,6 +58,9 @@ pub const MAX_CLIENTS: usize = 64;
 /// [`ErrorCode::Timeout`] and is closed. An idle client (no partial line)
 /// is never timed out.
 pub const PARTIAL_LINE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An `exec` request's timeout without `timeout_ms`: a minute.
+pub const DEFAULT_EXEC_TIMEOUT_MS: u32 = 60_000;
 
 /// How long writing a response may wait for a client that does not read;
 /// then the client is closed.
@@ -81,6 +92,9 @@ pub enum ErrorCode {
     /// `branch`: the layer was written, but a child failed to start or to
     /// become ready; every child of the request was stopped.
     BranchFailed,
+    /// The guest agent did not run the `exec` (nothing listens, no such
+    /// command, ...) or its output exceeded the bound.
+    ExecFailed,
     /// [`MAX_CLIENTS`] clients are connected: this one is closed.
     TooManyClients,
     /// A line begun was not finished within [`PARTIAL_LINE_TIMEOUT`]: the
@@ -96,6 +110,8 @@ impl ErrorCode {
             OpError::Snapshot(_) | OpError::Branch(BranchError::Snapshot(_)) => {
                 ErrorCode::SnapshotFailed
             }
+            OpError::Exec(ExecError::NoAgent) => ErrorCode::Refused,
+            OpError::Exec(ExecError::Agent(_)) => ErrorCode::ExecFailed,
             OpError::Branch(e) => match e {
                 BranchError::Exists(_) => ErrorCode::Exists,
                 BranchError::Count { .. } => ErrorCode::BadCount,
@@ -134,6 +150,13 @@ struct Fields {
     /// `branch`'s count.
     #[serde(default)]
     count: Option<u64>,
+    /// `exec`'s, `Some` when the key is there (as `name`).
+    #[serde(default, deserialize_with = "present")]
+    argv: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "present")]
+    stdin: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    timeout_ms: Option<Option<u32>>,
 }
 
 /// A key that is there: `Some` of its value.
@@ -142,7 +165,9 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 }
 
 /// The commands, for the unknown command's message.
-const COMMANDS: [&str; 6] = ["snapshot", "pause", "resume", "status", "quit", "branch"];
+const COMMANDS: [&str; 7] = [
+    "snapshot", "pause", "resume", "status", "quit", "branch", "exec",
+];
 
 /// Parses one request line (untrusted) into its verb: a snapshot answered
 /// once its layer is committed, or another verb. Errors:
@@ -167,6 +192,19 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
             f.command
         )));
     }
+    let exec_fields = [
+        ("argv", f.argv.is_some()),
+        ("stdin", f.stdin.is_some()),
+        ("timeout_ms", f.timeout_ms.is_some()),
+    ];
+    if let Some((field, _)) = exec_fields.iter().find(|(_, there)| *there) {
+        if f.command != "exec" && COMMANDS.contains(&f.command.as_str()) {
+            return Err(bad(format!(
+                "unknown field '{field}' in a '{}' request",
+                f.command
+            )));
+        }
+    }
     let op = match f.command.as_str() {
         "branch" => {
             let count = f
@@ -187,6 +225,8 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
         "resume" => Op::Resume,
         "status" => Op::Status,
         "quit" => Op::Quit,
+        "exec" if f.name.is_none() => return exec_request(f).map_err(bad),
+        "exec" => return Err(bad("unknown field 'name' in a 'exec' request".into())),
         c => {
             return Err(RequestError {
                 code: ErrorCode::UnknownCommand,
@@ -201,6 +241,35 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
         )));
     }
     Ok(op)
+}
+
+/// An `exec` request's verb, or what is wrong with it.
+fn exec_request(f: Fields) -> Result<Op, String> {
+    let argv = f.argv.flatten().ok_or("an 'exec' request needs \"argv\"")?;
+    if argv.is_empty() || argv.len() > agent_client::frame::MAX_ARGS {
+        return Err(format!(
+            "\"argv\" has {} strings (1 to {})",
+            argv.len(),
+            agent_client::frame::MAX_ARGS
+        ));
+    }
+    let stdin = f
+        .stdin
+        .flatten()
+        .map(|s| base64::engine::general_purpose::STANDARD.decode(s))
+        .transpose()
+        .map_err(|e| format!("\"stdin\" is not base64: {e}"))?;
+    let timeout_ms = f.timeout_ms.flatten().unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);
+    if !(1..=MAX_EXEC_TIMEOUT_MS).contains(&timeout_ms) {
+        return Err(format!(
+            "\"timeout_ms\" is {timeout_ms} (1 to {MAX_EXEC_TIMEOUT_MS})"
+        ));
+    }
+    Ok(Op::Exec(ExecOp {
+        argv,
+        stdin,
+        timeout_ms,
+    }))
 }
 
 /// The connected clients and the requests being answered, counted so that
@@ -505,6 +574,70 @@ mod tests {
         ] {
             assert_eq!(code(bad), Some(ErrorCode::BadRequest), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn exec_requests_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            parse_request(br#"{"command":"exec","argv":["sh","-c","exit 3"]}"#),
+            Ok(Op::Exec(ExecOp {
+                argv: vec!["sh".into(), "-c".into(), "exit 3".into()],
+                stdin: None,
+                timeout_ms: DEFAULT_EXEC_TIMEOUT_MS,
+            }))
+        );
+        assert_eq!(
+            parse_request(
+                br#"{"command":"exec","argv":["cat"],"stdin":"AAEC/w==","timeout_ms":5}"#
+            ),
+            Ok(Op::Exec(ExecOp {
+                argv: vec!["cat".into()],
+                stdin: Some(vec![0, 1, 2, 255]),
+                timeout_ms: 5,
+            }))
+        );
+        for (bad, says) in [
+            (&br#"{"command":"exec"}"#[..], "needs \"argv\""),
+            (br#"{"command":"exec","argv":[]}"#, "0 strings"),
+            (br#"{"command":"exec","argv":"ls"}"#, "bad request"),
+            (
+                br#"{"command":"exec","argv":["ls"],"stdin":"%%"}"#,
+                "not base64",
+            ),
+            (
+                br#"{"command":"exec","argv":["ls"],"timeout_ms":0}"#,
+                "is 0",
+            ),
+            (
+                br#"{"command":"exec","argv":["ls"],"timeout_ms":3600001}"#,
+                "is 3600001",
+            ),
+            (
+                br#"{"command":"exec","argv":["ls"],"timeout_ms":-1}"#,
+                "bad request",
+            ),
+            (br#"{"command":"exec","argv":["ls"],"name":"x"}"#, "'name'"),
+            (br#"{"command":"status","argv":["ls"]}"#, "'argv'"),
+            (br#"{"command":"quit","stdin":null}"#, "'stdin'"),
+            (br#"{"command":"snapshot","timeout_ms":1}"#, "'timeout_ms'"),
+        ] {
+            let e = parse_request(bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::BadRequest, "{}", e.message);
+            assert!(
+                e.message.contains(says),
+                "{}: {}",
+                String::from_utf8_lossy(bad),
+                e.message
+            );
+        }
+        let many = format!(
+            r#"{{"command":"exec","argv":[{}]}}"#,
+            vec!["\"x\""; agent_client::frame::MAX_ARGS + 1].join(",")
+        );
+        assert!(parse_request(many.as_bytes())
+            .unwrap_err()
+            .message
+            .contains("4097 strings"));
     }
 
     #[test]

@@ -96,6 +96,9 @@ struct Machine<V: Vm> {
     readiness: Arc<agent::Readiness>,
     /// How `branch` starts children.
     branch: branch::Source,
+    /// The VMM's vsock socket, where the VMM asks the guest agent (`None`:
+    /// no vsock device, or `--no-agent`).
+    agent_uds: Option<std::path::PathBuf>,
 }
 
 impl<V: Vm + 'static> ops::Verbs for Machine<V> {
@@ -123,6 +126,11 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 Ok(Reply::Done {})
             }
             Op::Branch { name, count } => Ok(Reply::Branch(self.branch(name, count)?)),
+            Op::Exec(e) => {
+                let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
+                let ended = || self.vmm.finished();
+                Ok(Reply::Exec(agent::exec(uds, e, &ended)?))
+            }
         }
     }
 }
@@ -254,7 +262,18 @@ where
     stages.vm_create = launch.times.vm_create;
     stages.gic = launch.times.gic;
     stages.devices = launch.times.devices;
-    let snapshots = Snapshots::new(&cfg.snapshots, launch.parent.take(), H::NAME);
+    // What the agent's answer means for readiness: the restored snapshot
+    // records whether its agent had answered (no flag is needed).
+    let expect = agent::Expect::new(cfg.agent.is_some(), launch.agent_answered);
+    let readiness = Arc::new(agent::Readiness::new(expect, launch.agent_answered));
+    let parent = launch.parent.take();
+    let answered = readiness.clone();
+    let snapshots = Snapshots::new(
+        &cfg.snapshots,
+        parent,
+        H::NAME,
+        Box::new(move || answered.answered()),
+    );
     snapshots.start_tracking(&vmm).map_err(StartError::Build)?;
     let _raw = console.raw_terminal().map_err(StartError::Start)?;
     let machine = Arc::new(Machine {
@@ -266,7 +285,12 @@ where
             BootSource::Restore { spec } => Some(spec.clone()),
             BootSource::Fresh(_) => None,
         },
-        readiness: Arc::new(agent::Readiness::new(cfg.agent.is_some())),
+        readiness,
+        agent_uds: cfg
+            .vsock
+            .as_ref()
+            .filter(|_| cfg.agent.is_some())
+            .map(|v| v.uds.clone()),
         branch: branch::Source {
             branch: cfg.branch.clone(),
             store: std::path::absolute(&cfg.snapshots.store)

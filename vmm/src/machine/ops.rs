@@ -40,6 +40,28 @@ pub enum Op {
         /// How many children.
         count: usize,
     },
+    /// Runs a command in the guest through its agent and waits for it to
+    /// end (at most its timeout).
+    Exec(ExecOp),
+}
+
+/// Longest [`ExecOp::timeout_ms`]: an hour.
+pub const MAX_EXEC_TIMEOUT_MS: u32 = 3_600_000;
+
+/// Most bytes of each of stdout and stderr [`Op::Exec`] collects; more is
+/// an error (the command is killed).
+pub const MAX_EXEC_OUTPUT: u64 = 1 << 20;
+
+/// [`Op::Exec`]'s command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOp {
+    /// The command and its arguments (1 to 4096; `argv[0]` looked up in the
+    /// agent's `PATH`).
+    pub argv: Vec<String>,
+    /// Its stdin; `None`: `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Milliseconds until the agent kills it (1 to [`MAX_EXEC_TIMEOUT_MS`]).
+    pub timeout_ms: u32,
 }
 
 /// When [`Op::Snapshot`] answers.
@@ -62,6 +84,8 @@ pub enum Reply {
     Status(Status),
     /// [`Op::Branch`]: the layer and the children, all ready.
     Branch(Branched),
+    /// [`Op::Exec`].
+    Exec(Executed),
     /// [`Op::Pause`], [`Op::Resume`], [`Op::Quit`], and a snapshot
     /// answered once the guest runs again: done.
     Done {},
@@ -119,16 +143,34 @@ pub struct Branched {
     pub total_ms: u64,
 }
 
+/// How [`Op::Exec`]'s command ended, and its output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Executed {
+    /// Its exit status (0 to 255), or `None` if a signal ended it.
+    pub exit_code: Option<u32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<u32>,
+    /// The timeout ended it (with `SIGKILL`).
+    pub timed_out: bool,
+    /// Its stdout, base64 (RFC 4648 with padding), at most
+    /// [`MAX_EXEC_OUTPUT`] bytes before encoding.
+    pub stdout: String,
+    /// Its stderr, the same way.
+    pub stderr: String,
+}
+
 /// What [`Op::Status`] reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Status {
     /// `running` or `paused`.
     pub state: &'static str,
-    /// The vCPUs run and the guest agent, if the VM has one, answered with
-    /// the VM's generation ID.
+    /// The vCPUs run and, in a VM restored from a snapshot whose guest
+    /// agent had answered, the agent answered with the VM's new generation
+    /// ID.
     pub ready: bool,
-    /// The guest agent: `off` (none: no vsock device, or `--no-agent`),
-    /// `waiting`, `ready`, `failed`.
+    /// The guest agent: `absent` (none asked: no vsock device, or
+    /// `--no-agent`; or, where none was required, nothing listened within
+    /// the agent timeout), `waiting`, `ready`, `failed`.
     pub agent: &'static str,
     /// Why the agent failed (`agent` is `failed`), else `None`.
     pub agent_error: Option<String>,
@@ -165,6 +207,9 @@ pub enum OpError {
     /// A branch was refused, or failed (no child of it runs).
     #[error(transparent)]
     Branch(#[from] BranchError),
+    /// [`Op::Exec`] failed.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
 }
 
 /// Why a branch was refused or failed. A refusal comes before anything is
@@ -221,6 +266,19 @@ pub enum BranchError {
     /// Anything else before a child was started (the directory, ...).
     #[error("{0}")]
     Failed(String),
+}
+
+/// Why [`Op::Exec`] has no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The VMM asks no agent: no vsock device, or `--no-agent`.
+    #[error("the VM has no guest agent to ask (no vsock device, or --no-agent)")]
+    NoAgent,
+    /// The agent did not run it (nothing listens, the command does not
+    /// exist, ...), the connection failed, or the output exceeded
+    /// [`MAX_EXEC_OUTPUT`]: the agent client's error.
+    #[error("{0}")]
+    Agent(String),
 }
 
 /// Why the VM could not be paused or resumed.

@@ -57,6 +57,9 @@ pub struct Saved {
     pub clock: ClockState,
     /// The devices.
     pub devices: DevicesState,
+    /// Whether the snapshot's guest agent had answered (`None`: not
+    /// recorded).
+    pub agent_answered: Option<bool>,
 }
 
 /// The plan of a fresh boot of `f` with interrupt controller `gic`: the

@@ -79,6 +79,8 @@ pub struct Launch {
     pub kernel_gic_state: Option<PendingKernelGicState>,
     /// The layer the next snapshot is a child of (a restore).
     pub parent: Option<snapshot_store::Layer>,
+    /// A restore's snapshot records that its guest agent had answered.
+    pub agent_answered: bool,
     /// How long the build took, by part.
     pub times: BuildTimes,
 }
@@ -210,6 +212,7 @@ impl<V: Vm + 'static> Vmm<V> {
             start: plan.start,
             kernel_gic_state,
             parent: plan.parent,
+            agent_answered: saved.and_then(|s| s.agent_answered) == Some(true),
             times,
         };
         Ok((vmm, launch))

@@ -174,6 +174,7 @@ pub fn plan<H: Hypervisor>(
             gic: state.gic,
             clock: state.clock,
             devices: state.devices,
+            agent_answered: state.agent_answered,
         }),
         parent: Some(chain.top().clone()),
         // The command line names the host ends (they may be new ones).

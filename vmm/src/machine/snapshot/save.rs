@@ -86,13 +86,22 @@ pub struct Snapshots {
     test_delay: Option<Duration>,
     /// The test hook's gate ([`TEST_GATE_ENV`]).
     test_gate: Option<PathBuf>,
+    /// Whether the guest agent has answered (in this VM, or before the
+    /// snapshot it was restored from), which each layer records.
+    agent_answered: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl Snapshots {
     /// The snapshots of a VM with options `opts`, written by `backend`;
     /// `parent` is the layer a restored VM came from (the first diff's
-    /// parent, with tracking).
-    pub fn new(opts: &SnapshotOptions, parent: Option<Layer>, backend: &'static str) -> Self {
+    /// parent, with tracking); each layer records what `agent_answered`
+    /// says then (whether the guest agent has answered).
+    pub fn new(
+        opts: &SnapshotOptions,
+        parent: Option<Layer>,
+        backend: &'static str,
+        agent_answered: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Self {
         Snapshots {
             store: opts.store.clone(),
             name: opts.name.clone(),
@@ -113,6 +122,7 @@ impl Snapshots {
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
             test_gate: std::env::var_os(TEST_GATE_ENV).map(PathBuf::from),
+            agent_answered,
         }
     }
 
@@ -300,6 +310,7 @@ impl Snapshots {
             power: captured.power,
             clock: captured.clock,
             gic: captured.gic,
+            agent_answered: Some((self.agent_answered)()),
             devices: captured.devices,
         };
         let store = Store::create(&self.store).context("cannot open the snapshot store")?;

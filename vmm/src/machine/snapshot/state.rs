@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 /// Version of the machine-state encoding; bump on incompatible changes.
 /// Older versions are still read: [`MachineState::decode`] upgrades them.
 ///
+/// - 5: whether the guest agent had answered ([`MachineState::agent_answered`]);
+///   the vsock device's next host port (optional, so version 4 states
+///   read without it).
 /// - 4: each vCPU's debug registers ([`DEBUG_SYSREGS`]: the OS lock,
 ///   breakpoints and watchpoints).
 /// - 3: the guest's clock once for the VM ([`ClockState`]: one count, and
@@ -26,7 +29,7 @@ use serde::{Deserialize, Serialize};
 /// - 2: the GIC by mode ([`IrqchipState`]) and each vCPU's in-kernel GIC
 ///   CPU-interface registers ([`VcpuState::gic_cpu`]).
 /// - 1: the userspace GIC only.
-pub const MACHINE_STATE_VERSION: u32 = 4;
+pub const MACHINE_STATE_VERSION: u32 = 5;
 
 /// Everything but RAM and the disk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,6 +51,12 @@ pub struct MachineState {
     pub clock: ClockState,
     /// The interrupt controller, by mode.
     pub gic: IrqchipState,
+    /// Whether the guest agent had answered the VMM with a generation ID
+    /// before the snapshot was taken (in this VM, or in one it was
+    /// restored from): a restore of a snapshot whose agent answered is
+    /// ready only once the agent answers again. `None`: not recorded (a
+    /// state written before version 5).
+    pub agent_answered: Option<bool>,
     /// The devices (each a top-level key: `pl011`, `boot_timer`, ...).
     #[serde(flatten)]
     pub devices: DevicesState,
@@ -115,9 +124,10 @@ impl MachineState {
         Ok(())
     }
 
-    /// Parses and checks the shape of an untrusted state. Versions 1 to 3
+    /// Parses and checks the shape of an untrusted state. Versions 1 to 4
     /// are upgraded to the current encoding (a version 2 state's clock is
-    /// its vCPUs' largest count; a version 3 state's debug registers are 0).
+    /// its vCPUs' largest count; a version 3 state's debug registers are 0;
+    /// a version 4 state's agent is not recorded).
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
         let mut v: serde_json::Value = serde_json::from_slice(bytes)?;
         match v.get("version").and_then(serde_json::Value::as_u64) {
@@ -125,12 +135,18 @@ impl MachineState {
                 upgrade_v1(&mut v);
                 upgrade_v2(&mut v)?;
                 upgrade_v3(&mut v);
+                upgrade_v4(&mut v);
             }
             Some(2) => {
                 upgrade_v2(&mut v)?;
                 upgrade_v3(&mut v);
+                upgrade_v4(&mut v);
             }
-            Some(3) => upgrade_v3(&mut v),
+            Some(3) => {
+                upgrade_v3(&mut v);
+                upgrade_v4(&mut v);
+            }
+            Some(4) => upgrade_v4(&mut v),
             Some(found) if found != u64::from(MACHINE_STATE_VERSION) => {
                 return Err(StateError::Version {
                     found: u32::try_from(found).unwrap_or(u32::MAX),
@@ -252,6 +268,15 @@ fn upgrade_v3(v: &mut serde_json::Value) {
         }
     }
     if let Some(obj) = v.as_object_mut() {
+        obj.insert("version".into(), 4.into());
+    }
+}
+
+/// Version 4 to 5: whether the guest agent had answered is not known
+/// (`agent_answered` null).
+fn upgrade_v4(v: &mut serde_json::Value) {
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("agent_answered".into(), serde_json::Value::Null);
         obj.insert("version".into(), MACHINE_STATE_VERSION.into());
     }
 }
@@ -356,6 +381,7 @@ mod tests {
                 ],
             },
             gic,
+            agent_answered: Some(true),
             devices: DevicesState {
                 pl011: Pl011::new(Box::new(std::io::sink()), Arc::new(NoIrq)).save(),
                 pl031: Some(Pl031::new(Arc::new(HostClock), Arc::new(NoIrq)).save()),
@@ -440,6 +466,7 @@ mod tests {
             "power",
             "clock",
             "gic",
+            "agent_answered",
             "pl011",
             "pl031",
             "boot_timer",
@@ -454,7 +481,8 @@ mod tests {
         assert_eq!(sorted, expected);
         // Serialised in declaration order, devices last.
         let at = |k: &str| json.find(&format!("\"{k}\":")).unwrap();
-        assert!(at("gic") < at("pl011") && at("pl011") < at("pl031"));
+        assert!(at("gic") < at("agent_answered") && at("agent_answered") < at("pl011"));
+        assert!(at("pl011") < at("pl031"));
         assert!(at("pl031") < at("boot_timer"));
         assert!(at("boot_timer") < at("virtio_blk") && at("virtio_blk") < at("vmgenid"));
         assert!(at("vmgenid") < at("virtio_net") && at("virtio_net") < at("virtio_vsock"));
@@ -465,11 +493,42 @@ mod tests {
         ));
     }
 
-    /// `s` as version 2 wrote it: a count per vCPU (`counts`), no clock.
+    /// `s` as version 4 wrote it: no `agent_answered`.
+    fn as_version_4(s: &MachineState) -> serde_json::Value {
+        let mut v = serde_json::to_value(s).unwrap();
+        v["version"] = 4.into();
+        v.as_object_mut().unwrap().remove("agent_answered");
+        v
+    }
+
+    /// `s` as an upgrade from before version 5 makes it: the agent not
+    /// recorded.
+    fn unrecorded(mut s: MachineState) -> MachineState {
+        s.agent_answered = None;
+        s
+    }
+
+    #[test]
+    fn version_4_states_do_not_know_the_agent() {
+        for s in [userspace(), hvf()] {
+            let back =
+                MachineState::decode(&serde_json::to_vec(&as_version_4(&s)).unwrap()).unwrap();
+            assert_eq!(back, unrecorded(s.clone()));
+            assert_eq!(back.version, MACHINE_STATE_VERSION);
+        }
+        for answered in [Some(false), Some(true), None] {
+            let s = MachineState {
+                agent_answered: answered,
+                ..userspace()
+            };
+            assert_eq!(MachineState::decode(&s.encode()).unwrap(), s);
+        }
+    }
+
     /// `s` as version 3 wrote it: no breakpoint and watchpoint registers
     /// (the fixture's are 0, as the upgrade makes them).
     fn as_version_3(s: &MachineState) -> serde_json::Value {
-        let mut v = serde_json::to_value(s).unwrap();
+        let mut v = as_version_4(s);
         v["version"] = 3.into();
         for vcpu in v["vcpus"].as_array_mut().unwrap() {
             let regs = vcpu["sysregs"].as_array_mut().unwrap();
@@ -484,10 +543,11 @@ mod tests {
         for s in [userspace(), hvf()] {
             let back =
                 MachineState::decode(&serde_json::to_vec(&as_version_3(&s)).unwrap()).unwrap();
-            assert_eq!(back, s);
+            assert_eq!(back, unrecorded(s));
         }
     }
 
+    /// `s` as version 2 wrote it: a count per vCPU (`counts`), no clock.
     fn as_version_2(s: &MachineState, counts: &[u64]) -> serde_json::Value {
         let mut v = as_version_3(s);
         let obj = v.as_object_mut().unwrap();
@@ -501,8 +561,10 @@ mod tests {
         v
     }
 
-    /// `s` as the upgrade makes it: the largest count, timers disabled.
-    fn upgraded(mut s: MachineState, count: u64) -> MachineState {
+    /// `s` as the upgrade makes it: the largest count, timers disabled,
+    /// the agent not recorded.
+    fn upgraded(s: MachineState, count: u64) -> MachineState {
+        let mut s = unrecorded(s);
         s.clock.virtual_count = count;
         for t in &mut s.clock.ptimers {
             *t = TimerState { ctl: 0, cval: 0 };
@@ -530,9 +592,10 @@ mod tests {
             .remove("virtual_count");
         let e = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(e.to_string().contains("virtual_count"), "{e}");
-        // A version 4 state with a per-vCPU count is malformed.
+        // A version 5 state with a per-vCPU count is malformed.
         let mut v = as_version_2(&userspace(), &[1, 2]);
-        v["version"] = 4.into();
+        v["version"] = 5.into();
+        v["agent_answered"] = true.into();
         v["clock"] = serde_json::to_value(&userspace().clock).unwrap();
         assert!(matches!(
             MachineState::decode(&serde_json::to_vec(&v).unwrap()),
@@ -556,7 +619,7 @@ mod tests {
         let back = MachineState::decode(&serde_json::to_vec(&v).unwrap()).unwrap();
         assert_eq!(back, upgraded(s, 5_000));
         // Other versions are refused.
-        for found in [0, 5, u64::from(u32::MAX) + 1] {
+        for found in [0, 6, u64::from(u32::MAX) + 1] {
             v["version"] = found.into();
             let r = MachineState::decode(&serde_json::to_vec(&v).unwrap());
             assert!(

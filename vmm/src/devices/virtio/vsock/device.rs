@@ -50,13 +50,23 @@ pub struct Vsock {
     payload: Vec<u8>,
 }
 
-/// The saved state: the CID (connections are host state and are not
-/// kept). The negotiated features are the transport's; a state from before
-/// that, which also holds them as `acked_features`, reads the same.
+/// The saved state: the CID and the next host-side port (connections are
+/// host state and are not kept). The negotiated features are the
+/// transport's; a state from before that, which also holds them as
+/// `acked_features`, reads the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VsockState {
     /// The guest's CID.
     pub cid: u64,
+    /// The host-side port the next host-initiated connection gets
+    /// ([`super::FIRST_LOCAL_PORT`] to `u32::MAX - 1`). A restored device
+    /// goes on from it, so that its connections do not take the ports of
+    /// the snapshot's: until a closed connection's socket is gone (its
+    /// close timeout), the guest answers a new connection request on the
+    /// same ports with a reset. `None` (a state written before it was
+    /// kept): from the first.
+    #[serde(default)]
+    pub next_local_port: Option<u32>,
 }
 
 /// What a restored device is given.
@@ -438,11 +448,15 @@ impl Persist for Vsock {
     type Error = VirtioError;
 
     fn save(&self) -> VsockState {
-        VsockState { cid: self.cid }
+        VsockState {
+            cid: self.cid,
+            next_local_port: Some(self.mux.next_local_port()),
+        }
     }
 
     /// The device with the command line's CID (or the saved one), no
-    /// connections, and the transport-reset event due.
+    /// connections, host-side ports from the saved next one, and the
+    /// transport-reset event due.
     fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VirtioError> {
         let cid = args.cid.unwrap_or(state.cid);
         if !valid_guest_cid(cid) {
@@ -452,6 +466,16 @@ impl Persist for Vsock {
             )));
         }
         let mut dev = Vsock::new(cid, args.host);
+        if let Some(port) = state.next_local_port {
+            if !(super::FIRST_LOCAL_PORT..u32::MAX).contains(&port) {
+                return Err(VirtioError::InvalidState(format!(
+                    "vsock next host port {port} is not {} to {}",
+                    super::FIRST_LOCAL_PORT,
+                    u32::MAX - 1
+                )));
+            }
+            dev.mux.set_next_local_port(port);
+        }
         dev.reset_event = true;
         Ok(dev)
     }

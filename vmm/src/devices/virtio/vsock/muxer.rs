@@ -472,6 +472,18 @@ impl Muxer {
         self.queue_control(key, op::REQUEST, 0);
     }
 
+    /// The host-side port the next host-initiated connection gets (or the
+    /// first free one after it).
+    pub(super) fn next_local_port(&self) -> u32 {
+        self.next_local_port
+    }
+
+    /// Goes on from host-side port `port` ([`FIRST_LOCAL_PORT`] to
+    /// `u32::MAX - 1`, which the caller checks).
+    pub(super) fn set_next_local_port(&mut self, port: u32) {
+        self.next_local_port = port;
+    }
+
     /// A host-side port no connection to guest port `peer` uses.
     fn free_local_port(&mut self, peer: u32) -> Option<u32> {
         for _ in 0..=MAX_CONNECTIONS {

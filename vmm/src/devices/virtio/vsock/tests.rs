@@ -467,7 +467,13 @@ fn a_guest_past_its_credit_is_reset_and_a_slow_host_gets_credit_updates() {
 fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
     let rig = Rig::new();
     let state = rig.dev.save();
-    assert_eq!(state, VsockState { cid: CID });
+    assert_eq!(
+        state,
+        VsockState {
+            cid: CID,
+            next_local_port: Some(FIRST_LOCAL_PORT)
+        }
+    );
     let dir = tempfile::tempdir().unwrap();
     let host = VsockHost::bind(&dir.path().join("r.sock")).unwrap();
     let mut dev = Vsock::restore(
@@ -530,7 +536,66 @@ fn a_restored_device_sends_the_transport_reset_and_may_change_cid() {
     assert!(VirtioMmio::<Vsock>::restore((args, ram, irq), &bad).is_err());
     // A state from before the transport kept the negotiated features.
     let old: VsockState = serde_json::from_str(r#"{"cid":3,"acked_features":4294967296}"#).unwrap();
-    assert_eq!(old, VsockState { cid: CID });
+    assert_eq!(
+        old,
+        VsockState {
+            cid: CID,
+            next_local_port: None
+        }
+    );
+    // A host port out of the host-initiated range.
+    for port in [FIRST_LOCAL_PORT - 1, u32::MAX] {
+        let bad = VsockState {
+            cid: CID,
+            next_local_port: Some(port),
+        };
+        let args = VsockArgs {
+            cid: None,
+            host: host(),
+        };
+        assert!(Vsock::restore(args, &bad).is_err(), "{port}");
+    }
+}
+
+#[test]
+fn a_restored_device_does_not_reuse_the_snapshots_host_ports() {
+    // A host program's connection takes the first host-side port.
+    let mut rig = Rig::new();
+    let ram = rig.ram.clone();
+    let mut rx = Q::new(&ram, 0);
+    let mut host = UnixStream::connect(rig.uds()).unwrap();
+    host.write_all(b"CONNECT 1024\n").unwrap();
+    pump(&mut rig.dev);
+    pump(&mut rig.dev);
+    let got = receive(&mut rig, &mut rx, 1);
+    assert_eq!(
+        (got[0].0.op, got[0].0.src_port),
+        (op::REQUEST, FIRST_LOCAL_PORT)
+    );
+    let state = rig.dev.save();
+    assert_eq!(state.next_local_port, Some(FIRST_LOCAL_PORT + 1));
+    // The restored device's first connection takes the next one, which the
+    // guest (which may still hold the snapshot's socket) has not seen.
+    let mut restored = Rig::new();
+    restored.dev = Vsock::restore(
+        VsockArgs {
+            cid: None,
+            host: VsockHost::bind(&restored.dir.path().join("w.sock")).unwrap(),
+        },
+        &state,
+    )
+    .unwrap();
+    let ram = restored.ram.clone();
+    let mut rx = Q::new(&ram, 0);
+    let mut host = UnixStream::connect(restored.dir.path().join("w.sock")).unwrap();
+    host.write_all(b"CONNECT 1024\n").unwrap();
+    pump(&mut restored.dev);
+    pump(&mut restored.dev);
+    let got = receive(&mut restored, &mut rx, 1);
+    assert_eq!(
+        (got[0].0.op, got[0].0.src_port),
+        (op::REQUEST, FIRST_LOCAL_PORT + 1)
+    );
 }
 
 #[test]
