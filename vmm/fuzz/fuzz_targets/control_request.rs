@@ -4,6 +4,7 @@
 #![no_main]
 
 use ignition_vmm::machine::control_socket::{parse_request, ErrorCode};
+use base64::Engine;
 use ignition_vmm::machine::ops::Op;
 use libfuzzer_sys::fuzz_target;
 
@@ -18,6 +19,19 @@ fuzz_target!(|data: &[u8]| {
                 Op::Resume => serde_json::json!({"command": "resume"}),
                 Op::Status => serde_json::json!({"command": "status"}),
                 Op::Quit => serde_json::json!({"command": "quit"}),
+                Op::Branch { name, count } => {
+                    serde_json::json!({"command": "branch", "name": name, "count": count})
+                }
+                Op::Exec(e) => {
+                    let mut line = serde_json::json!({
+                        "command": "exec", "argv": e.argv, "timeout_ms": e.timeout_ms
+                    });
+                    if let Some(stdin) = &e.stdin {
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(stdin);
+                        line["stdin"] = b64.into();
+                    }
+                    line
+                }
             };
             assert_eq!(parse_request(line.to_string().as_bytes()), Ok(op));
         }
