@@ -33,7 +33,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 from . import paths
 
@@ -145,13 +145,15 @@ class Staging:
         with open(tar_path, "rb") as raw:
             f = _BoundedReads(raw, MAX_HEADER_BYTES, what)
             try:
-                with tarfile.open(fileobj=f, mode="r:") as tar:  # type: ignore[arg-type]
+                with tarfile.open(fileobj=cast(IO[bytes], f), mode="r:") as tar:
                     for member in tar:
                         self.entries += 1
                         if self.entries > MAX_ENTRIES:
                             raise ImageError(f"{what}: more than {MAX_ENTRIES} entries in the image")
                         self.apply_entry(tar, member, what)
-                        tar.members = []  # one entry at a time, not the whole index
+                        # TarFile keeps every TarInfo it has read (`members`, not in the
+                        # type stubs): dropped, so memory does not grow with the entries.
+                        tar.members.clear()  # type: ignore[attr-defined]
             except (tarfile.TarError, EOFError) as e:
                 raise ImageError(f"{what}: not a valid tar: {e}") from None
 
@@ -309,7 +311,11 @@ def unpack_layer(blob: Path, media_type: str, out: Path, budget: int, what: str)
         raise ImageError(f"{what}: cannot decompress: {e}") from None
 
 
-def _copy_bounded(src: IO[bytes], out: Path, budget: int, what: str) -> int:
+class _Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def _copy_bounded(src: _Readable, out: Path, budget: int, what: str) -> int:
     n = 0
     with open(out, "wb") as dst:
         while chunk := src.read(1 << 20):
@@ -391,7 +397,8 @@ def pull(ref: str, layout: Path, plain_http: bool, platform: str, vmstore: Path)
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         raise ImageError(r.stderr.strip() or f"vmstore image-pull exited with {r.returncode}")
-    return json.loads(r.stdout)
+    report: dict[str, Any] = json.loads(r.stdout)
+    return report
 
 
 def blob_path(layout: Path, digest: str) -> Path:
@@ -437,7 +444,20 @@ def make_ext4(st: Staging, out: Path) -> None:
     with open(out, "wb") as f:
         f.truncate(size)
     r = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-t", "ext4", "-N", str(inodes), "-E", "root_owner=0:0", "-d", str(st.root), str(out)],
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-N",
+            str(inodes),
+            "-E",
+            "root_owner=0:0",
+            "-d",
+            str(st.root),
+            str(out),
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,12 +20,12 @@ from ignition import image
 from ignition.image import ImageError, Staging
 
 
-def layer(path: Path, entries: list[tuple]) -> Path:
+def layer(path: Path, entries: list[tuple[Any, ...]]) -> Path:
     """A tar of (name, kind, arg) entries: kind 'f' (arg: bytes), 'd', 'l' (symlink to arg),
     'h' (hard link to arg), 'c' (character device (major, minor)); mode 0o644/0o755, owner 0."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
         for name, kind, *rest in entries:
-            arg = rest[0] if rest else None
+            arg: Any = rest[0] if rest else None
             ti = tarfile.TarInfo(name)
             ti.mode = 0o755 if kind == "d" else 0o644
             data = None
@@ -54,7 +55,7 @@ def st(tmp_path) -> Staging:
     return s
 
 
-def apply(st: Staging, tmp_path: Path, i: int, entries: list[tuple]) -> None:
+def apply(st: Staging, tmp_path: Path, i: int, entries: list[tuple[Any, ...]]) -> None:
     st.apply_layer(layer(tmp_path / f"l{i}.tar", entries), f"layer {i} (sha256:x{i})")
 
 
@@ -175,7 +176,7 @@ def test_the_init_runs_entrypoint_and_cmd_with_env_in_workdir():
     cfg = {
         "config": {
             "Entrypoint": ["/bin/sh", "-c"],
-            "Cmd": ["echo \"$X\" it's > out"],
+            "Cmd": ['echo "$X" it\'s > out'],
             "Env": ["X=a b", "PATH=/opt/bin:/bin"],
             "WorkingDir": "/srv/app",
         }
@@ -185,8 +186,10 @@ def test_the_init_runs_entrypoint_and_cmd_with_env_in_workdir():
     assert "( cd /srv/app && exec $B env -i 'X=a b' PATH=/opt/bin:/bin /bin/sh -c 'echo \"$X\" it'\"'\"'s > out' )" in s
     assert "/bin/ignition-agent" in s and "poweroff -f" in s
     # The quoting survives a shell: busybox is not on the host, but sh parses the same way.
-    words = subprocess.run(["sh", "-c", "printf '%s\\n' 'echo \"$X\" it'\"'\"'s > out'"], capture_output=True, text=True)
-    assert words.stdout == "echo \"$X\" it's > out\n"
+    words = subprocess.run(
+        ["sh", "-c", "printf '%s\\n' 'echo \"$X\" it'\"'\"'s > out'"], capture_output=True, text=True
+    )
+    assert words.stdout == 'echo "$X" it\'s > out\n'
     bare = image.init_script({"config": {}})
     assert "PATH=/usr/local/sbin" in bare and "poweroff" not in bare and "sleep 3600" in bare
 

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,7 @@ def make_image(work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory) -> str:
+def pushed(tmp_path_factory) -> Iterator[str]:
     if shutil.which("apt-cache") is None:
         pytest.skip("no apt: Debian's packages are out of reach")
     try:
