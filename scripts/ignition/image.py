@@ -79,6 +79,14 @@ class Staging:
     layer_paths: set[str] = field(default_factory=set)
     """Paths the layer being applied has written (a whiteout removes only lower layers')."""
 
+    @classmethod
+    def new(cls, root: Path) -> Staging:
+        """An empty tree at root (made here), its root directory root-owned, mode 0755."""
+        root.mkdir(mode=0o700)
+        st = cls(root)
+        st.meta[""] = Meta(0o40755, 0, 0, 0)
+        return st
+
     # ---- path handling: everything stays inside root, nothing on the host is followed
     def host(self, rel: str) -> Path:
         return self.root / rel if rel else self.root
@@ -475,6 +483,17 @@ def make_ext4(st: Staging, out: Path) -> None:
         raise ImageError(f"debugfs: {'; '.join(errors[:5]) or r.returncode}")
 
 
+def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
+    """Adds the guest agent, the init's busybox and the init (`init_script`), and the mount
+    points; then sets the times (`Staging.finish`)."""
+    for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
+        st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
+    st.add_file(".ignition/busybox", busybox, 0o755)
+    st.add_file("bin/ignition-agent", agent, 0o755)
+    st.add_file("sbin/init", init.encode(), 0o755)
+    st.finish()
+
+
 @dataclass
 class Built:
     """What build() made: the ext4 image and where it came from."""
@@ -512,9 +531,7 @@ def build(
     if not hit:
         cached.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="ignition-image-", dir=cache) as work:
-            st = Staging(Path(work) / "root")
-            st.root.mkdir(mode=0o700)
-            st.meta[""] = Meta(0o40755, 0, 0, 0)
+            st = Staging.new(Path(work) / "root")
             budget = max_unpacked
             for i, layer in enumerate(report["layers"]):
                 what = f"layer {i} ({layer['digest']})"
@@ -522,12 +539,7 @@ def build(
                 budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
                 st.apply_layer(tar, what)
                 tar.unlink()
-            for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
-                st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
-            st.add_file(".ignition/busybox", busybox, 0o755)
-            st.add_file("bin/ignition-agent", agent, 0o755)
-            st.add_file("sbin/init", init.encode(), 0o755)
-            st.finish()
+            add_guest(st, agent, busybox, init)
             tmp = Path(work) / "rootfs.ext4"
             make_ext4(st, tmp)
             os.replace(tmp, cached)

@@ -48,11 +48,7 @@ def layer(path: Path, entries: list[tuple[Any, ...]]) -> Path:
 
 @pytest.fixture
 def st(tmp_path) -> Staging:
-    root = tmp_path / "root"
-    root.mkdir()
-    s = Staging(root)
-    s.meta[""] = image.Meta(0o40755, 0, 0, 0)
-    return s
+    return Staging.new(tmp_path / "root")
 
 
 def apply(st: Staging, tmp_path: Path, i: int, entries: list[tuple[Any, ...]]) -> None:
