@@ -524,6 +524,9 @@ def build(
     agent = guest_file(guest_rootfs, "/bin/ignition-agent")
     busybox = guest_file(guest_rootfs, "/bin/busybox")
     config = json.loads(blob_path(layout, report["config"]["digest"]).read_bytes())
+    os_arch = f"{config.get('os')}/{config.get('architecture')}"
+    if os_arch != "/".join(platform.split("/")[:2]):
+        raise ImageError(f"{ref}: the image is for {os_arch}, not {platform}")
     init = init_script(config)
     inputs = hashlib.sha256(b"\0".join([INIT_VERSION.encode(), agent, busybox, init.encode()])).hexdigest()[:16]
     cached = cache / "rootfs" / f"{report['digest'].removeprefix('sha256:')}-{inputs}.ext4"

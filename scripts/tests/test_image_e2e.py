@@ -189,6 +189,17 @@ def test_image_pull_resolves_the_index_to_arm64(pushed, vmstore_bin, tmp_path):
         timeout=300,
     )
     assert amd.returncode == 1 and "no manifest for linux/riscv64 (it has: linux/amd64, linux/arm64)" in amd.stderr
+    # The amd64 manifest, named by its digest (no index to choose from): refused by its config.
+    amd64 = subprocess.run(
+        [str(vmstore_bin), "image-pull", pushed, str(tmp_path / "l"), "--plain-http", "--platform", "linux/amd64"]
+        + ["--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    by_digest = f"{pushed.rsplit(':', 1)[0]}@{json.loads(amd64.stdout)['digest']}"
+    with pytest.raises(image.ImageError, match="the image is for linux/amd64, not linux/arm64"):
+        image.build(by_digest, tmp_path / "x.ext4", plain_http=True, cache=tmp_path / "c", vmstore=vmstore_bin)
 
 
 @pytest.fixture(scope="module")
