@@ -45,7 +45,7 @@ MAX_ENTRIES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 """Largest tar header read at once (a pax extended header, a GNU long name)."""
 MAX_SYMLINK_HOPS = 40
-INIT_VERSION = "1"
+INIT_VERSION = "2"
 """Changes whenever the init or the files added change: part of the cache key."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -362,7 +362,9 @@ def init_script(config: dict[str, Any]) -> str:
         "[ -s /etc/machine-id ] || $B tr -d '-' </proc/sys/kernel/random/uuid >/etc/machine-id 2>/dev/null",
         "# The boot timer: boot's default address, or boottimer= on the kernel command line.",
         "t=0x09100000",
+        "set -f  # the command line split into words, not globbed",
         'for a in $($B cat /proc/cmdline); do case "$a" in boottimer=*) t="${a#boottimer=}" ;; esac; done',
+        "set +f",
         'case "$t" in 0[xX][0-9a-fA-F]*) $B devmem "$t" 8 123 ;; esac',
         "# The guest agent, with the image's environment, started again if it ends.",
         f"( while :; do $B env -i {envq} /bin/ignition-agent; $B sleep 1; done ) </dev/null >/dev/console 2>&1 &",
@@ -542,6 +544,9 @@ def build(
                 budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
                 st.apply_layer(tar, what)
                 tar.unlink()
+            workdir = (config.get("config") or {}).get("WorkingDir") or "/"
+            if workdir.strip("/"):
+                st.add_dir(workdir.strip("/"))  # made if missing, as a container runtime does
             add_guest(st, agent, busybox, init)
             tmp = Path(work) / "rootfs.ext4"
             make_ext4(st, tmp)

@@ -96,8 +96,7 @@ def make_image(work: Path) -> Path:
         entry("etc/.wh.gone"),
         entry("opt/old/.wh..wh..opq"),
         entry("opt/old/upper"),
-        entry("srv/app", tarfile.DIRTYPE),
-    ]
+    ]  # no /srv/app: the WorkingDir is made by the build
     tars = [layer_tar(base, lower), layer_tar(py, upper)]
     lay = Layout(work / "layout")
     layers = [lay.blob(gzip.compress(t, 1), "application/vnd.oci.image.layer.v1.tar+gzip") for t in tars]
