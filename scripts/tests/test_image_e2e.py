@@ -188,6 +188,15 @@ def test_image_pull_resolves_the_index_to_arm64(pushed, vmstore_bin, tmp_path):
         timeout=300,
     )
     assert amd.returncode == 1 and "no manifest for linux/riscv64 (it has: linux/amd64, linux/arm64)" in amd.stderr
+    # Over the bound on the blobs' declared sizes: refused before any blob is fetched.
+    small = subprocess.run(
+        [str(vmstore_bin), "image-pull", pushed, str(tmp_path / "s"), "--plain-http", "--max-bytes", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert small.returncode == 1 and "more than the bound of 1000 (--max-bytes)" in small.stderr, small.stderr
+    assert not (tmp_path / "s").exists()
     # The amd64 manifest, named by its digest (no index to choose from): refused by its config.
     amd64 = subprocess.run(
         [str(vmstore_bin), "image-pull", pushed, str(tmp_path / "l"), "--plain-http", "--platform", "linux/amd64"]
