@@ -5,11 +5,17 @@ credentials, transfer limits and digest checks; an index resolved to the arm64 m
 blob cache. Its layers are applied in order into a staging directory, OCI whiteouts honoured
 (`.wh.NAME` removes NAME from the layers below, `.wh..wh..opq` empties a directory of them), and
 the guest's pieces added: the guest agent (`/bin/ignition-agent`), a static busybox
-(`/.ignition/busybox`, for the init and nothing else) and the init (`/sbin/init`), which mounts
-/proc, /sys and /dev, starts the agent and runs the image's Entrypoint and Cmd with its Env in its
-WorkingDir. `mkfs.ext4 -d` writes the ext4 image and `debugfs` sets each inode's owner and makes
-the device nodes, so no root, loop mount or arm64 code is needed on the host. Built images are
-cached by the image's manifest digest (and the build's inputs).
+(`/.ignition/busybox`, for the init and its DHCP script only) and the init (`/sbin/init`), which
+mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has one, starts the agent and runs
+the image's Entrypoint and Cmd with its Env in its WorkingDir. `mkfs.ext4 -d` writes the ext4
+image and `debugfs` sets each inode's mode and owner and makes the device nodes, so no root, loop
+mount or arm64 code is needed on the host. Built images are cached by the image's manifest digest
+(and the build's inputs).
+
+The registry work is Rust's (vmstore: the credentials, limits and retries `vmstore pull` has);
+the rest is here, beside ignition.debian_guest and the guest's e2fsprogs steps, because it drives
+host tools (mkfs.ext4, debugfs, zstd) and reads the project's guest files, and Python's tarfile
+reads tars (pax, GNU long names, sparse files) without extracting them.
 
 Layers are untrusted input: an entry whose name leaves the root (`..`) is refused, symbolic links
 are written as they are and resolved only inside the staging root (an absolute target means the
@@ -45,7 +51,7 @@ MAX_ENTRIES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 """Largest tar header read at once (a pax extended header, a GNU long name)."""
 MAX_SYMLINK_HOPS = 40
-INIT_VERSION = "2"
+INIT_VERSION = "3"
 """Changes whenever the init or the files added change: part of the cache key."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -335,6 +341,32 @@ def _copy_bounded(src: _Readable, out: Path, budget: int, what: str) -> int:
 
 
 # ------------------------------------------------------------------ the init
+UDHCPC_SCRIPT = """#!/.ignition/busybox sh
+# udhcpc's event script for ignition.image's init: applies a lease to $interface (udhcpc sets
+# ip, subnet, router, dns and mtu), and writes /etc/resolv.conf.
+B=/.ignition/busybox
+case "$1" in
+    deconfig)
+        $B ifconfig "$interface" 0.0.0.0 up
+        ;;
+    bound|renew)
+        $B ifconfig "$interface" "$ip" netmask "${subnet:-255.255.255.0}" up
+        [ -n "$mtu" ] && $B ifconfig "$interface" mtu "$mtu" 2>/dev/null
+        while $B route del default dev "$interface" 2>/dev/null; do :; done
+        for r in $router; do
+            $B route add default gw "$r" dev "$interface"
+            break
+        done
+        if [ -n "$dns" ]; then
+            for d in $dns; do echo "nameserver $d"; done >/etc/resolv.conf
+        fi
+        ;;
+esac
+exit 0
+"""
+"""/.ignition/udhcpc.script."""
+
+
 def init_script(config: dict[str, Any]) -> str:
     """The guest's /sbin/init for an image config (image-spec `config.md`): its Entrypoint and
     Cmd run with its Env (and a default PATH if it sets none) in its WorkingDir, on the console;
@@ -359,6 +391,10 @@ def init_script(config: dict[str, Any]) -> str:
         "$B mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs /dev/shm",
         "$B mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run",
         "$B ifconfig lo 127.0.0.1 up",
+        "# Network (boot --net): DHCP in the background, its pid where the guest agent looks.",
+        "if [ -e /sys/class/net/eth0 ]; then",
+        "    $B udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
+        "fi",
         "[ -s /etc/machine-id ] || $B tr -d '-' </proc/sys/kernel/random/uuid >/etc/machine-id 2>/dev/null",
         "# The boot timer: boot's default address, or boottimer= on the kernel command line.",
         "t=0x09100000",
@@ -491,6 +527,7 @@ def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
     for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
         st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
     st.add_file(".ignition/busybox", busybox, 0o755)
+    st.add_file(".ignition/udhcpc.script", UDHCPC_SCRIPT.encode(), 0o755)
     st.add_file("bin/ignition-agent", agent, 0o755)
     st.add_file("sbin/init", init.encode(), 0o755)
     st.finish()

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import debian_guest, image
+from ignition import debian_guest, image, net
 from ignition.registry import REGISTRY_BIN, LocalRegistry
 from ignition.vm import Vm
 
@@ -36,7 +37,22 @@ pytestmark = [
 
 BASE = ("busybox-static", "libc6", "zlib1g", "libexpat1", "libssl3")
 PYTHON = ("libpython3.11-minimal", "python3.11-minimal", "python3-minimal")
-APPLETS = ("sh", "cat", "ls", "sleep", "sync", "test", "env", "tr")
+APPLETS = (
+    "sh",
+    "cat",
+    "ls",
+    "sleep",
+    "sync",
+    "test",
+    "env",
+    "tr",
+    "ifconfig",
+    "route",
+    "grep",
+    "awk",
+    "wget",
+    "sha256sum",
+)
 GREETING = "hello from an OCI image"
 
 
@@ -280,3 +296,22 @@ def test_the_image_branches(pushed, cache, cfg, vmstore_bin, tmp_path):
             assert out.endswith(f" {c.name}")
         machine_ids = {c.exec(["cat", "/etc/machine-id"]).check().stdout for c in children}
         assert len(machine_ids) == 2
+
+
+def test_the_image_gets_its_network_by_dhcp(pushed, cache, cfg, vmstore_bin, tmp_path):
+    if net.passt_bin() is None:
+        pytest.skip("no passt (scripts/setup.sh installs it on Linux)")
+    disk = disk_of(pushed, cache, vmstore_bin, tmp_path)
+    page = os.urandom(100_000)
+    with net.Passt(tmp_path) as passt, net.LoopbackHttp() as http:
+        page_sum = http.add("page", page)
+        with Vm.boot(
+            cfg, disk=disk, agent=True, extra=["--net", f"stream:{passt.socket}"], log_path=tmp_path / "net.log"
+        ) as vm:
+            vm.wait_ready()
+            vm.run(net.LEASE_WAIT_CMD, timeout=120)
+            gw = vm.run(net.GATEWAY_CMD)
+            assert gw, "no default route from the lease"
+            assert vm.run("cat /run/udhcpc.eth0.pid").isdigit()
+            assert vm.run(f"wget -q -O - http://{gw}:{http.port}/page | sha256sum").split()[0] == page_sum
+            assert vm.quit() == 0
