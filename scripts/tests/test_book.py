@@ -131,6 +131,8 @@ RUN = [
     "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
     "python3 -m ignition.debian_guest --out DIR",
     "python3 -m ignition.bench.branch --counts 1,8 --runs 1",
+    "python3 -m ignition.debian_rootfs --out DIR",
+    "python3 -m ignition.bench.guests --runs 1",
 ]
 RUN_TO_LOGIN = "cargo run --release --bin boot"
 EXCEPTIONS = {
@@ -170,6 +172,11 @@ EXCEPTIONS = {
     ): "test_headless_e2e.py daemonizes the same way, in its own directory",
     "boot --kernel DIR/Image --initrd DIR/initrd.cpio --vsock-uds /tmp/vm.vsock": "an interactive session; "
     "test_debian_guest_e2e.py boots Debian's kernel and initramfs the same way",
+    "python3 -m ignition.image build REGISTRY/REPOSITORY:TAG -o rootfs.ext4": "needs a registry holding an arm64 "
+    "image; test_image_e2e.py builds one from Debian's packages, pushes it to its own registry and builds it the same "
+    "way (ignition.image.build)",
+    "boot --disk rootfs.ext4 --vsock-uds /tmp/vm.vsock": "an interactive session; test_image_e2e.py boots the built "
+    "image with the guest agent",
     "boot branch --control /tmp/vm.sock --count 4 --name web": "needs a VM listening on /tmp/vm.sock; "
     "test_branch_e2e.py runs boot branch (table and --json) against its own source",
     "python3 -m ignition.bench.restore_disk": "the full benchmark (a few minutes per boot binary); the same module "

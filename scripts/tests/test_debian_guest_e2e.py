@@ -1,6 +1,7 @@
 """End-to-end: Debian's stock arm64 cloud kernel (4 KiB pages, its virtio drivers as modules)
 with the initramfs ignition.debian_guest makes, on the project's root disk: it boots to the
-guest agent, snapshots and restores.
+guest agent, snapshots and restores; and on a Debian root file system (ignition.debian_rootfs:
+bash, coreutils and their libraries, unpacked from apt's packages), where it also branches.
 
 The packages come from apt (arm64 a dpkg foreign architecture, as guest/build.sh needs too),
 cached in ~/.cache/ignition-guest/debian; the test is skipped only where apt has no arm64
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ignition import debian_guest
+from ignition import debian_rootfs as debian_rootfs_mod
 from ignition.vm import Vm
 
 pytestmark = pytest.mark.e2e
@@ -62,4 +64,45 @@ def test_debian_kernel_boots_the_guest_and_restores(cfg, disk, debian, tmp_path)
     with Vm.restore(cfg, "debian", store=store, log_path=tmp_path / "restored.log", agent=True) as vm:
         assert vm.run("uname -r") == record["kernel_release"]
         assert vm.run("cat /root/marker") == "kept-42"
+        assert vm.quit() == 0
+
+
+@pytest.fixture(scope="module")
+def debian_rootfs(debian, tmp_path_factory) -> tuple[Path, dict[str, object]]:
+    out = tmp_path_factory.mktemp("debian-rootfs")
+    return out / "rootfs.ext4", debian_rootfs_mod.build(out, debian_guest.cache_dir())
+
+
+def test_debian_kernel_boots_a_debian_root_file_system_and_branches(cfg, debian, debian_rootfs, tmp_path):
+    out, record = debian
+    disk, rootfs_record = debian_rootfs
+    packages = rootfs_record["packages"]
+    assert isinstance(packages, dict) and {"bash", "coreutils", "libc6"} <= set(packages)
+    cfg = dataclasses.replace(cfg, kernel=out / "Image")
+    store = tmp_path / "store"
+    extra = ["--initrd", str(out / "initrd.cpio")]
+    with Vm.boot(
+        cfg,
+        disk=disk,
+        mem=256,
+        log_path=tmp_path / "console.log",
+        store=store,
+        name="deb",
+        track_dirty=True,
+        agent=True,
+        extra=extra,
+    ) as vm:
+        vm.wait_ready()
+        assert vm.run("uname -r") == record["kernel_release"]
+        assert vm.run("cat /etc/debian_version").split(".")[0].isdigit()
+        assert vm.exec(["bash", "-c", "echo $BASH_VERSION"]).check().stdout.decode().startswith("5.")
+        assert "GNU coreutils" in vm.run("ls --version")
+        assert vm.run("id -un") == "root"
+        vm.run("echo kept > /root/marker && sync")
+        (child,) = vm.branch(1, name="b")
+        assert child.run("cat /root/marker") == "kept"
+        assert child.run("uname -r") == record["kernel_release"]
+        assert vm.quit() == 0
+    with Vm.restore(cfg, "b", store=store, log_path=tmp_path / "restored.log", agent=True) as vm:
+        assert vm.run("cat /root/marker") == "kept"
         assert vm.quit() == 0

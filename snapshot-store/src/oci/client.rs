@@ -596,6 +596,19 @@ impl Registry {
         reference: &Reference,
         declared: Option<u64>,
     ) -> Result<(Vec<u8>, String), RegistryError> {
+        self.pull_manifest_accepting(reference, declared, OCI_MANIFEST_MEDIA_TYPE)
+            .await
+    }
+
+    /// [`Registry::pull_manifest`] asking for the media types `accept` (an
+    /// `Accept` header's value: an image index or a manifest, OCI or
+    /// Docker's).
+    pub(crate) async fn pull_manifest_accepting(
+        &self,
+        reference: &Reference,
+        declared: Option<u64>,
+        accept: &str,
+    ) -> Result<(Vec<u8>, String), RegistryError> {
         let op = format!("fetch manifest {reference}");
         let url = self.manifest_url(reference)?;
         let what = format!("manifest from {reference}");
@@ -606,9 +619,7 @@ impl Registry {
             .retrying(&op, || async {
                 let watch = self.http.watch("GET", &url, &what, max);
                 let rb = self.request(Method::GET, url.clone()).await?;
-                let mut resp = watch
-                    .send(rb.header(ACCEPT, OCI_MANIFEST_MEDIA_TYPE))
-                    .await?;
+                let mut resp = watch.send(rb.header(ACCEPT, accept)).await?;
                 if resp.status() != StatusCode::OK {
                     return Err(watch.status(resp).await);
                 }

@@ -97,7 +97,7 @@ fn artifact_err(what: &str, msg: impl Into<String>) -> RegistryError {
 }
 
 /// Size and `sha256:HEX` of a regular file.
-fn hash_file(path: &Path) -> Result<(u64, String), RegistryError> {
+pub(super) fn hash_file(path: &Path) -> Result<(u64, String), RegistryError> {
     let mut f = File::open(path).map_err(|e| io_err(path, "open", e))?;
     let meta = f.metadata().map_err(|e| io_err(path, "stat", e))?;
     if !meta.is_file() {
@@ -311,7 +311,7 @@ pub fn pull_files(
 /// Fetch blob `d` into `path`: written to a temporary file beside it,
 /// checked against its size and digest, fsynced and renamed into place.
 /// Transient failures are retried from the blob's first byte.
-async fn receive(
+pub(super) async fn receive(
     reg: &Registry,
     d: &Descriptor,
     name: &str,

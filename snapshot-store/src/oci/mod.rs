@@ -1,5 +1,7 @@
 //! Moving chains between machines: a chain's layers as OCI artifacts in a
-//! registry (`vmstore push` / `vmstore pull`).
+//! registry (`vmstore push` / `vmstore pull`); also a directory's files
+//! (`vmstore push-files` / `pull-files`) and container images
+//! (`vmstore image-pull`).
 //!
 //! Each layer is one OCI image manifest (image-spec v1.1) with
 //! `artifactType` [`ARTIFACT_TYPE`]: its `manifest.json` as the config
@@ -40,6 +42,9 @@ mod files;
 mod pull;
 mod push;
 
+// Container images (not snapshot layers) into an OCI image layout.
+mod image;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -48,6 +53,11 @@ pub use digests::OCI_BLOBS_FILE;
 pub use files::{
     pull_files, push_files, FileEntry, FilesReport, EMPTY_CONFIG_MEDIA_TYPE, FILES_ARTIFACT_TYPE,
     FILE_MEDIA_TYPE, MAX_FILES,
+};
+pub use image::{
+    pull_image, ImageBlob, ImageOptions, ImageReport, DEFAULT_MAX_IMAGE_BYTES,
+    DOCKER_LIST_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE, IMAGE_CONFIG_MEDIA_TYPES,
+    IMAGE_LAYER_MEDIA_TYPES, MAX_IMAGE_CONFIG_BYTES, MAX_IMAGE_LAYERS, OCI_INDEX_MEDIA_TYPE,
 };
 pub use layout::{
     digest_hex, digest_of, file_media_type, parse_file_media_type, ArtifactManifest, Compression,

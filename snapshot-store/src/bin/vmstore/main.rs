@@ -243,6 +243,40 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pull a container image for one platform into an OCI image layout
+    /// directory DIR (created if missing; blobs it has already are kept):
+    /// an index is resolved to the platform's manifest, which is checked
+    /// (media types, at most 256 layers, sizes within --max-bytes) before
+    /// any blob is fetched; each blob is checked against its digest as it
+    /// arrives. DIR/index.json then names that manifest. Layer contents
+    /// are not looked into (python3 -m ignition.image build makes a root
+    /// file system of them). --store is not used. Credentials as for pull.
+    #[cfg(feature = "registry")]
+    ImagePull {
+        /// REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@sha256:DIGEST.
+        #[arg(value_name = "REF")]
+        reference: String,
+        /// The OCI image layout directory.
+        dir: std::path::PathBuf,
+        /// OS/ARCHITECTURE[/VARIANT] to pick from an index.
+        #[arg(long, default_value = "linux/arm64")]
+        platform: String,
+        /// Most bytes the config and layers may declare, added up (as
+        /// stored: compressed).
+        #[arg(long, value_name = "BYTES", default_value_t = snapshot_store::oci::DEFAULT_MAX_IMAGE_BYTES)]
+        max_bytes: u64,
+        /// Plain HTTP instead of HTTPS (a local registry).
+        #[arg(long)]
+        plain_http: bool,
+        #[command(flatten)]
+        limits: registry::LimitArgs,
+        /// One JSON object instead of text: {reference, index_digest (null
+        /// without an index), digest, media_type, config: blob, layers:
+        /// [blob]}, a blob being {media_type, digest, size, status:
+        /// pulled|present} (sizes in bytes).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -346,11 +380,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             // The store is created if missing.
             let store = Store::create(&cli.store)?;
-            let conn = snapshot_store::oci::Connection {
-                plain_http,
-                credential: None,
-                limits: limits.limits(),
-            };
+            let conn = limits.connection(plain_http);
             registry::pull(&store, &reference, rename, conn, json, out)?
         }
         #[cfg(feature = "registry")]
@@ -362,11 +392,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             json,
         } => {
-            let conn = snapshot_store::oci::Connection {
-                plain_http,
-                credential: None,
-                limits: limits.limits(),
-            };
+            let conn = limits.connection(plain_http);
             let r = snapshot_store::oci::push_files(&dir, &files, &reference, &conn)?;
             registry::files_report(&r, "pushed", json, out)?
         }
@@ -378,13 +404,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             limits,
             json,
         } => {
-            let conn = snapshot_store::oci::Connection {
-                plain_http,
-                credential: None,
-                limits: limits.limits(),
-            };
+            let conn = limits.connection(plain_http);
             let r = snapshot_store::oci::pull_files(&reference, &dir, &conn)?;
             registry::files_report(&r, "pulled", json, out)?
+        }
+        #[cfg(feature = "registry")]
+        Cmd::ImagePull {
+            reference,
+            dir,
+            platform,
+            max_bytes,
+            plain_http,
+            limits,
+            json,
+        } => {
+            let conn = limits.connection(plain_http);
+            let opts = snapshot_store::oci::ImageOptions {
+                platform,
+                max_bytes,
+            };
+            let r = snapshot_store::oci::pull_image(&reference, &dir, &opts, &conn)?;
+            registry::image_report(&r, json, out)?
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,5 @@
-//! `vmstore push`, `pull`, `push-files` and `pull-files`: the progress line
-//! and the reports.
+//! `vmstore push`, `pull`, `push-files`, `pull-files` and `image-pull`: the
+//! progress line and the reports.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
@@ -57,6 +57,15 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 impl LimitArgs {
+    /// A connection under these limits, with the auth file's credentials.
+    pub fn connection(&self, plain_http: bool) -> Connection {
+        Connection {
+            plain_http,
+            credential: None,
+            limits: self.limits(),
+        }
+    }
+
     /// As the library's limits.
     pub fn limits(&self) -> Limits {
         Limits {
@@ -397,5 +406,39 @@ pub fn files_report(
         r.reference,
         r.digest
     )?;
+    Ok(())
+}
+
+/// The report of `image-pull`.
+pub fn image_report(r: &oci::ImageReport, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let status = |b: &oci::ImageBlob| if b.transferred { "pulled" } else { "present" };
+    let blob = |b: &oci::ImageBlob| serde_json::json!({"media_type": b.media_type, "digest": b.digest, "size": b.size, "status": status(b)});
+    if json {
+        let doc = serde_json::json!({
+            "reference": r.reference,
+            "index_digest": r.index_digest,
+            "digest": r.digest,
+            "media_type": r.media_type,
+            "config": blob(&r.config),
+            "layers": r.layers.iter().map(blob).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for (i, b) in std::iter::once(&r.config).chain(&r.layers).enumerate() {
+        let what = if i == 0 {
+            "config".to_string()
+        } else {
+            format!("layer {}", i - 1)
+        };
+        writeln!(
+            out,
+            "{:<8} {what:<9} {} {:>10}",
+            status(b),
+            b.digest,
+            mib(b.size)
+        )?;
+    }
+    writeln!(out, "image {} ({})", r.reference, r.digest)?;
     Ok(())
 }
