@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from ignition import net
 from ignition import store as vmstore
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlError
@@ -173,6 +174,64 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
     verify_store(store)
 
 
+@pytest.mark.skipif(net.passt_bin() is None, reason="passt is Linux-only")
+def test_children_of_a_passt_source_have_their_own_passt_and_mac(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    children: list[Child] = []
+    page = os.urandom(50_000)
+    with (
+        net.LoopbackHttp() as http,
+        boot_source(cfg, disk, store, tmp_path, extra=["--net", "passt"]) as vm,
+    ):
+        page_sum = http.add("page", page)
+        try:
+            run(vm, net.LEASE_WAIT_CMD)
+            source_mac = run(vm, "cat /sys/class/net/eth0/address")
+            source_passt = net.passt_pids(vm.pid)
+            assert len(source_passt) == 1, source_passt
+            children = vm.branch(2, name="n")
+            macs = set()
+            for c in children:
+                assert c.net == "passt" and c.mac is not None, c
+                # The guest's eth0 has the MAC the answer gives (its driver read it again).
+                assert run(c, "cat /sys/class/net/eth0/address") == c.mac
+                macs.add(c.mac)
+                # A passt of its own, through which it reaches the host.
+                assert len(net.passt_pids(c.pid)) == 1
+                run(c, net.LEASE_WAIT_CMD)
+                gw = run(c, net.GATEWAY_CMD)
+                got = run(c, f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum")
+                assert got.split()[0] == page_sum, c.name
+            assert len(macs) == 2 and source_mac not in macs
+            # The source keeps its MAC and its network.
+            assert run(vm, "cat /sys/class/net/eth0/address") == source_mac
+            gw = run(vm, net.GATEWAY_CMD)
+            got = run(vm, f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum")
+            assert got.split()[0] == page_sum
+            passts = [p for c in children for p in net.passt_pids(c.pid)]
+        finally:
+            for c in children:
+                c.stop()
+    # A child's passt ends with it; the source's with the source.
+    assert not any(pid_alive(p) for p in passts + source_passt)
+    verify_store(store)
+
+
+@pytest.mark.skipif(net.passt_bin() is None, reason="passt is Linux-only")
+def test_a_source_on_a_shared_network_end_is_refused(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    with (
+        net.Passt(tmp_path) as passt,
+        boot_source(cfg, disk, store, tmp_path, extra=["--net", f"stream:{passt.socket}"]) as vm,
+    ):
+        with vm.control() as ctl, pytest.raises(ControlError) as e:
+            ctl.branch(2, "s")
+        assert e.value.code == "refused", e.value
+        assert f"--net stream:{passt.socket}" in str(e.value) and "--net passt" in str(e.value), e.value
+        # Refused before the layer: no snapshot was written.
+        assert not store.exists() or "s" not in vmstore.layer_names(store)
+
+
 def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk, tmp_path):
     store = tmp_path / "store"
     with boot_source(cfg, disk, store, tmp_path, extra=["--branch-limit", "2"]) as vm:
@@ -189,7 +248,8 @@ def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk
         assert r.returncode == 0, r.stderr
         rows = [line.split("\t") for line in r.stdout.splitlines()[1:]]
         assert rows[0][:1] == ["NAME"] and rows[1][0] == "y-1", r.stdout
-        name, pid, cid, control, console, vsock, log = rows[1]
+        name, pid, cid, mac, control, console, vsock, log = rows[1]
+        assert mac == "-", r.stdout
         row = {"name": name, "pid": int(pid), "cid": int(cid), "control": control, "console": console}
         row |= {"vsock": vsock, "log": log, "pid_file": str(Path(log).with_suffix(".pid")), "generation_id": None}
         vm.children.append(Child.from_answer(row))

@@ -10,9 +10,13 @@
 //! in the branch directory `<dir>/B/`, where `<dir>` is the source's
 //! `--branch-dir`, else the directory of its control socket. A child's
 //! identity is its own: a fresh VM generation ID (every restore has one), a
-//! vsock CID derived from its name ([`child_cids`]), and its snapshots are
-//! named after it (`B-1`, `B-1.2`, ...), diffs on `B`. Its disk is an
-//! overlay on the layer's disk image: nothing is copied.
+//! vsock CID derived from its name ([`child_cids`]), a MAC derived from its
+//! name ([`derived_macs`]) and a network end of its own (a source on `--net
+//! passt` has children on `--net passt`, each starting its own passt;
+//! other host ends cannot be one per child and are refused, see
+//! [`child_nets`]), and its snapshots are named after it (`B-1`, `B-1.2`,
+//! ...), diffs on `B`. Its disk is an overlay on the layer's disk image:
+//! nothing is copied.
 //!
 //! The answer comes once every child's control socket reports it `ready`;
 //! if one fails to start, or is not ready within the timeout, every child
@@ -27,6 +31,8 @@
 //! written [`GUARD_COMMIT`] to it, which it does once every child is
 //! ready ([`watch_guard`]).
 
+use crate::devices::virtio::net::host_end::NetHost;
+use crate::devices::virtio::net::{derived_macs, format_mac};
 use crate::machine::config::{BranchConfig, SnapshotMode};
 use crate::machine::ops::{BranchError, Branched, Child, Written};
 use crate::sync::Locked;
@@ -73,8 +79,11 @@ pub struct Source {
     pub backend: &'static str,
     /// `--control`, if any.
     pub control: Option<PathBuf>,
-    /// The source has a network device.
-    pub net: bool,
+    /// The source's network host end (`--net`), if it has a network
+    /// device.
+    pub net: Option<NetHost>,
+    /// The source's MAC, if it has a network device.
+    pub mac: Option<[u8; 6]>,
     /// The source's vsock CID, if it has a vsock device.
     pub cid: Option<u64>,
     /// The guest agent's timeout, if the source waits for one.
@@ -132,6 +141,34 @@ pub fn child_cids(names: &[String], source: u64) -> Vec<u64> {
     used.split_off(1)
 }
 
+/// The network ends and MACs of the children `names` of `src`: none
+/// without a network device; with `--net passt`, a passt of each child's
+/// own and a MAC derived from its name, distinct from the source's and
+/// each other's. Errors: the source's host end cannot be shared, and
+/// there is no way to make one per child (`stream:PATH`: one guest per
+/// passt socket; `tap:NAME`: one VM per TAP interface).
+pub fn child_nets(
+    src: &Source,
+    names: &[String],
+) -> Result<Vec<Option<(NetHost, [u8; 6])>>, BranchError> {
+    let (host, mac) = match (&src.net, src.mac) {
+        (Some(h), Some(m)) => (h, m),
+        _ => return Ok(vec![None; names.len()]),
+    };
+    match host {
+        NetHost::Passt => Ok(derived_macs(names, mac)
+            .into_iter()
+            .map(|m| Some((NetHost::Passt, m)))
+            .collect()),
+        NetHost::Stream(_) => Err(BranchError::Network(format!(
+            "the source's network end, --net {host}, cannot be shared: a passt or socket_vmnet socket serves one guest; start the source with --net passt, and each child starts a passt of its own"
+        ))),
+        NetHost::Tap(_) => Err(BranchError::Network(format!(
+            "the source's network end, --net {host}, cannot be shared: a TAP interface serves one VM; start the source with --net passt, and each child starts a passt of its own"
+        ))),
+    }
+}
+
 /// One child's files in the branch directory `dir`.
 fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
     let f = |ext: &str| dir.join(format!("{name}.{ext}"));
@@ -142,6 +179,8 @@ fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
         console: f("console"),
         vsock: vsock.then(|| f("vsock")),
         cid: None,
+        mac: None,
+        net: None,
         log: f("log"),
         pid_file: f("pid"),
         generation_id: None,
@@ -163,8 +202,15 @@ fn branch_dir(src: &Source, name: &str) -> Result<PathBuf, BranchError> {
     Ok(base.join(name))
 }
 
-/// `boot`'s arguments for `child`, restored from layer `layer`.
-fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std::ffi::OsString> {
+/// `boot`'s arguments for `child`, restored from layer `layer`, on the
+/// network end `net` (its host end and MAC).
+fn child_args(
+    src: &Source,
+    layer: &str,
+    child: &Child,
+    net: Option<&(NetHost, [u8; 6])>,
+    guard: RawFd,
+) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = Vec::new();
     let mut arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
         a.push(k.into());
@@ -195,6 +241,10 @@ fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std
     if let Some(d) = &src.branch.dir {
         arg("--branch-dir", d);
     }
+    if let Some((host, mac)) = net {
+        arg("--net", &host.to_string());
+        arg("--mac", &format_mac(mac));
+    }
     if let (Some(v), Some(cid)) = (&child.vsock, child.cid) {
         arg("--vsock-uds", v);
         arg("--vsock-cid", &cid.to_string());
@@ -224,9 +274,6 @@ pub fn branch(
     snapshot: impl FnOnce(String) -> Result<Written, BranchError>,
 ) -> Result<Branched, BranchError> {
     let t0 = Instant::now();
-    if src.net {
-        return Err(BranchError::Network);
-    }
     let store = snapshot_store::Store::open(&src.store).ok();
     let names = check(name, count, src.branch.limit, src.track_dirty, |n| {
         store.as_ref().is_some_and(|s| s.contains(n))
@@ -236,12 +283,16 @@ pub fn branch(
         return Err(BranchError::Exists(dir.display().to_string()));
     }
     let cids = src.cid.map(|c| child_cids(&names, c)).unwrap_or_default();
+    let nets = child_nets(src, &names)?;
     let mut children: Vec<Child> = names
         .iter()
+        .zip(&nets)
         .enumerate()
-        .map(|(i, n)| {
+        .map(|(i, (n, net))| {
             let mut c = child_files(&dir, n, src.cid.is_some());
             c.cid = cids.get(i).copied();
+            c.net = net.as_ref().map(|(h, _)| h.to_string());
+            c.mac = net.as_ref().map(|(_, m)| format_mac(m));
             c
         })
         .collect();
@@ -265,7 +316,7 @@ pub fn branch(
         .create(&dir)
         .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))?;
     let deadline = Instant::now() + src.branch.timeout;
-    match start_all(&exe, src, name, &mut children, deadline) {
+    match start_all(&exe, src, name, &mut children, &nets, deadline) {
         Ok(()) => Ok(Branched {
             layer,
             dir,
@@ -308,6 +359,7 @@ fn start_all(
     src: &Source,
     layer: &str,
     children: &mut [Child],
+    nets: &[Option<(NetHost, [u8; 6])>],
     deadline: Instant,
 ) -> Result<(), (String, String)> {
     let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
@@ -316,7 +368,7 @@ fn start_all(
     let mut guards = Vec::new();
     // Another request's children must not inherit this one's pipes.
     let spawning = SPAWNING.locked();
-    for c in children.iter() {
+    for (c, net) in children.iter().zip(nets) {
         let (read, write) = guard_pipe()
             .map_err(|e| (c.name.clone(), format!("cannot make its guard pipe: {e}")))?;
         let fd = read.as_raw_fd();
@@ -328,7 +380,7 @@ fn start_all(
             layer
         };
         let mut cmd = Command::new(exe);
-        cmd.args(child_args(src, layer, c, fd))
+        cmd.args(child_args(src, layer, c, net.as_ref(), fd))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -596,6 +648,49 @@ mod tests {
     }
 
     #[test]
+    fn children_get_a_passt_and_a_mac_of_their_own_or_are_refused() {
+        let names = child_names("b", 3);
+        let mut src = Source {
+            branch: BranchConfig::default(),
+            store: "/s".into(),
+            track_dirty: true,
+            mode: SnapshotMode::Background,
+            backend: "emu",
+            control: None,
+            net: None,
+            mac: None,
+            cid: None,
+            agent_timeout: None,
+        };
+        assert_eq!(child_nets(&src, &names).unwrap(), vec![None; 3]);
+        let mac = crate::devices::virtio::net::default_mac("source");
+        src.net = Some(NetHost::Passt);
+        src.mac = Some(mac);
+        let nets = child_nets(&src, &names).unwrap();
+        let macs: Vec<[u8; 6]> = nets
+            .iter()
+            .map(|n| {
+                let (host, mac) = n.clone().unwrap();
+                assert_eq!(host, NetHost::Passt);
+                mac
+            })
+            .collect();
+        assert_eq!(macs, derived_macs(&names, mac));
+        assert_eq!(macs[0], crate::devices::virtio::net::default_mac("b-1"));
+        for (host, way) in [
+            ("stream:/run/passt.sock", "passt or socket_vmnet socket"),
+            ("tap:tap0", "TAP interface"),
+        ] {
+            src.net = Some(host.parse().unwrap());
+            let e = child_nets(&src, &names).unwrap_err().to_string();
+            assert!(
+                e.contains(host) && e.contains(way) && e.contains("--net passt"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn a_childs_arguments_name_its_own_files() {
         let src = Source {
             branch: BranchConfig::default(),
@@ -604,7 +699,8 @@ mod tests {
             mode: SnapshotMode::Background,
             backend: "emu",
             control: Some("/run/vm/control".into()),
-            net: false,
+            net: Some(NetHost::Passt),
+            mac: Some([0x52, 0x54, 0, 1, 2, 3]),
             cid: Some(3),
             agent_timeout: Some(Duration::from_secs(300)),
         };
@@ -612,7 +708,8 @@ mod tests {
         assert_eq!(dir, Path::new("/run/vm/b"));
         let mut c = child_files(&dir, "b-1", true);
         c.cid = Some(77);
-        let a: Vec<String> = child_args(&src, "b", &c, 9)
+        let net = (NetHost::Passt, [0x52, 0x54, 0, 0xa, 0xb, 0xc]);
+        let a: Vec<String> = child_args(&src, "b", &c, Some(&net), 9)
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect();
@@ -621,11 +718,18 @@ mod tests {
             "--restore b --store /s --name b-1 --backend emu",
             "--control /run/vm/b/b-1.control --console socket:/run/vm/b/b-1.console",
             "--pid-file /run/vm/b/b-1.pid --log-file /run/vm/b/b-1.log",
+            "--net passt --mac 52:54:00:0a:0b:0c",
             "--vsock-uds /run/vm/b/b-1.vsock --vsock-cid 77",
             "--agent-timeout 300 --branch-guard 9 --track-dirty --daemonize",
         ] {
             assert!(joined.contains(want), "{joined} lacks {want}");
         }
+        // Without a network device: no --net, no --mac.
+        let a: Vec<String> = child_args(&src, "b", &c, None, 9)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(!a.iter().any(|a| a == "--net" || a == "--mac"), "{a:?}");
         let no_control = Source {
             control: None,
             ..src

@@ -118,7 +118,7 @@ impl ErrorCode {
                 BranchError::NoTrackDirty => ErrorCode::NeedsTrackDirty,
                 BranchError::BadName(_) => ErrorCode::BadRequest,
                 BranchError::Child { .. } | BranchError::Failed(_) => ErrorCode::BranchFailed,
-                BranchError::Network
+                BranchError::Network(_)
                 | BranchError::NoDir
                 | BranchError::PathTooLong(_)
                 | BranchError::Snapshot(_) => ErrorCode::Refused,

@@ -148,7 +148,7 @@ impl<V: Vm + 'static> Machine<V> {
             .ok_or(ops::SnapshotError::NoName)?;
         let devices = self.vmm.devices();
         let src = branch::Source {
-            net: devices.has_net(),
+            mac: devices.net_mac(),
             cid: devices.vsock_cid(),
             ..self.branch.clone()
         };
@@ -300,8 +300,9 @@ where
             mode: cfg.snapshots.mode,
             backend: H::NAME,
             control: cfg.control.clone(),
+            net: cfg.net.as_ref().map(|n| n.host.clone()),
             // Read from the devices at each request.
-            net: false,
+            mac: None,
             cid: None,
             agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
         },
