@@ -145,9 +145,11 @@ fn default_cmdline() -> String {
 /// `boot branch --control PATH --count N [--name B]` asks the VM listening
 /// on PATH to branch: write the layer B and start N children restored from
 /// it (B-1 .. B-N), each a headless boot of its own, and prints them once
-/// all are ready. A VM on --net passt branches into children on --net
-/// passt (each its own passt) with MACs derived from their names; other
-/// host ends are refused.
+/// all are ready. Each child has a MAC derived from its name; a VM on
+/// --net passt branches into children on --net passt (each its own
+/// passt); --net TEMPLATE gives the children other host ends, {i} in it
+/// each child's number (tap:vm{i}); a host end two VMs would share is
+/// refused.
 #[derive(Parser, Debug)]
 #[command(
     name = "boot",
@@ -266,6 +268,9 @@ struct BranchArgs {
     /// The layer's name; the children are NAME-1 .. NAME-N [default: the VM's next snapshot name]
     #[arg(long)]
     name: Option<String>,
+    /// The children's network host ends: a template in which {i} becomes each child's number (tap:vm{i}: tap:vm1, tap:vm2, ...) [default: the VM's, if each child can have its own: passt]
+    #[arg(long, value_name = "TEMPLATE")]
+    net: Option<String>,
     /// Print the VM's answer as JSON instead of a table
     #[arg(long)]
     json: bool,
@@ -449,6 +454,9 @@ fn branch_client(b: &BranchArgs) -> ExitCode {
     let mut req = serde_json::json!({"command": "branch", "count": b.count});
     if let Some(n) = &b.name {
         req["name"] = n.clone().into();
+    }
+    if let Some(t) = &b.net {
+        req["net"] = t.clone().into();
     }
     let answer = match branch::request(&b.control, &req, None) {
         Ok(a) => a,

@@ -12,9 +12,9 @@
 //! identity is its own: a fresh VM generation ID (every restore has one), a
 //! vsock CID derived from its name ([`child_cids`]), a MAC derived from its
 //! name ([`derived_macs`]) and a network end of its own (a source on `--net
-//! passt` has children on `--net passt`, each starting its own passt;
-//! other host ends cannot be one per child and are refused, see
-//! [`child_nets`]), and its snapshots are named after it (`B-1`, `B-1.2`,
+//! passt` has children on `--net passt`, each starting its own passt; the
+//! request may name the children's ends with a template, `tap:vm{i}`; an
+//! end two VMs would share is refused, see [`child_nets`]), and its snapshots are named after it (`B-1`, `B-1.2`,
 //! ...), diffs on `B`. Its disk is an overlay on the layer's disk image:
 //! nothing is copied.
 //!
@@ -141,32 +141,75 @@ pub fn child_cids(names: &[String], source: u64) -> Vec<u64> {
     used.split_off(1)
 }
 
+/// A child's network device: its host end and MAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildNet {
+    /// Its host end (`boot --net`).
+    pub host: NetHost,
+    /// Its MAC (`boot --mac`).
+    pub mac: [u8; 6],
+}
+
+/// What becomes each child's number in a network template.
+pub const CHILD_NUMBER: &str = "{i}";
+
 /// The network ends and MACs of the children `names` of `src`: none
-/// without a network device; with `--net passt`, a passt of each child's
-/// own and a MAC derived from its name, distinct from the source's and
-/// each other's. Errors: the source's host end cannot be shared, and
-/// there is no way to make one per child (`stream:PATH`: one guest per
-/// passt socket; `tap:NAME`: one VM per TAP interface).
+/// without a network device; else each a MAC derived from its name,
+/// distinct from the source's and each other's, and the host end
+/// `template` names, [`CHILD_NUMBER`] replaced with the child's number
+/// (`tap:vm{i}`: `tap:vm1`, `tap:vm2`, ...), else the source's if it can
+/// be one per child (`passt`: each child starts its own). Errors: a
+/// template without a network device, or that is not a host end; a host
+/// end two of the VMs would share (a passt or socket_vmnet socket serves
+/// one guest, a TAP interface one VM), the message naming the ways
+/// forward.
 pub fn child_nets(
     src: &Source,
     names: &[String],
-) -> Result<Vec<Option<(NetHost, [u8; 6])>>, BranchError> {
-    let (host, mac) = match (&src.net, src.mac) {
-        (Some(h), Some(m)) => (h, m),
+    template: Option<&str>,
+) -> Result<Vec<Option<ChildNet>>, BranchError> {
+    let (host, mac) = match (&src.net, src.mac, template) {
+        (Some(h), Some(m), _) => (h, m),
+        (_, _, Some(t)) => {
+            return Err(BranchError::Network(format!(
+                "net {t:?}: the source has no network device"
+            )))
+        }
         _ => return Ok(vec![None; names.len()]),
     };
-    match host {
-        NetHost::Passt => Ok(derived_macs(names, mac)
-            .into_iter()
-            .map(|m| Some((NetHost::Passt, m)))
-            .collect()),
-        NetHost::Stream(_) => Err(BranchError::Network(format!(
-            "the source's network end, --net {host}, cannot be shared: a passt or socket_vmnet socket serves one guest; start the source with --net passt, and each child starts a passt of its own"
-        ))),
-        NetHost::Tap(_) => Err(BranchError::Network(format!(
-            "the source's network end, --net {host}, cannot be shared: a TAP interface serves one VM; start the source with --net passt, and each child starts a passt of its own"
-        ))),
+    let hosts: Vec<NetHost> = match template {
+        Some(t) => (1..=names.len())
+            .map(|i| {
+                t.replace(CHILD_NUMBER, &i.to_string())
+                    .parse()
+                    .map_err(|e| BranchError::Network(format!("net {t:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?,
+        None => vec![host.clone(); names.len()],
+    };
+    let mut seen = vec![host];
+    for h in &hosts {
+        if *h != NetHost::Passt && seen.contains(&h) {
+            let (what, serves) = match h {
+                NetHost::Tap(_) => ("TAP interface", "one VM"),
+                _ => ("passt or socket_vmnet socket", "one guest"),
+            };
+            let whose = if h == host {
+                "the source's network end"
+            } else {
+                "a child's network end"
+            };
+            return Err(BranchError::Network(format!(
+                "{whose}, --net {h}, cannot be shared: a {what} serves {serves}; start the source with --net passt (each child starts a passt of its own), or give the children ends of their own with a template (\"net\": \"tap:vm{CHILD_NUMBER}\", boot branch --net tap:vm{CHILD_NUMBER})"
+            )));
+        }
+        seen.push(h);
     }
+    Ok(hosts
+        .into_iter()
+        .zip(derived_macs(names, mac))
+        .map(|(host, mac)| Some(ChildNet { host, mac }))
+        .collect())
 }
 
 /// One child's files in the branch directory `dir`.
@@ -208,7 +251,7 @@ fn child_args(
     src: &Source,
     layer: &str,
     child: &Child,
-    net: Option<&(NetHost, [u8; 6])>,
+    net: Option<&ChildNet>,
     guard: RawFd,
 ) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = Vec::new();
@@ -241,9 +284,9 @@ fn child_args(
     if let Some(d) = &src.branch.dir {
         arg("--branch-dir", d);
     }
-    if let Some((host, mac)) = net {
-        arg("--net", &host.to_string());
-        arg("--mac", &format_mac(mac));
+    if let Some(n) = net {
+        arg("--net", &n.host.to_string());
+        arg("--mac", &format_mac(&n.mac));
     }
     if let (Some(v), Some(cid)) = (&child.vsock, child.cid) {
         arg("--vsock-uds", v);
@@ -265,12 +308,14 @@ fn child_args(
     a
 }
 
-/// Checks `name` and `count` against the source, writes the layer with
-/// `snapshot` and starts the children (see the module's doc).
+/// Checks `name`, `count` and the network template `net` against the
+/// source, writes the layer with `snapshot` and starts the children (see
+/// the module's doc).
 pub fn branch(
     src: &Source,
     name: &str,
     count: usize,
+    net: Option<&str>,
     snapshot: impl FnOnce(String) -> Result<Written, BranchError>,
 ) -> Result<Branched, BranchError> {
     let t0 = Instant::now();
@@ -283,7 +328,7 @@ pub fn branch(
         return Err(BranchError::Exists(dir.display().to_string()));
     }
     let cids = src.cid.map(|c| child_cids(&names, c)).unwrap_or_default();
-    let nets = child_nets(src, &names)?;
+    let nets = child_nets(src, &names, net)?;
     let mut children: Vec<Child> = names
         .iter()
         .zip(&nets)
@@ -291,8 +336,8 @@ pub fn branch(
         .map(|(i, (n, net))| {
             let mut c = child_files(&dir, n, src.cid.is_some());
             c.cid = cids.get(i).copied();
-            c.net = net.as_ref().map(|(h, _)| h.to_string());
-            c.mac = net.as_ref().map(|(_, m)| format_mac(m));
+            c.net = net.as_ref().map(|n| n.host.to_string());
+            c.mac = net.as_ref().map(|n| format_mac(&n.mac));
             c
         })
         .collect();
@@ -359,7 +404,7 @@ fn start_all(
     src: &Source,
     layer: &str,
     children: &mut [Child],
-    nets: &[Option<(NetHost, [u8; 6])>],
+    nets: &[Option<ChildNet>],
     deadline: Instant,
 ) -> Result<(), (String, String)> {
     let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
@@ -662,17 +707,21 @@ mod tests {
             cid: None,
             agent_timeout: None,
         };
-        assert_eq!(child_nets(&src, &names).unwrap(), vec![None; 3]);
+        assert_eq!(child_nets(&src, &names, None).unwrap(), vec![None; 3]);
+        assert!(child_nets(&src, &names, Some("tap:vm{i}"))
+            .unwrap_err()
+            .to_string()
+            .contains("no network device"));
         let mac = crate::devices::virtio::net::default_mac("source");
         src.net = Some(NetHost::Passt);
         src.mac = Some(mac);
-        let nets = child_nets(&src, &names).unwrap();
+        let nets = child_nets(&src, &names, None).unwrap();
         let macs: Vec<[u8; 6]> = nets
             .iter()
             .map(|n| {
-                let (host, mac) = n.clone().unwrap();
-                assert_eq!(host, NetHost::Passt);
-                mac
+                let n = n.clone().unwrap();
+                assert_eq!(n.host, NetHost::Passt);
+                n.mac
             })
             .collect();
         assert_eq!(macs, derived_macs(&names, mac));
@@ -682,12 +731,36 @@ mod tests {
             ("tap:tap0", "TAP interface"),
         ] {
             src.net = Some(host.parse().unwrap());
-            let e = child_nets(&src, &names).unwrap_err().to_string();
+            let e = child_nets(&src, &names, None).unwrap_err().to_string();
             assert!(
                 e.contains(host) && e.contains(way) && e.contains("--net passt"),
                 "{e}"
             );
+            assert!(e.contains("tap:vm{i}"), "{e}");
         }
+        // A template: each child its own end, whatever the source's.
+        let nets = child_nets(&src, &names, Some("tap:vm{i}")).unwrap();
+        let hosts: Vec<String> = nets
+            .iter()
+            .map(|n| n.as_ref().unwrap().host.to_string())
+            .collect();
+        assert_eq!(hosts, ["tap:vm1", "tap:vm2", "tap:vm3"]);
+        assert_eq!(nets[0].as_ref().unwrap().mac, macs[0]);
+        let passt = child_nets(&src, &names, Some("passt")).unwrap();
+        assert!(passt
+            .iter()
+            .all(|n| n.as_ref().unwrap().host == NetHost::Passt));
+        // Shared by two children, or with the source; not a host end.
+        for (t, says) in [
+            ("tap:vm", "a child's network end, --net tap:vm,"),
+            ("tap:tap0", "the source's network end, --net tap:tap0,"),
+            ("udp:{i}", "not a host end"),
+        ] {
+            let e = child_nets(&src, &names, Some(t)).unwrap_err().to_string();
+            assert!(e.contains(says), "{t}: {e}");
+        }
+        // Sockets of their own (a passt each, started by someone else).
+        assert!(child_nets(&src, &names, Some("stream:/p{i}.sock")).is_ok());
     }
 
     #[test]
@@ -708,7 +781,10 @@ mod tests {
         assert_eq!(dir, Path::new("/run/vm/b"));
         let mut c = child_files(&dir, "b-1", true);
         c.cid = Some(77);
-        let net = (NetHost::Passt, [0x52, 0x54, 0, 0xa, 0xb, 0xc]);
+        let net = ChildNet {
+            host: NetHost::Passt,
+            mac: [0x52, 0x54, 0, 0xa, 0xb, 0xc],
+        };
         let a: Vec<String> = child_args(&src, "b", &c, Some(&net), 9)
             .into_iter()
             .map(|s| s.into_string().unwrap())

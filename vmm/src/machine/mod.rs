@@ -125,7 +125,9 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
             }
-            Op::Branch { name, count } => Ok(Reply::Branch(self.branch(name, count)?)),
+            Op::Branch { name, count, net } => {
+                Ok(Reply::Branch(self.branch(name, count, net.as_deref())?))
+            }
             Op::Exec(e) => {
                 let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
                 let ended = || self.vmm.finished();
@@ -142,6 +144,7 @@ impl<V: Vm + 'static> Machine<V> {
         &self,
         name: Option<String>,
         count: usize,
+        net: Option<&str>,
     ) -> Result<ops::Branched, ops::BranchError> {
         let name = name
             .or_else(|| self.snapshots.next_name())
@@ -152,7 +155,7 @@ impl<V: Vm + 'static> Machine<V> {
             cid: devices.vsock_cid(),
             ..self.branch.clone()
         };
-        branch::branch(&src, &name, count, |name| {
+        branch::branch(&src, &name, count, net, |name| {
             self.snapshots
                 .take(&self.vmm, Some(name.clone()), true)?
                 .ok_or_else(|| {

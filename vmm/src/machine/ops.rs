@@ -39,6 +39,10 @@ pub enum Op {
         name: Option<String>,
         /// How many children.
         count: usize,
+        /// The children's network host ends: a template `{i}` in which
+        /// becomes each child's number (`tap:vm{i}`: `tap:vm1`, ...);
+        /// `None`: the source's, if it can be one per child (`passt`).
+        net: Option<String>,
     },
     /// Runs a command in the guest through its agent and waits for it to
     /// end (at most its timeout).
