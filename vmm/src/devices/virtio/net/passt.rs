@@ -106,7 +106,7 @@ impl Drop for Passt {
 /// it talks to, stopped when the device lets go of it.
 pub struct PasstEnd {
     end: StreamEnd,
-    passt: Passt,
+    _passt: Passt,
 }
 
 impl PasstEnd {
@@ -116,7 +116,7 @@ impl PasstEnd {
         let (passt, sock) = Passt::start()?;
         let (end, rx) = StreamEnd::new(sock)?;
         tracing::info!("virtio-net: passt started (pid {})", passt.pid());
-        Ok((PasstEnd { end, passt }, rx))
+        Ok((PasstEnd { end, _passt: passt }, rx))
     }
 }
 
@@ -135,12 +135,6 @@ impl NetBackend for PasstEnd {
 
     fn set_waker(&mut self, waker: Waker) {
         self.end.set_waker(waker)
-    }
-}
-
-impl Drop for PasstEnd {
-    fn drop(&mut self) {
-        tracing::debug!("virtio-net: stopping passt (pid {})", self.passt.pid());
     }
 }
 
