@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <linux/vm_sockets.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -1049,16 +1050,58 @@ static void stop_dhcp(void)
     unlink(DHCP_PID_FILE);
 }
 
-/* A clone's new network identity on eth0: neighbours flushed, then the
- * host's address ("ADDR/PREFIX[,GATEWAY]") or a new DHCP lease asked for
- * with a client ID made from the new machine ID. Returns 0, or an error
+/* Writes `text` to the sysfs attribute `path`. */
+static int write_attr(const char *path, const char *text)
+{
+    int f = open(path, O_WRONLY | O_CLOEXEC);
+    int r;
+    if (f < 0)
+        return -1;
+    r = write_all(f, text, strlen(text));
+    close(f);
+    return r;
+}
+
+/* eth0 probed again by its driver (unbound, then bound), so that its MAC
+ * is the one the network device offers now: a restore may give a clone a
+ * MAC of its own (boot --mac), and the driver reads it only when it
+ * probes. Then eth0 is up, without an address. Returns 0, or an error
  * message. */
+static const char *reprobe_eth0(void)
+{
+    char dev[PATH_MAX], driver[PATH_MAX], attr[PATH_MAX + 16];
+    const char *name;
+    if (!realpath("/sys/class/net/eth0/device", dev) || !realpath("/sys/class/net/eth0/device/driver", driver))
+        return "eth0 has no device or driver in /sys";
+    name = strrchr(dev, '/') + 1;
+    snprintf(attr, sizeof attr, "%s/unbind", driver);
+    if (write_attr(attr, name) < 0)
+        return "unbinding eth0's device failed";
+    snprintf(attr, sizeof attr, "%s/bind", driver);
+    if (write_attr(attr, name) < 0)
+        return "binding eth0's device again failed";
+    /* The driver registers eth0 again as it probes (a few ms), at most 2 s. */
+    for (int i = 0; i < 200 && access("/sys/class/net/eth0", F_OK) < 0; i++)
+        usleep(10000);
+    if (access("/sys/class/net/eth0", F_OK) < 0)
+        return "eth0 did not come back after its driver probed again";
+    if (run((char *[]){ "/bin/ip", "link", "set", "eth0", "up", NULL }) != 0)
+        return "ip link set eth0 up failed";
+    return NULL;
+}
+
+/* A clone's new network identity on eth0: its MAC read again from the
+ * device (reprobe_eth0), then the host's address ("ADDR/PREFIX[,GATEWAY]")
+ * or a new DHCP lease asked for with a client ID made from the new machine
+ * ID. Returns 0, or an error message. */
 static const char *readdress(const char *address, const char *client_id)
 {
+    const char *err;
     if (access("/sys/class/net/eth0", F_OK) < 0)
         return NULL;
-    run((char *[]){ "/bin/ip", "neigh", "flush", "dev", "eth0", NULL });
     stop_dhcp();
+    if ((err = reprobe_eth0()))
+        return err;
     if (*address) {
         char addr[128], *gw;
         snprintf(addr, sizeof addr, "%s", address);

@@ -57,6 +57,10 @@ class Child:
     log_path: Path
     pid_file: Path
     generation_id: str | None
+    # Its network device's MAC ("52:54:00:12:34:56") and host end ("passt"), if the source
+    # has a network device.
+    mac: str | None = None
+    net: str | None = None
     timeouts: Timeouts = BASE
 
     @classmethod
@@ -72,6 +76,8 @@ class Child:
             log_path=Path(c["log"]),
             pid_file=Path(c["pid_file"]),
             generation_id=c["generation_id"],
+            mac=c.get("mac"),
+            net=c.get("net"),
             timeouts=timeouts,
         )
 

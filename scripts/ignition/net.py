@@ -31,6 +31,23 @@ def passt_bin() -> str | None:
     return shutil.which("passt")
 
 
+def passt_pids(parent: int) -> list[int]:
+    """The pids of the passt processes (`boot --net passt`'s) whose parent is `parent`
+    (Debian's passt runs as passt.avx2 where the CPU has AVX2)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm.split(".")[0] == "passt" and int(rest[1]) == parent:
+            found.append(int(d.name))
+    return found
+
+
 class Passt:
     """passt serving one client at a time on a Unix socket (it waits for the
     next client when one goes, so a restored VM can connect again).

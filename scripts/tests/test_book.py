@@ -139,6 +139,8 @@ EXCEPTIONS = {
     "passt -f -s /tmp/passt.sock": "an interactive session; test_net_e2e.py starts passt and boot the same way",
     "cargo run --release --bin boot -- --net stream:/tmp/passt.sock": "an interactive session; "
     "test_net_e2e.py boots with --net stream:PATH",
+    "cargo run --release --bin boot -- --net passt": "an interactive session; "
+    "test_net_e2e.py and test_branch_e2e.py boot with --net passt",
     "python3 -m ignition.conformance --backend hvf --no-qemu": "the hvf backend: macOS on Apple silicon only",
     "scripts/mac-check.sh": "the hvf backend: macOS on Apple silicon only (CI runs it on emu, with fewer suites)",
     "python3 -m ignition.bench.snapshot": "the full benchmark (about 10 minutes); the same module runs with "

@@ -15,8 +15,10 @@ start, all of them or none.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ignition import net
 from ignition import store as vmstore
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlError
@@ -173,6 +176,147 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
     verify_store(store)
 
 
+@pytest.mark.skipif(net.passt_bin() is None, reason="passt is Linux-only")
+def test_children_of_a_passt_source_have_their_own_passt_and_mac(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    children: list[Child] = []
+    page = os.urandom(50_000)
+    with (
+        net.LoopbackHttp() as http,
+        boot_source(cfg, disk, store, tmp_path, extra=["--net", "passt"]) as vm,
+    ):
+        page_sum = http.add("page", page)
+        try:
+            run(vm, net.LEASE_WAIT_CMD)
+            source_mac = run(vm, "cat /sys/class/net/eth0/address")
+            source_passt = net.passt_pids(vm.pid)
+            assert len(source_passt) == 1, source_passt
+            children = vm.branch(2, name="n")
+            macs = set()
+            for c in children:
+                assert c.net == "passt" and c.mac is not None, c
+                # The guest's eth0 has the MAC the answer gives (its driver read it again).
+                assert run(c, "cat /sys/class/net/eth0/address") == c.mac
+                macs.add(c.mac)
+                # A passt of its own, through which it reaches the host.
+                assert len(net.passt_pids(c.pid)) == 1
+                run(c, net.LEASE_WAIT_CMD)
+                gw = run(c, net.GATEWAY_CMD)
+                got = run(c, f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum")
+                assert got.split()[0] == page_sum, c.name
+            assert len(macs) == 2 and source_mac not in macs
+            # The source keeps its MAC and its network.
+            assert run(vm, "cat /sys/class/net/eth0/address") == source_mac
+            gw = run(vm, net.GATEWAY_CMD)
+            got = run(vm, f"timeout 60 wget -q -O - http://{gw}:{http.port}/page | sha256sum")
+            assert got.split()[0] == page_sum
+            passts = [p for c in children for p in net.passt_pids(c.pid)]
+        finally:
+            for c in children:
+                c.stop()
+    # A child's passt ends with it; the source's with the source.
+    assert not any(pid_alive(p) for p in passts + source_passt)
+    verify_store(store)
+
+
+@pytest.mark.skipif(net.passt_bin() is None, reason="passt is Linux-only")
+def test_a_source_on_a_shared_network_end_is_refused(cfg, disk, tmp_path):
+    store = tmp_path / "store"
+    with (
+        net.Passt(tmp_path) as passt,
+        boot_source(cfg, disk, store, tmp_path, extra=["--net", f"stream:{passt.socket}"]) as vm,
+    ):
+        with vm.control() as ctl, pytest.raises(ControlError) as e:
+            ctl.branch(2, "s")
+        assert e.value.code == "refused", e.value
+        assert f"--net stream:{passt.socket}" in str(e.value) and "--net passt" in str(e.value), e.value
+        # Refused before the layer: no snapshot was written.
+        assert not store.exists() or "s" not in vmstore.layer_names(store)
+
+
+@pytest.fixture
+def bridge(tmp_path, cfg):
+    """A network namespace of this test's (root only) with a bridge br0 (10.0.3.1/24) and
+    TAP interfaces on it: tap0 for the source, vm1 and vm2 for its children; yields a
+    VmConfig whose boot runs in it (and so do the children the source starts)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
+    ns = f"ignition-branch-{os.getpid()}"
+
+    def in_ns(*argv: str) -> None:
+        subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True, timeout=60)
+
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=60)
+    try:
+        in_ns("ip", "link", "add", "br0", "type", "bridge")
+        in_ns("ip", "addr", "add", "10.0.3.1/24", "dev", "br0")
+        in_ns("ip", "link", "set", "br0", "up")
+        for tap in ("tap0", "vm1", "vm2"):
+            in_ns("ip", "tuntap", "add", tap, "mode", "tap")
+            in_ns("ip", "link", "set", tap, "master", "br0")
+            in_ns("ip", "link", "set", tap, "up")
+        wrapper = tmp_path / "boot-in-netns"
+        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {ns} {cfg.boot} "$@"\n')
+        wrapper.chmod(0o755)
+        yield dataclasses.replace(cfg, boot=wrapper)
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], timeout=60)
+
+
+# The source's DHCP server for the bridge (busybox udhcpd), leases 10.0.3.100 on.
+UDHCPD_CONF = """start 10.0.3.100
+end 10.0.3.200
+interface eth0
+lease_file /tmp/udhcpd.leases
+opt subnet 255.255.255.0
+opt router 10.0.3.1
+"""
+
+
+def eth0_ipv4(c: Child | Vm) -> str:
+    return run(c, "ip -4 -o addr show dev eth0 | awk '{ print $4 }'")
+
+
+def test_children_on_tap_interfaces_of_a_bridge_lease_their_own_address(cfg, disk, tmp_path, bridge):
+    store = tmp_path / "store"
+    children: list[Child] = []
+    with boot_source(bridge, disk, store, tmp_path, extra=["--net", "tap:tap0"]) as vm:
+        try:
+            # The source serves DHCP on the bridge from a fixed address.
+            run(vm, "kill $(cat /run/udhcpc.eth0.pid); ip addr flush dev eth0; ip addr add 10.0.3.2/24 dev eth0")
+            vm.write_file("/tmp/udhcpd.conf", UDHCPD_CONF.encode())
+            run(vm, "touch /tmp/udhcpd.leases && udhcpd -S /tmp/udhcpd.conf")
+            source_mac = run(vm, "cat /sys/class/net/eth0/address")
+            # Without a template, the source's TAP interface is refused.
+            with vm.control() as ctl, pytest.raises(ControlError) as e:
+                ctl.branch(2, "refused")
+            assert e.value.code == "refused" and "tap:vm{i}" in e.value.message, e.value
+
+            children = vm.branch(2, name="t", net="tap:vm{i}")
+            assert [c.net for c in children] == ["tap:vm1", "tap:vm2"]
+            addrs, macs = [], []
+            for c in children:
+                # Ready means leased: the agent asked for the lease with the child's own MAC.
+                assert run(c, "cat /sys/class/net/eth0/address") == c.mac
+                addr = eth0_ipv4(c)
+                assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
+                addrs.append(addr.split("/")[0])
+                macs.append(c.mac)
+            assert len(set(addrs)) == 2 and "10.0.3.2" not in addrs, addrs
+            assert len(set(macs)) == 2 and source_mac not in macs, macs
+            # They reach each other (their own MACs, as each sees the other's) and the source.
+            for c, other, other_mac in [
+                (children[0], addrs[1], macs[1]),
+                (children[1], addrs[0], macs[0]),
+            ]:
+                run(c, f"ping -c 1 -w 30 {other} >/dev/null && ping -c 1 -w 30 10.0.3.2 >/dev/null")
+                assert other_mac in run(c, f"ip neigh show {other}"), c.name
+        finally:
+            for c in children:
+                c.stop()
+    verify_store(store)
+
+
 def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk, tmp_path):
     store = tmp_path / "store"
     with boot_source(cfg, disk, store, tmp_path, extra=["--branch-limit", "2"]) as vm:
@@ -189,7 +333,8 @@ def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk
         assert r.returncode == 0, r.stderr
         rows = [line.split("\t") for line in r.stdout.splitlines()[1:]]
         assert rows[0][:1] == ["NAME"] and rows[1][0] == "y-1", r.stdout
-        name, pid, cid, control, console, vsock, log = rows[1]
+        name, pid, cid, mac, control, console, vsock, log = rows[1]
+        assert mac == "-", r.stdout
         row = {"name": name, "pid": int(pid), "cid": int(cid), "control": control, "console": console}
         row |= {"vsock": vsock, "log": log, "pid_file": str(Path(log).with_suffix(".pid")), "generation_id": None}
         vm.children.append(Child.from_answer(row))

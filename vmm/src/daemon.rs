@@ -80,6 +80,15 @@ pub fn daemonize(log: Option<&Path>) -> anyhow::Result<Daemon> {
         .open("/dev/null")
         .context("/dev/null")?;
     let (read, write) = nix::unistd::pipe().context("pipe")?;
+    // Not inherited by what the daemon starts (a passt): the parent waits
+    // for the pipe's end.
+    for fd in [&read, &write] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .context("pipe")?;
+    }
     // SAFETY: no other thread exists yet (the caller's contract), so the
     // child's copy of the process is consistent; it goes on as `boot`.
     match unsafe { nix::unistd::fork() }.context("fork")? {

@@ -108,12 +108,17 @@ fn default_cmdline() -> String {
 /// restored VM runs on a private copy of the snapshot's disk, discarded at
 /// exit unless a snapshot is taken.
 ///
-/// --net HOST: the network device's host end. `stream:PATH` connects to a
-/// Unix stream socket speaking QEMU's stream framing: `passt` on Linux
-/// (e.g. `passt -f -1 -s /tmp/passt.sock`), `socket_vmnet` on macOS.
-/// `tap:NAME` attaches to a Linux TAP interface. `none` (default): no
-/// network device. A restored VM must name a host end again (it may be a
-/// new one) exactly when its snapshot has a network device.
+/// --net HOST: the network device's host end. `passt` (Linux): boot starts
+/// a passt of the VM's own (`passt` on PATH) on a socket pair and stops it
+/// when the VM ends. `stream:PATH` connects to a Unix stream socket
+/// speaking QEMU's stream framing: `passt` on Linux (e.g. `passt -f -1 -s
+/// /tmp/passt.sock`), `socket_vmnet` on macOS. `tap:NAME` attaches to a
+/// Linux TAP interface. `none` (default): no network device. A restored VM
+/// must name a host end again (it may be a new one) exactly when its
+/// snapshot has a network device. --mac with --restore gives the restored
+/// VM another MAC than the snapshot's (a branch's children get theirs so);
+/// the guest agent has the guest's driver read it again before it asks
+/// for a new address.
 ///
 /// --gic MODE: `userspace` (default) is the VMM's GICv3 model, on every
 /// backend. `hvf` is Hypervisor.framework's in-kernel GICv3: hvf backend
@@ -140,7 +145,11 @@ fn default_cmdline() -> String {
 /// `boot branch --control PATH --count N [--name B]` asks the VM listening
 /// on PATH to branch: write the layer B and start N children restored from
 /// it (B-1 .. B-N), each a headless boot of its own, and prints them once
-/// all are ready.
+/// all are ready. Each child has a MAC derived from its name; a VM on
+/// --net passt branches into children on --net passt (each its own
+/// passt); --net TEMPLATE gives the children other host ends, {i} in it
+/// each child's number (tap:vm{i}); a host end two VMs would share is
+/// refused.
 #[derive(Parser, Debug)]
 #[command(
     name = "boot",
@@ -193,10 +202,10 @@ struct Args {
     /// Interrupt controller [default: userspace; with --restore, the snapshot's]
     #[arg(long, value_enum)]
     gic: Option<Gic>,
-    /// Network device's host end: none, stream:PATH or tap:NAME
+    /// Network device's host end: none, passt (a passt of this VM's own), stream:PATH or tap:NAME
     #[arg(long, value_name = "HOST", default_value = "none", value_parser = parse_net)]
     net: Net,
-    /// Network device's MAC address [default: derived from --name (else the disk path), stable across starts; with --restore, the snapshot's]
+    /// Network device's MAC address [default: derived from --name (else the disk path), stable across starts; with --restore, the snapshot's, which this replaces]
     #[arg(long, value_name = "MAC", value_parser = parse_mac)]
     mac: Option<[u8; 6]>,
     /// Add a vsock device: host programs connect to this Unix socket and send "CONNECT <port>\n"; a guest connection to host port P goes to PATH_P
@@ -259,6 +268,9 @@ struct BranchArgs {
     /// The layer's name; the children are NAME-1 .. NAME-N [default: the VM's next snapshot name]
     #[arg(long)]
     name: Option<String>,
+    /// The children's network host ends: a template in which {i} becomes each child's number (tap:vm{i}: tap:vm1, tap:vm2, ...) [default: the VM's, if each child can have its own: passt]
+    #[arg(long, value_name = "TEMPLATE")]
+    net: Option<String>,
     /// Print the VM's answer as JSON instead of a table
     #[arg(long)]
     json: bool,
@@ -393,7 +405,7 @@ fn run(args: Args, running: Box<dyn FnOnce()>) -> anyhow::Result<VmExit> {
         control: args.control,
         net: match (args.net.0, args.mac) {
             (None, Some(_)) => {
-                anyhow::bail!("--mac needs a network device (--net stream:PATH or tap:NAME)")
+                anyhow::bail!("--mac needs a network device (--net passt, stream:PATH or tap:NAME)")
             }
             (None, None) => None,
             (Some(host), mac) => Some(NetConfig { host, mac }),
@@ -443,6 +455,9 @@ fn branch_client(b: &BranchArgs) -> ExitCode {
     if let Some(n) = &b.name {
         req["name"] = n.clone().into();
     }
+    if let Some(t) = &b.net {
+        req["net"] = t.clone().into();
+    }
     let answer = match branch::request(&b.control, &req, None) {
         Ok(a) => a,
         Err(e) => {
@@ -469,13 +484,14 @@ fn branch_client(b: &BranchArgs) -> ExitCode {
         serde_json::Value::Null => "-".into(),
         v => v.to_string(),
     };
-    println!("NAME\tPID\tCID\tCONTROL\tCONSOLE\tVSOCK\tLOG");
+    println!("NAME\tPID\tCID\tMAC\tCONTROL\tCONSOLE\tVSOCK\tLOG");
     for c in answer["children"].as_array().into_iter().flatten() {
         println!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             s(&c["name"]),
             s(&c["pid"]),
             s(&c["cid"]),
+            s(&c["mac"]),
             s(&c["control"]),
             s(&c["console"]),
             s(&c["vsock"]),

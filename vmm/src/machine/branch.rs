@@ -10,9 +10,13 @@
 //! in the branch directory `<dir>/B/`, where `<dir>` is the source's
 //! `--branch-dir`, else the directory of its control socket. A child's
 //! identity is its own: a fresh VM generation ID (every restore has one), a
-//! vsock CID derived from its name ([`child_cids`]), and its snapshots are
-//! named after it (`B-1`, `B-1.2`, ...), diffs on `B`. Its disk is an
-//! overlay on the layer's disk image: nothing is copied.
+//! vsock CID derived from its name ([`child_cids`]), a MAC derived from its
+//! name ([`derived_macs`]) and a network end of its own (a source on `--net
+//! passt` has children on `--net passt`, each starting its own passt; the
+//! request may name the children's ends with a template, `tap:vm{i}`; an
+//! end two VMs would share is refused, see [`child_nets`]), and its snapshots are named after it (`B-1`, `B-1.2`,
+//! ...), diffs on `B`. Its disk is an overlay on the layer's disk image:
+//! nothing is copied.
 //!
 //! The answer comes once every child's control socket reports it `ready`;
 //! if one fails to start, or is not ready within the timeout, every child
@@ -27,6 +31,8 @@
 //! written [`GUARD_COMMIT`] to it, which it does once every child is
 //! ready ([`watch_guard`]).
 
+use crate::devices::virtio::net::host_end::NetHost;
+use crate::devices::virtio::net::{derived_macs, format_mac};
 use crate::machine::config::{BranchConfig, SnapshotMode};
 use crate::machine::ops::{BranchError, Branched, Child, Written};
 use crate::sync::Locked;
@@ -73,8 +79,11 @@ pub struct Source {
     pub backend: &'static str,
     /// `--control`, if any.
     pub control: Option<PathBuf>,
-    /// The source has a network device.
-    pub net: bool,
+    /// The source's network host end (`--net`), if it has a network
+    /// device.
+    pub net: Option<NetHost>,
+    /// The source's MAC, if it has a network device.
+    pub mac: Option<[u8; 6]>,
     /// The source's vsock CID, if it has a vsock device.
     pub cid: Option<u64>,
     /// The guest agent's timeout, if the source waits for one.
@@ -132,6 +141,77 @@ pub fn child_cids(names: &[String], source: u64) -> Vec<u64> {
     used.split_off(1)
 }
 
+/// A child's network device: its host end and MAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildNet {
+    /// Its host end (`boot --net`).
+    pub host: NetHost,
+    /// Its MAC (`boot --mac`).
+    pub mac: [u8; 6],
+}
+
+/// What becomes each child's number in a network template.
+pub const CHILD_NUMBER: &str = "{i}";
+
+/// The network ends and MACs of the children `names` of `src`: none
+/// without a network device; else each a MAC derived from its name,
+/// distinct from the source's and each other's, and the host end
+/// `template` names, [`CHILD_NUMBER`] replaced with the child's number
+/// (`tap:vm{i}`: `tap:vm1`, `tap:vm2`, ...), else the source's if it can
+/// be one per child (`passt`: each child starts its own). Errors: a
+/// template without a network device, or that is not a host end; a host
+/// end two of the VMs would share (a passt or socket_vmnet socket serves
+/// one guest, a TAP interface one VM), the message naming the ways
+/// forward.
+pub fn child_nets(
+    src: &Source,
+    names: &[String],
+    template: Option<&str>,
+) -> Result<Vec<Option<ChildNet>>, BranchError> {
+    let (host, mac) = match (&src.net, src.mac, template) {
+        (Some(h), Some(m), _) => (h, m),
+        (_, _, Some(t)) => {
+            return Err(BranchError::Network(format!(
+                "net {t:?}: the source has no network device"
+            )))
+        }
+        _ => return Ok(vec![None; names.len()]),
+    };
+    let hosts: Vec<NetHost> = match template {
+        Some(t) => (1..=names.len())
+            .map(|i| {
+                t.replace(CHILD_NUMBER, &i.to_string())
+                    .parse()
+                    .map_err(|e| BranchError::Network(format!("net {t:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?,
+        None => vec![host.clone(); names.len()],
+    };
+    let mut seen = vec![host];
+    for h in &hosts {
+        if *h != NetHost::Passt && seen.contains(&h) {
+            let (what, serves) = match h {
+                NetHost::Tap(_) => ("TAP interface", "one VM"),
+                _ => ("passt or socket_vmnet socket", "one guest"),
+            };
+            let whose = if h == host {
+                "the source's network end"
+            } else {
+                "a child's network end"
+            };
+            return Err(BranchError::Network(format!(
+                "{whose}, --net {h}, cannot be shared: a {what} serves {serves}; start the source with --net passt (each child starts a passt of its own), or give the children ends of their own with a template (\"net\": \"tap:vm{CHILD_NUMBER}\", boot branch --net tap:vm{CHILD_NUMBER})"
+            )));
+        }
+        seen.push(h);
+    }
+    Ok(hosts
+        .into_iter()
+        .zip(derived_macs(names, mac))
+        .map(|(host, mac)| Some(ChildNet { host, mac }))
+        .collect())
+}
+
 /// One child's files in the branch directory `dir`.
 fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
     let f = |ext: &str| dir.join(format!("{name}.{ext}"));
@@ -142,6 +222,8 @@ fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
         console: f("console"),
         vsock: vsock.then(|| f("vsock")),
         cid: None,
+        mac: None,
+        net: None,
         log: f("log"),
         pid_file: f("pid"),
         generation_id: None,
@@ -163,8 +245,15 @@ fn branch_dir(src: &Source, name: &str) -> Result<PathBuf, BranchError> {
     Ok(base.join(name))
 }
 
-/// `boot`'s arguments for `child`, restored from layer `layer`.
-fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std::ffi::OsString> {
+/// `boot`'s arguments for `child`, restored from layer `layer`, on the
+/// network end `net` (its host end and MAC).
+fn child_args(
+    src: &Source,
+    layer: &str,
+    child: &Child,
+    net: Option<&ChildNet>,
+    guard: RawFd,
+) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = Vec::new();
     let mut arg = |k: &str, v: &dyn AsRef<std::ffi::OsStr>| {
         a.push(k.into());
@@ -195,6 +284,10 @@ fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std
     if let Some(d) = &src.branch.dir {
         arg("--branch-dir", d);
     }
+    if let Some(n) = net {
+        arg("--net", &n.host.to_string());
+        arg("--mac", &format_mac(&n.mac));
+    }
     if let (Some(v), Some(cid)) = (&child.vsock, child.cid) {
         arg("--vsock-uds", v);
         arg("--vsock-cid", &cid.to_string());
@@ -215,18 +308,17 @@ fn child_args(src: &Source, layer: &str, child: &Child, guard: RawFd) -> Vec<std
     a
 }
 
-/// Checks `name` and `count` against the source, writes the layer with
-/// `snapshot` and starts the children (see the module's doc).
+/// Checks `name`, `count` and the network template `net` against the
+/// source, writes the layer with `snapshot` and starts the children (see
+/// the module's doc).
 pub fn branch(
     src: &Source,
     name: &str,
     count: usize,
+    net: Option<&str>,
     snapshot: impl FnOnce(String) -> Result<Written, BranchError>,
 ) -> Result<Branched, BranchError> {
     let t0 = Instant::now();
-    if src.net {
-        return Err(BranchError::Network);
-    }
     let store = snapshot_store::Store::open(&src.store).ok();
     let names = check(name, count, src.branch.limit, src.track_dirty, |n| {
         store.as_ref().is_some_and(|s| s.contains(n))
@@ -236,12 +328,16 @@ pub fn branch(
         return Err(BranchError::Exists(dir.display().to_string()));
     }
     let cids = src.cid.map(|c| child_cids(&names, c)).unwrap_or_default();
+    let nets = child_nets(src, &names, net)?;
     let mut children: Vec<Child> = names
         .iter()
+        .zip(&nets)
         .enumerate()
-        .map(|(i, n)| {
+        .map(|(i, (n, net))| {
             let mut c = child_files(&dir, n, src.cid.is_some());
             c.cid = cids.get(i).copied();
+            c.net = net.as_ref().map(|n| n.host.to_string());
+            c.mac = net.as_ref().map(|n| format_mac(&n.mac));
             c
         })
         .collect();
@@ -265,7 +361,7 @@ pub fn branch(
         .create(&dir)
         .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))?;
     let deadline = Instant::now() + src.branch.timeout;
-    match start_all(&exe, src, name, &mut children, deadline) {
+    match start_all(&exe, src, name, &mut children, &nets, deadline) {
         Ok(()) => Ok(Branched {
             layer,
             dir,
@@ -308,6 +404,7 @@ fn start_all(
     src: &Source,
     layer: &str,
     children: &mut [Child],
+    nets: &[Option<ChildNet>],
     deadline: Instant,
 ) -> Result<(), (String, String)> {
     let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
@@ -316,7 +413,7 @@ fn start_all(
     let mut guards = Vec::new();
     // Another request's children must not inherit this one's pipes.
     let spawning = SPAWNING.locked();
-    for c in children.iter() {
+    for (c, net) in children.iter().zip(nets) {
         let (read, write) = guard_pipe()
             .map_err(|e| (c.name.clone(), format!("cannot make its guard pipe: {e}")))?;
         let fd = read.as_raw_fd();
@@ -328,7 +425,7 @@ fn start_all(
             layer
         };
         let mut cmd = Command::new(exe);
-        cmd.args(child_args(src, layer, c, fd))
+        cmd.args(child_args(src, layer, c, net.as_ref(), fd))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -596,6 +693,77 @@ mod tests {
     }
 
     #[test]
+    fn children_get_a_passt_and_a_mac_of_their_own_or_are_refused() {
+        let names = child_names("b", 3);
+        let mut src = Source {
+            branch: BranchConfig::default(),
+            store: "/s".into(),
+            track_dirty: true,
+            mode: SnapshotMode::Background,
+            backend: "emu",
+            control: None,
+            net: None,
+            mac: None,
+            cid: None,
+            agent_timeout: None,
+        };
+        assert_eq!(child_nets(&src, &names, None).unwrap(), vec![None; 3]);
+        assert!(child_nets(&src, &names, Some("tap:vm{i}"))
+            .unwrap_err()
+            .to_string()
+            .contains("no network device"));
+        let mac = crate::devices::virtio::net::default_mac("source");
+        src.net = Some(NetHost::Passt);
+        src.mac = Some(mac);
+        let nets = child_nets(&src, &names, None).unwrap();
+        let macs: Vec<[u8; 6]> = nets
+            .iter()
+            .map(|n| {
+                let n = n.clone().unwrap();
+                assert_eq!(n.host, NetHost::Passt);
+                n.mac
+            })
+            .collect();
+        assert_eq!(macs, derived_macs(&names, mac));
+        assert_eq!(macs[0], crate::devices::virtio::net::default_mac("b-1"));
+        for (host, way) in [
+            ("stream:/run/passt.sock", "passt or socket_vmnet socket"),
+            ("tap:tap0", "TAP interface"),
+        ] {
+            src.net = Some(host.parse().unwrap());
+            let e = child_nets(&src, &names, None).unwrap_err().to_string();
+            assert!(
+                e.contains(host) && e.contains(way) && e.contains("--net passt"),
+                "{e}"
+            );
+            assert!(e.contains("tap:vm{i}"), "{e}");
+        }
+        // A template: each child its own end, whatever the source's.
+        let nets = child_nets(&src, &names, Some("tap:vm{i}")).unwrap();
+        let hosts: Vec<String> = nets
+            .iter()
+            .map(|n| n.as_ref().unwrap().host.to_string())
+            .collect();
+        assert_eq!(hosts, ["tap:vm1", "tap:vm2", "tap:vm3"]);
+        assert_eq!(nets[0].as_ref().unwrap().mac, macs[0]);
+        let passt = child_nets(&src, &names, Some("passt")).unwrap();
+        assert!(passt
+            .iter()
+            .all(|n| n.as_ref().unwrap().host == NetHost::Passt));
+        // Shared by two children, or with the source; not a host end.
+        for (t, says) in [
+            ("tap:vm", "a child's network end, --net tap:vm,"),
+            ("tap:tap0", "the source's network end, --net tap:tap0,"),
+            ("udp:{i}", "not a host end"),
+        ] {
+            let e = child_nets(&src, &names, Some(t)).unwrap_err().to_string();
+            assert!(e.contains(says), "{t}: {e}");
+        }
+        // Sockets of their own (a passt each, started by someone else).
+        assert!(child_nets(&src, &names, Some("stream:/p{i}.sock")).is_ok());
+    }
+
+    #[test]
     fn a_childs_arguments_name_its_own_files() {
         let src = Source {
             branch: BranchConfig::default(),
@@ -604,7 +772,8 @@ mod tests {
             mode: SnapshotMode::Background,
             backend: "emu",
             control: Some("/run/vm/control".into()),
-            net: false,
+            net: Some(NetHost::Passt),
+            mac: Some([0x52, 0x54, 0, 1, 2, 3]),
             cid: Some(3),
             agent_timeout: Some(Duration::from_secs(300)),
         };
@@ -612,7 +781,11 @@ mod tests {
         assert_eq!(dir, Path::new("/run/vm/b"));
         let mut c = child_files(&dir, "b-1", true);
         c.cid = Some(77);
-        let a: Vec<String> = child_args(&src, "b", &c, 9)
+        let net = ChildNet {
+            host: NetHost::Passt,
+            mac: [0x52, 0x54, 0, 0xa, 0xb, 0xc],
+        };
+        let a: Vec<String> = child_args(&src, "b", &c, Some(&net), 9)
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect();
@@ -621,11 +794,18 @@ mod tests {
             "--restore b --store /s --name b-1 --backend emu",
             "--control /run/vm/b/b-1.control --console socket:/run/vm/b/b-1.console",
             "--pid-file /run/vm/b/b-1.pid --log-file /run/vm/b/b-1.log",
+            "--net passt --mac 52:54:00:0a:0b:0c",
             "--vsock-uds /run/vm/b/b-1.vsock --vsock-cid 77",
             "--agent-timeout 300 --branch-guard 9 --track-dirty --daemonize",
         ] {
             assert!(joined.contains(want), "{joined} lacks {want}");
         }
+        // Without a network device: no --net, no --mac.
+        let a: Vec<String> = child_args(&src, "b", &c, None, 9)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(!a.iter().any(|a| a == "--net" || a == "--mac"), "{a:?}");
         let no_control = Source {
             control: None,
             ..src

@@ -198,7 +198,8 @@ pub struct NetConfig {
     pub host: NetHost,
     /// Its MAC address. `None`: a fresh boot derives one from the VM name
     /// (`--name`, else the disk image's path), the same on every start; a
-    /// restore keeps the snapshot's (a different one is refused).
+    /// restore keeps the snapshot's. A restore given one replaces the
+    /// snapshot's with it (the guest agent has the guest read it again).
     pub mac: Option<[u8; 6]>,
 }
 

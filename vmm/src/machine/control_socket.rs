@@ -8,7 +8,7 @@
 //! {"command": "resume"}
 //! {"command": "status"}
 //! {"command": "quit"}
-//! {"command": "branch", "name": "NAME", "count": N}   name optional, as snapshot's
+//! {"command": "branch", "name": "NAME", "count": N, "net": "tap:vm{i}"}   name, net optional
 //! {"command": "exec", "argv": ["sh", "-c", "..."], "stdin": "BASE64", "timeout_ms": 60000}
 //! ```
 //!
@@ -118,7 +118,7 @@ impl ErrorCode {
                 BranchError::NoTrackDirty => ErrorCode::NeedsTrackDirty,
                 BranchError::BadName(_) => ErrorCode::BadRequest,
                 BranchError::Child { .. } | BranchError::Failed(_) => ErrorCode::BranchFailed,
-                BranchError::Network
+                BranchError::Network(_)
                 | BranchError::NoDir
                 | BranchError::PathTooLong(_)
                 | BranchError::Snapshot(_) => ErrorCode::Refused,
@@ -150,6 +150,9 @@ struct Fields {
     /// `branch`'s count.
     #[serde(default)]
     count: Option<u64>,
+    /// `branch`'s network template.
+    #[serde(default)]
+    net: Option<String>,
     /// `exec`'s, `Some` when the key is there (as `name`).
     #[serde(default, deserialize_with = "present")]
     argv: Option<Option<Vec<String>>>,
@@ -186,11 +189,13 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
         ));
     }
     let f: Fields = serde_json::from_slice(line).map_err(|e| bad(format!("bad request: {e}")))?;
-    if f.count.is_some() && f.command != "branch" {
-        return Err(bad(format!(
-            "unknown field 'count' in a '{}' request",
-            f.command
-        )));
+    for (field, there) in [("count", f.count.is_some()), ("net", f.net.is_some())] {
+        if there && f.command != "branch" {
+            return Err(bad(format!(
+                "unknown field '{field}' in a '{}' request",
+                f.command
+            )));
+        }
     }
     let exec_fields = [
         ("argv", f.argv.is_some()),
@@ -213,6 +218,7 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
             return Ok(Op::Branch {
                 name: f.name.flatten(),
                 count: usize::try_from(count).unwrap_or(usize::MAX),
+                net: f.net,
             });
         }
         "snapshot" => {
@@ -554,14 +560,24 @@ mod tests {
             parse_request(br#"{"command":"branch","name":"b","count":4}"#),
             Ok(Op::Branch {
                 name: Some("b".into()),
-                count: 4
+                count: 4,
+                net: None,
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"command":"branch","count":2,"net":"tap:vm{i}"}"#),
+            Ok(Op::Branch {
+                name: None,
+                count: 2,
+                net: Some("tap:vm{i}".into()),
             })
         );
         assert_eq!(
             parse_request(br#"{"command":"branch","count":0}"#),
             Ok(Op::Branch {
                 name: None,
-                count: 0
+                count: 0,
+                net: None,
             })
         );
         for bad in [
@@ -570,6 +586,8 @@ mod tests {
             br#"{"command":"branch","count":1.5}"#,
             br#"{"command":"branch","count":"2"}"#,
             br#"{"command":"snapshot","count":2}"#,
+            br#"{"command":"snapshot","net":"passt"}"#,
+            br#"{"command":"branch","count":2,"net":3}"#,
             br#"{"command":"branch","count":2,"count":3}"#,
         ] {
             assert_eq!(code(bad), Some(ErrorCode::BadRequest), "{bad:?}");

@@ -125,7 +125,9 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
             }
-            Op::Branch { name, count } => Ok(Reply::Branch(self.branch(name, count)?)),
+            Op::Branch { name, count, net } => {
+                Ok(Reply::Branch(self.branch(name, count, net.as_deref())?))
+            }
             Op::Exec(e) => {
                 let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
                 let ended = || self.vmm.finished();
@@ -142,17 +144,18 @@ impl<V: Vm + 'static> Machine<V> {
         &self,
         name: Option<String>,
         count: usize,
+        net: Option<&str>,
     ) -> Result<ops::Branched, ops::BranchError> {
         let name = name
             .or_else(|| self.snapshots.next_name())
             .ok_or(ops::SnapshotError::NoName)?;
         let devices = self.vmm.devices();
         let src = branch::Source {
-            net: devices.has_net(),
+            mac: devices.net_mac(),
             cid: devices.vsock_cid(),
             ..self.branch.clone()
         };
-        branch::branch(&src, &name, count, |name| {
+        branch::branch(&src, &name, count, net, |name| {
             self.snapshots
                 .take(&self.vmm, Some(name.clone()), true)?
                 .ok_or_else(|| {
@@ -300,8 +303,9 @@ where
             mode: cfg.snapshots.mode,
             backend: H::NAME,
             control: cfg.control.clone(),
+            net: cfg.net.as_ref().map(|n| n.host.clone()),
             // Read from the devices at each request.
-            net: false,
+            mac: None,
             cid: None,
             agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
         },

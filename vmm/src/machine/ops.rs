@@ -39,6 +39,10 @@ pub enum Op {
         name: Option<String>,
         /// How many children.
         count: usize,
+        /// The children's network host ends: a template `{i}` in which
+        /// becomes each child's number (`tap:vm{i}`: `tap:vm1`, ...);
+        /// `None`: the source's, if it can be one per child (`passt`).
+        net: Option<String>,
     },
     /// Runs a command in the guest through its agent and waits for it to
     /// end (at most its timeout).
@@ -122,6 +126,11 @@ pub struct Child {
     pub vsock: Option<PathBuf>,
     /// Its vsock CID.
     pub cid: Option<u64>,
+    /// Its network device's MAC (`52:54:00:12:34:56`; `None`: the source
+    /// has no network device).
+    pub mac: Option<String>,
+    /// Its network device's host end (`passt`).
+    pub net: Option<String>,
     /// Its log file.
     pub log: PathBuf,
     /// Its pid file.
@@ -235,11 +244,10 @@ pub enum BranchError {
     /// The layer's name, or a child's, is not a valid snapshot name.
     #[error("{0}")]
     BadName(String),
-    /// The source has a network device.
-    #[error(
-        "a VM with a network device cannot branch yet: each child needs a network end of its own"
-    )]
-    Network,
+    /// The source's network host end cannot be one per child (the
+    /// message says which, and the way forward).
+    #[error("{0}")]
+    Network(String),
     /// Neither `--branch-dir` nor `--control` says where the children's
     /// files go.
     #[error("no branch directory: start boot with --branch-dir or --control")]

@@ -33,6 +33,8 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
 mod backend;
 pub mod host_end;
+#[cfg(target_os = "linux")]
+pub mod passt;
 pub mod stream;
 #[cfg(target_os = "linux")]
 pub mod tap;
@@ -116,10 +118,13 @@ pub struct HostTurn {
 }
 
 /// What a restored device is given: the MAC the command line asks for
-/// (which must be the saved one) and the host end, newly opened.
+/// and the host end, newly opened.
 pub struct NetArgs {
-    /// The configured MAC.
-    pub mac: [u8; 6],
+    /// The MAC asked for explicitly (`boot --restore SPEC --mac MAC`): it
+    /// replaces the saved one in the config space, and the guest learns it
+    /// when its driver probes again (the guest agent has it do so after a
+    /// restore). `None`: the saved MAC.
+    pub mac: Option<[u8; 6]>,
     /// The host end.
     pub backend: Box<dyn NetBackend>,
 }
@@ -441,26 +446,69 @@ impl Persist for Net {
         NetState { mac: self.mac }
     }
 
-    /// The device with the saved MAC, which must be the one the command
-    /// line asks for.
+    /// The device with the saved MAC, or the one `args` asks for
+    /// explicitly. Errors: a saved MAC that is multicast (no NIC has one:
+    /// the state is not a device's).
     fn restore(args: NetArgs, state: &NetState) -> Result<Self, VirtioError> {
-        if args.mac != state.mac {
+        if !is_unicast(&state.mac) {
             return Err(VirtioError::InvalidState(format!(
-                "the snapshot's network device has MAC {}, the command line asks for {}",
-                format_mac(&state.mac),
-                format_mac(&args.mac)
+                "the snapshot's network device has MAC {}, a multicast address",
+                format_mac(&state.mac)
             )));
         }
-        Ok(Net::new(args.mac, args.backend))
+        let mac = match args.mac {
+            Some(m) if m != state.mac => {
+                tracing::info!(
+                    "virtio-net: MAC {} (the snapshot's was {})",
+                    format_mac(&m),
+                    format_mac(&state.mac)
+                );
+                m
+            }
+            _ => state.mac,
+        };
+        Ok(Net::new(mac, args.backend))
     }
 }
 
-/// The MAC a VM gets without `--mac`: `52:54:00` (a locally administered,
-/// unicast prefix, the one QEMU uses) and three bytes of SHA-256 of
-/// `seed` (the VM's name), so that it is the same on every start.
+/// The MAC a VM named `seed` gets without `--mac` (a fresh boot: its
+/// `--name`, else its disk's path; a branch's child: its name):
+/// `52:54:00` (a locally administered, unicast prefix, the one QEMU uses)
+/// and three bytes of SHA-256 of `seed`, so that it is the same on every
+/// start.
 pub fn default_mac(seed: &str) -> [u8; 6] {
     let h = snapshot_store::sha256(seed.as_bytes());
     [0x52, 0x54, 0x00, h[0], h[1], h[2]]
+}
+
+/// The MACs of VMs named `names` that share a link with a VM whose MAC is
+/// `taken`: each [`default_mac`] of its name, and where that is `taken`'s
+/// or an earlier name's, the next free one (its last three bytes counted
+/// up, wrapping within the `52:54:00` prefix).
+pub fn derived_macs(names: &[String], taken: [u8; 6]) -> Vec<[u8; 6]> {
+    let mut used = vec![taken];
+    for n in names {
+        let mut mac = default_mac(n);
+        while used.contains(&mac) {
+            mac = next_mac(mac);
+        }
+        used.push(mac);
+    }
+    used.split_off(1)
+}
+
+/// The MAC after `mac` within its first three bytes (the last three
+/// counted up as one 24-bit number, wrapping).
+fn next_mac(mac: [u8; 6]) -> [u8; 6] {
+    let low = (u32::from_be_bytes([0, mac[3], mac[4], mac[5]]) + 1) & 0xff_ffff;
+    let b = low.to_be_bytes();
+    [mac[0], mac[1], mac[2], b[1], b[2], b[3]]
+}
+
+/// Whether `mac` is a unicast address (the low bit of its first byte
+/// clear), as a NIC's must be.
+pub fn is_unicast(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 == 0
 }
 
 /// Parses `52:54:00:12:34:56` (six hex bytes); refuses a multicast
@@ -479,7 +527,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     if parts.next().is_some() {
         return Err(bad());
     }
-    if mac[0] & 1 != 0 {
+    if !is_unicast(&mac) {
         return Err(format!(
             "{s} is a multicast address; a NIC's MAC must be unicast (first byte even)"
         ));

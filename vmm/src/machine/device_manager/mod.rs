@@ -88,8 +88,8 @@ pub struct VsockDeviceArgs {
 pub struct NetDeviceArgs {
     /// Its host end, opened.
     pub end: OpenedHostEnd,
-    /// Its MAC address; `None` in a restore keeps the snapshot's (a fresh
-    /// boot always has one).
+    /// Its MAC address; `None` in a restore keeps the snapshot's, another
+    /// replaces it (a fresh boot always has one).
     pub mac: Option<[u8; 6]>,
 }
 
@@ -205,10 +205,7 @@ fn start_net(
                 .expect("a fresh virtio-net transport is valid")
         }
         Some(saved) => {
-            let args = NetArgs {
-                mac: mac.unwrap_or(saved.device.mac),
-                backend,
-            };
+            let args = NetArgs { mac, backend };
             VirtioMmio::restore((args, ram, irq), saved).context("cannot restore virtio-net")?
         }
     };
@@ -387,9 +384,9 @@ impl Devices {
         self.vsock.as_ref().map(|v| v.dev.locked().device().cid())
     }
 
-    /// Whether the VM has a network device.
-    pub fn has_net(&self) -> bool {
-        self.net.is_some()
+    /// The network device's MAC address, if the VM has one.
+    pub fn net_mac(&self) -> Option<[u8; 6]> {
+        self.net.as_ref().map(|n| n.dev.locked().device().mac())
     }
 
     /// At the VM's end: removes the files the devices made on the host

@@ -803,7 +803,7 @@ mod tests {
             let _ = VirtioMmio::<Block>::restore((args, ram.clone(), irq), &devices.virtio_blk);
             if let Some(net) = &devices.virtio_net {
                 let args = NetArgs {
-                    mac: MAC,
+                    mac: Some(MAC),
                     backend: Box::new(Discard),
                 };
                 let _ = VirtioMmio::<Net>::restore((args, ram.clone(), Arc::new(NoIrq)), net);

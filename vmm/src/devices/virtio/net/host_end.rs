@@ -26,14 +26,18 @@ pub enum NetHost {
     /// `tap:NAME`: a Linux TAP interface (created if absent; needs
     /// CAP_NET_ADMIN unless it exists and belongs to this user).
     Tap(String),
+    /// `passt`: a passt of the VM's own, started and stopped with it
+    /// (Linux; [`super::passt`]).
+    Passt,
 }
 
 impl FromStr for NetHost {
     type Err = String;
 
-    /// Parses `stream:PATH` or `tap:NAME`.
+    /// Parses `stream:PATH`, `tap:NAME` or `passt`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s.split_once(':') {
+            _ if s == "passt" => Ok(NetHost::Passt),
             Some(("stream", path)) if !path.is_empty() => Ok(NetHost::Stream(path.into())),
             Some(("tap", name)) if !name.is_empty() => {
                 // IFNAMSIZ is 16 with the terminating NUL.
@@ -43,7 +47,7 @@ impl FromStr for NetHost {
                 Ok(NetHost::Tap(name.into()))
             }
             _ => Err(format!(
-                "'{s}' is not a host end: use stream:PATH (passt, socket_vmnet), tap:NAME or none"
+                "'{s}' is not a host end: use passt, stream:PATH (passt, socket_vmnet), tap:NAME or none"
             )),
         }
     }
@@ -54,6 +58,7 @@ impl fmt::Display for NetHost {
         match self {
             NetHost::Stream(p) => write!(f, "stream:{}", p.display()),
             NetHost::Tap(n) => write!(f, "tap:{n}"),
+            NetHost::Passt => write!(f, "passt"),
         }
     }
 }
@@ -107,6 +112,23 @@ pub fn open(host: &NetHost) -> io::Result<OpenedHostEnd> {
                 },
             })
         }
+        #[cfg(target_os = "linux")]
+        NetHost::Passt => {
+            let (end, rx) = super::passt::PasstEnd::start().map_err(named)?;
+            let source = StreamSource::new(rx.try_clone().map_err(named)?);
+            Ok(OpenedHostEnd {
+                backend: Box::new(end),
+                frames: OpenedFrames {
+                    source: Box::new(source),
+                    fd: rx.into(),
+                },
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        NetHost::Passt => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("--net {host}: passt is Linux only; on macOS use stream:PATH with socket_vmnet"),
+        )),
         #[cfg(not(target_os = "linux"))]
         NetHost::Tap(_) => Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -179,12 +201,13 @@ mod tests {
 
     #[test]
     fn host_ends_parse_and_print_as_given() {
-        for s in ["stream:/tmp/passt.sock", "tap:tap0"] {
+        for s in ["stream:/tmp/passt.sock", "tap:tap0", "passt"] {
             assert_eq!(s.parse::<NetHost>().unwrap().to_string(), s);
         }
         for bad in [
             "",
             "none",
+            "passt:",
             "stream:",
             "tap:",
             "udp:1.2.3.4",

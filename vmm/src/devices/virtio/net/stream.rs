@@ -71,7 +71,12 @@ impl StreamEnd {
     /// Connects to the stream socket at `path`; returns the end and a
     /// second handle of the socket, for the thread that receives.
     pub fn connect(path: &Path) -> io::Result<(Self, UnixStream)> {
-        let sock = UnixStream::connect(path)?;
+        Self::new(UnixStream::connect(path)?)
+    }
+
+    /// The end on the connected socket `sock` (made non-blocking); returns
+    /// it and a second handle of the socket, for the thread that receives.
+    pub fn new(sock: UnixStream) -> io::Result<(Self, UnixStream)> {
         sock.set_nonblocking(true)?;
         let rx = sock.try_clone()?;
         Ok((

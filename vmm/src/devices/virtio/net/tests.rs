@@ -157,31 +157,41 @@ fn receive_drops_what_cannot_fit_and_bounds_the_backlog() {
 }
 
 #[test]
-fn restore_keeps_the_mac_and_refuses_another() {
+fn restore_keeps_the_mac_unless_another_is_asked_for() {
     let (n, _) = net();
     let state = n.save();
-    let back = Net::restore(
-        NetArgs {
-            mac: MAC,
-            backend: Box::new(Sink::default()),
-        },
-        &state,
-    )
-    .unwrap();
+    let restore = |mac, state: &NetState| {
+        Net::restore(
+            NetArgs {
+                mac,
+                backend: Box::new(Sink::default()),
+            },
+            state,
+        )
+    };
+    let back = restore(None, &state).unwrap();
     assert_eq!(back.save(), state);
+    assert_eq!(back.config_as_bytes()[..6], MAC);
+    assert_eq!(restore(Some(MAC), &state).unwrap().save(), state);
+    // Asked for explicitly: the config space reports the new MAC, and the
+    // device's next snapshot records it.
     let other = [0x52, 0x54, 0, 0, 0, 1];
-    let e = Net::restore(
-        NetArgs {
-            mac: other,
-            backend: Box::new(Sink::default()),
+    let moved = restore(Some(other), &state).unwrap();
+    assert_eq!(moved.mac(), other);
+    assert_eq!(moved.config_as_bytes()[..6], other);
+    assert_eq!(moved.save(), NetState { mac: other });
+    // A saved MAC no NIC can have: the state is refused.
+    let e = restore(
+        None,
+        &NetState {
+            mac: [1, 0, 0x5e, 0, 0, 1],
         },
-        &state,
     )
     .err()
     .unwrap()
     .to_string();
     assert!(
-        e.contains("52:54:00:12:34:56") && e.contains("52:54:00:00:00:01"),
+        e.contains("01:00:5e:00:00:01") && e.contains("multicast"),
         "{e}"
     );
     // Features the device did not offer (the transport keeps them).
@@ -193,7 +203,7 @@ fn restore_keeps_the_mac_and_refuses_another() {
     let mut bad = t.save();
     bad.driver_features = 1 << 63;
     let args = NetArgs {
-        mac: MAC,
+        mac: None,
         backend: Box::new(Sink::default()),
     };
     assert!(VirtioMmio::<Net>::restore((args, ram, irq), &bad).is_err());
@@ -281,6 +291,39 @@ fn macs_parse_print_and_default_stably() {
     assert_ne!(a, default_mac("golden.2"));
     assert_eq!(a[..3], [0x52, 0x54, 0x00]);
     parse_mac(&format_mac(&a)).unwrap();
+}
+
+#[test]
+fn derived_macs_are_the_names_distinct_and_not_the_taken_one() {
+    let names: Vec<String> = (1..=64).map(|i| format!("golden-{i}")).collect();
+    let taken = default_mac("golden");
+    let macs = derived_macs(&names, taken);
+    assert_eq!(macs, derived_macs(&names, taken));
+    for (n, m) in names.iter().zip(&macs) {
+        // No collision here: each is its name's default MAC.
+        assert_eq!(*m, default_mac(n));
+        assert!(is_unicast(m) && m[0] & 2 != 0, "locally administered");
+    }
+    let mut sorted = macs.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 64);
+    assert!(!macs.contains(&taken));
+    // A name whose MAC is taken gets the next one; so does a repeat, and
+    // the count wraps within the prefix.
+    let one = vec!["golden-1".to_string()];
+    assert_eq!(derived_macs(&one, macs[0]), [next_mac(macs[0])]);
+    let twice = vec!["x".to_string(), "x".to_string()];
+    let x = derived_macs(&twice, taken);
+    assert_eq!(x, [default_mac("x"), next_mac(default_mac("x"))]);
+    assert_eq!(
+        next_mac([0x52, 0x54, 0, 0x12, 0x34, 0xff]),
+        [0x52, 0x54, 0, 0x12, 0x35, 0]
+    );
+    assert_eq!(
+        next_mac([0x52, 0x54, 0, 0xff, 0xff, 0xff]),
+        [0x52, 0x54, 0, 0, 0, 0]
+    );
 }
 
 #[test]
