@@ -19,8 +19,13 @@ fuzz_target!(|data: &[u8]| {
                 Op::Resume => serde_json::json!({"command": "resume"}),
                 Op::Status => serde_json::json!({"command": "status"}),
                 Op::Quit => serde_json::json!({"command": "quit"}),
-                Op::Branch { name, count } => {
-                    serde_json::json!({"command": "branch", "name": name, "count": count})
+                Op::Branch { name, count, net } => {
+                    let mut line =
+                        serde_json::json!({"command": "branch", "name": name, "count": count});
+                    if let Some(net) = net {
+                        line["net"] = net.clone().into();
+                    }
+                    line
                 }
                 Op::Exec(e) => {
                     let mut line = serde_json::json!({
