@@ -9,9 +9,10 @@ or later, with the in-kernel GIC (`--gic hvf`):
 - the conformance groups (guest/conformance), whose bounded waits report a lost wake-up (an
   interrupt raised for a running vCPU and never taken) as a `LOST` line, and their
   interrupt-latency runs;
-- the benchmarks in a short mode (ignition.bench.*): boot to login and snapshot pause and
-  restore on this backend, on emu and on QEMU (`-accel hvf` on a Mac, TCG elsewhere), and the
-  others where their tools are.
+- the benchmarks in a short mode (ignition.bench.*): boot to login, snapshot pause and
+  restore, and `branch` into BRANCH_N children, on this backend and on emu; boot and snapshot
+  on QEMU too (`-accel hvf` on a Mac, TCG elsewhere; QEMU has no branch); the others where
+  their tools are.
 
 It ends with one Markdown table (also in OUT/summary.md) to paste into an issue: pass/fail per
 suite and the headline figures beside emu's and QEMU's. On Linux it runs the same way with
@@ -46,7 +47,9 @@ OUT_DIR = paths.REPO_ROOT / "target" / "mac-check"
 TESTS = paths.SCRIPTS / "tests"
 LATENCY = "sgi-cross-cpu"
 """The latency figure in the table: an SGI from one vCPU to another that spins (a kick)."""
-BENCHES = ("boot", "snapshot", "diff_snapshot", "net", "oci")
+BRANCH_N = 4
+"""Children per `branch` request in the table's branch row."""
+BENCHES = ("boot", "snapshot", "branch", "diff_snapshot", "net", "oci")
 """ignition.bench modules run, in this order."""
 
 Run = Callable[[Sequence[str], Path], int]
@@ -248,6 +251,10 @@ class Figures:
     login_s: float | None = None
     pause_ms: float | None = None
     restore_ms: float | None = None
+    branch_ready_ms: float | None = None
+    """`branch` into BRANCH_N children: request to every child ready (median)."""
+    branch_pause_us: float | None = None
+    """The source's pause in that request (median)."""
 
 
 @dataclass
@@ -336,7 +343,12 @@ def table(r: Report) -> str:
         if p.backend == "hvf" and (r.emu_problem or not p.peer_emu):
             cells["emu"] = (r.emu_problem or p.no_emu_reason or "") + (" ✗" if r.emu_problem else "")
         rows.append(row(what, cells))
-    rows.append(row("branch", dict.fromkeys(cols, "n/a: not implemented yet")))
+    cells = dict(blank)
+    for col, f in r.figures.items():
+        if f.branch_ready_ms is not None:
+            cells[col] = f"{f.branch_ready_ms:.0f} ms (source paused {f.branch_pause_us:.0f} µs)"
+    cells[qemu_column(p)] = "n/a (QEMU has no branch)"
+    rows.append(row(f"branch into {BRANCH_N}: request to all ready", cells))
     bench = ", ".join(f"{k}: {v}" for k, v in r.benches.items()) or "none run"
     release = f"macOS {h.release} ({h.build})" if h.system == "Darwin" else f"{h.system} {h.release}"
     head = [
@@ -394,6 +406,8 @@ def bench_argv(
         return base + ["--runs", runs, *ig]
     if name == "snapshot":
         return base + ["--mem", "512", "--state", "idle", "--runs", runs, *ig]
+    if name == "branch":
+        return base + ["--counts", str(BRANCH_N), "--runs", runs, "--backend", backend, "--gic", gic, "--out", str(out)]
     if not first:
         return None
     if name == "diff_snapshot":
@@ -417,8 +431,8 @@ def bench_missing(name: str) -> str | None:
     return None
 
 
-def figures_from(boot_json: Path, snap_json: Path) -> tuple[Figures, Figures | None]:
-    """(Ignition's, QEMU's or None) from the boot and snapshot benchmarks' JSON."""
+def figures_from(boot_json: Path, snap_json: Path, branch_json: Path) -> tuple[Figures, Figures | None]:
+    """(Ignition's, QEMU's or None) from the boot, snapshot and branch benchmarks' JSON."""
     ig, qm = Figures(), None
     try:
         b = json.loads(boot_json.read_text())
@@ -436,6 +450,12 @@ def figures_from(boot_json: Path, snap_json: Path) -> tuple[Figures, Figures | N
             qm = qm or Figures()
             qm.pause_ms = s["qemu"]["pause_ms"]["median"]
             qm.restore_ms = s["qemu"]["restore_running_ms"]["median"]
+    except (OSError, ValueError, KeyError):
+        pass
+    try:
+        br = json.loads(branch_json.read_text())["summary"][str(BRANCH_N)]
+        ig.branch_ready_ms = br["ready_ms"]["median"]
+        ig.branch_pause_us = br["pause_us"]["median"]
     except (OSError, ValueError, KeyError):
         pass
     return ig, qm
@@ -482,7 +502,7 @@ def check(plan: Plan, host: Host, out: Path, pytest_args: Sequence[str], run: Ru
                 continue
             rc = run(bench, out / f"bench-{name}-{tag}.log")
             report.benches[key] = "ran" if rc == 0 else f"FAILED (bench-{name}-{tag}.log)"
-        ig, qm = figures_from(benches / f"boot-{tag}.json", benches / f"snapshot-{tag}.json")
+        ig, qm = figures_from(*(benches / f"{b}-{tag}.json" for b in ("boot", "snapshot", "branch")))
         report.figures[col] = ig
         if with_qemu and qm:
             report.figures[qemu_column(plan)] = qm

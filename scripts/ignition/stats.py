@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,3 +37,12 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def write_report(out: Path, result: Any, lines: Sequence[str]) -> None:
+    """A benchmark's end: `result` as JSON at `out` (its directory made), then `lines` and
+    where the JSON went, on stdout."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out}")

@@ -111,7 +111,7 @@ CI = {
     "guest/build.sh": ".ci/run",
     (
         "scripts/mac-check.sh --backend emu --suites test_boot_e2e,test_vmgenid_e2e,test_guest_fetch_e2e "
-        "--benches boot,snapshot --bench-runs 1"
+        "--benches boot,snapshot,branch --bench-runs 1"
     ): ".ci/run",
     "pip install ./snapshot-store/python": "scripts/test.sh",
     "python3 -m pytest -q scripts/tests/test_conformance.py": "scripts/test.sh",

@@ -96,8 +96,8 @@ def report(p, failing=False, lost=None) -> Report:
     if failing:
         r.suites["hvf"] = {"test_boot_e2e": Counts(1, 1, 0, 0), "test_snapshot_e2e": Counts(2, 0, 0, 0)}
     r.figures = {
-        "hvf (userspace GIC)": mac_check.Figures(0.52, 0.8, 2.0),
-        "emu": mac_check.Figures(0.9, 0.6, 3.5),
+        "hvf (userspace GIC)": mac_check.Figures(0.52, 0.8, 2.0, 410.0, 650.0),
+        "emu": mac_check.Figures(0.9, 0.6, 3.5, 1200.0, 580.0),
         "QEMU (hvf)": mac_check.Figures(0.4, 1.0, 60.0),
     }
     r.benches = {"boot": "ran", "net": "not run: needs passt (Linux)"}
@@ -115,7 +115,10 @@ def test_the_table_has_every_suite_and_figure_beside_emu_and_qemu():
     assert "| interrupt latency, sgi-cross-cpu (median) | 2.0 µs (p99 3.0 µs, n=3) |" in md
     assert "| boot to login | 0.52 s |  | 0.90 s | 0.40 s |" in md
     assert "| restore to running | 2.0 ms |  | 3.5 ms | 60.0 ms |" in md
-    assert "| branch | n/a: not implemented yet |" in md
+    assert (
+        "| branch into 4: request to all ready | 410 ms (source paused 650 µs) |  "
+        "| 1200 ms (source paused 580 µs) | n/a (QEMU has no branch) |"
+    ) in md
     assert "net: not run: needs passt (Linux)" in md and "**all passed**" in md
     # Markdown: every row has as many cells as the header.
     rows = [line for line in md.splitlines() if line.startswith("|")]
@@ -158,11 +161,17 @@ def test_the_check_runs_build_sign_suites_conformance_and_benchmarks_in_order(tm
             if "--no-qemu" not in argv:
                 body["qemu_hvf"] = {"login": {"median_s": 0.4}}
             out.write_text(json.dumps(body))
+        if "ignition.bench.branch" in argv:
+            assert argv[argv.index("--counts") + 1] == str(mac_check.BRANCH_N)
+            out = Path(argv[argv.index("--out") + 1])
+            ms = 400.0 if "hvf" in argv else 1200.0
+            summary = {str(mac_check.BRANCH_N): {"ready_ms": {"median": ms}, "pause_us": {"median": 600.0}}}
+            out.write_text(json.dumps({"summary": summary}))
         return 0
 
     monkeypatch.setattr(mac_check, "run_conformance", lambda p, gic: [group("sgi")])
     monkeypatch.setattr(mac_check, "bench_missing", lambda name: "needs passt (Linux)" if name == "net" else None)
-    p = plan(host())
+    p = plan(host(), benches=("boot", "snapshot", "branch", "net"))
     r = check(p, host(), tmp_path, ["-x"], run)
     heads = [c[0] if c[0] == "cargo" else Path(c[0]).name for c in calls]
     assert calls[0] == ["cargo", "build", "--release", "--workspace", "--bins"]
@@ -181,14 +190,19 @@ def test_the_check_runs_build_sign_suites_conformance_and_benchmarks_in_order(tm
     assert benches == [
         ("ignition.bench.boot", "hvf", "userspace", False),
         ("ignition.bench.snapshot", "hvf", "userspace", False),
+        ("ignition.bench.branch", "hvf", "userspace", False),
         ("ignition.bench.boot", "hvf", "hvf", True),
         ("ignition.bench.snapshot", "hvf", "hvf", True),
+        ("ignition.bench.branch", "hvf", "hvf", False),
         ("ignition.bench.boot", "emu", "userspace", True),
         ("ignition.bench.snapshot", "emu", "userspace", True),
+        ("ignition.bench.branch", "emu", "userspace", False),
     ]
     assert all(c[c.index("--accel") + 1] == "hvf" for c in calls if "--accel" in c)
     assert r.benches["net"] == "not run: needs passt (Linux)"
     assert r.figures["QEMU (hvf)"].login_s == 0.4 and r.figures["emu"].login_s == 0.5
+    assert r.figures["hvf (in-kernel GIC)"].branch_ready_ms == 400.0 and r.figures["emu"].branch_ready_ms == 1200.0
+    assert "| branch into 4: request to all ready | 400 ms (source paused 600 µs) |" in table(r)
     assert not r.ok(), "the in-kernel GIC's run failed a test"
     assert "| test_boot_e2e | 2 passed | 1 passed, 1 failed ✗ |" in table(r)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import json
 import math
 import os
 import statistics
@@ -32,7 +31,7 @@ from typing import Any
 from ignition import host, paths
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
-from ignition.stats import sha256, stats
+from ignition.stats import sha256, stats, write_report
 from ignition.vm import Vm, VmConfig
 
 
@@ -190,10 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"file write: agent {a['write_file_mb_s']['median']} MB/s, pty {t['write_file_mb_s']['median']} MB/s",
         f"file read: agent {a['read_file_mb_s']['median']} MB/s, pty {t['read_file_mb_s']['median']} MB/s",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {args.out}")
+    write_report(args.out, result, lines)
     return 0
 
 

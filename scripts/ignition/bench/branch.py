@@ -16,7 +16,8 @@ child's `boot` memory from /proc/PID/smaps_rollup: USS (Private_Clean + Private_
 and the bytes each child's disk overlay holds (its store work directory's allocated bytes).
 Then the children are stopped and the next run starts.
 
-Prints a table and writes bench-results/branch.json.
+Prints a table and writes bench-results/branch.json (`summary`: per N, the medians of the
+request-to-ready time and the source's pause).
 
     python3 -m ignition.bench.branch --counts 1,8 --runs 1
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -40,16 +40,19 @@ from typing import Any
 
 from ignition import host, paths
 from ignition.branch import Child
-from ignition.stats import stats
+from ignition.stats import stats, write_report
 from ignition.vm import Vm, VmConfig
 
 IDLE_S = 5.0
 
 
-def smaps(pid: int) -> dict[str, int]:
-    """smaps_rollup's fields, in KiB."""
+def smaps(pid: int) -> dict[str, int] | None:
+    """smaps_rollup's fields, in KiB; None where the host has no /proc (macOS)."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup")
+    if not rollup.exists():
+        return None
     out = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+    for line in rollup.read_text().splitlines()[1:]:
         k, v = line.split(":", 1)
         out[k] = int(v.split()[0])
     return out
@@ -103,8 +106,8 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
             "ready_ms": round(ready_s * 1000, 1),
             "child_restore_ms": [log_ms(c.log_path, "Restore-time") for c in children],
             "child_agent_ready_ms": [log_ms(c.log_path, "Agent-ready-time") for c in children],
-            "uss_kib": [m["Private_Clean"] + m["Private_Dirty"] for m in mem],
-            "pss_kib": [m["Pss"] for m in mem],
+            "uss_kib": [m["Private_Clean"] + m["Private_Dirty"] for m in mem if m],
+            "pss_kib": [m["Pss"] for m in mem if m],
             "overlay_kib_per_child": round((work_bytes(store) - base_work) / 1024 / n, 1),
         }
     finally:
@@ -129,13 +132,17 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        uss, pss = stats([u / 1024 for u in r["uss_kib"]]), stats([p / 1024 for p in r["pss_kib"]])
+        if r["uss_kib"]:
+            uss, pss = stats([u / 1024 for u in r["uss_kib"]]), stats([p / 1024 for p in r["pss_kib"]])
+            mem = f"{uss['median']} / {uss['max']} | {pss['median']}"
+        else:
+            mem = "n/a (no /proc) | n/a"
         rt = [x for x in r["child_restore_ms"] if x is not None]
         ar = [x for x in r["child_agent_ready_ms"] if x is not None]
         lines.append(
             f"| {r['n']} | {r['pause_us']} | {r['layer_write_ms']} | {r['running_ms']} | {r['ready_ms']} | "
             f"{min(rt, default=0)}-{max(rt, default=0)} | {min(ar, default=0)}-{max(ar, default=0)} | "
-            f"{uss['median']} / {uss['max']} | {pss['median']} | {r['overlay_kib_per_child']} |"
+            f"{mem} | {r['overlay_kib_per_child']} |"
         )
     return "\n".join(lines)
 
@@ -147,12 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--boot", type=Path, default=paths.boot_bin(), help="the boot binary [default: %(default)s]")
+    p.add_argument("--backend", choices=["emu", "hvf"], help="Ignition backend [default: boot's]")
+    p.add_argument("--gic", choices=["userspace", "hvf"], help="Ignition's GIC [default: boot's]")
     p.add_argument("--counts", default="1,8", help="children per request, comma-separated [default: %(default)s]")
     p.add_argument("--runs", type=int, default=1, help="requests per count")
     p.add_argument("--mem", type=int, default=512, help="the source's RAM, MiB")
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "branch.json")
     a = p.parse_args(argv)
-    cfg = VmConfig(boot=a.boot)
+    cfg = VmConfig(boot=a.boot, backend=a.backend, gic=a.gic)
     counts = [int(c) for c in a.counts.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="ignition-bench-branch-") as tmp:
@@ -168,10 +177,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for i in range(a.runs):
                     rows.append(one_branch(vm, store, n, f"b{n}r{i}"))
                     print(table(rows[-1:]).splitlines()[-1], file=sys.stderr)
-    print(table(rows))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"host": host.summary(), "mem_mib": a.mem, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {a.out}", file=sys.stderr)
+    summary = {
+        str(n): {
+            "ready_ms": stats([r["ready_ms"] for r in rows if r["n"] == n]),
+            "pause_us": stats([r["pause_us"] for r in rows if r["n"] == n]),
+        }
+        for n in counts
+    }
+    result = {"host": host.summary(), "backend": a.backend, "gic": a.gic, "mem_mib": a.mem, "rows": rows}
+    write_report(a.out, result | {"summary": summary}, [table(rows)])
     return 0
 
 

@@ -33,7 +33,6 @@ cancels); nanoseconds per iteration, medians of the same rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from typing import Any
 from ignition import console, host, paths, qemu, timeouts
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
-from ignition.stats import sha256, stats, summarize
+from ignition.stats import sha256, stats, summarize, write_report
 from ignition.vm import Vm, VmConfig
 
 ZERO_SHA256 = {
@@ -288,10 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             + "; /qemu: "
             + ", ".join(f"{m} {v:.2f}x" for m, v in fl["ratio_to_qemu"].items())
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {args.out}")
+    write_report(args.out, result, lines)
     return 0
 
 

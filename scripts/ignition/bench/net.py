@@ -23,7 +23,6 @@ end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ from typing import Any, Callable
 from ignition import console, host, net, paths, qemu, timeouts, vsock
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
-from ignition.stats import sha256, stats
+from ignition.stats import sha256, stats, write_report
 from ignition.vm import Vm, VmConfig
 
 
@@ -170,10 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ratio ignition/qemu: down {result['ratio_ignition_to_qemu']['down']}x, "
             f"up {result['ratio_ignition_to_qemu']['up']}x"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {args.out}")
+    write_report(args.out, result, lines)
     return 0
 
 

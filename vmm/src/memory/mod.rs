@@ -11,6 +11,9 @@ mod bitmap;
 mod page_save;
 
 pub use bitmap::PageBitmap;
+// The backends' tests hold a background snapshot's writer.
+#[cfg(all(test, any(emu, feature = "hvf-sim")))]
+pub(crate) use page_save::HeldWriter;
 pub use page_save::{PageSave, SaveCounts, SaveError, Slots};
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};

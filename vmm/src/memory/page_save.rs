@@ -127,6 +127,34 @@ pub struct PageSave {
     pub(crate) hooks: TestHooks,
 }
 
+/// A writer held inside its write of one page ([`PageSave::hold_writer_at`]).
+#[cfg(test)]
+pub(crate) struct HeldWriter {
+    /// Receives once the writer is inside the write.
+    pub(crate) writing: std::sync::mpsc::Receiver<()>,
+    /// Lets the writer go on (any number of sends: the first one counts).
+    pub(crate) release: std::sync::mpsc::Sender<()>,
+}
+
+#[cfg(test)]
+impl PageSave {
+    /// Holds whoever writes page `i` of the set (its index) inside that
+    /// write until [`HeldWriter::release`] is sent to.
+    pub(crate) fn hold_writer_at(&self, i: usize) -> HeldWriter {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, writing) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Mutex::new(held);
+        let set = self.hooks.before_write.set(Box::new(move |k| {
+            if k == i {
+                let _ = started.send(());
+                let _ = held.lock().unwrap().recv();
+            }
+        }));
+        assert!(set.is_ok(), "one before_write hook per save");
+        HeldWriter { writing, release }
+    }
+}
+
 /// See [`PageSave::hooks`].
 #[cfg(test)]
 #[derive(Default)]

@@ -794,7 +794,7 @@ fn tlbi_of_a_16k_page_flushes_all_its_4k_subpages() {
 
 #[test]
 fn a_kick_ends_a_stores_wait_for_a_page_a_background_snapshot_is_saving() {
-    use crate::memory::{PageSave, Slots};
+    use crate::memory::{HeldWriter, PageSave, Slots};
     use std::os::unix::fs::FileExt;
     use std::sync::{mpsc, Mutex};
     let mut g = Guest::new(DIRTY);
@@ -809,17 +809,7 @@ fn a_kick_ends_a_stores_wait_for_a_page_a_background_snapshot_is_saving() {
     save.protect();
     // The writer is held inside its write of page 7 until released; the
     // vCPU is kicked once it waits for that write.
-    let (release, held) = mpsc::channel::<()>();
-    let (started, writing) = mpsc::channel::<()>();
-    let held = Mutex::new(held);
-    save.hooks
-        .before_write
-        .set(Box::new(move |_| {
-            let _ = started.send(());
-            let _ = held.lock().unwrap().recv();
-        }))
-        .ok()
-        .unwrap();
+    let HeldWriter { writing, release } = save.hold_writer_at(0);
     let (waits, waiting) = mpsc::channel::<()>();
     let waits = Mutex::new(Some(waits));
     save.hooks

@@ -254,8 +254,8 @@ fn dirty_tracking_rearms_with_one_protect_and_a_fault_saves_marks_unprotects_and
 
 #[test]
 fn a_kick_ends_a_write_faults_wait_for_the_snapshot_writer_and_the_store_is_retried() {
+    use crate::memory::HeldWriter;
     use std::os::unix::fs::FileExt;
-    use std::sync::{mpsc, Mutex};
     let s = Session::start(Config::default());
     let (vm, ram) = machine(1, GicMode::Userspace);
     let mut v = vcpu0(&vm);
@@ -272,19 +272,7 @@ fn a_kick_ends_a_write_faults_wait_for_the_snapshot_writer_and_the_store_is_retr
     let save =
         PageSave::start(&ram, vec![2, 3, 4], file.try_clone().unwrap(), Slots::Image).unwrap();
     save.protect();
-    let (release, held) = mpsc::channel::<()>();
-    let (started, writing) = mpsc::channel::<()>();
-    let held = Mutex::new(held);
-    save.hooks
-        .before_write
-        .set(Box::new(move |i| {
-            if i == 1 {
-                let _ = started.send(());
-                let _ = held.lock().unwrap().recv();
-            }
-        }))
-        .ok()
-        .unwrap();
+    let HeldWriter { writing, release } = save.hold_writer_at(1);
     let store = Step::Store {
         va: 0xffff_8000_0000_c010,
         ipa: page + 0x10,

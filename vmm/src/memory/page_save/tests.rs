@@ -342,7 +342,6 @@ fn the_writer_marks_each_page_saved_as_soon_as_it_is_written() {
 
 #[test]
 fn a_kick_ends_a_wait_for_a_page_another_thread_is_saving() {
-    use std::sync::{mpsc, Mutex};
     let ram = ram(4);
     let file = tempfile::tempfile().unwrap();
     file.set_len(4 * PAGE_SIZE).unwrap();
@@ -355,23 +354,11 @@ fn a_kick_ends_a_wait_for_a_page_another_thread_is_saving() {
     .unwrap();
     save.protect();
     // The writer is held inside its write of page 2 until released.
-    let (release, held) = mpsc::channel::<()>();
-    let (started, writing) = mpsc::channel::<usize>();
-    let held = Mutex::new(held);
-    save.hooks
-        .before_write
-        .set(Box::new(move |i| {
-            if i == 2 {
-                let _ = started.send(i);
-                let _ = held.lock().unwrap().recv();
-            }
-        }))
-        .ok()
-        .unwrap();
+    let HeldWriter { writing, release } = save.hold_writer_at(2);
     let kick = AtomicBool::new(false);
     std::thread::scope(|s| {
         let writer = s.spawn(|| save.run());
-        assert_eq!(writing.recv().unwrap(), 2);
+        writing.recv().unwrap();
         // A vCPU faults on page 2 and waits for the writer; a kick (a pause
         // or a quit asking for the vCPU) ends the wait with the page
         // neither saved by it nor writable. The writer cannot finish page 2
