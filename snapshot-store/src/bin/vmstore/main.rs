@@ -155,11 +155,8 @@ enum Cmd {
         /// (REGISTRY/REPOSITORY) before uploading them.
         #[arg(long, value_name = "REPO")]
         mount_from: Option<String>,
-        /// Plain HTTP instead of HTTPS (a local registry).
-        #[arg(long)]
-        plain_http: bool,
         #[command(flatten)]
-        limits: registry::LimitArgs,
+        conn: registry::ConnectionArgs,
         /// One JSON object instead of text: {reference, digest,
         /// compression, layers: [{name, manifest_digest, manifest_size,
         /// blobs: [{file, media_type, digest, size, file_size, status:
@@ -184,11 +181,8 @@ enum Cmd {
         /// rewritten with it, so its content hash changes).
         #[arg(long = "as", value_name = "NAME")]
         rename: Option<String>,
-        /// Plain HTTP instead of HTTPS (a local registry).
-        #[arg(long)]
-        plain_http: bool,
         #[command(flatten)]
-        limits: registry::LimitArgs,
+        conn: registry::ConnectionArgs,
         /// One JSON object instead of text: {reference, digest, name,
         /// layers: [{name, manifest_digest, content_sha256, status:
         /// pulled|present, bytes_received, file_bytes, compression}],
@@ -212,11 +206,8 @@ enum Cmd {
         /// The files, as paths relative to DIR (at most 1024).
         #[arg(required = true, value_name = "FILE")]
         files: Vec<String>,
-        /// Plain HTTP instead of HTTPS (a local registry).
-        #[arg(long)]
-        plain_http: bool,
         #[command(flatten)]
-        limits: registry::LimitArgs,
+        conn: registry::ConnectionArgs,
         /// One JSON object instead of text: {reference, digest, files:
         /// [{name, digest, size, status: sent|present}]} (sizes in bytes).
         #[arg(long)]
@@ -233,11 +224,8 @@ enum Cmd {
         reference: String,
         /// Where the files go.
         dir: std::path::PathBuf,
-        /// Plain HTTP instead of HTTPS (a local registry).
-        #[arg(long)]
-        plain_http: bool,
         #[command(flatten)]
-        limits: registry::LimitArgs,
+        conn: registry::ConnectionArgs,
         /// One JSON object instead of text: {reference, digest, files:
         /// [{name, digest, size}]} (sizes in bytes).
         #[arg(long)]
@@ -265,11 +253,8 @@ enum Cmd {
         /// stored: compressed).
         #[arg(long, value_name = "BYTES", default_value_t = snapshot_store::oci::DEFAULT_MAX_IMAGE_BYTES)]
         max_bytes: u64,
-        /// Plain HTTP instead of HTTPS (a local registry).
-        #[arg(long)]
-        plain_http: bool,
         #[command(flatten)]
-        limits: registry::LimitArgs,
+        conn: registry::ConnectionArgs,
         /// One JSON object instead of text: {reference, index_digest (null
         /// without an index), digest, media_type, config: blob, layers:
         /// [blob]}, a blob being {media_type, digest, size, status:
@@ -363,36 +348,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reference,
             compress,
             mount_from,
-            plain_http,
-            limits,
+            conn,
             json,
         } => {
-            let opts = registry::push_options(compress.as_deref(), mount_from, plain_http, &limits);
+            let opts = registry::push_options(compress.as_deref(), mount_from, &conn);
             registry::push(&open()?, &spec, &reference, opts, json, out)?
         }
         #[cfg(feature = "registry")]
         Cmd::Pull {
             reference,
             rename,
-            plain_http,
-            limits,
+            conn,
             json,
         } => {
             // The store is created if missing.
             let store = Store::create(&cli.store)?;
-            let conn = limits.connection(plain_http);
-            registry::pull(&store, &reference, rename, conn, json, out)?
+            registry::pull(&store, &reference, rename, conn.connection(), json, out)?
         }
         #[cfg(feature = "registry")]
         Cmd::PushFiles {
             dir,
             reference,
             files,
-            plain_http,
-            limits,
+            conn,
             json,
         } => {
-            let conn = limits.connection(plain_http);
+            let conn = conn.connection();
             let r = snapshot_store::oci::push_files(&dir, &files, &reference, &conn)?;
             registry::files_report(&r, "pushed", json, out)?
         }
@@ -400,11 +381,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::PullFiles {
             reference,
             dir,
-            plain_http,
-            limits,
+            conn,
             json,
         } => {
-            let conn = limits.connection(plain_http);
+            let conn = conn.connection();
             let r = snapshot_store::oci::pull_files(&reference, &dir, &conn)?;
             registry::files_report(&r, "pulled", json, out)?
         }
@@ -414,11 +394,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             dir,
             platform,
             max_bytes,
-            plain_http,
-            limits,
+            conn,
             json,
         } => {
-            let conn = limits.connection(plain_http);
+            let conn = conn.connection();
             let opts = snapshot_store::oci::ImageOptions {
                 platform,
                 max_bytes,

@@ -10,9 +10,13 @@ use snapshot_store::Store;
 
 use super::mib;
 
-/// The transfer limits of `push` and `pull` (`oci::Limits`), as options.
+/// How the registry subcommands connect: plain HTTP or HTTPS, and the
+/// transfer limits (`oci::Limits`), as options.
 #[derive(clap::Args, Debug, Clone)]
-pub struct LimitArgs {
+pub struct ConnectionArgs {
+    /// Plain HTTP instead of HTTPS (a local registry).
+    #[arg(long)]
+    plain_http: bool,
     /// Seconds a connection may take to open (DNS, TCP, TLS).
     #[arg(long, value_name = "SECS", value_parser = seconds,
           default_value_t = Limits::DEFAULT.connect_timeout.as_secs_f64())]
@@ -56,18 +60,18 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-impl LimitArgs {
+impl ConnectionArgs {
     /// A connection under these limits, with the auth file's credentials.
-    pub fn connection(&self, plain_http: bool) -> Connection {
+    pub fn connection(&self) -> Connection {
         Connection {
-            plain_http,
+            plain_http: self.plain_http,
             credential: None,
             limits: self.limits(),
         }
     }
 
     /// As the library's limits.
-    pub fn limits(&self) -> Limits {
+    fn limits(&self) -> Limits {
         Limits {
             connect_timeout: Duration::from_secs_f64(self.connect_timeout),
             idle_timeout: Duration::from_secs_f64(self.idle_timeout),
@@ -180,20 +184,15 @@ fn end_line(p: &Option<EventFn>) {
     }
 }
 
-/// The options of `vmstore push --compress ALGO --mount-from REPO
-/// [--plain-http]` and the limits.
+/// The options of `vmstore push --compress ALGO --mount-from REPO` and
+/// its connection.
 pub fn push_options(
     compress: Option<&str>,
     mount_from: Option<String>,
-    plain_http: bool,
-    limits: &LimitArgs,
+    conn: &ConnectionArgs,
 ) -> oci::PushOptions {
     oci::PushOptions {
-        connection: Connection {
-            plain_http,
-            credential: None,
-            limits: limits.limits(),
-        },
+        connection: conn.connection(),
         compression: match compress {
             Some("zstd") => Compression::Zstd,
             _ => Compression::None,
