@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from typing import Any
 from ignition import console, host, paths, qemu, timeouts
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
-from ignition.stats import sha256, summarize
+from ignition.stats import sha256, summarize, write_report
 from ignition.vm import Vm, VmConfig
 
 RATIO_TARGET = 1.5
@@ -123,21 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["ratio_ignition_to_qemu"] = round(ratio, 3)
         result["ratio_target"] = RATIO_TARGET
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     ig = result["ignition"]
-    print(
+    lines = [
         f"ignition ({args.backend}): login median {ig['login']['median_s']:.3f} s "
         f"(min {ig['login']['min_s']:.3f}, max {ig['login']['max_s']:.3f}); "
         f"Guest-boot-time median {ig['guest_boot_time']['median_s'] * 1000:.0f} ms"
-    )
+    ]
     if f"qemu_{args.accel}" in result:
         q = result[f"qemu_{args.accel}"]["login"]
-        print(
+        lines.append(
             f"qemu {args.accel}: login median {q['median_s']:.3f} s (min {q['min_s']:.3f}, max {q['max_s']:.3f}); "
             f"ratio {result['ratio_ignition_to_qemu']:.2f}x (target <= {RATIO_TARGET}x)"
         )
-    print(f"wrote {args.out}")
+    write_report(args.out, result, lines)
     return 0
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from ignition import paths
 from ignition.paths import RESULTS_DIR
 from ignition.registry import LocalRegistry, environ_with_auth
+from ignition.stats import write_report
 
 PAGE = 16384
 SKOPEO = "/usr/bin/skopeo"
@@ -171,22 +172,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": {},
         "mb_per_s": {},
     }
-    print(
+    lines = [
         f"layer files: full {sizes['full'] / 1e6:.1f} MB, diff {sizes['diff'] / 1e6:.1f} MB; "
-        f"median of {args.runs} run(s), MB/s (10^6 bytes of layer files per wall second)"
-    )
-    print(f"{'tool':<14} {'push full':>10} {'pull full':>10} {'push diff':>10} {'pull diff':>10}")
+        f"median of {args.runs} run(s), MB/s (10^6 bytes of layer files per wall second)",
+        f"{'tool':<14} {'push full':>10} {'pull full':>10} {'push diff':>10} {'pull diff':>10}",
+    ]
     for tool, rs in runs.items():
         secs = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         rate = {k: sizes[k.split("_")[1]] / v / 1e6 for k, v in secs.items()}
         result["seconds"][tool] = secs
         result["mb_per_s"][tool] = rate
-        print(
+        lines.append(
             f"{tool:<14} " + " ".join(f"{rate[k]:>10.0f}" for k in ("push_full", "pull_full", "push_diff", "pull_diff"))
         )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out_path}")
+    write_report(out_path, result, lines)
     return 0
 
 

@@ -11,7 +11,6 @@ guest console), so other benchmarks time their own VMM the same way.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from ignition import console, host, paths, qemu, timeouts
 from ignition.guest import disk_copy
 from ignition.paths import RESULTS_DIR
-from ignition.stats import sha256, summarize
+from ignition.stats import sha256, summarize, write_report
 
 TIMEOUT = timeouts.for_backend("qemu").boot
 
@@ -84,12 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(
+    line = (
         f"boot to login: median {result['median_s']:.3f} s, min {result['min_s']:.3f} s, "
-        f"max {result['max_s']:.3f} s (n={args.runs}); wrote {args.out}"
+        f"max {result['max_s']:.3f} s (n={args.runs})"
     )
+    write_report(args.out, result, [line])
     return 0
 
 

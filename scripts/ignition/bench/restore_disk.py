@@ -28,7 +28,6 @@ Prints a table and writes bench-results/restore_disk.json.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import statistics
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ignition import console, loglines, paths
-from ignition.stats import stats
+from ignition.stats import stats, write_report
 from ignition.vm import CTRL_A, Vm, VmConfig
 
 MEM = 512
@@ -201,10 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rootfs": measure(cfg, rootfs, work, a.runs, "rootfs"),
             f"+{a.data_mib} MiB": measure(cfg, grown, work, a.runs, "grown"),
         }
-    print(table(results))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"boot": str(a.boot), "dir": str(a.dir), "results": results}, indent=2) + "\n")
-    print(f"wrote {a.out}", file=sys.stderr)
+    write_report(a.out, {"boot": str(a.boot), "dir": str(a.dir), "results": results}, [table(results)])
     return 0
 
 
