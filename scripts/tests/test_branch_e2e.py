@@ -296,8 +296,11 @@ def test_children_on_tap_interfaces_of_a_bridge_lease_their_own_address(cfg, dis
             assert [c.net for c in children] == ["tap:vm1", "tap:vm2"]
             addrs, macs = [], []
             for c in children:
-                # Ready means leased: the agent asked for the lease with the child's own MAC.
+                # Ready: the agent asked for a lease with the child's own MAC. It waits for
+                # 5 tries a second apart, then udhcpc goes on in the background, so on a
+                # loaded host the lease may come after ready.
                 assert run(c, "cat /sys/class/net/eth0/address") == c.mac
+                run(c, net.LEASE_WAIT_CMD)
                 addr = eth0_ipv4(c)
                 assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
                 addrs.append(addr.split("/")[0])
