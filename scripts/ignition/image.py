@@ -26,6 +26,7 @@ of a tar header are bounded; every error names the layer (its index and digest).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import json
@@ -569,29 +570,40 @@ def build(
     init = init_script(config)
     inputs = hashlib.sha256(b"\0".join([INIT_VERSION.encode(), agent, busybox, init.encode()])).hexdigest()[:16]
     cached = cache / "rootfs" / f"{report['digest'].removeprefix('sha256:')}-{inputs}.ext4"
-    hit = cached.is_file()
-    if not hit:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="ignition-image-", dir=cache) as work:
-            st = Staging.new(Path(work) / "root")
-            budget = max_unpacked
-            for i, layer in enumerate(report["layers"]):
-                what = f"layer {i} ({layer['digest']})"
-                tar = Path(work) / "layer.tar"
-                budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
-                st.apply_layer(tar, what)
-                tar.unlink()
-            workdir = (config.get("config") or {}).get("WorkingDir") or "/"
-            if workdir.strip("/"):
-                st.add_dir(workdir.strip("/"))  # made if missing, as a container runtime does
-            add_guest(st, agent, busybox, init)
-            tmp = Path(work) / "rootfs.ext4"
-            make_ext4(st, tmp)
-            os.replace(tmp, cached)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # One build of an entry at a time: another build of the same image and inputs waits here,
+    # then copies the entry the first one made (renamed into place once whole).
+    with open(cached.with_name(f".{cached.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hit = cached.is_file()
+        if not hit:
+            with tempfile.TemporaryDirectory(prefix="ignition-image-", dir=cache) as work:
+                st = Staging.new(Path(work) / "root")
+                budget = max_unpacked
+                for i, layer in enumerate(report["layers"]):
+                    what = f"layer {i} ({layer['digest']})"
+                    tar = Path(work) / "layer.tar"
+                    budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
+                    st.apply_layer(tar, what)
+                    tar.unlink()
+                workdir = (config.get("config") or {}).get("WorkingDir") or "/"
+                if workdir.strip("/"):
+                    st.add_dir(workdir.strip("/"))  # made if missing, as a container runtime does
+                add_guest(st, agent, busybox, init)
+                tmp = Path(work) / "rootfs.ext4"
+                make_ext4(st, tmp)
+                os.replace(tmp, cached)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    subprocess.run(["cp", "--reflink=auto", "--sparse=always", str(cached), str(partial)], check=True)
-    os.replace(partial, out)
+    # A temporary file of this build's own beside `out`, renamed over it once whole: builds to
+    # the same `out` at once do not write into each other's copy.
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run(["cp", "--reflink=auto", "--sparse=always", str(cached), name], check=True)
+        os.replace(name, out)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
     return Built(out, report["digest"], hit, config)
 
 

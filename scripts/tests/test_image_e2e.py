@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -226,6 +227,57 @@ def test_image_pull_resolves_the_index_to_arm64(pushed, vmstore_bin, tmp_path):
         image.build(by_digest, tmp_path / "x.ext4", plain_http=True, cache=tmp_path / "c", vmstore=vmstore_bin)
 
 
+def test_concurrent_pulls_and_builds_of_one_image_share_a_cache_intact(pushed, vmstore_bin, tmp_path):
+    """Processes pulling (and building) the same image into one cache at once each write a
+    blob to a temporary file of their own and rename it into place: all succeed, and every blob
+    in the layout is whole (its digest is its name), with no temporary file left."""
+    layout = tmp_path / "layout"
+    pulls = [
+        subprocess.Popen(
+            [str(vmstore_bin), "image-pull", pushed, str(layout), "--plain-http", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    reports = []
+    for proc in pulls:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out))
+    assert len({r["digest"] for r in reports}) == 1
+    blobs = sorted((layout / "blobs" / "sha256").iterdir())
+    assert {b.name for b in blobs} >= {x["digest"][7:] for x in [reports[0]["config"], *reports[0]["layers"]]}
+    for b in blobs:
+        assert hashlib.sha256(b.read_bytes()).hexdigest() == b.name
+    assert not [f for f in layout.rglob("*") if f.name.endswith(".partial")]
+    # Two builds of the image into one (empty) cache and to one output file, at once.
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(Path(image.__file__).parent.parent), IGNITION_VMSTORE=str(vmstore_bin))
+    builds = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ignition.image", "build", pushed, "-o", str(out), "--plain-http"]
+            + ["--cache", str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in (tmp_path / "a.ext4", tmp_path / "a.ext4", tmp_path / "b.ext4")
+    ]
+    for proc in builds:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    assert (tmp_path / "a.ext4").read_bytes() == (tmp_path / "b.ext4").read_bytes()
+    fsck = subprocess.run(["e2fsck", "-fn", str(tmp_path / "a.ext4")], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stdout
+    for b in (cache / "oci" / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(b.read_bytes()).hexdigest() == b.name
+    leftovers = [f for f in [*cache.rglob("*"), *tmp_path.iterdir()] if f.name.endswith(".partial")]
+    assert not leftovers, leftovers
+
+
 @pytest.fixture(scope="module")
 def cache(pushed, vmstore_bin, tmp_path_factory) -> Path:
     """An image cache holding the test image's root file system, built once."""
@@ -239,7 +291,7 @@ def test_a_second_build_comes_from_the_cache(pushed, cache, vmstore_bin, tmp_pat
     first = cache / "first.ext4"
     again = image.build(pushed, tmp_path / "again.ext4", plain_http=True, cache=cache, vmstore=vmstore_bin)
     assert again.cached and again.digest.startswith("sha256:")
-    assert [p.name for p in (cache / "rootfs").iterdir()][0].startswith(again.digest[7:])
+    assert [p.name for p in (cache / "rootfs").glob("*.ext4")][0].startswith(again.digest[7:])
     assert (tmp_path / "again.ext4").read_bytes() == first.read_bytes()
     fsck = subprocess.run(["e2fsck", "-fn", str(first)], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stdout
