@@ -5,9 +5,10 @@ credentials, transfer limits and digest checks; an index resolved to the arm64 m
 blob cache. Its layers are applied in order into a staging directory, OCI whiteouts honoured
 (`.wh.NAME` removes NAME from the layers below, `.wh..wh..opq` empties a directory of them), and
 the guest's pieces added: the guest agent (`/bin/ignition-agent`), a static busybox
-(`/.ignition/busybox`, for the init and its DHCP script only) and the init (`/sbin/init`), which
-mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has one, starts the agent and runs
-the image's Entrypoint and Cmd with its Env in its WorkingDir. `mkfs.ext4 -d` writes the ext4
+(`/.ignition/busybox`, with `/.ignition/ip` and `/.ignition/udhcpc` linked to it and udhcpc's
+event script: the init's and the agent's network tools, whatever the image has in /bin) and the
+init (`/sbin/init`), which mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has one,
+starts the agent and runs the image's Entrypoint and Cmd with its Env in its WorkingDir. `mkfs.ext4 -d` writes the ext4
 image and `debugfs` sets each inode's mode and owner and makes the device nodes, so no root, loop
 mount or arm64 code is needed on the host. Built images are cached by the image's manifest digest
 (and the build's inputs).
@@ -52,7 +53,7 @@ MAX_ENTRIES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 """Largest tar header read at once (a pax extended header, a GNU long name)."""
 MAX_SYMLINK_HOPS = 40
-INIT_VERSION = "3"
+INIT_VERSION = "4"
 """Changes whenever the init or the files added change: part of the cache key."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -254,6 +255,15 @@ class Staging:
             out.write(data)
         self.meta[r] = Meta(stat.S_IFREG | mode, 0, 0, 0)
 
+    def add_symlink(self, rel: str, target: str) -> None:
+        """Writes the symbolic link `rel` to `target` (replacing what the image had there)."""
+        parts = rel.split("/")
+        parent = self.resolve_dir(parts[:-1], f"adding /{rel}", create=True)
+        r = f"{parent}/{parts[-1]}" if parent else parts[-1]
+        self.remove(r)
+        os.symlink(target, self.host(r))
+        self.meta[r] = Meta(stat.S_IFLNK | 0o777, 0, 0, 0)
+
     def add_dir(self, rel: str, mode: int = 0o755) -> None:
         parts = rel.split("/")
         r = self.resolve_dir(parts, f"adding /{rel}", create=True)
@@ -394,7 +404,7 @@ def init_script(config: dict[str, Any]) -> str:
         "$B ifconfig lo 127.0.0.1 up",
         "# Network (boot --net): DHCP in the background, its pid where the guest agent looks.",
         "if [ -e /sys/class/net/eth0 ]; then",
-        "    $B udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
+        "    /.ignition/udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
         "fi",
         "[ -s /etc/machine-id ] || $B tr -d '-' </proc/sys/kernel/random/uuid >/etc/machine-id 2>/dev/null",
         "# The boot timer: boot's default address, or boottimer= on the kernel command line.",
@@ -403,8 +413,10 @@ def init_script(config: dict[str, Any]) -> str:
         'for a in $($B cat /proc/cmdline); do case "$a" in boottimer=*) t="${a#boottimer=}" ;; esac; done',
         "set +f",
         'case "$t" in 0[xX][0-9a-fA-F]*) $B devmem "$t" 8 123 ;; esac',
-        "# The guest agent, with the image's environment, started again if it ends.",
-        f"( while :; do $B env -i {envq} /bin/ignition-agent; $B sleep 1; done ) </dev/null >/dev/console 2>&1 &",
+        "# The guest agent, with the image's environment, started again if it ends; a clone's",
+        "# new lease is asked for with the tools in /.ignition, as at boot.",
+        f"( while :; do $B env -i {envq} /bin/ignition-agent --net-tools /.ignition; $B sleep 1; done ) \\",
+        "    </dev/null >/dev/console 2>&1 &",
     ]
     if argv:
         lines += [
@@ -524,10 +536,14 @@ def make_ext4(st: Staging, out: Path) -> None:
 
 def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
     """Adds the guest agent, the init's busybox and the init (`init_script`), and the mount
-    points; then sets the times (`Staging.finish`)."""
+    points; then sets the times (`Staging.finish`). `/.ignition` holds the network tools of the
+    init and of the agent (`--net-tools`): `ip` and `udhcpc` (busybox's applets, by name) and
+    udhcpc's event script."""
     for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
         st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
     st.add_file(".ignition/busybox", busybox, 0o755)
+    for applet in ("ip", "udhcpc"):
+        st.add_symlink(f".ignition/{applet}", "busybox")
     st.add_file(".ignition/udhcpc.script", UDHCPC_SCRIPT.encode(), 0o755)
     st.add_file("bin/ignition-agent", agent, 0o755)
     st.add_file("sbin/init", init.encode(), 0o755)
