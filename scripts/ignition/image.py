@@ -55,6 +55,10 @@ MAX_HEADER_BYTES = 16 << 20
 MAX_SYMLINK_HOPS = 40
 INIT_VERSION = "4"
 """Changes whenever the init or the files added change: part of the cache key."""
+READY_LINE = "init: ready"
+"""What the init prints on the console once it has mounted, configured the network, written the
+boot timer and started the guest agent, just before it runs the image's command: a readiness
+marker any VMM's console shows (ignition.bench.guests times QEMU and Ignition by it)."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
@@ -417,6 +421,7 @@ def init_script(config: dict[str, Any]) -> str:
         "# new lease is asked for with the tools in /.ignition, as at boot.",
         f"( while :; do $B env -i {envq} /bin/ignition-agent --net-tools /.ignition; $B sleep 1; done ) \\",
         "    </dev/null >/dev/console 2>&1 &",
+        f"echo {q(READY_LINE)} >/dev/console",
     ]
     if argv:
         lines += [
