@@ -543,7 +543,12 @@ def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
     """Adds the guest agent, the init's busybox and the init (`init_script`), and the mount
     points; then sets the times (`Staging.finish`). `/.ignition` holds the network tools of the
     init and of the agent (`--net-tools`): `ip` and `udhcpc` (busybox's applets, by name) and
-    udhcpc's event script."""
+    udhcpc's event script. Raises ImageError for an agent older than `--net-tools` (a guest
+    built or fetched before it), which the init's command line would stop from starting."""
+    if b"--net-tools" not in agent:
+        raise ImageError(
+            "the guest agent predates --net-tools: rebuild the guest (guest/build.sh) or fetch a newer one"
+        )
     for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
         st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
     st.add_file(".ignition/busybox", busybox, 0o755)
