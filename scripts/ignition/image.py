@@ -7,11 +7,11 @@ blob cache. Its layers are applied in order into a staging directory, OCI whiteo
 the guest's pieces added: the guest agent (`/bin/ignition-agent`), a static busybox
 (`/.ignition/busybox`, with `/.ignition/ip` and `/.ignition/udhcpc` linked to it and udhcpc's
 event script: the init's and the agent's network tools, whatever the image has in /bin) and the
-init (`/sbin/init`), which mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has one,
-starts the agent and runs the image's Entrypoint and Cmd with its Env in its WorkingDir. `mkfs.ext4 -d` writes the ext4
-image and `debugfs` sets each inode's mode and owner and makes the device nodes, so no root, loop
-mount or arm64 code is needed on the host. Built images are cached by the image's manifest digest
-(and the build's inputs).
+init (`/sbin/init`), which mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has
+one, starts the agent, prints READY_LINE and runs the image's Entrypoint and Cmd with its Env in
+its WorkingDir. `mkfs.ext4 -d` writes the ext4 image and `debugfs` sets each inode's mode and
+owner and makes the device nodes, so no root, loop mount or arm64 code is needed on the host.
+Built images are cached by the image's manifest digest (and the build's inputs).
 
 The registry work is Rust's (vmstore: the credentials, limits and retries `vmstore pull` has);
 the rest is here, beside ignition.debian_guest and the guest's e2fsprogs steps, because it drives
