@@ -10,7 +10,13 @@
  * "The guest agent"; the host's side is the `ignition-agent-client` crate
  * and the `ignition.agent` Python module.
  *
- *   ignition-agent [--port PORT]
+ *   ignition-agent [--port PORT] [--net-tools DIR]
+ *
+ * DIR (default /bin) holds the programs a clone's new network identity
+ * runs: `ip` and `udhcpc` (busybox's or compatible), and, if present,
+ * `udhcpc.script`, given to udhcpc as its event script (else udhcpc uses
+ * its built-in default). A root file system without them in /bin (an OCI
+ * image's, with ignition.image's init) names its own.
  *
  * Started by init (/etc/inittab, respawned if it dies). Writes nothing
  * but fatal start-up errors (to stderr).
@@ -102,6 +108,11 @@ enum {
 #define LOCK_FILE STATE_DIR "/.lock"
 #define MACHINE_ID "/etc/machine-id"
 #define DHCP_PID_FILE "/run/udhcpc.eth0.pid"
+
+/* --net-tools: the paths of ip, udhcpc and udhcpc's event script. */
+static char ip_bin[PATH_MAX] = "/bin/ip";
+static char udhcpc_bin[PATH_MAX] = "/bin/udhcpc";
+static char udhcpc_script[PATH_MAX] = "/bin/udhcpc.script";
 
 static uint8_t frame_buf[HEADER_LEN + MAX_PAYLOAD];
 
@@ -1085,7 +1096,7 @@ static const char *reprobe_eth0(void)
         usleep(10000);
     if (access("/sys/class/net/eth0", F_OK) < 0)
         return "eth0 did not come back after its driver probed again";
-    if (run((char *[]){ "/bin/ip", "link", "set", "eth0", "up", NULL }) != 0)
+    if (run((char *[]){ ip_bin, "link", "set", "eth0", "up", NULL }) != 0)
         return "ip link set eth0 up failed";
     return NULL;
 }
@@ -1110,21 +1121,26 @@ static const char *readdress(const char *address, const char *client_id)
             *gw++ = 0;
         else
             gw = addr + strlen(addr);
-        run((char *[]){ "/bin/ip", "addr", "flush", "dev", "eth0", NULL });
-        if (run((char *[]){ "/bin/ip", "addr", "add", addr, "dev", "eth0", NULL }) != 0)
+        run((char *[]){ ip_bin, "addr", "flush", "dev", "eth0", NULL });
+        if (run((char *[]){ ip_bin, "addr", "add", addr, "dev", "eth0", NULL }) != 0)
             return "ip addr add failed";
-        run((char *[]){ "/bin/ip", "link", "set", "eth0", "up", NULL });
-        if (*gw && run((char *[]){ "/bin/ip", "route", "replace", "default", "via", gw, "dev", "eth0", NULL }) != 0)
+        run((char *[]){ ip_bin, "link", "set", "eth0", "up", NULL });
+        if (*gw && run((char *[]){ ip_bin, "route", "replace", "default", "via", gw, "dev", "eth0", NULL }) != 0)
             return "ip route replace failed";
         return NULL;
     }
     {
         char opt[64];
+        char *argv[] = { udhcpc_bin, "-i", "eth0", "-b", "-S", "-t", "5", "-T", "1", "-p", DHCP_PID_FILE,
+                         "-x", opt, NULL, NULL, NULL };
         snprintf(opt, sizeof opt, "0x3d:00%s", client_id);
+        if (access(udhcpc_script, X_OK) == 0) {
+            argv[13] = "-s";
+            argv[14] = udhcpc_script;
+        }
         /* In the foreground until a lease is bound (then it keeps it in the
          * background), or in the background after 5 tries a second apart. */
-        if (run((char *[]){ "/bin/udhcpc", "-i", "eth0", "-b", "-S", "-t", "5", "-T", "1", "-p", DHCP_PID_FILE,
-                            "-x", opt, NULL }) != 0)
+        if (run(argv) != 0)
             return "udhcpc failed";
     }
     return NULL;
@@ -1221,17 +1237,24 @@ int main(int argc, char **argv)
     struct sockaddr_vm addr = { .svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY };
     int lfd, active = 0;
 
-    if (argc == 3 && !strcmp(argv[1], "--port")) {
-        char *end;
-        unsigned long v = strtoul(argv[2], &end, 10);
-        if (*argv[2] == 0 || *end || v == 0 || v > 0xffffffffUL) {
-            fprintf(stderr, "ignition-agent: bad port '%s'\n", argv[2]);
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 < argc && !strcmp(argv[i], "--port")) {
+            char *end;
+            unsigned long v = strtoul(argv[i + 1], &end, 10);
+            if (*argv[i + 1] == 0 || *end || v == 0 || v > 0xffffffffUL) {
+                fprintf(stderr, "ignition-agent: bad port '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            port = (unsigned int)v;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--net-tools") && argv[i + 1][0] == '/'
+                   && strlen(argv[i + 1]) < PATH_MAX - 16) {
+            snprintf(ip_bin, sizeof ip_bin, "%s/ip", argv[i + 1]);
+            snprintf(udhcpc_bin, sizeof udhcpc_bin, "%s/udhcpc", argv[i + 1]);
+            snprintf(udhcpc_script, sizeof udhcpc_script, "%s/udhcpc.script", argv[i + 1]);
+        } else {
+            fputs("usage: ignition-agent [--port PORT] [--net-tools /DIR]\n", stderr);
             return 2;
         }
-        port = (unsigned int)v;
-    } else if (argc != 1) {
-        fputs("usage: ignition-agent [--port PORT]\n", stderr);
-        return 2;
     }
     signal(SIGPIPE, SIG_IGN);
     umask(022);

@@ -108,8 +108,7 @@ def build(out: Path, cache: Path, guest_rootfs: Path = paths.ROOTFS) -> dict[str
             master = st.root / "usr/share/base-passwd" / f"{name}.master"
             st.add_file(f"etc/{name}", master.read_bytes(), 0o644)
         if not (st.root / "bin/sh").is_symlink():
-            (st.root / "bin/sh").symlink_to("dash")
-            st.meta["bin/sh"] = image.Meta(0o120777, 0, 0, 0)
+            st.add_symlink("bin/sh", "dash")
         st.add_dir("root", 0o700)
         image.add_guest(st, agent, busybox, image.init_script(CONFIG))
         tmp = Path(work) / "rootfs.ext4"

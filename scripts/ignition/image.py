@@ -5,12 +5,13 @@ credentials, transfer limits and digest checks; an index resolved to the arm64 m
 blob cache. Its layers are applied in order into a staging directory, OCI whiteouts honoured
 (`.wh.NAME` removes NAME from the layers below, `.wh..wh..opq` empties a directory of them), and
 the guest's pieces added: the guest agent (`/bin/ignition-agent`), a static busybox
-(`/.ignition/busybox`, for the init and its DHCP script only) and the init (`/sbin/init`), which
-mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has one, starts the agent and runs
-the image's Entrypoint and Cmd with its Env in its WorkingDir. `mkfs.ext4 -d` writes the ext4
-image and `debugfs` sets each inode's mode and owner and makes the device nodes, so no root, loop
-mount or arm64 code is needed on the host. Built images are cached by the image's manifest digest
-(and the build's inputs).
+(`/.ignition/busybox`, with `/.ignition/ip` and `/.ignition/udhcpc` linked to it and udhcpc's
+event script: the init's and the agent's network tools, whatever the image has in /bin) and the
+init (`/sbin/init`), which mounts /proc, /sys and /dev, configures eth0 by DHCP if the VM has
+one, starts the agent, prints READY_LINE and runs the image's Entrypoint and Cmd with its Env in
+its WorkingDir. `mkfs.ext4 -d` writes the ext4 image and `debugfs` sets each inode's mode and
+owner and makes the device nodes, so no root, loop mount or arm64 code is needed on the host.
+Built images are cached by the image's manifest digest (and the build's inputs).
 
 The registry work is Rust's (vmstore: the credentials, limits and retries `vmstore pull` has);
 the rest is here, beside ignition.debian_guest and the guest's e2fsprogs steps, because it drives
@@ -26,6 +27,7 @@ of a tar header are bounded; every error names the layer (its index and digest).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import json
@@ -51,8 +53,12 @@ MAX_ENTRIES = 1 << 20
 MAX_HEADER_BYTES = 16 << 20
 """Largest tar header read at once (a pax extended header, a GNU long name)."""
 MAX_SYMLINK_HOPS = 40
-INIT_VERSION = "3"
+INIT_VERSION = "4"
 """Changes whenever the init or the files added change: part of the cache key."""
+READY_LINE = "init: ready"
+"""What the init prints on the console once it has mounted, configured the network, written the
+boot timer and started the guest agent, just before it runs the image's command: a readiness
+marker any VMM's console shows (ignition.bench.guests times QEMU and Ignition by it)."""
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 
@@ -253,6 +259,15 @@ class Staging:
             out.write(data)
         self.meta[r] = Meta(stat.S_IFREG | mode, 0, 0, 0)
 
+    def add_symlink(self, rel: str, target: str) -> None:
+        """Writes the symbolic link `rel` to `target` (replacing what the image had there)."""
+        parts = rel.split("/")
+        parent = self.resolve_dir(parts[:-1], f"adding /{rel}", create=True)
+        r = f"{parent}/{parts[-1]}" if parent else parts[-1]
+        self.remove(r)
+        os.symlink(target, self.host(r))
+        self.meta[r] = Meta(stat.S_IFLNK | 0o777, 0, 0, 0)
+
     def add_dir(self, rel: str, mode: int = 0o755) -> None:
         parts = rel.split("/")
         r = self.resolve_dir(parts, f"adding /{rel}", create=True)
@@ -393,7 +408,7 @@ def init_script(config: dict[str, Any]) -> str:
         "$B ifconfig lo 127.0.0.1 up",
         "# Network (boot --net): DHCP in the background, its pid where the guest agent looks.",
         "if [ -e /sys/class/net/eth0 ]; then",
-        "    $B udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
+        "    /.ignition/udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
         "fi",
         "[ -s /etc/machine-id ] || $B tr -d '-' </proc/sys/kernel/random/uuid >/etc/machine-id 2>/dev/null",
         "# The boot timer: boot's default address, or boottimer= on the kernel command line.",
@@ -402,8 +417,11 @@ def init_script(config: dict[str, Any]) -> str:
         'for a in $($B cat /proc/cmdline); do case "$a" in boottimer=*) t="${a#boottimer=}" ;; esac; done',
         "set +f",
         'case "$t" in 0[xX][0-9a-fA-F]*) $B devmem "$t" 8 123 ;; esac',
-        "# The guest agent, with the image's environment, started again if it ends.",
-        f"( while :; do $B env -i {envq} /bin/ignition-agent; $B sleep 1; done ) </dev/null >/dev/console 2>&1 &",
+        "# The guest agent, with the image's environment, started again if it ends; a clone's",
+        "# new lease is asked for with the tools in /.ignition, as at boot.",
+        f"( while :; do $B env -i {envq} /bin/ignition-agent --net-tools /.ignition; $B sleep 1; done ) \\",
+        "    </dev/null >/dev/console 2>&1 &",
+        f"echo {q(READY_LINE)} >/dev/console",
     ]
     if argv:
         lines += [
@@ -523,10 +541,19 @@ def make_ext4(st: Staging, out: Path) -> None:
 
 def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
     """Adds the guest agent, the init's busybox and the init (`init_script`), and the mount
-    points; then sets the times (`Staging.finish`)."""
+    points; then sets the times (`Staging.finish`). `/.ignition` holds the network tools of the
+    init and of the agent (`--net-tools`): `ip` and `udhcpc` (busybox's applets, by name) and
+    udhcpc's event script. Raises ImageError for an agent older than `--net-tools` (a guest
+    built or fetched before it), which the init's command line would stop from starting."""
+    if b"--net-tools" not in agent:
+        raise ImageError(
+            "the guest agent predates --net-tools: rebuild the guest (guest/build.sh) or fetch a newer one"
+        )
     for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
         st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
     st.add_file(".ignition/busybox", busybox, 0o755)
+    for applet in ("ip", "udhcpc"):
+        st.add_symlink(f".ignition/{applet}", "busybox")
     st.add_file(".ignition/udhcpc.script", UDHCPC_SCRIPT.encode(), 0o755)
     st.add_file("bin/ignition-agent", agent, 0o755)
     st.add_file("sbin/init", init.encode(), 0o755)
@@ -569,29 +596,40 @@ def build(
     init = init_script(config)
     inputs = hashlib.sha256(b"\0".join([INIT_VERSION.encode(), agent, busybox, init.encode()])).hexdigest()[:16]
     cached = cache / "rootfs" / f"{report['digest'].removeprefix('sha256:')}-{inputs}.ext4"
-    hit = cached.is_file()
-    if not hit:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="ignition-image-", dir=cache) as work:
-            st = Staging.new(Path(work) / "root")
-            budget = max_unpacked
-            for i, layer in enumerate(report["layers"]):
-                what = f"layer {i} ({layer['digest']})"
-                tar = Path(work) / "layer.tar"
-                budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
-                st.apply_layer(tar, what)
-                tar.unlink()
-            workdir = (config.get("config") or {}).get("WorkingDir") or "/"
-            if workdir.strip("/"):
-                st.add_dir(workdir.strip("/"))  # made if missing, as a container runtime does
-            add_guest(st, agent, busybox, init)
-            tmp = Path(work) / "rootfs.ext4"
-            make_ext4(st, tmp)
-            os.replace(tmp, cached)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # One build of an entry at a time: another build of the same image and inputs waits here,
+    # then copies the entry the first one made (renamed into place once whole).
+    with open(cached.with_name(f".{cached.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hit = cached.is_file()
+        if not hit:
+            with tempfile.TemporaryDirectory(prefix="ignition-image-", dir=cache) as work:
+                st = Staging.new(Path(work) / "root")
+                budget = max_unpacked
+                for i, layer in enumerate(report["layers"]):
+                    what = f"layer {i} ({layer['digest']})"
+                    tar = Path(work) / "layer.tar"
+                    budget -= unpack_layer(blob_path(layout, layer["digest"]), layer["media_type"], tar, budget, what)
+                    st.apply_layer(tar, what)
+                    tar.unlink()
+                workdir = (config.get("config") or {}).get("WorkingDir") or "/"
+                if workdir.strip("/"):
+                    st.add_dir(workdir.strip("/"))  # made if missing, as a container runtime does
+                add_guest(st, agent, busybox, init)
+                tmp = Path(work) / "rootfs.ext4"
+                make_ext4(st, tmp)
+                os.replace(tmp, cached)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    subprocess.run(["cp", "--reflink=auto", "--sparse=always", str(cached), str(partial)], check=True)
-    os.replace(partial, out)
+    # A temporary file of this build's own beside `out`, renamed over it once whole: builds to
+    # the same `out` at once do not write into each other's copy.
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    try:
+        subprocess.run(["cp", "--reflink=auto", "--sparse=always", str(cached), name], check=True)
+        os.replace(name, out)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
     return Built(out, report["digest"], hit, config)
 
 

@@ -1,5 +1,6 @@
-"""Host ends for the guest's network device: passt on a Unix socket, and an
-HTTP server on the host's loopback that the guest reaches through passt.
+"""Host ends for the guest's network device: passt on a Unix socket, a bridge of TAP
+interfaces in a network namespace of its own, and an HTTP server on the host's loopback that
+the guest reaches through passt.
 
 passt maps the guest's default gateway address to the host's loopback, so a
 server bound to 127.0.0.1 here is `http://<gateway>:<port>/` in the guest.
@@ -90,6 +91,68 @@ class Passt:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class Bridge:
+    """A network namespace of its own (root only) with a bridge br0 (10.0.3.1/24) and TAP
+    interfaces on it, up; `wrap(boot)` is a script that runs `boot` in the namespace (and so do
+    the VMs it starts: a branch's children), written into `directory`.
+
+    Use as a context manager: `with Bridge(dir, ("tap0", "tap1")) as b: ... b.wrap(boot) ...`."""
+
+    ADDRESS = "10.0.3.1/24"
+
+    def __init__(self, directory: Path, taps: tuple[str, ...], name: str | None = None):
+        self.directory = Path(directory)
+        self.taps = taps
+        self.name = name or f"ignition-{os.getpid()}"
+
+    @staticmethod
+    def available() -> bool:
+        """Root, and iproute2's `ip`."""
+        return os.geteuid() == 0 and shutil.which("ip") is not None
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """argv in the namespace; raises CalledProcessError if it fails."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv], capture_output=True, text=True, check=True, timeout=60
+        )
+
+    def __enter__(self) -> Bridge:
+        subprocess.run(["ip", "netns", "add", self.name], check=True, timeout=60)
+        try:
+            self.run("ip", "link", "add", "br0", "type", "bridge")
+            self.run("ip", "addr", "add", self.ADDRESS, "dev", "br0")
+            self.run("ip", "link", "set", "br0", "up")
+            for tap in self.taps:
+                self.run("ip", "tuntap", "add", tap, "mode", "tap")
+                self.run("ip", "link", "set", tap, "master", "br0")
+                self.run("ip", "link", "set", tap, "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wrap(self, boot: Path) -> Path:
+        """A script that runs `boot` with its arguments in the namespace."""
+        wrapper = self.directory / f"boot-in-{self.name}"
+        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {self.name} {boot} "$@"\n')
+        wrapper.chmod(0o755)
+        return wrapper
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "delete", self.name], timeout=60)
+
+
+BRIDGE_UDHCPD_CONF = """start 10.0.3.100
+end 10.0.3.200
+interface eth0
+lease_file /tmp/udhcpd.leases
+opt subnet 255.255.255.0
+opt router 10.0.3.1
+"""
+"""busybox udhcpd's configuration for a guest serving DHCP on a Bridge from eth0 (with a fixed
+address of the bridge's subnet, not in the pool): leases 10.0.3.100 on, the bridge the router."""
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -25,10 +25,11 @@ def qemu_argv(
     qemu: str = QEMU,
     net_socket: os.PathLike[str] | str | None = None,
     accel: str = "tcg",
+    initrd: os.PathLike[str] | str | None = None,
 ) -> list[str]:
-    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device, and
-    with `net_socket` a virtio-mmio network device on that stream socket (passt), in the
-    second transport as in Ignition. `accel` "hvf" runs it on Hypervisor.framework (a Mac:
+    """QEMU command line: virt + GICv3, PL011 on stdio, virtio-mmio v2 block device, with
+    `initrd` that initramfs, and with `net_socket` a virtio-mmio network device on that stream
+    socket (passt), in the second transport as in Ignition. `accel` "hvf" runs it on Hypervisor.framework (a Mac:
     the host's CPU, `cpu` ignored; no high memory map, which needs more IPA bits than
     Apple's cores give a VM); "tcg" is QEMU's software CPU."""
     if accel not in ACCELS:
@@ -60,6 +61,7 @@ def qemu_argv(
         str(kernel),
         "-append",
         append,
+        *([] if initrd is None else ["-initrd", str(initrd)]),
         "-global",
         "virtio-mmio.force-legacy=false",
         "-drive",

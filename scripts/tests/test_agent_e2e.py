@@ -14,11 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 import urllib.request
@@ -335,32 +333,14 @@ def test_a_restore_waits_for_the_agent_its_snapshot_had(tmp_path, guest_disk, cf
             vm.wait_ready()
 
 
-def in_netns(name: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", name, *argv], capture_output=True, text=True, check=True, timeout=60)
-
-
 @pytest.fixture
 def bridge(tmp_path, cfg):
     """A network namespace of this test's (root only) with a bridge br0 (10.0.3.1/24) and two
     TAP interfaces on it, tap0 and tap1; yields a VmConfig whose boot runs in it."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
+    if not net.Bridge.available():
         pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
-    name = f"ignition-agent-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True, timeout=60)
-    try:
-        in_netns(name, "ip", "link", "add", "br0", "type", "bridge")
-        in_netns(name, "ip", "addr", "add", "10.0.3.1/24", "dev", "br0")
-        in_netns(name, "ip", "link", "set", "br0", "up")
-        for tap in ("tap0", "tap1"):
-            in_netns(name, "ip", "tuntap", "add", tap, "mode", "tap")
-            in_netns(name, "ip", "link", "set", tap, "master", "br0")
-            in_netns(name, "ip", "link", "set", tap, "up")
-        wrapper = tmp_path / "boot-in-netns"
-        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {name} {cfg.boot} "$@"\n')
-        wrapper.chmod(0o755)
-        yield name, dataclasses.replace(cfg, boot=wrapper)
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], timeout=60)
+    with net.Bridge(tmp_path, ("tap0", "tap1"), name=f"ignition-agent-{os.getpid()}") as b:
+        yield b.name, dataclasses.replace(cfg, boot=b.wrap(cfg.boot))
 
 
 def ping_bridge(vm: Vm) -> None:

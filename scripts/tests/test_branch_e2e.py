@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -239,38 +238,10 @@ def bridge(tmp_path, cfg):
     """A network namespace of this test's (root only) with a bridge br0 (10.0.3.1/24) and
     TAP interfaces on it: tap0 for the source, vm1 and vm2 for its children; yields a
     VmConfig whose boot runs in it (and so do the children the source starts)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
+    if not net.Bridge.available():
         pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
-    ns = f"ignition-branch-{os.getpid()}"
-
-    def in_ns(*argv: str) -> None:
-        subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True, timeout=60)
-
-    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=60)
-    try:
-        in_ns("ip", "link", "add", "br0", "type", "bridge")
-        in_ns("ip", "addr", "add", "10.0.3.1/24", "dev", "br0")
-        in_ns("ip", "link", "set", "br0", "up")
-        for tap in ("tap0", "vm1", "vm2"):
-            in_ns("ip", "tuntap", "add", tap, "mode", "tap")
-            in_ns("ip", "link", "set", tap, "master", "br0")
-            in_ns("ip", "link", "set", tap, "up")
-        wrapper = tmp_path / "boot-in-netns"
-        wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {ns} {cfg.boot} "$@"\n')
-        wrapper.chmod(0o755)
-        yield dataclasses.replace(cfg, boot=wrapper)
-    finally:
-        subprocess.run(["ip", "netns", "delete", ns], timeout=60)
-
-
-# The source's DHCP server for the bridge (busybox udhcpd), leases 10.0.3.100 on.
-UDHCPD_CONF = """start 10.0.3.100
-end 10.0.3.200
-interface eth0
-lease_file /tmp/udhcpd.leases
-opt subnet 255.255.255.0
-opt router 10.0.3.1
-"""
+    with net.Bridge(tmp_path, ("tap0", "vm1", "vm2"), name=f"ignition-branch-{os.getpid()}") as b:
+        yield dataclasses.replace(cfg, boot=b.wrap(cfg.boot))
 
 
 def eth0_ipv4(c: Child | Vm) -> str:
@@ -284,7 +255,7 @@ def test_children_on_tap_interfaces_of_a_bridge_lease_their_own_address(cfg, dis
         try:
             # The source serves DHCP on the bridge from a fixed address.
             run(vm, "kill $(cat /run/udhcpc.eth0.pid); ip addr flush dev eth0; ip addr add 10.0.3.2/24 dev eth0")
-            vm.write_file("/tmp/udhcpd.conf", UDHCPD_CONF.encode())
+            vm.write_file("/tmp/udhcpd.conf", net.BRIDGE_UDHCPD_CONF.encode())
             run(vm, "touch /tmp/udhcpd.leases && udhcpd -S /tmp/udhcpd.conf")
             source_mac = run(vm, "cat /sys/class/net/eth0/address")
             # Without a template, the source's TAP interface is refused.

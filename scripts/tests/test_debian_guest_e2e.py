@@ -1,7 +1,8 @@
 """End-to-end: Debian's stock arm64 cloud kernel (4 KiB pages, its virtio drivers as modules)
 with the initramfs ignition.debian_guest makes, on the project's root disk: it boots to the
 guest agent, snapshots and restores; and on a Debian root file system (ignition.debian_rootfs:
-bash, coreutils and their libraries, unpacked from apt's packages), where it also branches.
+bash, coreutils and their libraries, unpacked from apt's packages), where it also branches, and
+(as root) branches on a bridge into children that lease addresses of their own.
 
 The packages come from apt (arm64 a dpkg foreign architecture, as guest/build.sh needs too),
 cached in ~/.cache/ignition-guest/debian; the test is skipped only where apt has no arm64
@@ -11,13 +12,15 @@ packages.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from ignition import debian_guest
+from ignition import debian_guest, net
 from ignition import debian_rootfs as debian_rootfs_mod
+from ignition.branch import Child
 from ignition.vm import Vm
 
 pytestmark = pytest.mark.e2e
@@ -106,3 +109,55 @@ def test_debian_kernel_boots_a_debian_root_file_system_and_branches(cfg, debian,
     with Vm.restore(cfg, "b", store=store, log_path=tmp_path / "restored.log", agent=True) as vm:
         assert vm.run("cat /root/marker") == "kept"
         assert vm.quit() == 0
+
+
+def test_branch_children_of_the_debian_guest_on_a_bridge_lease_their_own_addresses(
+    cfg, debian, debian_rootfs, tmp_path
+):
+    """The Debian guest (Debian's kernel, virtio_net a module, on the Debian root disk) on a
+    bridge (TAP interfaces in a network namespace: root only): the source serves DHCP from a
+    fixed address and branches into two children, each on a TAP interface of its own; each
+    child's eth0 has the MAC the branch gave it and a lease of its own (the agent rebinds the
+    module's driver and asks with /.ignition's udhcpc), and the children reach each other."""
+    if not net.Bridge.available():
+        pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
+    out, _ = debian
+    disk, _ = debian_rootfs
+    store = tmp_path / "store"
+    bb = "/.ignition/busybox"
+    children: list[Child] = []
+    with net.Bridge(tmp_path, ("tap0", "vm1", "vm2"), name=f"ignition-debian-{os.getpid()}") as br:
+        bcfg = dataclasses.replace(cfg, kernel=out / "Image", boot=br.wrap(cfg.boot))
+        with Vm.boot(
+            bcfg,
+            disk=disk,
+            mem=256,
+            store=store,
+            name="src",
+            track_dirty=True,
+            agent=True,
+            extra=["--initrd", str(out / "initrd.cpio"), "--net", "tap:tap0"],
+            log_path=tmp_path / "src.log",
+        ) as vm:
+            vm.wait_ready()
+            try:
+                vm.run(f"kill $(cat /run/udhcpc.eth0.pid); {bb} ip addr flush dev eth0")
+                vm.run(f"{bb} ip addr add 10.0.3.2/24 dev eth0 && : >/tmp/udhcpd.leases")
+                vm.write_file("/tmp/udhcpd.conf", net.BRIDGE_UDHCPD_CONF.encode())
+                vm.run(f"{bb} udhcpd -S /tmp/udhcpd.conf")
+                source_mac = vm.run("cat /sys/class/net/eth0/address")
+                children = vm.branch(2, name="t", net="tap:vm{i}")
+                addrs, macs = [], []
+                for c in children:
+                    assert c.run("cat /sys/class/net/eth0/address") == c.mac
+                    addr = c.run(f"{bb} ip -4 -o addr show dev eth0 | {bb} awk '{{ print $4 }}'")
+                    assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
+                    addrs.append(addr.split("/")[0])
+                    macs.append(c.mac)
+                assert len(set(addrs)) == 2 and "10.0.3.2" not in addrs, addrs
+                assert len(set(macs)) == 2 and source_mac not in macs, macs
+                for c, other in [(children[0], addrs[1]), (children[1], addrs[0])]:
+                    c.run(f"{bb} ping -c 1 -w 30 {other} >/dev/null && {bb} ping -c 1 -w 30 10.0.3.2 >/dev/null")
+            finally:
+                for c in children:
+                    c.stop()

@@ -190,6 +190,28 @@ def test_the_init_runs_entrypoint_and_cmd_with_env_in_workdir():
     assert "PATH=/usr/local/sbin" in bare and "poweroff" not in bare and "sleep 3600" in bare
 
 
+def test_the_guest_pieces_give_the_init_and_the_agent_their_network_tools(st):
+    s = image.init_script({"config": {"Cmd": ["/app"]}})
+    agent_line = next(ln for ln in s.splitlines() if "/bin/ignition-agent" in ln)
+    assert "/bin/ignition-agent --net-tools /.ignition;" in agent_line
+    assert "/.ignition/udhcpc -i eth0 " in s and "-s /.ignition/udhcpc.script" in s
+    # Ready is printed once the agent is started, before the image's command runs.
+    lines = s.splitlines()
+    ready = lines.index(f"echo {image.READY_LINE!r} >/dev/console")
+    assert lines.index(agent_line) < ready < next(i for i, ln in enumerate(lines) if "/app" in ln)
+    image.add_guest(st, b"agent ... --net-tools ...", b"busybox", s)
+    for applet in ("ip", "udhcpc"):
+        assert os.readlink(st.root / ".ignition" / applet) == "busybox"
+        assert st.meta[f".ignition/{applet}"].mode == stat.S_IFLNK | 0o777
+    assert (st.root / ".ignition/udhcpc.script").read_text().startswith("#!/.ignition/busybox sh\n")
+    assert (st.root / "sbin/init").read_text() == s
+
+
+def test_an_agent_older_than_net_tools_is_refused(st):
+    with pytest.raises(ImageError, match="predates --net-tools"):
+        image.add_guest(st, b"an agent without the option", b"busybox", "#!/bin/sh\n")
+
+
 @pytest.mark.skipif(shutil.which("mkfs.ext4") is None and not Path("/sbin/mkfs.ext4").exists(), reason="no e2fsprogs")
 def test_the_ext4_image_has_the_image_s_modes_owners_and_devices(st, tmp_path):
     apply(

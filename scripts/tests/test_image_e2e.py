@@ -11,6 +11,7 @@ caches its own; skipped where apt has no arm64 packages, skopeo or the registry 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from ignition import debian_guest, image, net
+from ignition.branch import Child
 from ignition.registry import REGISTRY_BIN, LocalRegistry
 from ignition.vm import Vm
 
@@ -226,6 +229,57 @@ def test_image_pull_resolves_the_index_to_arm64(pushed, vmstore_bin, tmp_path):
         image.build(by_digest, tmp_path / "x.ext4", plain_http=True, cache=tmp_path / "c", vmstore=vmstore_bin)
 
 
+def test_concurrent_pulls_and_builds_of_one_image_share_a_cache_intact(pushed, vmstore_bin, tmp_path):
+    """Processes pulling (and building) the same image into one cache at once each write a
+    blob to a temporary file of their own and rename it into place: all succeed, and every blob
+    in the layout is whole (its digest is its name), with no temporary file left."""
+    layout = tmp_path / "layout"
+    pulls = [
+        subprocess.Popen(
+            [str(vmstore_bin), "image-pull", pushed, str(layout), "--plain-http", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    reports = []
+    for proc in pulls:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out))
+    assert len({r["digest"] for r in reports}) == 1
+    blobs = sorted((layout / "blobs" / "sha256").iterdir())
+    assert {b.name for b in blobs} >= {x["digest"][7:] for x in [reports[0]["config"], *reports[0]["layers"]]}
+    for b in blobs:
+        assert hashlib.sha256(b.read_bytes()).hexdigest() == b.name
+    assert not [f for f in layout.rglob("*") if f.name.endswith(".partial")]
+    # Two builds of the image into one (empty) cache and to one output file, at once.
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(Path(image.__file__).parent.parent), IGNITION_VMSTORE=str(vmstore_bin))
+    builds = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ignition.image", "build", pushed, "-o", str(out), "--plain-http"]
+            + ["--cache", str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in (tmp_path / "a.ext4", tmp_path / "a.ext4", tmp_path / "b.ext4")
+    ]
+    for proc in builds:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    assert (tmp_path / "a.ext4").read_bytes() == (tmp_path / "b.ext4").read_bytes()
+    fsck = subprocess.run(["e2fsck", "-fn", str(tmp_path / "a.ext4")], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stdout
+    for b in (cache / "oci" / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(b.read_bytes()).hexdigest() == b.name
+    leftovers = [f for f in [*cache.rglob("*"), *tmp_path.iterdir()] if f.name.endswith(".partial")]
+    assert not leftovers, leftovers
+
+
 @pytest.fixture(scope="module")
 def cache(pushed, vmstore_bin, tmp_path_factory) -> Path:
     """An image cache holding the test image's root file system, built once."""
@@ -239,7 +293,7 @@ def test_a_second_build_comes_from_the_cache(pushed, cache, vmstore_bin, tmp_pat
     first = cache / "first.ext4"
     again = image.build(pushed, tmp_path / "again.ext4", plain_http=True, cache=cache, vmstore=vmstore_bin)
     assert again.cached and again.digest.startswith("sha256:")
-    assert [p.name for p in (cache / "rootfs").iterdir()][0].startswith(again.digest[7:])
+    assert [p.name for p in (cache / "rootfs").glob("*.ext4")][0].startswith(again.digest[7:])
     assert (tmp_path / "again.ext4").read_bytes() == first.read_bytes()
     fsck = subprocess.run(["e2fsck", "-fn", str(first)], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stdout
@@ -315,3 +369,57 @@ def test_the_image_gets_its_network_by_dhcp(pushed, cache, cfg, vmstore_bin, tmp
             assert vm.run("cat /run/udhcpc.eth0.pid").isdigit()
             assert vm.run(f"wget -q -O - http://{gw}:{http.port}/page | sha256sum").split()[0] == page_sum
             assert vm.quit() == 0
+
+
+def test_branch_children_of_the_image_on_a_bridge_lease_their_own_addresses(pushed, cache, cfg, vmstore_bin, tmp_path):
+    """On a bridge (TAP interfaces in a network namespace: root only) the image's source serves
+    DHCP from a fixed address and branches into two children, each on a TAP interface of its
+    own: each child's eth0 has the MAC the branch gave it and a lease of its own, which the
+    agent asked for with the build's network tools (/.ignition: the image has no `ip` or
+    `udhcpc`), and the children reach each other."""
+    if not net.Bridge.available():
+        pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
+    disk = disk_of(pushed, cache, vmstore_bin, tmp_path)
+    store = tmp_path / "store"
+    bb = "/.ignition/busybox"
+    children: list[Child] = []
+    with net.Bridge(tmp_path, ("tap0", "vm1", "vm2"), name=f"ignition-image-{os.getpid()}") as br:
+        bcfg = dataclasses.replace(cfg, boot=br.wrap(cfg.boot))
+        with Vm.boot(
+            bcfg,
+            disk=disk,
+            mem=256,
+            store=store,
+            name="src",
+            track_dirty=True,
+            agent=True,
+            extra=["--net", "tap:tap0"],
+            log_path=tmp_path / "src.log",
+        ) as vm:
+            vm.wait_ready()
+            try:
+                assert vm.run("ls /bin/ip /bin/udhcpc /sbin/ip /sbin/udhcpc /usr/bin/ip 2>/dev/null; true") == ""
+                vm.run(f"kill $(cat /run/udhcpc.eth0.pid); {bb} ip addr flush dev eth0")
+                vm.run(f"{bb} ip addr add 10.0.3.2/24 dev eth0 && : >/tmp/udhcpd.leases")
+                vm.write_file("/tmp/udhcpd.conf", net.BRIDGE_UDHCPD_CONF.encode())
+                vm.run(f"{bb} udhcpd -S /tmp/udhcpd.conf")
+                source_mac = vm.run("cat /sys/class/net/eth0/address")
+                children = vm.branch(2, name="t", net="tap:vm{i}")
+                addrs, macs = [], []
+                for c in children:
+                    # Ready means leased: the agent asked with the child's own MAC.
+                    assert c.run("cat /sys/class/net/eth0/address") == c.mac
+                    addr = c.run(f"{bb} ip -4 -o addr show dev eth0 | awk '{{ print $4 }}'")
+                    assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
+                    addrs.append(addr.split("/")[0])
+                    macs.append(c.mac)
+                    # The lease is kept by the udhcpc the agent started, from /.ignition.
+                    pid = c.run("cat /run/udhcpc.eth0.pid")
+                    assert c.run(f"tr '\\0' ' ' </proc/{pid}/cmdline").startswith("/.ignition/udhcpc -i eth0")
+                assert len(set(addrs)) == 2 and "10.0.3.2" not in addrs, addrs
+                assert len(set(macs)) == 2 and source_mac not in macs, macs
+                for c, other in [(children[0], addrs[1]), (children[1], addrs[0])]:
+                    c.run(f"{bb} ping -c 1 -w 30 {other} >/dev/null && {bb} ping -c 1 -w 30 10.0.3.2 >/dev/null")
+            finally:
+                for c in children:
+                    c.stop()

@@ -28,6 +28,7 @@ use super::client::{parse_reference, scopes, Registry};
 use super::layout::{digest_hex, digest_of, Descriptor, ANNOTATION_TITLE, OCI_MANIFEST_MEDIA_TYPE};
 use super::transport::Failure;
 use super::{block_on, io_err, Connection, RegistryError};
+use crate::fsutil::nonce;
 
 /// `artifactType` of a files artifact.
 pub const FILES_ARTIFACT_TYPE: &str = "application/vnd.ignition.files.v1";
@@ -308,8 +309,10 @@ pub fn pull_files(
     })
 }
 
-/// Fetch blob `d` into `path`: written to a temporary file beside it,
-/// checked against its size and digest, fsynced and renamed into place.
+/// Fetch blob `d` into `path`: written to a temporary file of this call's
+/// own beside it ([`partial_path`]), checked against its size and digest,
+/// fsynced and renamed into place, so that processes fetching the same
+/// blob at once each write their own file and `path` is always whole.
 /// Transient failures are retried from the blob's first byte.
 pub(super) async fn receive(
     reg: &Registry,
@@ -365,13 +368,19 @@ pub(super) async fn receive(
     std::fs::rename(&tmp, path).map_err(|e| io_err(path, "rename", e))
 }
 
-/// `DIR/.NAME.partial` for `DIR/NAME`.
-fn partial_path(path: &Path) -> PathBuf {
+/// `DIR/.NAME.PID-NONCE.partial` for `DIR/NAME`: a temporary file beside
+/// `path` that no other process or call names (the process ID and a
+/// [`nonce`]), to be renamed over `path` once written.
+pub(super) fn partial_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.partial"))
+    path.with_file_name(format!(
+        ".{name}.{}-{:016x}.partial",
+        std::process::id(),
+        nonce()
+    ))
 }
 
 #[cfg(test)]
@@ -444,10 +453,18 @@ mod tests {
     }
 
     #[test]
-    fn partial_files_sit_beside_their_target() {
-        assert_eq!(
-            partial_path(Path::new("/d/c/sgi.Image")),
-            Path::new("/d/c/.sgi.Image.partial")
-        );
+    fn partial_files_sit_beside_their_target_each_with_a_name_of_its_own() {
+        let a = partial_path(Path::new("/d/c/sgi.Image"));
+        let b = partial_path(Path::new("/d/c/sgi.Image"));
+        assert_ne!(a, b);
+        for p in [&a, &b] {
+            assert_eq!(p.parent(), Some(Path::new("/d/c")));
+            let name = p.file_name().unwrap().to_str().unwrap();
+            let own = format!(".sgi.Image.{}-", std::process::id());
+            assert!(
+                name.starts_with(&own) && name.ends_with(".partial"),
+                "{name}"
+            );
+        }
     }
 }

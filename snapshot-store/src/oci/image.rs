@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::client::{parse_reference, scopes, Registry};
-use super::files::{hash_file, receive};
+use super::files::{hash_file, partial_path, receive};
 use super::layout::{digest_hex, digest_of, Descriptor, OCI_MANIFEST_MEDIA_TYPE};
 use super::{block_on, io_err, Connection, RegistryError};
 
@@ -362,7 +362,9 @@ pub fn pull_image(
 }
 
 /// Store the manifest `bytes` as a blob and write `index.json` naming it
-/// and `oci-layout`, each through a temporary file and a rename.
+/// and `oci-layout`, each through a temporary file of this call's own
+/// ([`partial_path`]) and a rename, so that pulls into one layout at once
+/// do not write into each other's files.
 fn write_layout(
     dir: &Path,
     blobs: &Path,
@@ -392,7 +394,7 @@ fn write_layout(
         (dir.join("index.json"), index.to_string().into_bytes()),
     ];
     for (path, data) in files {
-        let tmp = path.with_extension("partial");
+        let tmp = partial_path(&path);
         std::fs::write(&tmp, data).map_err(|e| io_err(&tmp, "write", e))?;
         std::fs::rename(&tmp, &path).map_err(|e| io_err(&path, "rename", e))?;
     }
