@@ -27,6 +27,19 @@ LEASE_WAIT_CMD = (
 )
 
 
+def eth0_ipv4_cmd(busybox: str = "") -> str:
+    """A guest command that waits (at most 60 s) until eth0 has an IPv4 address and prints it
+    as ADDR/PREFIX; fails otherwise. A branch child is ready once its agent has asked for a
+    lease (5 tries a second apart, then udhcpc goes on in the background), so on a loaded host
+    the lease may come after ready. `busybox`: the busybox that runs `ip`, `awk` and `sleep`
+    where /bin has none (an OCI image's or the Debian guest's `/.ignition/busybox`)."""
+    bb = f"{busybox} " if busybox else ""
+    return (
+        f"i=0; until a=$({bb}ip -4 -o addr show dev eth0 | {bb}awk '{{ print $4 }}'); [ -n \"$a\" ]; "
+        f"do i=$((i+1)); [ $i -lt 600 ] || exit 1; {bb}sleep 0.1; done; echo $a"
+    )
+
+
 def passt_bin() -> str | None:
     """The passt binary (Debian package passt), or None."""
     return shutil.which("passt")

@@ -409,7 +409,7 @@ def test_branch_children_of_the_image_on_a_bridge_lease_their_own_addresses(push
                 for c in children:
                     # Ready means leased: the agent asked with the child's own MAC.
                     assert c.run("cat /sys/class/net/eth0/address") == c.mac
-                    addr = c.run(f"{bb} ip -4 -o addr show dev eth0 | awk '{{ print $4 }}'")
+                    addr = c.run(net.eth0_ipv4_cmd(bb))
                     assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
                     addrs.append(addr.split("/")[0])
                     macs.append(c.mac)
