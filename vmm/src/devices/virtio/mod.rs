@@ -119,6 +119,16 @@ pub trait VirtioDevice: Persist<Error = VirtioError> + Send {
         features: u64,
     ) -> Result<bool, VirtioError>;
 
+    /// Whether queue `queue_index`, which the device just left with
+    /// nothing it could take, waits for the host rather than the driver:
+    /// the device runs it again itself once the host has work or room for
+    /// it ([`VirtioMmio::kick`], [`VirtioMmio::after_save`]), so a driver
+    /// notification would find nothing to do and the transport leaves them
+    /// off. By default `false`: the driver's next buffer is awaited.
+    fn waits_for_host(&self, _queue_index: usize) -> bool {
+        false
+    }
+
     /// Device reset (status 0 written): drop what the driver set up. By
     /// default nothing.
     fn reset(&mut self) {}

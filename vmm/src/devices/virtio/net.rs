@@ -418,6 +418,20 @@ impl VirtioDevice for Net {
         }
     }
 
+    /// Transmit waits for the host end to take what it holds, receive for
+    /// frames from the host end (with none waiting, the driver's buffers
+    /// are enough), and both queues while the device is held for a
+    /// snapshot; the host end's thread (or the end of the hold) runs them
+    /// again.
+    fn waits_for_host(&self, queue_index: usize) -> bool {
+        self.held
+            || match queue_index {
+                RX_QUEUE => self.backlog.is_empty(),
+                TX_QUEUE => self.tx_blocked,
+                _ => false,
+            }
+    }
+
     fn reset(&mut self) {
         self.backlog.clear();
         self.tx_blocked = false;

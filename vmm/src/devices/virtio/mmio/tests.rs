@@ -136,12 +136,24 @@ pub(crate) fn setup_queue<D: VirtioDevice>(
     vq: &MockSplitQueue<'_, GuestMemoryMmap>,
     size: u16,
 ) {
-    w(d, QUEUE_SEL, 0);
+    setup_queue_at(d, 0, vq, size, USED_RING);
+}
+
+/// Programs queue `index` from a mock driver queue of `size` entries,
+/// with its used ring at `used_ring`, and marks it ready.
+pub(crate) fn setup_queue_at<D: VirtioDevice>(
+    d: &mut VirtioMmio<D>,
+    index: u32,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    size: u16,
+    used_ring: u64,
+) {
+    w(d, QUEUE_SEL, index);
     w(d, QUEUE_NUM, u32::from(size));
     for (lo, addr) in [
         (QUEUE_DESC_LOW, vq.desc_table_addr().0),
         (QUEUE_DRIVER_LOW, vq.avail_addr().0),
-        (QUEUE_DEVICE_LOW, USED_RING),
+        (QUEUE_DEVICE_LOW, used_ring),
     ] {
         w(d, lo, addr as u32);
         w(d, lo + 4, (addr >> 32) as u32);
@@ -150,6 +162,22 @@ pub(crate) fn setup_queue<D: VirtioDevice>(
 }
 
 pub(crate) const RUNNING: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
+
+/// Whether a driver that moves the available index of a queue of `size`
+/// entries with its used ring at `used_ring` from `old` to `new` must
+/// notify, by the queue's `avail_event` (virtio 1.2 §2.7.10, with
+/// VIRTIO_F_RING_EVENT_IDX).
+pub(crate) fn driver_notifies(
+    ram: &GuestRam,
+    used_ring: u64,
+    size: u16,
+    old: u16,
+    new: u16,
+) -> bool {
+    let at = GuestAddress(used_ring + 4 + 8 * u64::from(size));
+    let event: u16 = ram.memory().read_obj(at).unwrap();
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
 
 /// Adds a one-descriptor chain at descriptor `index`.
 fn add_buffer(vq: &MockSplitQueue<'_, GuestMemoryMmap>, index: u16) {

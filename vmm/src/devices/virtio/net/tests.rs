@@ -500,3 +500,147 @@ fn the_host_thread_reads_only_while_a_read_fits_the_backlog() {
     assert!(n.on_host_ready(15, true).interest.read);
     assert!(!n.on_host_ready(15, false).interest.read, "closed");
 }
+
+/// The transport over a device with `backend`, `features` negotiated and
+/// running, its receiveq set up at [`RAM_BASE`] (used ring at
+/// [`USED_RING`]) and its transmitq at [`TX_RING`] (used ring at
+/// [`TX_USED`]); 16 entries each.
+fn running(
+    ram: &Arc<crate::memory::GuestRam>,
+    backend: Box<dyn NetBackend>,
+    features: u64,
+) -> (
+    crate::devices::virtio::VirtioMmio<Net>,
+    Arc<crate::devices::pl011::tests::TestIrq>,
+) {
+    use crate::devices::pl011::tests::TestIrq;
+    use crate::devices::virtio::mmio::tests::{negotiate, setup_queue_at, w, RUNNING, USED_RING};
+    let irq = Arc::new(TestIrq::default());
+    let mut d =
+        crate::devices::virtio::VirtioMmio::new(Net::new(MAC, backend), ram.clone(), irq.clone())
+            .unwrap();
+    negotiate(&mut d, features);
+    let rx = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+    let tx = MockSplitQueue::create(ram.memory(), GuestAddress(TX_RING), 16);
+    setup_queue_at(&mut d, 0, &rx, 16, USED_RING);
+    setup_queue_at(&mut d, 1, &tx, 16, TX_USED);
+    w(&mut d, STATUS, RUNNING);
+    (d, irq)
+}
+
+/// Where [`running`] puts the transmitq's driver rings, and its used ring.
+const TX_RING: u64 = RAM_BASE + 0x2000;
+const TX_USED: u64 = RAM_BASE + 0x2800;
+/// The transport's Status and QueueNotify registers (virtio 1.2 §4.2.2).
+const STATUS: u64 = 0x070;
+const QUEUE_NOTIFY: u64 = 0x050;
+/// VIRTIO_F_VERSION_1 and VIRTIO_F_RING_EVENT_IDX.
+const V1_EVENT_IDX: u64 = (1 << 32) | (1 << 29);
+
+#[test]
+fn receive_buffers_short_of_a_frame_leave_the_driver_notifying() {
+    use crate::devices::virtio::mmio::tests::{driver_notifies, used_idx, w, USED_RING};
+    let ram = ram();
+    let (mut d, irq) = running(
+        &ram,
+        Box::new(Sink::default()),
+        V1_EVENT_IDX | (1 << VIRTIO_NET_F_MRG_RXBUF),
+    );
+    // The driver's view of the receiveq (the rings `running` set up).
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+    add_chain(&vq, 0, &[(BUF, 1000, true)]);
+    w(&mut d, QUEUE_NOTIFY, RX_QUEUE as u32);
+    // No frame waits: the host end's thread runs the queue when one comes.
+    assert!(!driver_notifies(&ram, USED_RING, 16, 1, 2));
+    // A 2500-byte frame needs three of the driver's 1000-byte buffers.
+    assert!(d.device_mut().receive(&frame(2500, 1)));
+    d.kick(RX_QUEUE);
+    assert_eq!(used_idx(&ram), 0);
+    // Each buffer the driver adds now must be notified: the device waits
+    // for it, and nothing else would run the queue.
+    assert!(driver_notifies(&ram, USED_RING, 16, 1, 2));
+    add_chain(&vq, 1, &[(BUF + 0x1000, 1000, true)]);
+    w(&mut d, QUEUE_NOTIFY, RX_QUEUE as u32);
+    assert_eq!(used_idx(&ram), 0, "two buffers are not enough either");
+    assert!(driver_notifies(&ram, USED_RING, 16, 2, 3));
+    add_chain(&vq, 2, &[(BUF + 0x2000, 1000, true)]);
+    w(&mut d, QUEUE_NOTIFY, RX_QUEUE as u32);
+    assert_eq!(used_idx(&ram), 3, "the frame took all three");
+    assert!(irq.level());
+    assert_eq!(d.device().counters().rx_frames, 1);
+}
+
+/// A host end that takes `room` frames, and hands them on only while
+/// `open` is set.
+struct Valve {
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    held: Vec<Vec<u8>>,
+    room: usize,
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl NetBackend for Valve {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.held.len() == self.room {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        self.held.push(frame.to_vec());
+        Ok(())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        if self.open.load(std::sync::atomic::Ordering::Relaxed) {
+            self.sent.lock().unwrap().append(&mut self.held);
+        }
+        Ok(())
+    }
+    fn pending(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
+#[test]
+fn transmit_held_back_by_the_host_end_resumes_from_the_host_thread() {
+    use crate::devices::virtio::mmio::tests::{driver_notifies, w};
+    let ram = ram();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let valve = Valve {
+        sent: sent.clone(),
+        held: Vec::new(),
+        room: 1,
+        open: open.clone(),
+    };
+    let (mut d, irq) = running(&ram, Box::new(valve), V1_EVENT_IDX);
+    let vq = MockSplitQueue::create(ram.memory(), GuestAddress(TX_RING), 16);
+    let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(60 + i, i as u8)).collect();
+    for (i, f) in frames.iter().enumerate() {
+        let at = BUF + i as u64 * 0x1000;
+        let mut hdr_and_frame = vec![0u8; NET_HDR_LEN];
+        hdr_and_frame.extend_from_slice(f);
+        ram.memory()
+            .write_slice(&hdr_and_frame, GuestAddress(at))
+            .unwrap();
+        add_chain(&vq, i as u16, &[(at, hdr_and_frame.len() as u32, false)]);
+    }
+    w(&mut d, QUEUE_NOTIFY, TX_QUEUE as u32);
+    let tx_used = || {
+        ram.memory()
+            .read_obj::<u16>(GuestAddress(TX_USED + 2))
+            .unwrap()
+    };
+    assert_eq!(tx_used(), 1, "one frame fits the host end");
+    // The rest waits for the host end: a notification would find it full.
+    assert!(!driver_notifies(&ram, TX_USED, 16, 3, 4));
+    assert!(!d.device_mut().on_host_ready(1, true).run_tx, "still full");
+    // The host end's thread finds it drained and runs the queue.
+    open.store(true, std::sync::atomic::Ordering::Relaxed);
+    let turn = d.device_mut().on_host_ready(1, true);
+    assert!(turn.run_tx);
+    d.kick(TX_QUEUE);
+    assert_eq!(tx_used(), 3);
+    assert!(irq.level());
+    d.device_mut().on_host_ready(1, true);
+    assert_eq!(*sent.lock().unwrap(), frames);
+    // Everything taken: the driver's next frame is notified.
+    assert!(driver_notifies(&ram, TX_USED, 16, 3, 4));
+}
