@@ -42,12 +42,14 @@ A count whose children would not fit in half the host's available memory (estima
 largest child of that method seen so far) is skipped and listed as such.
 
 Prints a table and writes bench-results/branch.json (`summary`: per method, state and N, the
-medians); with --plot, an SVG of the medians (matplotlib; --from JSON draws an earlier run's
-without running anything).
+medians); with --plot, an SVG of the medians (matplotlib); --from merges earlier reports
+(their rows) into one, without running anything. The rows so far are in branch.partial.json while it runs.
 
     python3 -m ignition.bench.branch                                  # the issue's matrix
     python3 -m ignition.bench.branch --counts 1,8 --runs 1 --methods branch --state idle
-    python3 -m ignition.bench.branch --from bench-results/branch.json --plot book/src/branch.svg
+    python3 -m ignition.bench.branch --methods qemu --out bench-results/branch-qemu.json
+    python3 -m ignition.bench.branch --from bench-results/branch.json bench-results/branch-qemu.json \
+        --out bench-results/branch-all.json --plot book/src/figures/branch.svg
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ignition import console, host, paths, qemu
+import pexpect
+
+from ignition import console, host, net, paths, qemu
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlClient
 from ignition.stats import stats, write_report
@@ -82,7 +86,10 @@ IDLE_S = 5.0
 DIRTY_MIB = 64
 RAM_DIR = "/mnt/ram"
 DIRTY_CMD = (
-    f"mkdir -p {RAM_DIR} && (mountpoint -q {RAM_DIR} || mount -t tmpfs -o size={DIRTY_MIB + 16}m ram {RAM_DIR}) && "
+    # Mounted once (the guest's busybox has no `mountpoint`): a tmpfs mounted over another
+    # would hide, and keep, the file written before.
+    f"mkdir -p {RAM_DIR} && (grep -q ' {RAM_DIR} ' /proc/mounts || "
+    f"mount -t tmpfs -o size={DIRTY_MIB + 16}m ram {RAM_DIR}) && "
     f"rm -f {RAM_DIR}/dirty && dd if=/dev/urandom of={RAM_DIR}/dirty bs=1M count={DIRTY_MIB} 2>/dev/null"
 )
 METHODS = ("branch", "hand", "qemu")
@@ -147,11 +154,15 @@ def load() -> list[float]:
 
 
 def memory(pids: Sequence[int]) -> dict[str, list[int]]:
+    """Per process: USS, PSS and anonymous memory (KiB); and those of the passts they started."""
     mem = [m for m in (smaps(p) for p in pids) if m]
+    passts = [m for m in (smaps(q) for p in pids for q in net.passt_pids(p)) if m]
     return {
         "uss_kib": [m["Private_Clean"] + m["Private_Dirty"] for m in mem],
         "pss_kib": [m["Pss"] for m in mem],
         "anon_kib": [m["Anonymous"] for m in mem],
+        "passt_uss_kib": [m["Private_Clean"] + m["Private_Dirty"] for m in passts],
+        "passt_pss_kib": [m["Pss"] for m in passts],
     }
 
 
@@ -187,12 +198,48 @@ def finish(
     r: dict[str, Any], pids: Sequence[int], t0: float, running_at: list[float], ready_at: float
 ) -> dict[str, Any]:
     """Fills in the times, the CPU each child used to get ready and its memory after IDLE_S."""
+    if "source_cpu_ms" in r and (c := cpu_ms(r.pop("source_pid"))) is not None:
+        r["source_cpu_ms"] = c - r["source_cpu_ms"]
     r["running_ms"] = round((running_at[0] - t0) * 1000, 1) if running_at else None
     r["ready_ms"] = round((ready_at - t0) * 1000, 1)
     r["child_cpu_ms"] = [c for c in (cpu_ms(p) for p in pids) if c is not None]
     time.sleep(IDLE_S)
     r |= memory(pids)
     return r
+
+
+class Drain:
+    """Reads a pexpect child's console on a thread of its own while nothing else does, so
+    that its output never fills the pty: a VMM writing its console to a full pty blocks (its
+    guest's serial output and its own messages, on the threads that write them). `paused()`
+    hands the console back for a `console.run`."""
+
+    def __init__(self, child: Any):
+        self.child = child
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                try:
+                    self.child.read_nonblocking(65536, timeout=0.2)
+                except pexpect.TIMEOUT:
+                    pass
+                except (pexpect.EOF, OSError, ValueError):
+                    return
+            time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self.lock:
+            yield
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 # Ignition: branch and by hand
@@ -210,7 +257,7 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
     bdir = vm.control_path.parent / name
     w, running_at, stop = watch_until(lambda: bdir.is_dir() and len(list(bdir.glob("*.control"))) == n)
     base_work = work_bytes(store)
-    r: dict[str, Any] = {"load": load()}
+    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": cpu_ms(vm.pid)}
     t0 = time.perf_counter()
     w.start()
     try:
@@ -246,13 +293,14 @@ def stop_children(children: Sequence[Child]) -> None:
             c.kill()
 
 
-def one_by_hand(cfg: VmConfig, vm: Vm, store: Path, n: int, name: str, timeout: float) -> dict[str, Any]:
-    """`snapshot`, then N `boot --restore --daemonize` at once, polled until ready."""
+def one_by_hand(cfg: VmConfig, vm: Vm, store: Path, n: int, name: str, timeout: float, passt: bool) -> dict[str, Any]:
+    """`snapshot`, then N `boot --restore --daemonize` at once (with passt: each on a passt of
+    its own, with a MAC of its own), polled until ready."""
     assert vm.control_path is not None
     d = vm.control_path.parent / name
     d.mkdir()
     base_work = work_bytes(store)
-    r: dict[str, Any] = {"load": load()}
+    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": cpu_ms(vm.pid)}
     t0 = time.perf_counter()
     layer = vm.snapshot(name)
     parents = []
@@ -262,6 +310,7 @@ def one_by_hand(cfg: VmConfig, vm: Vm, store: Path, n: int, name: str, timeout: 
             "--restore", name, "--store", str(store), "--name", f"{name}-{i}", "--control", f"{f}.control",
             "--console", f"socket:{f}.console", "--vsock-uds", f"{f}.vsock", "--vsock-cid", str(1000 + i),
             "--pid-file", f"{f}.pid", "--log-file", f"{f}.log", "--track-dirty", "--daemonize",
+            *(["--net", "passt", "--mac", f"52:54:00:ff:{i >> 8:02x}:{i & 0xFF:02x}"] if passt else []),
         )  # fmt: skip
         parents.append(
             subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -501,6 +550,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     "pss_mib": med([(med(r["pss_kib"]) or 0) / 1024 for r in ok if r["pss_kib"]]),
                     "anon_mib": med([(med(r["anon_kib"]) or 0) / 1024 for r in ok if r["anon_kib"]]),
                     "disk_kib_per_child": med([r.get("disk_kib_per_child") for r in ok]),
+                    "passt_uss_mib": med([(med(r["passt_uss_kib"]) or 0) / 1024 for r in ok if r.get("passt_uss_kib")]),
+                    "passt_pss_mib": med([(med(r["passt_pss_kib"]) or 0) / 1024 for r in ok if r.get("passt_pss_kib")]),
+                    "source_cpu_ms": med([r.get("source_cpu_ms") for r in ok]),
                     "load_1min": med([r["load"][0] for r in rs]),
                 }
     return out
@@ -509,20 +561,21 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| method | state | N | runs | source pause (µs) | request to all running (ms) | request to all ready (ms) | "
-        "CPU per child to ready (ms) | USS per child (MiB) | PSS per child (MiB) | anonymous per child (MiB) | "
-        "disk per child (KiB) | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "CPU per child to ready (ms) | source's CPU (ms) | USS per child (MiB) | PSS per child (MiB) | "
+        "anonymous per child (MiB) | passt USS / PSS per child (MiB) | disk per child (KiB) | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, states in summary.items():
         for state, counts in states.items():
             for n, s in sorted(counts.items(), key=lambda kv: int(kv[0])):
                 if s["skipped"]:
-                    lines.append(f"| {method} | {state} | {n} | skipped: {s['skipped']} |||||||||")
+                    lines.append(f"| {method} | {state} | {n} | skipped: {s['skipped']} |||||||||||")
                     continue
                 lines.append(
                     f"| {method} | {state} | {n} | {s['runs']} | {s['pause_us']} | {s['running_ms']} | "
                     f"{s['ready_ms']} | "
-                    f"{s['child_cpu_ms']} | {s['uss_mib']} | {s['pss_mib']} | {s['anon_mib']} | "
+                    f"{s['child_cpu_ms']} | {s['source_cpu_ms']} | {s['uss_mib']} | {s['pss_mib']} | {s['anon_mib']} | "
+                    f"{s['passt_uss_mib']} / {s['passt_pss_mib']} | "
                     f"{s['disk_kib_per_child']} | {s['load_1min']} |"
                 )
     return "\n".join(lines)
@@ -539,23 +592,30 @@ def plot(result: dict[str, Any], out: Path) -> None:
         sys.exit("--plot needs matplotlib (pip install matplotlib)")
     summary = result["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    all_n: set[int] = set()
     for method, states in summary.items():
         for state, counts in states.items():
             pts = sorted((int(n), s) for n, s in counts.items() if s["ready_ms"] is not None)
             if not pts:
                 continue
             ns = [n for n, _ in pts]
-            style = "-" if state == "idle" else "--"
-            label = f"{method}, {state}"
-            axes[0].plot(ns, [s["ready_ms"] / 1000 for _, s in pts], style, marker="o", label=label)
-            axes[1].plot(ns, [s["uss_mib"] for _, s in pts], style, marker="o", label=label)
-            axes[2].plot(ns, [s["child_cpu_ms"] for _, s in pts], style, marker="o", label=label)
+            kw = {
+                "linestyle": "-" if state == "idle" else "--",
+                "marker": "o" if state == "idle" else "s",
+                "color": f"C{METHODS.index(method)}",
+                "label": f"{method}, {state}",
+            }
+            axes[0].plot(ns, [s["ready_ms"] / 1000 for _, s in pts], **kw)
+            axes[1].plot(ns, [s["uss_mib"] for _, s in pts], **kw)
+            axes[2].plot(ns, [s["child_cpu_ms"] for _, s in pts], **kw)
+            all_n.update(ns)
     for ax, title in zip(
         axes, ["request to all ready (s)", "USS per child (MiB)", "CPU per child to ready (ms)"], strict=True
     ):
         ax.set_title(title)
         ax.set_xlabel("children (N)")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(all_n), [str(n) for n in sorted(all_n)])
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     loads = [s["load_1min"] for st in summary.values() for c in st.values() for s in c.values() if s["load_1min"]]
@@ -593,15 +653,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--state", default="idle,dirty", help="the source's states: idle, dirty [default: %(default)s]")
     p.add_argument("--methods", default="branch,hand,qemu", help="branch, hand, qemu [default: %(default)s]")
     p.add_argument("--mem", type=int, default=512, help="the source's RAM, MiB")
+    p.add_argument(
+        "--net",
+        choices=["none", "passt"],
+        default="none",
+        help="passt: the Ignition source on --net passt, each child on a passt of its own (whose memory is "
+        "measured too); QEMU's VMs have no network either way [default: %(default)s]",
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds a request's children have to be ready")
     p.add_argument("--out", type=Path, default=paths.RESULTS_DIR / "branch.json")
     p.add_argument("--plot", type=Path, help="also draw the medians into this SVG (needs matplotlib)")
-    p.add_argument("--from", dest="from_json", type=Path, help="draw --plot from this JSON; run nothing")
+    p.add_argument(
+        "--from",
+        dest="from_json",
+        type=Path,
+        nargs="+",
+        help="run nothing: merge these reports' rows into --out (and --plot)",
+    )
     a = p.parse_args(argv)
     if a.from_json:
-        if not a.plot:
-            p.error("--from needs --plot")
-        plot(json.loads(a.from_json.read_text()), a.plot)
+        # Runs of separate invocations (say, Ignition's methods and QEMU's) as one report.
+        runs = [json.loads(f.read_text()) for f in a.from_json]
+        merged = runs[0] | {"rows": [r for run in runs for r in run["rows"]]}
+        merged["summary"] = summarize(merged["rows"])
+        write_report(a.out, merged, [table(merged["summary"])])
+        if a.plot:
+            plot(merged, a.plot)
         return 0
     counts = [int(c) for c in a.counts.split(",")]
     states = a.state.split(",")
@@ -617,6 +694,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = VmConfig(boot=a.boot, backend=a.backend, gic=a.gic)
     rows: list[dict[str, Any]] = []
     biggest: dict[str, float] = {}
+    # The rows so far, for a run that is cut short.
+    partial = a.out.with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
 
     def run_all(method: str, one: Callable[[str, int, str], dict[str, Any]]) -> None:
         for state in states:
@@ -629,6 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     name = f"{method[0]}{state[0]}{n}r{i}"
                     r = {"method": method, "state": state, "n": n, "run": i} | one(state, n, name)
                     rows.append(r)
+                    partial.write_text(json.dumps(rows) + "\n")
                     rss = [(u + 0.0) / 1024 for u in r["uss_kib"]]
                     biggest[method] = max([biggest.get(method, 0.0), *rss])
                     print(
@@ -642,11 +723,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         disk, store = work / "rootfs.ext4", work / "store"
         if "branch" in methods or "hand" in methods:
             shutil.copyfile(paths.ROOTFS, disk)
-            extra = ["--branch-limit", str(max(counts))]
+            extra = ["--branch-limit", str(max(counts))] + (["--net", "passt"] if a.net == "passt" else [])
             with Vm.boot(
                 cfg, disk=disk, mem=a.mem, store=store, name="src", track_dirty=True, agent=True, extra=extra
             ) as vm:
                 vm.wait_ready()
+                drain = Drain(vm.child)
 
                 def ignition(method: str) -> Callable[[str, int, str], dict[str, Any]]:
                     def one(state: str, n: int, name: str) -> dict[str, Any]:
@@ -654,7 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if method == "branch":
                             r = one_branch(vm, store, n, name)
                         else:
-                            r = one_by_hand(cfg, vm, store, n, name, a.timeout)
+                            r = one_by_hand(cfg, vm, store, n, name, a.timeout, a.net == "passt")
                         return r | {"dirty_s": dirty_s}
 
                     return one
@@ -662,18 +744,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for method in ("branch", "hand"):
                     if method in methods:
                         run_all(method, ignition(method))
+                drain.close()
         if "qemu" in methods:
             with qemu_source(work, a.mem, a.timeout) as src:
+                qdrain = Drain(src.child)
 
                 def one_q(state: str, n: int, name: str) -> dict[str, Any]:
                     dirty_s = None
                     if state == "dirty":
                         t = time.perf_counter()
-                        console.run(src.child, DIRTY_CMD, timeout=600)
+                        with qdrain.paused():
+                            console.run(src.child, DIRTY_CMD, timeout=600)
                         dirty_s = time.perf_counter() - t
                     return one_qemu(src, n, name, a.timeout) | {"dirty_s": dirty_s}
 
                 run_all("qemu", one_q)
+                qdrain.close()
     summary = summarize(rows)
     result = {
         "host": host.summary() | {"cpu_model": host.cpu_model(), "mem_available_mib": mem_available_mib()},
@@ -682,10 +768,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mem_mib": a.mem,
         "runs": a.runs,
         "dirty_mib": DIRTY_MIB,
+        "net": a.net,
         "rows": rows,
         "summary": summary,
     }
     write_report(a.out, result, [table(summary)])
+    partial.unlink(missing_ok=True)
     if a.plot:
         plot(result, a.plot)
     return 0
