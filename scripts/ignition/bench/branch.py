@@ -281,13 +281,17 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
         r["disk_kib_per_child"] = round((work_bytes(store) - base_work) / 1024 / n, 1)
     finally:
         stop_children(children)
+        # Stopped: the source's handle must not stop them again at its end, when their
+        # pids may be other processes'.
+        vm.children = [c for c in vm.children if c not in children]
     return r
 
 
 def stop_children(children: Sequence[Child]) -> None:
     for c in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(c.pid, signal.SIGTERM)
+        if c.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c.pid, signal.SIGTERM)
     for c in children:
         if not c.wait_gone():
             c.kill()
