@@ -569,10 +569,15 @@ def table(summary: dict[str, Any]) -> str:
         "anonymous per child (MiB) | passt USS / PSS per child (MiB) | disk per child (KiB) | load (1 min) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for method, states in summary.items():
-        for state, counts in states.items():
+
+    def na(v: Any) -> Any:
+        return "n/a" if v is None else v
+
+    for method, states in sorted(summary.items(), key=lambda kv: METHODS.index(kv[0])):
+        for state, counts in sorted(states.items(), key=lambda kv: STATES.index(kv[0])):
             for n, s in sorted(counts.items(), key=lambda kv: int(kv[0])):
-                if s["skipped"]:
+                s = {k: na(v) for k, v in s.items()}
+                if s["skipped"] != "n/a":
                     lines.append(f"| {method} | {state} | {n} | skipped: {s['skipped']} |||||||||||")
                     continue
                 lines.append(
