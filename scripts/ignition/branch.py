@@ -114,12 +114,22 @@ class Child:
         return attach.spawn(self.console_path, timeout=self.timeouts.cmd, log_path=log_path)
 
     def alive(self) -> bool:
-        return pid_alive(self.pid)
+        """Whether the child's `boot` runs: its pid is alive and, where /proc tells, still a
+        process with `--name` this child's (a pid is reused once its process has ended)."""
+        if not pid_alive(self.pid):
+            return False
+        try:
+            argv = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # no /proc (macOS): the pid is all there is
+        return any(a == b"--name" and v == self.name.encode() for a, v in zip(argv, argv[1:]))
 
     def wait_gone(self, timeout: float | None = None) -> bool:
         """Waits until the child's process is gone; returns whether it is."""
         deadline = time.monotonic() + (self.timeouts.cmd if timeout is None else timeout)
-        while pid_alive(self.pid):
+        while self.alive():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
@@ -136,7 +146,10 @@ class Child:
             self.kill()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Sends sig to the child and waits until it is gone (for SIGKILL and SIGTERM)."""
+        """Sends sig to the child, if it runs, and waits until it is gone (for SIGKILL and
+        SIGTERM)."""
+        if not self.alive():
+            return
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:

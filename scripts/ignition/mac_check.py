@@ -407,7 +407,10 @@ def bench_argv(
     if name == "snapshot":
         return base + ["--mem", "512", "--state", "idle", "--runs", runs, *ig]
     if name == "branch":
-        return base + ["--counts", str(BRANCH_N), "--runs", runs, "--backend", backend, "--gic", gic, "--out", str(out)]
+        return base + [
+            "--counts", str(BRANCH_N), "--runs", runs, "--methods", "branch", "--state", "idle",
+            "--backend", backend, "--gic", gic, "--out", str(out),
+        ]  # fmt: skip
     if not first:
         return None
     if name == "diff_snapshot":
@@ -453,9 +456,9 @@ def figures_from(boot_json: Path, snap_json: Path, branch_json: Path) -> tuple[F
     except (OSError, ValueError, KeyError):
         pass
     try:
-        br = json.loads(branch_json.read_text())["summary"][str(BRANCH_N)]
-        ig.branch_ready_ms = br["ready_ms"]["median"]
-        ig.branch_pause_us = br["pause_us"]["median"]
+        br = json.loads(branch_json.read_text())["summary"]["branch"]["idle"][str(BRANCH_N)]
+        ig.branch_ready_ms = br["ready_ms"]
+        ig.branch_pause_us = br["pause_us"]
     except (OSError, ValueError, KeyError):
         pass
     return ig, qm

@@ -130,7 +130,7 @@ RUN = [
     "python3 -m ignition.bench.agent --runs 20 --mib 4 --pty-kib 4 --reps 1",
     "python3 -m ignition.bench.restore_disk --runs 1 --disk-mib 256 --data-mib 64",
     "python3 -m ignition.debian_guest --out DIR",
-    "python3 -m ignition.bench.branch --counts 1,8 --runs 1",
+    "python3 -m ignition.bench.branch --counts 1,8 --runs 1 --methods branch,hand --state idle",
     "python3 -m ignition.debian_rootfs --out DIR",
     "python3 -m ignition.bench.guests --runs 1",
 ]

@@ -15,6 +15,7 @@ start, all of them or none.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -215,6 +216,99 @@ def test_children_of_a_passt_source_have_their_own_passt_and_mac(cfg, disk, tmp_
                 c.stop()
     # A child's passt ends with it; the source's with the source.
     assert not any(pid_alive(p) for p in passts + source_passt)
+    verify_store(store)
+
+
+MARK_ENV = "IGNITION_TEST_BRANCH_MARK"
+
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """Pid -> comm of every live process whose environment has MARK_ENV=mark: a source started
+    with it, its children and their passts (each inherits its parent's environment), orphans
+    included."""
+    want = f"{MARK_ENV}={mark}".encode()
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            environ = (d / "environ").read_bytes().split(b"\0")
+            comm = (d / "comm").read_text().strip()
+        except OSError:
+            continue
+        if want in environ and int(d.name) != os.getpid() and pid_alive(int(d.name)):
+            found[int(d.name)] = comm
+    return found
+
+
+def wait_until(cond, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(net.passt_bin() is None, reason="passt is Linux-only")
+def test_killed_children_and_sources_on_passt_leave_no_process(cfg, disk, tmp_path, monkeypatch):
+    """kill -9 of a child on passt: its passt ends too, its sibling runs on, and its stale
+    sockets do not keep a VM from listening there again. kill -9 of a source on passt while
+    its children start: no `boot` and no passt of that request is left, only the children of
+    the earlier, answered branch (until they are stopped)."""
+    mark = os.urandom(8).hex()
+    monkeypatch.setenv(MARK_ENV, mark)
+    store = tmp_path / "store"
+    with boot_source(cfg, disk, store, tmp_path, extra=["--net", "passt"]) as vm:
+        assert vm.control_path is not None
+        children = vm.branch(2, name="n")
+        try:
+            passts = {c.name: net.passt_pids(c.pid) for c in children}
+            assert all(len(p) == 1 for p in passts.values()), passts
+            first, second = children
+            first.kill(signal.SIGKILL)
+            wait_until(lambda: not pid_alive(passts[first.name][0]), "the killed child's passt did not end")
+            assert second.alive() and all(pid_alive(p) for p in passts[second.name])
+            assert run(second, "echo still") == "still"
+            # Its sockets are left behind, stale: a VM listens on them again.
+            assert first.control_path.exists() and first.vsock_path is not None
+            argv = ["--restore", "n", "--store", str(store), "--name", "n-1-again", "--net", "passt"]
+            argv += ["--control", str(first.control_path), "--console", f"socket:{first.console_path}"]
+            argv += ["--vsock-uds", str(first.vsock_path), "--vsock-cid", str(first.cid)]
+            argv += ["--pid-file", str(first.pid_file), "--log-file", str(tmp_path / "again.log"), "--daemonize"]
+            again = subprocess.run(cfg.argv(*argv), capture_output=True, text=True, timeout=300)
+            assert again.returncode == 0, again.stderr
+            relisted = dataclasses.replace(first, name="n-1-again", pid=int(first.pid_file.read_text()))
+            wait_until(lambda: relisted.status()["ready"], "the restore on the stale sockets is not ready")
+            assert run(relisted, "echo again") == "again"
+            relisted.stop()
+
+            # kill -9 of the source while the children of a second branch start.
+            bdir = vm.control_path.parent / "k"
+
+            answered: list[list[Child]] = []
+
+            def ask() -> None:
+                with contextlib.suppress(OSError, ControlError):  # expected once the source is killed
+                    answered.append(vm.branch(3, "k"))
+
+            t = threading.Thread(target=ask)
+            t.start()
+            wait_until(lambda: list(bdir.glob("*.pid")), "no child of the second branch started")
+            os.kill(vm.pid, signal.SIGKILL)
+            t.join(120)
+            vm.wait_exit()
+            # All of the second branch's children or none (the guard pipes); the first
+            # branch's survivor and its passt run on; nothing else of this test's remains.
+            survivors = {second.pid, *passts[second.name]}
+            for c in answered[0] if answered else []:
+                survivors |= {c.pid, *net.passt_pids(c.pid)}
+            wait_until(lambda: set(marked_processes(mark)) <= survivors, f"left: {marked_processes(mark)}")
+        finally:
+            for c in children:
+                c.stop()
+            for p in branch_processes("k"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGTERM)
+    wait_until(lambda: not marked_processes(mark), f"left after the end: {marked_processes(mark)}")
     verify_store(store)
 
 

@@ -165,7 +165,8 @@ def test_the_check_runs_build_sign_suites_conformance_and_benchmarks_in_order(tm
             assert argv[argv.index("--counts") + 1] == str(mac_check.BRANCH_N)
             out = Path(argv[argv.index("--out") + 1])
             ms = 400.0 if "hvf" in argv else 1200.0
-            summary = {str(mac_check.BRANCH_N): {"ready_ms": {"median": ms}, "pause_us": {"median": 600.0}}}
+            assert argv[argv.index("--methods") + 1] == "branch" and argv[argv.index("--state") + 1] == "idle"
+            summary = {"branch": {"idle": {str(mac_check.BRANCH_N): {"ready_ms": ms, "pause_us": 600.0}}}}
             out.write_text(json.dumps({"summary": summary}))
         return 0
 

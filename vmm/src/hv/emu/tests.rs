@@ -431,6 +431,27 @@ fn vm_is_send_and_sync() {
 }
 
 #[test]
+fn the_translation_buffer_has_the_vmms_size() {
+    let mut g = Guest::new(COUNTERS);
+    assert_eq!(g.run(), VcpuExit::Hvc { imm: 0 });
+    let mut size = 0u32;
+    // SAFETY: the engine is live and on this thread; the read control
+    // writes one uint32_t through the pointer.
+    let e = unsafe {
+        unicorn_engine::uc_ctl(
+            g.cpu.engine.get_handle(),
+            unicorn_engine::ControlType(
+                unicorn_engine::ControlType::TCG_BUFFER_SIZE.0
+                    | unicorn_engine::ControlType::IO_READ.0,
+            ),
+            &raw mut size,
+        )
+    };
+    assert_eq!(e, unicorn_engine::uc_error::OK);
+    assert_eq!(size, super::vcpu::TCG_BUFFER_BYTES, "not unicorn's 1 GiB");
+}
+
+#[test]
 fn entry_state_is_el1h_masked_with_mmu_off() {
     let mut g = Guest::new(COUNTERS);
     assert_eq!(g.cpu.reg(Reg::Pstate).unwrap(), 0x3c5);

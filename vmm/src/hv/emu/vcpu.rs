@@ -27,7 +27,36 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use unicorn_engine::{uc_error, Arch, Arm64CpuModel, Mode, RegisterARM64 as R, TlbType, Unicorn};
+use unicorn_engine::{
+    uc_error, Arch, Arm64CpuModel, ControlType, Mode, RegisterARM64 as R, TlbType, Unicorn,
+};
+
+/// The size, in bytes, of each engine's translation buffer: the host code
+/// TCG generates for the guest's, which stays resident once written
+/// (unicorn's default is 1 GiB, touched as code is translated, in 2 MiB
+/// transparent huge pages where the host allows them). When it is full, TCG
+/// drops every translated block and starts again. The project's guest has
+/// translated about 31 MiB when a fresh boot's agent answers, and a
+/// restored VM (a branch's child) about 14 MiB when its agent answers
+/// (book: Benchmarks, "Branch"), so neither flushes on its way to ready; a
+/// long-running VM holds at most this much instead of up to 1 GiB.
+pub const TCG_BUFFER_BYTES: u32 = 32 << 20;
+
+/// Sets the engine's translation buffer to [`TCG_BUFFER_BYTES`]. Only
+/// before the engine initialises, which any control but the CPU model's
+/// and the page size's makes it do.
+fn set_translation_buffer(engine: &Unicorn<'static, ()>) -> Result<()> {
+    // SAFETY: a live engine, owned by the caller; UC_CTL_TCG_BUFFER_SIZE's
+    // write takes one uint32_t argument.
+    let e = unsafe {
+        unicorn_engine::uc_ctl(
+            engine.get_handle(),
+            ControlType(ControlType::TCG_BUFFER_SIZE.0 | ControlType::IO_WRITE.0),
+            TCG_BUFFER_BYTES,
+        )
+    };
+    std::result::Result::<(), uc_error>::from(e).map_err(uc_err("set translation buffer size"))
+}
 
 /// Makes a vCPU's `run` return [`VcpuExit::Kicked`].
 struct EmuKicker(Arc<VcpuShared>);
@@ -84,6 +113,9 @@ impl EmuVcpu {
         engine
             .ctl_set_page_size(4096)
             .map_err(uc_err("set page size"))?;
+        // Before the engine initialises (setting the TLB type does): the
+        // translation buffer's size.
+        set_translation_buffer(&engine)?;
         engine
             .ctl_set_tlb_type(TlbType::VIRTUAL)
             .map_err(uc_err("set tlb type"))?;
