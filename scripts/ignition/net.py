@@ -16,8 +16,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # What the guest prints for its default gateway (busybox route).
 GATEWAY_CMD = "route -n | awk '$1 == \"0.0.0.0\" { print $2; exit }'"
@@ -166,6 +167,60 @@ opt router 10.0.3.1
 """
 """busybox udhcpd's configuration for a guest serving DHCP on a Bridge from eth0 (with a fixed
 address of the bridge's subnet, not in the pool): leases 10.0.3.100 on, the bridge the router."""
+BRIDGE_SERVER = "10.0.3.2"
+"""The fixed address of the guest that serves DHCP on a Bridge (serve_dhcp_on_bridge)."""
+
+
+class Guest(Protocol):
+    """A VM reached through its guest agent (`ignition.vm.Vm`, `ignition.branch.Child`)."""
+
+    def run(self, cmd: str) -> str: ...
+
+
+class BranchChild(Guest, Protocol):
+    name: str
+    mac: str | None
+
+
+def serve_dhcp_on_bridge(vm: Any, busybox: str = "") -> str:
+    """Makes `vm` (an `ignition.vm.Vm` on a Bridge's TAP interface) the bridge's DHCP server:
+    stops its own udhcpc, takes BRIDGE_SERVER/24 on eth0 and starts busybox udhcpd with
+    BRIDGE_UDHCPD_CONF. `busybox` as for eth0_ipv4_cmd. Returns its MAC."""
+    bb = f"{busybox} " if busybox else ""
+    vm.run(f"kill $(cat /run/udhcpc.eth0.pid); {bb}ip addr flush dev eth0")
+    vm.run(f"{bb}ip addr add {BRIDGE_SERVER}/24 dev eth0 && : >/tmp/udhcpd.leases")
+    vm.write_file("/tmp/udhcpd.conf", BRIDGE_UDHCPD_CONF.encode())
+    vm.run(f"{bb}udhcpd -S /tmp/udhcpd.conf")
+    return str(vm.run("cat /sys/class/net/eth0/address"))
+
+
+def check_bridge_children(children: Sequence[BranchChild], source_mac: str, busybox: str = "") -> list[str]:
+    """Checks the children of a branch on a Bridge whose source serves DHCP
+    (serve_dhcp_on_bridge): each child's eth0 has the MAC the branch gave it and gets a lease
+    from the pool (waited for, bounded: eth0_ipv4_cmd); the addresses and MACs are distinct
+    and not the source's; each child reaches every sibling, whose own MAC it sees, and the
+    source. Returns their addresses; AssertionError names what failed."""
+    bb = f"{busybox} " if busybox else ""
+    addrs = []
+    for c in children:
+        mac = c.run("cat /sys/class/net/eth0/address")
+        if mac != c.mac:
+            raise AssertionError(f"{c.name}: eth0 has MAC {mac}, the branch gave {c.mac}")
+        addr = c.run(eth0_ipv4_cmd(busybox))
+        if not (addr.startswith("10.0.3.") and addr.endswith("/24")) or addr == f"{BRIDGE_SERVER}/24":
+            raise AssertionError(f"{c.name}: eth0 has {addr!r}, not a lease of the bridge's pool")
+        addrs.append(addr.split("/")[0])
+    macs = [c.mac for c in children]
+    if len(set(addrs)) != len(children) or len(set(macs)) != len(children) or source_mac in macs:
+        raise AssertionError(f"addresses {addrs} and MACs {macs} (the source's {source_mac}) not all distinct")
+    for c in children:
+        for other, other_mac in zip(addrs, macs):
+            if other_mac == c.mac:
+                continue
+            c.run(f"{bb}ping -c 1 -w 30 {other} >/dev/null && {bb}ping -c 1 -w 30 {BRIDGE_SERVER} >/dev/null")
+            if other_mac is None or other_mac not in c.run(f"{bb}ip neigh show {other}"):
+                raise AssertionError(f"{c.name} does not see {other}'s MAC {other_mac}")
+    return addrs
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

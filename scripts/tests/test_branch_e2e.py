@@ -344,10 +344,7 @@ def test_children_on_tap_interfaces_of_a_bridge_lease_their_own_address(cfg, dis
     with boot_source(bridge, disk, store, tmp_path, extra=["--net", "tap:tap0"]) as vm:
         try:
             # The source serves DHCP on the bridge from a fixed address.
-            run(vm, "kill $(cat /run/udhcpc.eth0.pid); ip addr flush dev eth0; ip addr add 10.0.3.2/24 dev eth0")
-            vm.write_file("/tmp/udhcpd.conf", net.BRIDGE_UDHCPD_CONF.encode())
-            run(vm, "touch /tmp/udhcpd.leases && udhcpd -S /tmp/udhcpd.conf")
-            source_mac = run(vm, "cat /sys/class/net/eth0/address")
+            source_mac = net.serve_dhcp_on_bridge(vm)
             # Without a template, the source's TAP interface is refused.
             with vm.control() as ctl, pytest.raises(ControlError) as e:
                 ctl.branch(2, "refused")
@@ -355,23 +352,8 @@ def test_children_on_tap_interfaces_of_a_bridge_lease_their_own_address(cfg, dis
 
             children = vm.branch(2, name="t", net="tap:vm{i}")
             assert [c.net for c in children] == ["tap:vm1", "tap:vm2"]
-            addrs, macs = [], []
-            for c in children:
-                # Ready: the agent asked for a lease with the child's own MAC.
-                assert run(c, "cat /sys/class/net/eth0/address") == c.mac
-                addr = run(c, net.eth0_ipv4_cmd())
-                assert addr.startswith("10.0.3.") and addr.endswith("/24"), addr
-                addrs.append(addr.split("/")[0])
-                macs.append(c.mac)
-            assert len(set(addrs)) == 2 and "10.0.3.2" not in addrs, addrs
-            assert len(set(macs)) == 2 and source_mac not in macs, macs
-            # They reach each other (their own MACs, as each sees the other's) and the source.
-            for c, other, other_mac in [
-                (children[0], addrs[1], macs[1]),
-                (children[1], addrs[0], macs[0]),
-            ]:
-                run(c, f"ping -c 1 -w 30 {other} >/dev/null && ping -c 1 -w 30 10.0.3.2 >/dev/null")
-                assert other_mac in run(c, f"ip neigh show {other}"), c.name
+            # Ready: each agent asked for a lease with its child's own MAC.
+            net.check_bridge_children(children, source_mac)
         finally:
             for c in children:
                 c.stop()
