@@ -356,6 +356,12 @@ def _copy_bounded(src: _Readable, out: Path, budget: int, what: str) -> int:
 
 
 # ------------------------------------------------------------------ the init
+TOOLS_DIR = "/.ignition"
+"""The guest directory of the init's busybox, the network tools (`--net-tools`) and udhcpc's
+event script."""
+BUSYBOX = f"{TOOLS_DIR}/busybox"
+"""The init's busybox in the guest; the image may have none of its own."""
+
 UDHCPC_SCRIPT = """#!/.ignition/busybox sh
 # udhcpc's event script for ignition.image's init: applies a lease to $interface (udhcpc sets
 # ip, subnet, router, dns and mtu), and writes /etc/resolv.conf.
@@ -394,10 +400,10 @@ def init_script(config: dict[str, Any]) -> str:
     q = shlex.quote
     envq = " ".join(q(e) for e in env)
     lines = [
-        "#!/.ignition/busybox sh",
+        f"#!{BUSYBOX} sh",
         "# Ignition's init for an OCI image (python3 -m ignition.image): mounts, the guest agent,",
         "# then the image's Entrypoint and Cmd.",
-        "B=/.ignition/busybox",
+        f"B={BUSYBOX}",
         "$B mount -t proc -o nosuid,nodev,noexec proc /proc",
         "$B mount -t sysfs -o nosuid,nodev,noexec sysfs /sys",
         "$B grep -q '^[^ ]* /dev devtmpfs ' /proc/mounts || $B mount -t devtmpfs devtmpfs /dev",
@@ -408,7 +414,7 @@ def init_script(config: dict[str, Any]) -> str:
         "$B ifconfig lo 127.0.0.1 up",
         "# Network (boot --net): DHCP in the background, its pid where the guest agent looks.",
         "if [ -e /sys/class/net/eth0 ]; then",
-        "    /.ignition/udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s /.ignition/udhcpc.script >/dev/null 2>&1",
+        f"    {TOOLS_DIR}/udhcpc -i eth0 -b -S -p /run/udhcpc.eth0.pid -s {TOOLS_DIR}/udhcpc.script >/dev/null 2>&1",
         "fi",
         "[ -s /etc/machine-id ] || $B tr -d '-' </proc/sys/kernel/random/uuid >/etc/machine-id 2>/dev/null",
         "# The boot timer: boot's default address, or boottimer= on the kernel command line.",
@@ -418,8 +424,8 @@ def init_script(config: dict[str, Any]) -> str:
         "set +f",
         'case "$t" in 0[xX][0-9a-fA-F]*) $B devmem "$t" 8 123 ;; esac',
         "# The guest agent, with the image's environment, started again if it ends; a clone's",
-        "# new lease is asked for with the tools in /.ignition, as at boot.",
-        f"( while :; do $B env -i {envq} /bin/ignition-agent --net-tools /.ignition; $B sleep 1; done ) \\",
+        f"# new lease is asked for with the tools in {TOOLS_DIR}, as at boot.",
+        f"( while :; do $B env -i {envq} /bin/ignition-agent --net-tools {TOOLS_DIR}; $B sleep 1; done ) \\",
         "    </dev/null >/dev/console 2>&1 &",
         f"echo {q(READY_LINE)} >/dev/console",
     ]
@@ -549,12 +555,13 @@ def add_guest(st: Staging, agent: bytes, busybox: bytes, init: str) -> None:
         raise ImageError(
             "the guest agent predates --net-tools: rebuild the guest (guest/build.sh) or fetch a newer one"
         )
-    for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", ".ignition"):
+    tools = TOOLS_DIR.lstrip("/")
+    for d in ("proc", "sys", "dev", "run", "tmp", "bin", "sbin", tools):
         st.add_dir(d, 0o1777 if d == "tmp" else 0o755)
-    st.add_file(".ignition/busybox", busybox, 0o755)
+    st.add_file(BUSYBOX.lstrip("/"), busybox, 0o755)
     for applet in ("ip", "udhcpc"):
-        st.add_symlink(f".ignition/{applet}", "busybox")
-    st.add_file(".ignition/udhcpc.script", UDHCPC_SCRIPT.encode(), 0o755)
+        st.add_symlink(f"{tools}/{applet}", "busybox")
+    st.add_file(f"{tools}/udhcpc.script", UDHCPC_SCRIPT.encode(), 0o755)
     st.add_file("bin/ignition-agent", agent, 0o755)
     st.add_file("sbin/init", init.encode(), 0o755)
     st.finish()

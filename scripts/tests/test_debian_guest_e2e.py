@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import debian_guest, net
+from ignition import debian_guest, image, net
 from ignition import debian_rootfs as debian_rootfs_mod
 from ignition.branch import Child
 from ignition.vm import Vm
@@ -124,7 +124,7 @@ def test_branch_children_of_the_debian_guest_on_a_bridge_lease_their_own_address
     out, _ = debian
     disk, _ = debian_rootfs
     store = tmp_path / "store"
-    bb = "/.ignition/busybox"
+    bb = image.BUSYBOX
     children: list[Child] = []
     with net.Bridge(tmp_path, ("tap0", "vm1", "vm2"), name=f"ignition-debian-{os.getpid()}") as br:
         bcfg = dataclasses.replace(cfg, kernel=out / "Image", boot=br.wrap(cfg.boot))

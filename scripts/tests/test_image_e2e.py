@@ -381,7 +381,7 @@ def test_branch_children_of_the_image_on_a_bridge_lease_their_own_addresses(push
         pytest.skip("TAP interfaces on a bridge in a network namespace need root and iproute2")
     disk = disk_of(pushed, cache, vmstore_bin, tmp_path)
     store = tmp_path / "store"
-    bb = "/.ignition/busybox"
+    bb = image.BUSYBOX
     children: list[Child] = []
     with net.Bridge(tmp_path, ("tap0", "vm1", "vm2"), name=f"ignition-image-{os.getpid()}") as br:
         bcfg = dataclasses.replace(cfg, boot=br.wrap(cfg.boot))

@@ -321,11 +321,7 @@ def one_by_hand(cfg: VmConfig, vm: Vm, store: Path, n: int, name: str, timeout: 
         )
     pids: list[int] = []
     try:
-        for i, p in enumerate(parents, 1):
-            _, err = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"{name}-{i}: boot --restore failed: {err.decode().strip()}")
-            pids.append(int((d / f"{name}-{i}.pid").read_text()))
+        collect_pids(parents, d, name, "boot --restore", timeout, pids)
         running_at = [time.perf_counter()]
         deadline = time.monotonic() + timeout
         for i in range(1, n + 1):
@@ -472,11 +468,7 @@ def one_qemu(src: QemuSource, n: int, name: str, timeout: float) -> dict[str, An
     ]
     pids: list[int] = []
     try:
-        for i, p in enumerate(parents, 1):
-            _, err = p.communicate(timeout=timeout)
-            if p.returncode != 0:
-                raise RuntimeError(f"QEMU child {i} failed: {err.decode().strip()}")
-            pids.append(int((d / f"{name}-{i}.pid").read_text()))
+        collect_pids(parents, d, name, "QEMU", timeout, pids)
         src.qmp.execute("cont")
         for i in range(1, n + 1):
             qmp_path = d / f"{name}-{i}.qmp"
@@ -560,6 +552,19 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     "load_1min": med([r["load"][0] for r in rs]),
                 }
     return out
+
+
+def collect_pids(
+    parents: Sequence[subprocess.Popen[bytes]], d: Path, name: str, what: str, timeout: float, pids: list[int]
+) -> None:
+    """Waits for each daemonizing parent (child i of `name`) to exit and appends to `pids` the
+    pid its child wrote to `d/NAME-I.pid`, one at a time (so that the caller can stop those
+    started when one fails). RuntimeError names a parent that failed, with its stderr."""
+    for i, p in enumerate(parents, 1):
+        _, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"{name}-{i}: {what} failed: {err.decode().strip()}")
+        pids.append(int((d / f"{name}-{i}.pid").read_text()))
 
 
 def table(summary: dict[str, Any]) -> str:

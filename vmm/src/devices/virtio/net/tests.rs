@@ -353,38 +353,15 @@ fn a_held_device_writes_nothing_until_released() {
     assert_eq!(sink.frames.lock().unwrap().len(), 1);
 }
 
-/// A host end with room for `room` frames until flushed.
-struct Full {
-    sent: Arc<Mutex<Vec<Vec<u8>>>>,
-    held: Vec<Vec<u8>>,
-    room: usize,
-}
-
-impl NetBackend for Full {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        if self.held.len() == self.room {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        self.held.push(frame.to_vec());
-        Ok(())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.sent.lock().unwrap().append(&mut self.held);
-        Ok(())
-    }
-    fn pending(&self) -> bool {
-        !self.held.is_empty()
-    }
-}
-
 #[test]
 fn a_full_host_end_holds_transmit_back_and_loses_nothing() {
     let ram = ram();
     let sent = Arc::new(Mutex::new(Vec::new()));
-    let full = Full {
+    let full = Valve {
         sent: sent.clone(),
         held: Vec::new(),
         room: 2,
+        open: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
     let mut n = Net::new(MAC, Box::new(full));
     let (vq, mut q) = queue(&ram);
@@ -570,8 +547,8 @@ fn receive_buffers_short_of_a_frame_leave_the_driver_notifying() {
     assert_eq!(d.device().counters().rx_frames, 1);
 }
 
-/// A host end that takes `room` frames, and hands them on only while
-/// `open` is set.
+/// A host end that takes `room` frames until flushed, and hands them on
+/// (a flush) only while `open` is set.
 struct Valve {
     sent: Arc<Mutex<Vec<Vec<u8>>>>,
     held: Vec<Vec<u8>>,
