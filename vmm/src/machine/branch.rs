@@ -234,10 +234,11 @@ fn child_files(dir: &Path, name: &str, vsock: bool) -> Child {
 fn branch_dir(src: &Source, name: &str) -> Result<PathBuf, BranchError> {
     let base = match (&src.branch.dir, &src.control) {
         (Some(d), _) => d.clone(),
-        (None, Some(c)) => c
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from(".")),
+        // A bare file name's parent is "": the working directory.
+        (None, Some(c)) => match c.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
         (None, None) => return Err(BranchError::NoDir),
     };
     let base = std::path::absolute(&base)
@@ -806,6 +807,13 @@ mod tests {
             .map(|s| s.into_string().unwrap())
             .collect();
         assert!(!a.iter().any(|a| a == "--net" || a == "--mac"), "{a:?}");
+        // A control socket named relative to the working directory.
+        let bare = Source {
+            control: Some("control".into()),
+            ..src.clone()
+        };
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(branch_dir(&bare, "b").unwrap(), here.join("b"));
         let no_control = Source {
             control: None,
             ..src
