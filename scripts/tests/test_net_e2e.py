@@ -3,7 +3,7 @@ through the guest agent.
 
 The guest gets its address by DHCP (udhcpc, started by the guest's init),
 fetches from and posts to an HTTP server on the host's loopback (passt
-maps the gateway address to it), both checksummed, keeps working across a
+maps the gateway address to it), both checksummed (with checksum offload negotiated), keeps working across a
 snapshot and a restore onto a new passt and onto `--net passt` (a passt boot
 starts and stops) with another MAC (`--mac`, which the guest agent has the
 guest learn), and a restore whose device set differs from the command line
@@ -74,6 +74,10 @@ def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_disk, cfg):
             assert got == [up_sum, str(BIG)]
             # passt's MTU (by DHCP), which mergeable receive buffers carry.
             assert "MTU:65520" in vm.run("ifconfig eth0")
+            # The transfers above went with checksum offload both ways: the
+            # driver negotiated VIRTIO_NET_F_CSUM and VIRTIO_NET_F_GUEST_CSUM
+            # (the device's feature bits as Linux shows them, bit 0 first).
+            assert vm.run("cat /sys/class/net/eth0/device/features")[:2] == "11"
             assert vm.quit() == 0
 
 
