@@ -267,8 +267,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class LoopbackHttp(http.server.ThreadingHTTPServer):
-    """An HTTP server on 127.0.0.1 (a free port) in a thread: `add(name, data)`
-    serves data at /name; a POST is answered "<sha256> <bytes>" of its body.
+    """An HTTP server on `address` (by default 127.0.0.1, a free port) in a thread:
+    `add(name, data)` serves data at /name; a POST is answered "<sha256> <bytes>" of its
+    body.
 
     (The guest's busybox wget posts a file only up to its first NUL byte,
     and passt 2023.03 never passes on a host socket's close to a guest that
@@ -277,8 +278,8 @@ class LoopbackHttp(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        super().__init__(address, _Handler)
         self.blobs: dict[str, bytes] = {}
         # (method, body bytes, seconds from the body's first byte to its
         # last, as the server sent or read it), in order.

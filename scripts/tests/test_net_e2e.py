@@ -3,13 +3,14 @@ through the guest agent.
 
 The guest gets its address by DHCP (udhcpc, started by the guest's init),
 fetches from and posts to an HTTP server on the host's loopback (passt
-maps the gateway address to it), both checksummed, keeps working across a
-snapshot and a restore onto a new passt and onto `--net passt` (a passt boot
-starts and stops) with another MAC (`--mac`, which the guest agent has the
-guest learn), and a restore whose device set differs from the command line
-is refused. As root, a TAP interface in a
-network namespace the test makes carries a checksummed download too.
-"""
+maps the gateway address to it), both checksummed, with checksum offload
+negotiated; keeps working across a snapshot and a restore onto a new passt
+and onto `--net passt` (a passt boot starts and stops) with another MAC
+(`--mac`, which the guest agent has the guest learn); and a restore whose
+device set differs from the command line is refused. As root, a TAP
+interface in a network namespace the test makes carries a checksummed
+download and upload too (the host kernel checks the TCP checksums the
+device computed)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +76,10 @@ def test_dhcp_and_checksummed_transfers_both_ways(tmp_path, guest_disk, cfg):
             assert got == [up_sum, str(BIG)]
             # passt's MTU (by DHCP), which mergeable receive buffers carry.
             assert "MTU:65520" in vm.run("ifconfig eth0")
+            # The transfers above went with checksum offload both ways: the
+            # driver negotiated VIRTIO_NET_F_CSUM and VIRTIO_NET_F_GUEST_CSUM
+            # (the device's feature bits as Linux shows them, bit 0 first).
+            assert vm.run("cat /sys/class/net/eth0/device/features")[:2] == "11"
             assert vm.quit() == 0
 
 
@@ -194,25 +200,18 @@ def test_tap_in_a_network_namespace(tmp_path, guest_disk, cfg, netns):
     in_netns(netns, "ip", "addr", "add", "10.0.2.1/24", "dev", "tap0")
     in_netns(netns, "ip", "link", "set", "tap0", "up")
     page = os.urandom(200_000)
-    (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "page").write_bytes(page)
+    (tmp_path / "page").write_bytes(page)
+    # The test's HTTP server (which answers a POST with its body's SHA-256), in the namespace.
+    serve = (
+        "import sys; from pathlib import Path; from ignition import net; "
+        "s = net.LoopbackHttp(('10.0.2.1', 8080)); s.add('page', Path(sys.argv[1]).read_bytes()); "
+        "s.serve_forever()"
+    )
     server = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            netns,
-            sys.executable,
-            "-m",
-            "http.server",
-            "--bind",
-            "10.0.2.1",
-            "--directory",
-            str(tmp_path / "www"),
-            "8080",
-        ],
+        ["ip", "netns", "exec", netns, sys.executable, "-c", serve, str(tmp_path / "page")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(Path(net.__file__).parents[1])},
     )
     wrapper = tmp_path / "boot-in-netns"
     wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {netns} {cfg.boot} "$@"\n')
@@ -234,6 +233,14 @@ def test_tap_in_a_network_namespace(tmp_path, guest_disk, cfg, netns):
                 timeout=120,
             )
             assert got.split()[0] == hashlib.sha256(page).hexdigest()
+            # An upload: the host kernel checks the TCP checksum of every frame from a TAP
+            # interface, and with checksum offload the device computed them.
+            up = 8 << 20
+            vm.run(f"tr -d '\\000' < /dev/urandom | head -c {up} > /dev/shm/up", timeout=300)
+            up_sum = vm.run("sha256sum /dev/shm/up").split()[0]
+            got = vm.run("wget -q -O - --post-file=/dev/shm/up http://10.0.2.1:8080/up", timeout=300)
+            assert got.split() == [up_sum, str(up)]
+            assert vm.run("cat /sys/class/net/eth0/device/features")[:2] == "11"
             assert vm.quit() == 0
     finally:
         server.terminate()

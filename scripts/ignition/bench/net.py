@@ -7,8 +7,12 @@ passt (QEMU: `-netdev stream`), takes its DHCP lease, then for each of N runs
 downloads a blob from an HTTP server on the host's loopback (`wget -O
 /dev/null`) and uploads one (`wget --post-file` from /dev/shm). The server
 times each body from its first byte to its last; MB/s = 10^6 bytes per
-second. Prints medians and the Ignition/QEMU ratio; writes
-bench-results/net.json.
+second. Beside each, the VMM process's CPU time over the transfer (user +
+system, all threads, from /proc/PID/stat), per MiB: how much host CPU the
+VMM and its guest spend on the bytes, which a loaded host changes much less
+than the throughput. Prints medians and the Ignition/QEMU ratio; writes
+bench-results/net.json, with the 1-minute load average at the start and the
+end.
 
 Both devices offer mergeable receive buffers, so both guests take passt's
 65520-byte MTU by DHCP (the JSON records each guest's MTU).
@@ -31,32 +35,49 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ignition import console, host, net, paths, qemu, timeouts, vsock
+from ignition.bench.branch import cpu_ms
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
 from ignition.stats import sha256, stats, write_report
 from ignition.vm import Vm, VmConfig
 
 
-def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int) -> dict[str, Any]:
-    """Down and up MB/s over `runs` transfers of `mib` MiB each; `run(cmd, timeout)` runs a
-    guest shell command (Ignition: through the guest agent; QEMU: on its console)."""
+def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, runs: int, pid: int) -> dict[str, Any]:
+    """Down and up MB/s, and the CPU ms per MiB of process `pid` (the VMM), over `runs`
+    transfers of `mib` MiB each; `run(cmd, timeout)` runs a guest shell command (Ignition:
+    through the guest agent; QEMU: on its console)."""
     run(net.LEASE_WAIT_CMD, 120)
     url = f"http://{run(net.GATEWAY_CMD, 30)}:{http.port}"
     size = mib << 20
     run(f"tr -d '\\000' < /dev/urandom | head -c {size} > /dev/shm/up", 600)
-    down, up = [], []
+    down: list[float] = []
+    up: list[float] = []
+    down_cpu: list[float] = []
+    up_cpu: list[float] = []
+
+    def timed(cmd: str, method: str, mb_s: list[float], cpu: list[float]) -> str:
+        n = len(http.transfers)
+        before = cpu_ms(pid)
+        answer = run(cmd, 900)
+        after = cpu_ms(pid)
+        got_method, got, secs = http.transfers[n]
+        assert got_method == method and got == size
+        assert before is not None and after is not None, "the VMM is gone"
+        mb_s.append(size / secs / 1e6)
+        cpu.append((after - before) / mib)
+        return answer
+
     for _ in range(runs):
-        n = len(http.transfers)
-        run(f"wget -q -O /dev/null {url}/blob", 900)
-        method, got, secs = http.transfers[n]
-        assert method == "GET" and got == size
-        down.append(size / secs / 1e6)
-        n = len(http.transfers)
-        answer = run(f"wget -q -O - --post-file=/dev/shm/up {url}/up", 900).split()
-        method, got, secs = http.transfers[n]
-        assert method == "POST" and got == size and answer[1] == str(size), answer
-        up.append(size / secs / 1e6)
-    return {"down_mb_s": stats(down), "up_mb_s": stats(up), "mtu": run("cat /sys/class/net/eth0/mtu", 30)}
+        timed(f"wget -q -O /dev/null {url}/blob", "GET", down, down_cpu)
+        answer = timed(f"wget -q -O - --post-file=/dev/shm/up {url}/up", "POST", up, up_cpu).split()
+        assert answer[1] == str(size), answer
+    return {
+        "down_mb_s": stats(down),
+        "up_mb_s": stats(up),
+        "down_cpu_ms_per_mib": stats(down_cpu),
+        "up_cpu_ms_per_mib": stats(up_cpu),
+        "mtu": run("cat /sys/class/net/eth0/mtu", 30),
+    }
 
 
 def measure_vsock(vm: Vm, uds: Path, mib: int, runs: int) -> dict[str, Any]:
@@ -115,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "host": host.summary(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_start": os.getloadavg()[0],
     }
     blob = os.urandom(args.mib << 20)
     with net.LoopbackHttp() as http:
@@ -135,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             assert vm.vsock_path is not None
             result["ignition"] = {
                 "backend": args.backend,
-                **measure(lambda c, t: vm.run(c, timeout=t), http, args.mib, args.runs),
+                **measure(lambda c, t: vm.run(c, timeout=t), http, args.mib, args.runs, vm.pid),
             }
             result["ignition_vsock"] = measure_vsock(vm, vm.vsock_path, args.mib, args.runs)
             vm.quit()
@@ -146,22 +168,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 child = console.spawn(argv, log_path=logs / "qemu.log")
                 try:
                     console.login(child, qto.boot)
-                    result["qemu_tcg"] = measure(lambda c, t: console.run(child, c, t), http, args.mib, args.runs)
+                    assert child.pid is not None, "spawned"
+                    result["qemu_tcg"] = measure(
+                        lambda c, t: console.run(child, c, t), http, args.mib, args.runs, child.pid
+                    )
                 finally:
                     console.terminate(child)
+    result["loadavg_end"] = os.getloadavg()[0]
     ig = result["ignition"]
     vs = result["ignition_vsock"]
+
+    def line(name: str, r: dict[str, Any]) -> str:
+        return (
+            f"{name} (MTU {r['mtu']}): down {r['down_mb_s']['median']} MB/s "
+            f"({r['down_cpu_ms_per_mib']['median']} CPU ms/MiB), up {r['up_mb_s']['median']} MB/s "
+            f"({r['up_cpu_ms_per_mib']['median']} CPU ms/MiB)"
+        )
+
     lines = [
-        f"ignition ({args.backend}, MTU {ig['mtu']}): down {ig['down_mb_s']['median']} MB/s, "
-        f"up {ig['up_mb_s']['median']} MB/s",
+        line(f"ignition ({args.backend})", ig),
         f"ignition vsock: to the guest {vs['to_guest_mb_s']['median']} MB/s, "
         f"to the host {vs['to_host_mb_s']['median']} MB/s",
     ]
     if "qemu_tcg" in result:
         q = result["qemu_tcg"]
-        lines.append(
-            f"qemu tcg (MTU {q['mtu']}): down {q['down_mb_s']['median']} MB/s, up {q['up_mb_s']['median']} MB/s"
-        )
+        lines.append(line("qemu tcg", q))
         result["ratio_ignition_to_qemu"] = {
             d: round(ig[f"{d}_mb_s"]["median"] / q[f"{d}_mb_s"]["median"], 3) for d in ("down", "up")
         }
@@ -169,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"ratio ignition/qemu: down {result['ratio_ignition_to_qemu']['down']}x, "
             f"up {result['ratio_ignition_to_qemu']['up']}x"
         )
+    lines.append(
+        f"load average (1 min): {result['loadavg_start']:.1f} at the start, {result['loadavg_end']:.1f} at the end"
+    )
     write_report(args.out, result, lines)
     return 0
 

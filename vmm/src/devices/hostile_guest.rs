@@ -298,6 +298,28 @@ fn blk_header(rng: &mut Rng) -> Vec<u8> {
     h
 }
 
+/// A `virtio_net_hdr` (virtio 1.2 §5.1.6) that mostly asks for a checksum
+/// (NEEDS_CSUM), with offsets in, at the edge of, or far past a frame,
+/// and sometimes a GSO type.
+fn net_header(rng: &mut Rng) -> Vec<u8> {
+    let mut h = vec![0u8; 12];
+    h[0] = [1, 1, 1, 0, rng.next() as u8][rng.below(5) as usize];
+    h[1] = if rng.below(4) == 0 {
+        rng.next() as u8
+    } else {
+        0
+    };
+    let off =
+        |rng: &mut Rng| [0u16, 14, 34, 54, 60, 4095, rng.next() as u16][rng.below(7) as usize];
+    let (start, offset) = (
+        off(rng),
+        off(rng) % [1, 20, u16::MAX][rng.below(3) as usize],
+    );
+    h[6..8].copy_from_slice(&start.to_le_bytes());
+    h[8..10].copy_from_slice(&offset.to_le_bytes());
+    h
+}
+
 /// A vsock packet header (virtio 1.2 §5.10.6) that is mostly plausible:
 /// the guest's and host's CIDs, a few ports (5000 has a host listener),
 /// any operation, length, flags and credit.
@@ -492,14 +514,26 @@ fn a_hostile_network_driver_and_host_end_never_panic_or_grow_the_host() {
     let mut completed = [0u32; 2];
     for round in 0..400 {
         let queue = round % 2;
-        let used = hostile_queue(&ram, &mut rng, &m.net, queue, blk_header);
+        let header = [blk_header, net_header][queue as usize];
+        let used = hostile_queue(&ram, &mut rng, &m.net, queue, header);
         // The host end floods the device with frames of any size, far more
-        // than the backlog holds.
+        // than the backlog holds; some claim to be IPv4 or IPv6, with
+        // random headers, for the receive checksum check.
         {
             let mut n = m.net.lock().unwrap();
             for _ in 0..rng.below(3000) {
                 let len = [0, 13, 14, 60, 1514, 1600, 65535, 65536, 100_000][rng.below(9) as usize];
-                let _ = n.device_mut().receive(&vec![0xa5; len]);
+                let mut f = vec![0xa5; len];
+                if len >= 54 && rng.below(2) == 0 {
+                    for b in &mut f[14..54] {
+                        *b = rng.next() as u8;
+                    }
+                    let (ethertype, version) =
+                        [([8, 0], 0x45), ([0x86, 0xdd], 0x60)][rng.below(2) as usize];
+                    f[12..14].copy_from_slice(&ethertype);
+                    f[14] = version;
+                }
+                let _ = n.device_mut().receive(&f);
             }
             assert!(n.device().backlog_len() <= RX_BACKLOG_FRAMES);
         }

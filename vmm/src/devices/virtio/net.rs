@@ -2,12 +2,18 @@
 //!
 //! Two queues: receiveq (0) and transmitq (1). Offered features:
 //! VIRTIO_NET_F_MAC (the configured MAC in config space),
-//! VIRTIO_NET_F_STATUS (link up) and VIRTIO_NET_F_MRG_RXBUF (§5.1.6.3.1: a
+//! VIRTIO_NET_F_STATUS (link up), VIRTIO_NET_F_MRG_RXBUF (§5.1.6.3.1: a
 //! received frame may span several receive buffers, so any MTU up to
-//! 65521 bytes works with the driver's page-sized buffers). No checksum or
-//! segmentation offloads (the host ends carry plain Ethernet frames). A
-//! driver that does not take mergeable buffers gets one frame per buffer;
-//! a frame that does not fit is dropped and counted.
+//! 65521 bytes works with the driver's page-sized buffers), and checksum
+//! offload both ways ([`offload`]): VIRTIO_NET_F_CSUM (the device fills in
+//! the checksum a transmitted frame's header asks for, so every host end
+//! gets complete frames) and VIRTIO_NET_F_GUEST_CSUM (received frames whose
+//! TCP or UDP checksum the device has checked are marked DATA_VALID). No
+//! segmentation offloads: a header asking for GSO is refused. A driver
+//! that does not take mergeable buffers gets one frame per buffer; a frame
+//! that does not fit is dropped and counted. What the device does follows
+//! the features the driver negotiated (the transport's, restored with a
+//! snapshot), not the ones offered now.
 //!
 //! Transmit runs in the QueueNotify write, handing each frame to the
 //! [`NetBackend`]. Receive is pushed by the host end ([`Net::receive`]) into
@@ -27,12 +33,14 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Reader, Writer};
 
 mod backend;
 pub mod host_end;
+pub mod offload;
 #[cfg(target_os = "linux")]
 pub mod passt;
 pub mod stream;
@@ -214,7 +222,8 @@ impl Net {
     /// VIRTIO_NET_F_MRG_RXBUF (§5.1.6.4) a frame takes as many buffers as it
     /// needs and waits until the driver has posted enough; without it, one
     /// buffer, and a frame that does not fit it is dropped. A frame's
-    /// buffers are published together. Returns whether a buffer was used.
+    /// buffers are published together; its header's flags are
+    /// [`offload::rx_flags`]. Returns whether a buffer was used.
     fn deliver(
         &mut self,
         queue: &mut Queue,
@@ -271,6 +280,7 @@ impl Net {
                 continue;
             };
             let mut hdr = [0u8; NET_HDR_LEN];
+            hdr[0] = offload::rx_flags(features, &frame);
             // num_buffers (§5.1.6.4); at most the queue size.
             hdr[10..12].copy_from_slice(&(bufs.len() as u16).to_le_bytes());
             // What is left to write: the header, then the frame.
@@ -311,12 +321,20 @@ impl Net {
         Ok(used)
     }
 
-    /// Sends the frames of the transmitq's chains; returns whether a chain
-    /// was used. When the host end is full (its peer reads slower than the
-    /// guest sends), the chain stays in the queue and transmit stops until
-    /// the host end's thread has flushed ([`Net::on_host_ready`]): the
-    /// guest's transmit waits, as on a real NIC, and nothing is dropped.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> Result<bool, VirtioError> {
+    /// Sends the frames of the transmitq's chains, each once the device
+    /// has done what its header asks under the negotiated `features`
+    /// ([`offload::finish_tx`]; a header it refuses drops the frame);
+    /// returns whether a chain was used. When the host end is full (its
+    /// peer reads slower than the guest sends), the chain stays in the
+    /// queue and transmit stops until the host end's thread has flushed
+    /// ([`Net::on_host_ready`]): the guest's transmit waits, as on a real
+    /// NIC, and nothing is dropped.
+    fn transmit(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+        features: u64,
+    ) -> Result<bool, VirtioError> {
         let mut used = false;
         if self.held {
             return Ok(false);
@@ -332,7 +350,10 @@ impl Net {
         }
         while let Some(chain) = queue.iter(mem)?.next() {
             let head = chain.head_index();
-            match read_frame(chain, mem, &mut self.tx_buf) {
+            let frame = read_frame(chain, mem, &mut self.tx_buf).and_then(|hdr| {
+                offload::finish_tx(&hdr, &mut self.tx_buf, features).map_err(|e| e.to_string())
+            });
+            match frame {
                 Ok(()) => match self.backend.send(&self.tx_buf) {
                     Ok(()) => self.counters.tx_frames += 1,
                     // Full, and its thread will flush: retry this chain then.
@@ -358,12 +379,14 @@ impl Net {
     }
 }
 
-/// Reads a transmit chain's header and frame into `buf` (the frame only).
+/// Reads a transmit chain's frame into `buf`; returns its header. Errors:
+/// a chain that is malformed, or too short or too long for a header and a
+/// frame.
 fn read_frame(
     chain: DescriptorChain<&GuestMemoryMmap>,
     mem: &GuestMemoryMmap,
     buf: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<[u8; NET_HDR_LEN], String> {
     let mut reader = Reader::new(mem, chain).map_err(|e| format!("bad descriptor chain: {e}"))?;
     let len = reader.available_bytes();
     if len < NET_HDR_LEN + MIN_FRAME_LEN {
@@ -382,7 +405,8 @@ fn read_frame(
     buf.resize(len - NET_HDR_LEN, 0);
     reader
         .read_exact(buf)
-        .map_err(|e| format!("reading the frame: {e}"))
+        .map_err(|e| format!("reading the frame: {e}"))?;
+    Ok(hdr)
 }
 
 impl VirtioDevice for Net {
@@ -397,7 +421,11 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS) | (1 << VIRTIO_NET_F_MRG_RXBUF)
+        (1 << VIRTIO_NET_F_CSUM)
+            | (1 << VIRTIO_NET_F_GUEST_CSUM)
+            | (1 << VIRTIO_NET_F_MAC)
+            | (1 << VIRTIO_NET_F_STATUS)
+            | (1 << VIRTIO_NET_F_MRG_RXBUF)
     }
 
     fn config_as_bytes(&self) -> &[u8] {
@@ -413,7 +441,7 @@ impl VirtioDevice for Net {
     ) -> Result<bool, VirtioError> {
         match queue_index {
             RX_QUEUE => self.deliver(queue, mem, features),
-            TX_QUEUE => self.transmit(queue, mem),
+            TX_QUEUE => self.transmit(queue, mem, features),
             _ => Ok(false),
         }
     }

@@ -45,7 +45,8 @@ fn config_space_and_features() {
     assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), 1, "link up");
     assert_eq!(cfg[8..], [0, 0], "past the end");
     assert_eq!(n.device_type(), 1);
-    assert_eq!(n.features(), (1 << 5) | (1 << 15) | (1 << 16));
+    // CSUM, GUEST_CSUM, MAC, MRG_RXBUF, STATUS.
+    assert_eq!(n.features(), 1 | 2 | (1 << 5) | (1 << 15) | (1 << 16));
     assert_eq!(Net::QUEUE_MAX_SIZES, [256, 256]);
     assert_eq!(format_mac(&MAC), "52:54:00:12:34:56");
 }
@@ -620,4 +621,208 @@ fn transmit_held_back_by_the_host_end_resumes_from_the_host_thread() {
     assert_eq!(*sent.lock().unwrap(), frames);
     // Everything taken: the driver's next frame is notified.
     assert!(driver_notifies(&ram, TX_USED, 16, 3, 4));
+}
+
+/// VIRTIO_NET_F_CSUM and VIRTIO_NET_F_GUEST_CSUM.
+const CSUM_BOTH: u64 = (1 << VIRTIO_NET_F_CSUM) | (1 << VIRTIO_NET_F_GUEST_CSUM);
+
+/// A TCP/IPv4 frame as Linux hands it to the driver with its checksum
+/// left to the device, and its header asking for it.
+fn partial_tcp_frame(payload_len: usize) -> (Vec<u8>, [u8; NET_HDR_LEN]) {
+    use super::offload::tests::{as_partial, ipv4_frame, tcp};
+    let mut f = ipv4_frame(6, &tcp(&frame(payload_len, 3)));
+    let hdr = as_partial(&mut f, false, 16);
+    (f, hdr)
+}
+
+/// Writes `bytes` across descriptors of the given `lens` (each at its own
+/// page, starting at an odd address) and adds them as chain `first`.
+fn add_split(
+    ram: &crate::memory::GuestRam,
+    vq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    first: u16,
+    base: u64,
+    bytes: &[u8],
+    lens: &[usize],
+) {
+    assert_eq!(lens.iter().sum::<usize>(), bytes.len());
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let addr = base + i as u64 * 0x1000 + 1;
+        ram.memory()
+            .write_slice(&bytes[at..at + len], GuestAddress(addr))
+            .unwrap();
+        parts.push((addr, len as u32, false));
+        at += len;
+    }
+    add_chain(vq, first, &parts);
+}
+
+#[test]
+fn transmit_fills_in_the_checksum_across_a_chain_split_at_odd_offsets() {
+    use super::offload::l4_checksum_valid;
+    let ram = ram();
+    let (mut n, sink) = net();
+    let (vq, mut q) = queue(&ram);
+    // 1501 bytes of payload: an odd length; the header split too.
+    let (f, hdr) = partial_tcp_frame(1501);
+    let mut bytes = hdr.to_vec();
+    bytes.extend_from_slice(&f);
+    let lens = [5, 7 + 33, 3, 1001, bytes.len() - 5 - 40 - 3 - 1001];
+    add_split(&ram, &vq, 0, BUF, &bytes, &lens);
+    assert!(n
+        .process_queue(TX_QUEUE, &mut q, ram.memory(), CSUM_BOTH)
+        .unwrap());
+    let sent = sink.frames.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        l4_checksum_valid(&sent[0]),
+        "the host end gets a valid frame"
+    );
+    // Only the checksum field changed.
+    assert_eq!(sent[0][..50], f[..50]);
+    assert_eq!(sent[0][52..], f[52..]);
+    assert_eq!(n.counters().tx_frames, 1);
+}
+
+#[test]
+fn hostile_transmit_headers_drop_their_frame_only() {
+    use super::offload::tests::csum_hdr;
+    let ram = ram();
+    let (mut n, sink) = net();
+    let (vq, mut q) = queue(&ram);
+    let (f, good) = partial_tcp_frame(100);
+    let len = f.len() as u16;
+    let mut gso = [0u8; NET_HDR_LEN];
+    gso[1] = 3; // VIRTIO_NET_HDR_GSO_UDP
+    let headers = [
+        csum_hdr(len, 0),           // csum_start past the frame
+        csum_hdr(34, len - 34 - 1), // csum_offset + 2 past it
+        csum_hdr(u16::MAX, u16::MAX),
+        gso,
+        good,
+    ];
+    for (i, h) in headers.iter().enumerate() {
+        let mut bytes = h.to_vec();
+        bytes.extend_from_slice(&f);
+        add_split(
+            &ram,
+            &vq,
+            2 * i as u16,
+            BUF + i as u64 * 0x2000,
+            &bytes,
+            &[12, f.len()],
+        );
+    }
+    assert!(n
+        .process_queue(TX_QUEUE, &mut q, ram.memory(), CSUM_BOTH)
+        .unwrap());
+    assert_eq!(q.next_used(), 5, "every chain is returned");
+    assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (1, 4));
+    assert_eq!(sink.frames.lock().unwrap().len(), 1);
+    // NEEDS_CSUM from a driver that did not negotiate VIRTIO_NET_F_CSUM.
+    let (vq, mut q) = queue(&ram);
+    let mut bytes = good.to_vec();
+    bytes.extend_from_slice(&f);
+    add_split(&ram, &vq, 0, BUF, &bytes, &[bytes.len()]);
+    let no_csum = 1 << VIRTIO_NET_F_GUEST_CSUM;
+    assert!(n
+        .process_queue(TX_QUEUE, &mut q, ram.memory(), no_csum)
+        .unwrap());
+    assert_eq!((n.counters().tx_frames, n.counters().tx_dropped), (1, 5));
+}
+
+/// The `flags` byte of the header the device wrote into a receive buffer
+/// at [`BUF`], after delivering `f` under `features`.
+fn rx_flags_written(f: &[u8], features: u64) -> u8 {
+    let ram = ram();
+    let (mut n, _) = net();
+    let (vq, mut q) = queue(&ram);
+    ram.memory()
+        .write_slice(&[0xffu8; 12], GuestAddress(BUF))
+        .unwrap();
+    add_chain(&vq, 0, &[(BUF, (12 + f.len()) as u32, true)]);
+    assert!(n.receive(f));
+    assert!(n
+        .process_queue(RX_QUEUE, &mut q, ram.memory(), features)
+        .unwrap());
+    let mut hdr = [0u8; 12];
+    ram.memory()
+        .read_slice(&mut hdr, GuestAddress(BUF))
+        .unwrap();
+    assert_eq!(hdr[1..10], [0; 9], "no GSO, no checksum fields");
+    hdr[0]
+}
+
+#[test]
+fn data_valid_marks_checked_frames_only_when_guest_csum_was_negotiated() {
+    let (mut f, hdr) = partial_tcp_frame(777);
+    super::offload::finish_tx(&hdr, &mut f, CSUM_BOTH).unwrap();
+    assert_eq!(rx_flags_written(&f, CSUM_BOTH), 2, "DATA_VALID");
+    assert_eq!(rx_flags_written(&f, 1 << VIRTIO_NET_F_CSUM), 0);
+    assert_eq!(rx_flags_written(&f, 0), 0);
+    // A corrupted checksum: the guest is left to find it.
+    f[50] ^= 1;
+    assert_eq!(rx_flags_written(&f, CSUM_BOTH), 0);
+    // Not TCP or UDP.
+    assert_eq!(rx_flags_written(&frame(200, 1), CSUM_BOTH), 0);
+}
+
+#[test]
+fn a_driver_restored_from_before_checksum_offload_keeps_its_features() {
+    use crate::devices::virtio::mmio::tests::{used_idx, w};
+    use crate::devices::virtio::VirtioMmio;
+    // What a driver negotiated when the device offered no offloads.
+    let old = V1_EVENT_IDX
+        | (1 << VIRTIO_NET_F_MAC)
+        | (1 << VIRTIO_NET_F_STATUS)
+        | (1 << VIRTIO_NET_F_MRG_RXBUF);
+    let ram = ram();
+    let (d, irq) = running(&ram, Box::new(Sink::default()), old);
+    let state = d.save();
+    drop(d);
+    // The layer's JSON as the old build wrote it reads the same.
+    let json = serde_json::to_string(&state).unwrap();
+    let state: crate::devices::virtio::VirtioMmioState<NetState> =
+        serde_json::from_str(&json).unwrap();
+    let sink = Sink::default();
+    let args = NetArgs {
+        mac: None,
+        backend: Box::new(sink.clone()),
+    };
+    let mut d = VirtioMmio::<Net>::restore((args, ram.clone(), irq), &state).unwrap();
+    // Receive: no DATA_VALID for a driver that did not ask for it.
+    let (mut f, hdr) = partial_tcp_frame(300);
+    super::offload::finish_tx(&hdr, &mut f, CSUM_BOTH).unwrap();
+    let rx = MockSplitQueue::create(ram.memory(), GuestAddress(RAM_BASE), 16);
+    add_chain(&rx, 0, &[(BUF, 4096, true)]);
+    assert!(d.device_mut().receive(&f));
+    w(&mut d, QUEUE_NOTIFY, RX_QUEUE as u32);
+    assert_eq!(used_idx(&ram), 1);
+    let mut flags = [0xffu8];
+    ram.memory()
+        .read_slice(&mut flags, GuestAddress(BUF))
+        .unwrap();
+    assert_eq!(flags, [0]);
+    // Transmit: a header asking for a checksum it did not negotiate is
+    // refused; a plain one goes through.
+    let (p, needs) = partial_tcp_frame(300);
+    let tx = MockSplitQueue::create(ram.memory(), GuestAddress(TX_RING), 16);
+    for (i, h) in [needs, [0u8; NET_HDR_LEN]].iter().enumerate() {
+        let mut bytes = h.to_vec();
+        bytes.extend_from_slice(&p);
+        add_split(
+            &ram,
+            &tx,
+            i as u16,
+            BUF + 0x4000 + i as u64 * 0x1000,
+            &bytes,
+            &[bytes.len()],
+        );
+    }
+    w(&mut d, QUEUE_NOTIFY, TX_QUEUE as u32);
+    assert_eq!(*sink.frames.lock().unwrap(), [p]);
+    let c = d.device().counters();
+    assert_eq!((c.tx_frames, c.tx_dropped), (1, 1));
 }
