@@ -392,10 +392,12 @@ static SPAWNING: Mutex<()> = Mutex::new(());
 /// source's page tables as a `fork` would (a few ms per child for a booted
 /// 512 MiB guest, one child after the other).
 fn guard_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // pipe2(O_CLOEXEC) is not on macOS: the flag is set after, as the
+    // standard library does there.
+    let (read, write) = nix::unistd::pipe()?;
     nix::fcntl::fcntl(
-        &read,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        &write,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
     Ok((read, write))
 }
