@@ -35,6 +35,16 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def process_cpu_ms(pid: int) -> int | None:
+    """User + system CPU time of process `pid` so far (all its threads), ms, from /proc; None if
+    it is gone (or there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+
+
 def mem_total_mib() -> int | None:
     """The host's RAM in MiB from /proc/meminfo; None where there is none."""
     try:

@@ -97,7 +97,6 @@ STATES = ("idle", "dirty")
 # A first guess of one child's resident memory, MiB, until one has been measured.
 FIRST_GUESS_MIB = {"branch": 48, "hand": 48, "qemu": 256}
 POLL_S = 0.02
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def smaps(pid: int) -> dict[str, int] | None:
@@ -111,15 +110,6 @@ def smaps(pid: int) -> dict[str, int] | None:
         k, v = line.split(":", 1)
         out[k] = int(v.split()[0])
     return out
-
-
-def cpu_ms(pid: int) -> int | None:
-    """The process's user + system CPU time so far, ms; None if it is gone (or no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) * 1000 // CLK_TCK
 
 
 def mem_available_mib() -> int | None:
@@ -198,11 +188,11 @@ def finish(
     r: dict[str, Any], pids: Sequence[int], t0: float, running_at: list[float], ready_at: float
 ) -> dict[str, Any]:
     """Fills in the times, the CPU each child used to get ready and its memory after IDLE_S."""
-    if "source_cpu_ms" in r and (c := cpu_ms(r.pop("source_pid"))) is not None:
+    if "source_cpu_ms" in r and (c := host.process_cpu_ms(r.pop("source_pid"))) is not None:
         r["source_cpu_ms"] = c - r["source_cpu_ms"]
     r["running_ms"] = round((running_at[0] - t0) * 1000, 1) if running_at else None
     r["ready_ms"] = round((ready_at - t0) * 1000, 1)
-    r["child_cpu_ms"] = [c for c in (cpu_ms(p) for p in pids) if c is not None]
+    r["child_cpu_ms"] = [c for c in (host.process_cpu_ms(p) for p in pids) if c is not None]
     time.sleep(IDLE_S)
     r |= memory(pids)
     return r
@@ -257,7 +247,7 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
     bdir = vm.control_path.parent / name
     w, running_at, stop = watch_until(lambda: bdir.is_dir() and len(list(bdir.glob("*.control"))) == n)
     base_work = work_bytes(store)
-    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": cpu_ms(vm.pid)}
+    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": host.process_cpu_ms(vm.pid)}
     t0 = time.perf_counter()
     w.start()
     try:
@@ -304,7 +294,7 @@ def one_by_hand(cfg: VmConfig, vm: Vm, store: Path, n: int, name: str, timeout: 
     d = vm.control_path.parent / name
     d.mkdir()
     base_work = work_bytes(store)
-    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": cpu_ms(vm.pid)}
+    r: dict[str, Any] = {"load": load(), "source_pid": vm.pid, "source_cpu_ms": host.process_cpu_ms(vm.pid)}
     t0 = time.perf_counter()
     layer = vm.snapshot(name)
     parents = []

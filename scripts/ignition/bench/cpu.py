@@ -33,7 +33,6 @@ cancels); nanoseconds per iteration, medians of the same rounds.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -104,10 +103,11 @@ def vm_runner(vm: Vm) -> Run:
     return lambda c, t: vm.sh(c, timeout=t)
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (all threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_s_of(pid: int) -> float:
+    """User + system CPU seconds of the VMM process `pid` so far (all threads)."""
+    ms = host.process_cpu_ms(pid)
+    assert ms is not None, f"process {pid} is gone"
+    return ms / 1000
 
 
 def timed(run: Run, cmd: str) -> tuple[float, str]:
@@ -231,9 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for stage, cmd in stages.items():
                 line = []
                 for name, (run, pid) in vms.items():
-                    c0 = process_cpu_s(pid)
+                    c0 = cpu_s_of(pid)
                     secs, out = timed(run, cmd)
-                    used = process_cpu_s(pid) - c0
+                    used = cpu_s_of(pid) - c0
                     check(stage, work, out, seen)
                     if r > 0:
                         times[name][stage].append(secs)

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ignition import console, host, net, paths, qemu, timeouts, vsock
-from ignition.bench.branch import cpu_ms
 from ignition.guest import disk_copy
 from ignition.paths import DEFAULT_BOOT, RESULTS_DIR
 from ignition.stats import sha256, stats, write_report
@@ -57,9 +56,9 @@ def measure(run: Callable[[str, float], str], http: net.LoopbackHttp, mib: int, 
 
     def timed(cmd: str, method: str, mb_s: list[float], cpu: list[float]) -> str:
         n = len(http.transfers)
-        before = cpu_ms(pid)
+        before = host.process_cpu_ms(pid)
         answer = run(cmd, 900)
-        after = cpu_ms(pid)
+        after = host.process_cpu_ms(pid)
         got_method, got, secs = http.transfers[n]
         assert got_method == method and got == size
         assert before is not None and after is not None, "the VMM is gone"
