@@ -364,18 +364,25 @@ BUSYBOX = f"{TOOLS_DIR}/busybox"
 
 UDHCPC_SCRIPT = """#!/.ignition/busybox sh
 # udhcpc's event script for ignition.image's init: applies a lease to $interface (udhcpc sets
-# ip, subnet, router, dns and mtu), and writes /etc/resolv.conf.
+# ip, mask (the prefix length), router, dns and mtu), and writes /etc/resolv.conf. The address
+# and its prefix are set in one request, never seen with another prefix.
 B=/.ignition/busybox
 case "$1" in
     deconfig)
-        $B ifconfig "$interface" 0.0.0.0 up
+        $B ip -4 addr flush dev "$interface"
+        $B ip link set "$interface" up
         ;;
     bound|renew)
-        $B ifconfig "$interface" "$ip" netmask "${subnet:-255.255.255.0}" up
-        [ -n "$mtu" ] && $B ifconfig "$interface" mtu "$mtu" 2>/dev/null
-        while $B route del default dev "$interface" 2>/dev/null; do :; done
+        a="$ip/${mask:-24}"
+        if ! $B ip -4 addr show dev "$interface" | $B grep -q "inet $a "; then
+            $B ip -4 addr flush dev "$interface"
+            $B ip addr add "$a" broadcast + dev "$interface"
+        fi
+        $B ip link set "$interface" up
+        [ -n "$mtu" ] && $B ip link set "$interface" mtu "$mtu" 2>/dev/null
+        while $B ip route del default dev "$interface" 2>/dev/null; do :; done
         for r in $router; do
-            $B route add default gw "$r" dev "$interface"
+            $B ip route add default via "$r" dev "$interface"
             break
         done
         if [ -n "$dns" ]; then
