@@ -68,14 +68,18 @@ class ControlClient:
         """Writes a snapshot; returns {name, kind, pages, pause_us, write_ms} once it is stored."""
         return self.request("snapshot", **({"name": name} if name else {}))
 
-    def branch(self, count: int, name: str | None = None, net: str | None = None) -> dict[str, Any]:
+    def branch(
+        self, count: int, name: str | None = None, net: str | None = None, start: str | None = None
+    ) -> dict[str, Any]:
         """Writes layer `name` and starts `count` children from it, on the network host ends
-        of template `net` if given (`tap:vm{i}`, {i} each child's number); returns {layer,
-        dir, children, total_ms} once every child is ready (the book's control-socket
-        chapter)."""
+        of template `net` if given (`tap:vm{i}`, {i} each child's number), started as `start`
+        says ("fork" or "exec"; default: fork where the VM can); returns {layer, start, dir,
+        children, total_ms} once every child is ready (the book's control-socket chapter)."""
         fields: dict[str, Any] = {"name": name} if name else {}
         if net is not None:
             fields["net"] = net
+        if start is not None:
+            fields["start"] = start
         return self.request("branch", count=count, **fields)
 
     def pause(self) -> None:

@@ -15,6 +15,8 @@ the parsers turn a matched line into numbers.
     Restore-time = N ms
     Restore-stages: total N us, STAGE N us, STAGE N us (PARALLEL N us), ...
     Restore-disk = N us (overlay on K layers)
+    Restore-source = fork of the branch's source (...)
+    Branch-fork-time = N us
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ AGENT_FAILED = r"Agent-failed: ([^\r\n]*)"
 """group 1: why the guest agent did not answer (in time) or refused."""
 AGENT_ABSENT = r"Agent-absent: ([^\r\n]*)"
 """group 1: why the VMM stopped asking for a guest agent none required (nothing listened)."""
+RESTORE_SOURCE_FORK = r"Restore-source = fork of the branch's source"
+"""A branch's child forked from its source (`start: fork`)."""
+BRANCH_FORK_TIME = r"Branch-fork-time = (\d+) us"
+"""group 1: the source's fork for a branch (within its pause), whole us."""
 RESTORE_DISK = r"Restore-disk = (\d+) us \(overlay on (\d+) layers?\)"
 """groups: opening the chain's disk under the VM's overlay (µs, part of resolve), the layers it reads."""
 

@@ -409,16 +409,19 @@ class Vm:
             return Layer(r["name"], r["kind"], r["pages"], r["pause_us"], r["write_ms"])
         return self.snapshot_finish(self.snapshot_start(name), kind)
 
-    def branch(self, count: int, name: str | None = None, net: str | None = None) -> list[Child]:
+    def branch(
+        self, count: int, name: str | None = None, net: str | None = None, start: str | None = None
+    ) -> list[Child]:
         """The control socket's `branch` (a VM started with control=True and track_dirty):
         writes layer `name` and starts `count` children restored from it (name-1 ..
         name-count, each a daemonized boot with its own sockets in the branch directory, next
         to this VM's control socket), on the host ends of template `net` if given
-        (`tap:vm{i}`); returns their handles once every child is ready.
+        (`tap:vm{i}`), started as `start` says ("fork", "exec"; default: fork where the VM
+        can); returns their handles once every child is ready.
         Raises ControlError if the VMM refuses or a child fails (then none runs)."""
         with self.control() as c:
             c.sock.settimeout(None)  # as long as the children take; the VMM bounds it
-            answer = c.branch(count, name, net)
+            answer = c.branch(count, name, net, start)
         self.branched = answer
         children = [Child.from_answer(ch, self.timeouts) for ch in answer["children"]]
         self.children += children

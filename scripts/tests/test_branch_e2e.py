@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from ignition import net
+from ignition import loglines, net
 from ignition import store as vmstore
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlError
@@ -88,7 +89,21 @@ def verify_store(store: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_path):
+def shared_code_kib(pid: int) -> int:
+    """KiB of process pid's translation buffer (its one read-write-execute anonymous mapping,
+    the emu backend's) that other processes map too."""
+    kib, in_buffer = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            fields = line.split()
+            in_buffer = fields[1] == "rwxp" and len(fields) == 5
+        elif in_buffer and line.startswith(("Shared_Clean:", "Shared_Dirty:")):
+            kib += int(line.split()[1])
+    return kib
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_path, start):
     store = tmp_path / "store"
     children: list[Child] = []
     with boot_source(cfg, disk, store, tmp_path) as vm:
@@ -98,10 +113,23 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
             source_id = vm.wait_ready()["generation_id"]
             source_machine = vm.agent.info().machine_id
 
-            children = vm.branch(3, name="b")
+            if start == "fork" and cfg.backend == "hvf":
+                # A VM belongs to its process there: refused before anything is done.
+                with pytest.raises(ControlError) as e:
+                    vm.branch(1, name="b", start=start)
+                assert e.value.code == "refused", e.value
+                return
+            children = vm.branch(3, name="b", start=start)
             answer = vm.branched
             assert answer is not None
             assert answer["layer"]["name"] == "b"
+            assert answer["start"] == start
+            for c in children:
+                forked = re.search(loglines.RESTORE_SOURCE_FORK, c.log_path.read_text()) is not None
+                assert forked == (start == "fork"), c.log_path.read_text()
+                # Forks share the source's translated code (emu); a new process has its own.
+                if cfg.backend in (None, "emu"):
+                    assert (shared_code_kib(c.pid) > 1024) == (start == "fork"), shared_code_kib(c.pid)
             assert [c.name for c in children] == ["b-1", "b-2", "b-3"]
             assert Path(str(answer["dir"])) == vm.control_path.parent / "b"
             ids, cids, machines = set(), set(), set()
@@ -157,6 +185,8 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
                         ctl.branch(count, name)
                     assert e.value.code == code, e.value
                 r = ctl.raw(json.dumps({"command": "branch", "name": "c"}).encode())
+                assert r["error"]["code"] == "bad_request", r
+                r = ctl.raw(json.dumps({"command": "branch", "name": "c", "count": 1, "start": "clone"}).encode())
                 assert r["error"]["code"] == "bad_request", r
             assert "c" not in vmstore.layer_names(store)
 
@@ -372,8 +402,11 @@ def test_boot_branch_prints_the_children_and_its_limit_is_configurable(cfg, disk
         answer = json.loads(r.stdout)
         vm.children += [Child.from_answer(c) for c in answer["children"]]
         assert [c["name"] for c in answer["children"]] == ["x-1", "x-2"]
-        r = subprocess.run([*argv, "--count", "1", "--name", "y"], capture_output=True, text=True)
+        r = subprocess.run([*argv, "--count", "1", "--name", "y", "--start", "clone"], capture_output=True, text=True)
+        assert r.returncode == 2 and "--start" in r.stderr, r.stderr
+        r = subprocess.run([*argv, "--count", "1", "--name", "y", "--start", "exec"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+        assert "children (exec) ready in" in r.stdout.splitlines()[0], r.stdout
         rows = [line.split("\t") for line in r.stdout.splitlines()[1:]]
         assert rows[0][:1] == ["NAME"] and rows[1][0] == "y-1", r.stdout
         name, pid, cid, mac, control, console, vsock, log = rows[1]

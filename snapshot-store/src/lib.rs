@@ -165,6 +165,7 @@ pub use store::{
 };
 pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
-    verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
+    verify_chain_cached_without_memory, verify_chain_with_progress, FileCheck, HashSource,
+    VerifyReport,
 };
 pub use writer::{DiskClone, DiskCopy, DiskMethod, MemoryFile, SnapshotWriter};

@@ -137,11 +137,15 @@ fn main() {
     );
 
     let mut ram = match kind.as_str() {
-        "anon" => {
+        "anon" | "huge" => {
             let mut ram = memmap2::MmapOptions::new()
                 .len(ram_bytes as usize)
                 .map_anon()
                 .expect("mmap guest RAM");
+            if kind == "huge" {
+                ram.advise(memmap2::Advice::HugePage)
+                    .expect("madvise(MADV_HUGEPAGE)");
+            }
             for page in ram.chunks_mut(4096) {
                 page[0] = 1;
             }

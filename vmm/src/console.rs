@@ -136,6 +136,13 @@ pub fn set_message_echo(echo: Option<MessageEcho>) {
     *ECHO.locked() = echo;
 }
 
+/// Where [`message`] echoes to, locked: for a fork, which holds it across
+/// ([`crate::machine::warm`]), so that the child's copy is not locked by a
+/// thread the child lacks.
+pub(crate) fn message_echo_slot() -> std::sync::MutexGuard<'static, Option<MessageEcho>> {
+    ECHO.locked()
+}
+
 /// Writes a VMM message to the console (stderr, and a socket console's
 /// output if there is one), on its own line.
 pub fn message(msg: &str) {

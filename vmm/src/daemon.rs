@@ -98,19 +98,25 @@ pub fn daemonize(log: Option<&Path>) -> anyhow::Result<Daemon> {
         }
         ForkResult::Child => {
             drop(read);
-            nix::unistd::setsid().context("setsid")?;
-            dup_onto(&null, 0)?;
-            let out: &dyn AsFd = match &log {
-                Some(f) => f,
-                None => &null,
-            };
-            dup_onto(out, 1)?;
-            dup_onto(out, 2)?;
+            detach_stdio(&null, log.as_ref())?;
             Ok(Daemon {
                 pipe: File::from(write),
             })
         }
     }
+}
+
+/// A daemon's own set-up: a session of its own, stdin `/dev/null`, stdout
+/// and stderr `log` (else `/dev/null`).
+fn detach_stdio(null: &File, log: Option<&File>) -> anyhow::Result<()> {
+    nix::unistd::setsid().context("setsid")?;
+    dup_onto(null, 0)?;
+    let out: &dyn AsFd = match log {
+        Some(f) => f,
+        None => null,
+    };
+    dup_onto(out, 1)?;
+    dup_onto(out, 2)
 }
 
 /// The parent's wait: the daemon's word on `read`, and the exit status it
@@ -159,13 +165,49 @@ impl Detach {
             daemon: Arc::new(Mutex::new(daemon)),
             pid: Mutex::new(None),
         };
+        detach.pid_file(pid)?;
+        Ok(detach)
+    }
+
+    /// A daemon made by a fork someone else did (a branch's warm child,
+    /// [`crate::machine::branch`]): the daemon's set-up as [`daemonize`]'s
+    /// child does it, its word going to `pipe`, whose reader waits as
+    /// [`daemonize`]'s parent does; then the pid file. Must be called
+    /// before any thread is started.
+    pub fn forked(pipe: OwnedFd, log: Option<&Path>, pid: Option<&Path>) -> anyhow::Result<Self> {
+        let daemon = Daemon {
+            pipe: File::from(pipe),
+        };
+        let set_up = || -> anyhow::Result<()> {
+            let log = log.map(open_log).transpose()?;
+            let null = File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .context("/dev/null")?;
+            detach_stdio(&null, log.as_ref())
+        };
+        if let Err(e) = set_up() {
+            daemon.failed(&format!("{e:#}"));
+            return Err(e);
+        }
+        let detach = Detach {
+            daemon: Arc::new(Mutex::new(Some(daemon))),
+            pid: Mutex::new(None),
+        };
+        detach.pid_file(pid)?;
+        Ok(detach)
+    }
+
+    /// Writes the pid file, if any; failing to is the start's error.
+    fn pid_file(&self, pid: Option<&Path>) -> anyhow::Result<()> {
         match pid.map(PidFile::create).transpose() {
             Ok(pid) => {
-                *detach.pid.locked() = pid;
-                Ok(detach)
+                *self.pid.locked() = pid;
+                Ok(())
             }
             Err(e) => {
-                detach.failed(&format!("{e:#}"));
+                self.failed(&format!("{e:#}"));
                 Err(e)
             }
         }

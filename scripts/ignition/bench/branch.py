@@ -4,7 +4,9 @@ For each method in --methods, each source state in --state and each N in --count
 times (medians of the runs in `summary`):
 
 - **branch**: a source (fresh boot, --mem, the guest agent, --track-dirty) gets `branch` with
-  count N over its control socket.
+  count N over its control socket (its children start as the VMM chooses: forks of the source
+  where it can, `start: fork`).
+- **branch-exec**: the same with `start: exec`: each child is `boot --restore` started anew.
 - **hand**: the same source gets `snapshot` over its control socket, then N `boot --restore
   LAYER --daemonize` are started at once, each with its own control socket, vsock socket and
   CID, as a user would script it without `branch` (each restore runs on an overlay of the
@@ -92,10 +94,10 @@ DIRTY_CMD = (
     f"mount -t tmpfs -o size={DIRTY_MIB + 16}m ram {RAM_DIR}) && "
     f"rm -f {RAM_DIR}/dirty && dd if=/dev/urandom of={RAM_DIR}/dirty bs=1M count={DIRTY_MIB} 2>/dev/null"
 )
-METHODS = ("branch", "hand", "qemu")
+METHODS = ("branch", "branch-exec", "hand", "qemu")
 STATES = ("idle", "dirty")
 # A first guess of one child's resident memory, MiB, until one has been measured.
-FIRST_GUESS_MIB = {"branch": 48, "hand": 48, "qemu": 256}
+FIRST_GUESS_MIB = {"branch": 48, "branch-exec": 48, "hand": 48, "qemu": 256}
 POLL_S = 0.02
 
 
@@ -242,7 +244,7 @@ def dirty(vm: Vm) -> float:
     return time.perf_counter() - t
 
 
-def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
+def one_branch(vm: Vm, store: Path, n: int, name: str, start: str | None = None) -> dict[str, Any]:
     assert vm.control_path is not None
     bdir = vm.control_path.parent / name
     w, running_at, stop = watch_until(lambda: bdir.is_dir() and len(list(bdir.glob("*.control"))) == n)
@@ -251,7 +253,7 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     w.start()
     try:
-        children = vm.branch(n, name)
+        children = vm.branch(n, name, start=start)
     finally:
         stop.set()
         w.join()
@@ -263,6 +265,7 @@ def one_branch(vm: Vm, store: Path, n: int, name: str) -> dict[str, Any]:
             "pause_us": answer["layer"]["pause_us"],
             "layer_write_ms": answer["layer"]["write_ms"],
             "layer_kind": answer["layer"]["kind"],
+            "start": answer["start"],
             "layer_pages": answer["layer"]["pages"],
             "child_restore_ms": [log_ms(c.log_path, "Restore-time") for c in children],
             "child_agent_ready_ms": [log_ms(c.log_path, "Agent-ready-time") for c in children],
@@ -655,7 +658,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--counts", default="1,8,32,64", help="children per request, comma-separated [default: %(default)s]")
     p.add_argument("--runs", type=int, default=5, help="requests per method, state and count [default: %(default)s]")
     p.add_argument("--state", default="idle,dirty", help="the source's states: idle, dirty [default: %(default)s]")
-    p.add_argument("--methods", default="branch,hand,qemu", help="branch, hand, qemu [default: %(default)s]")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"{', '.join(METHODS)} [default: %(default)s]",
+    )
     p.add_argument("--mem", type=int, default=512, help="the source's RAM, MiB")
     p.add_argument(
         "--net",
@@ -725,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ignition-bench-branch-") as tmp:
         work = Path(tmp)
         disk, store = work / "rootfs.ext4", work / "store"
-        if "branch" in methods or "hand" in methods:
+        if {"branch", "branch-exec", "hand"} & set(methods):
             shutil.copyfile(paths.ROOTFS, disk)
             extra = ["--branch-limit", str(max(counts))] + (["--net", "passt"] if a.net == "passt" else [])
             with Vm.boot(
@@ -739,13 +746,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         dirty_s = dirty(vm) if state == "dirty" else None
                         if method == "branch":
                             r = one_branch(vm, store, n, name)
+                        elif method == "branch-exec":
+                            r = one_branch(vm, store, n, name, start="exec")
                         else:
                             r = one_by_hand(cfg, vm, store, n, name, a.timeout, a.net == "passt")
                         return r | {"dirty_s": dirty_s}
 
                     return one
 
-                for method in ("branch", "hand"):
+                for method in ("branch", "branch-exec", "hand"):
                     if method in methods:
                         run_all(method, ignition(method))
                 drain.close()

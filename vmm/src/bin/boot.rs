@@ -128,7 +128,9 @@ fn default_cmdline() -> String {
 /// Timing lines on stderr: `Guest-boot-time = N ms` (VM start to the guest's
 /// first boot-timer write), `Snapshot-write-time = N ms`, `Restore-time = N
 /// ms` (with a `Restore-stages:` breakdown, and `Restore-disk`: the chain's
-/// disk opened under the VM's overlay, nothing copied),
+/// disk opened under the VM's overlay, nothing copied; a branch's forked
+/// child also prints `Restore-source = fork of the branch's source ...`,
+/// and its source `Branch-fork-time = N us`, the fork within its pause),
 /// `Agent-ready-time = N ms` (VM start to the guest agent's answer with the
 /// VM's generation ID), or `Agent-failed: WHY`, or `Agent-absent: WHY`.
 /// Logs: set RUST_LOG (e.g. RUST_LOG=debug).
@@ -271,6 +273,9 @@ struct BranchArgs {
     /// The children's network host ends: a template in which {i} becomes each child's number (tap:vm{i}: tap:vm1, tap:vm2, ...) [default: the VM's, if each child can have its own: passt]
     #[arg(long, value_name = "TEMPLATE")]
     net: Option<String>,
+    /// How the children start: fork (forks of the VM, sharing its memory and, on emu, its translated code; emu on Linux) or exec (each a new boot --restore) [default: fork where the VM can]
+    #[arg(long, value_parser = ["fork", "exec"])]
+    start: Option<String>,
     /// Print the VM's answer as JSON instead of a table
     #[arg(long)]
     json: bool,
@@ -331,6 +336,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    ignition_vmm::machine::branch::set_child_main(branch_child);
     let args = Args::parse();
     if let Some(Command::Branch(b)) = &args.command {
         return branch_client(b);
@@ -353,21 +359,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match run(args, detach.on_running()) {
-        Ok(VmExit::PowerOff) | Ok(VmExit::Reset) | Ok(VmExit::Quit) => ExitCode::SUCCESS,
+    let running = detach.on_running();
+    ExitCode::from(ended(run(args, running), &detach))
+}
+
+/// The exit status of a VM that ran (or failed to start) with `detach`.
+fn ended(result: anyhow::Result<VmExit>, detach: &Detach) -> u8 {
+    match result {
+        Ok(VmExit::PowerOff) | Ok(VmExit::Reset) | Ok(VmExit::Quit) => 0,
         Ok(VmExit::Error(e)) => {
             ignition_vmm::console::restore_terminal();
             eprintln!("boot: the VM stopped: {e}");
             detach.failed(&format!("the VM stopped: {e}"));
-            ExitCode::FAILURE
+            1
         }
         Err(e) => {
             ignition_vmm::console::restore_terminal();
             eprintln!("boot: {e:#}");
             detach.failed(&format!("{e:#}"));
-            ExitCode::FAILURE
+            1
         }
     }
+}
+
+/// A warm child of a branch (the source's fork, `branch`): `argv` as a
+/// started child gets them, its daemon's word to `word`.
+fn branch_child(argv: Vec<std::ffi::OsString>, word: std::os::fd::OwnedFd) -> i32 {
+    let args = match Args::try_parse_from(std::iter::once("boot".into()).chain(argv)) {
+        Ok(a) => a,
+        Err(e) => {
+            use std::io::Write;
+            let _ = std::fs::File::from(word).write_all(format!("E{e}").as_bytes());
+            return 2;
+        }
+    };
+    let detach = match Detach::forked(word, args.log_file.as_deref(), args.pid_file.as_deref()) {
+        Ok(d) => d,
+        Err(_) => return 1,
+    };
+    let running = detach.on_running();
+    i32::from(ended(run(args, running), &detach))
 }
 
 /// Runs the VM `args` describe; `running` is called once it runs.
@@ -458,6 +489,9 @@ fn branch_client(b: &BranchArgs) -> ExitCode {
     if let Some(t) = &b.net {
         req["net"] = t.clone().into();
     }
+    if let Some(s) = &b.start {
+        req["start"] = s.clone().into();
+    }
     let answer = match branch::request(&b.control, &req, None) {
         Ok(a) => a,
         Err(e) => {
@@ -471,11 +505,12 @@ fn branch_client(b: &BranchArgs) -> ExitCode {
     }
     let layer = &answer["layer"];
     println!(
-        "layer {} ({}, {} pages, paused {} us); children ready in {} ms; their files in {}",
+        "layer {} ({}, {} pages, paused {} us); children ({}) ready in {} ms; their files in {}",
         layer["name"].as_str().unwrap_or("?"),
         layer["kind"].as_str().unwrap_or("?"),
         layer["pages"],
         layer["pause_us"],
+        answer["start"].as_str().unwrap_or("?"),
         answer["total_ms"],
         answer["dir"].as_str().unwrap_or("?"),
     );

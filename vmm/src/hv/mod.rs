@@ -203,6 +203,11 @@ pub trait Hypervisor {
     /// Whether all vCPUs must run round-robin on one host thread (`emu`)
     /// rather than one thread per vCPU (HVF binds a vCPU to its thread).
     const ROUND_ROBIN: bool = false;
+    /// Whether a child of `fork()` can go on with this backend's vCPUs
+    /// ([`Vm::adopt_vcpu`]): `emu` (a unicorn engine is memory of the
+    /// process, and its translated code comes along). Not HVF: a VM belongs
+    /// to the process that created it.
+    const FORKS_VCPUS: bool = false;
     /// Whether this backend on this host can give a VM interrupt controller
     /// `mode`; [`HvError::GicModeUnavailable`] says why not. Cheap and
     /// side-effect free, so a run can refuse early, before it creates
@@ -218,10 +223,26 @@ pub trait Hypervisor {
 /// the guest's counter.
 pub trait Vm: Send + Sync {
     /// The vCPU type.
-    type Vcpu: Vcpu;
+    type Vcpu: Vcpu + 'static;
     /// Creates vCPU `id` with affinity `mpidr` (MPIDR_EL1 value) in its reset
     /// state (EL1h, MMU off). Must be called on the thread that will run it.
     fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<Self::Vcpu>;
+    /// Makes `vcpu`, a vCPU of another VM of this process on the same RAM
+    /// mapping (a VM of the process this one was forked from, see
+    /// [`Hypervisor::FORKS_VCPUS`]), this VM's vCPU of the same id, as
+    /// [`Vm::create_vcpu`] would make it but with its registers and its
+    /// translated code. The other VM must never be used again. Errors:
+    /// [`HvError::Call`] if the backend cannot, the id is out of range or
+    /// taken, or the vCPU maps other RAM.
+    fn adopt_vcpu(&self, vcpu: Self::Vcpu) -> Result<Self::Vcpu> {
+        Err(HvError::Call {
+            call: "adopt_vcpu",
+            detail: format!(
+                "vCPU {}: this backend cannot take a vCPU of another VM",
+                vcpu.id()
+            ),
+        })
+    }
     /// Changes guest access permissions of `size` bytes of RAM at `gpa`
     /// (both multiples of [`crate::arch::layout::PAGE_SIZE`]).
     fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()>;

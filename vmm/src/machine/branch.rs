@@ -34,7 +34,8 @@
 use crate::devices::virtio::net::host_end::NetHost;
 use crate::devices::virtio::net::{derived_macs, format_mac};
 use crate::machine::config::{BranchConfig, SnapshotMode};
-use crate::machine::ops::{BranchError, Branched, Child, Written};
+use crate::machine::ops::{BranchError, BranchStart, Branched, Child, Written};
+use crate::machine::warm::Forked;
 use crate::sync::Locked;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -43,7 +44,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a child stopped with `SIGTERM` (a failed request's) has to end
@@ -88,7 +89,33 @@ pub struct Source {
     pub cid: Option<u64>,
     /// The guest agent's timeout, if the source waits for one.
     pub agent_timeout: Option<Duration>,
+    /// Whether children are forked warm from the source
+    /// ([`crate::hv::Hypervisor::FORKS_VCPUS`], on Linux, with a
+    /// [`set_child_main`]); else each is this executable started anew.
+    pub warm: bool,
 }
+
+/// A warm child's `boot`: given the child's arguments (as a started child
+/// gets them, [`child_args`]) and the pipe its daemon's word goes to
+/// ([`crate::daemon::Detach::forked`]), runs the VM and returns the exit
+/// status. Set by the binary ([`set_child_main`]).
+pub type ChildMain = fn(Vec<std::ffi::OsString>, OwnedFd) -> i32;
+
+static CHILD_MAIN: OnceLock<ChildMain> = OnceLock::new();
+
+/// Registers the binary's [`ChildMain`]; without one, children are started
+/// anew.
+pub fn set_child_main(main: ChildMain) {
+    let _ = CHILD_MAIN.set(main);
+}
+
+/// What the source's fork runs, [`crate::machine::warm`]'s child work.
+pub type ForkWork = Box<dyn FnOnce() -> i32 + Send>;
+
+/// What the branch's snapshot gives back: the layer, and, if it was asked
+/// to fork, the fork's outcome (the child's pid or why not; `None`: not
+/// tried).
+pub type Snapshotted = (Result<Written, BranchError>, Forked);
 
 /// The children's names: `B-1 .. B-N`.
 pub fn child_names(name: &str, count: usize) -> Vec<String> {
@@ -317,7 +344,8 @@ pub fn branch(
     name: &str,
     count: usize,
     net: Option<&str>,
-    snapshot: impl FnOnce(String) -> Result<Written, BranchError>,
+    start: Option<BranchStart>,
+    snapshot: impl FnOnce(String, Option<ForkWork>) -> Snapshotted,
 ) -> Result<Branched, BranchError> {
     let t0 = Instant::now();
     let store = snapshot_store::Store::open(&src.store).ok();
@@ -355,16 +383,44 @@ pub fn branch(
     let exe = std::env::current_exe()
         .map_err(|e| BranchError::Failed(format!("cannot find this executable: {e}")))?;
 
-    let layer = snapshot(name.to_string())?;
-
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))?;
-    let deadline = Instant::now() + src.branch.timeout;
-    match start_all(&exe, src, name, &mut children, &nets, deadline) {
+    let make_dir = || {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))
+    };
+    let can_fork = src.warm && CHILD_MAIN.get().is_some();
+    let start = match start {
+        Some(BranchStart::Fork) if !can_fork => return Err(BranchError::NoFork(src.backend)),
+        Some(s) => s,
+        None if can_fork => BranchStart::Fork,
+        None => BranchStart::Exec,
+    };
+    let (layer, started) = if start == BranchStart::Fork {
+        let (start, work) = warm_forks(src, name, &children, &nets)
+            .map_err(|e| BranchError::Failed(format!("cannot make the children's pipes: {e}")))?;
+        let (layer, forked) = snapshot(name.to_string(), Some(work));
+        // Without a go, the fork's child ends (and is reaped here).
+        let layer = match layer.and_then(|l| make_dir().map(|()| l)) {
+            Ok(l) => l,
+            Err(e) => {
+                start.abandon(&forked);
+                return Err(e);
+            }
+        };
+        let deadline = Instant::now() + src.branch.timeout;
+        (layer, start.go(forked, &mut children, deadline))
+    } else {
+        let layer = snapshot(name.to_string(), None).0?;
+        make_dir()?;
+        let deadline = Instant::now() + src.branch.timeout;
+        let started = start_all(&exe, src, name, &mut children, &nets, deadline);
+        (layer, started)
+    };
+    match started {
         Ok(()) => Ok(Branched {
             layer,
+            start,
             dir,
             children,
             total_ms: t0.elapsed().as_millis() as u64,
@@ -478,6 +534,16 @@ fn start_all(
     if let Some(e) = first_error {
         return Err(e);
     }
+    ready_and_commit(children, guards, deadline)
+}
+
+/// Waits until every running child is ready, then commits each one's
+/// guard pipe. Errors: the first child that failed, and why.
+fn ready_and_commit(
+    children: &mut [Child],
+    guards: Vec<std::fs::File>,
+    deadline: Instant,
+) -> Result<(), (String, String)> {
     for c in children.iter_mut() {
         c.generation_id = wait_ready(c, deadline).map_err(|why| (c.name.clone(), why))?;
     }
@@ -486,6 +552,239 @@ fn start_all(
             .map_err(|e| (c.name.clone(), format!("its guard pipe: {e}")))?;
     }
     Ok(())
+}
+
+/// The byte that lets a warm branch's fork start the children: the layer
+/// is in the store.
+const GO: u8 = b'G';
+
+/// A pipe, both ends closed on exec.
+fn cloexec_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe()?;
+    for end in [&read, &write] {
+        nix::fcntl::fcntl(
+            end,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((read, write))
+}
+
+/// The source's side of a warm branch: the go pipe's write end, and per
+/// child its guard pipe's write end and its daemon-word pipe's read end.
+struct WarmStart {
+    go: std::fs::File,
+    guards: Vec<std::fs::File>,
+    words: Vec<std::fs::File>,
+}
+
+/// One child's side of a warm branch, carried through the source's fork.
+struct WarmChild {
+    args: Vec<std::ffi::OsString>,
+    guard: OwnedFd,
+    word: OwnedFd,
+}
+
+/// The pipes of a warm branch, made before the snapshot's pause, and what
+/// the source's fork runs ([`fork_work`]).
+fn warm_forks(
+    src: &Source,
+    layer: &str,
+    children: &[Child],
+    nets: &[Option<ChildNet>],
+) -> nix::Result<(WarmStart, ForkWork)> {
+    let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
+    let (go_read, go) = cloexec_pipe()?;
+    let (mut guards, mut words, mut kids) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, net) in children.iter().zip(nets) {
+        let (guard, guard_write) = cloexec_pipe()?;
+        let (word_read, word) = cloexec_pipe()?;
+        let missing = format!("{layer}-test-missing");
+        let layer = if fail.as_deref() == Some(c.name.as_str()) {
+            &missing
+        } else {
+            layer
+        };
+        kids.push(WarmChild {
+            args: child_args(src, layer, c, net.as_ref(), guard.as_raw_fd()),
+            guard,
+            word,
+        });
+        guards.push(std::fs::File::from(guard_write));
+        words.push(std::fs::File::from(word_read));
+    }
+    let start = WarmStart {
+        go: std::fs::File::from(go),
+        guards,
+        words,
+    };
+    Ok((start, Box::new(move || fork_work(go_read, kids))))
+}
+
+/// In the source's fork (single-threaded, [`crate::machine::warm`]): keeps
+/// only the children's descriptors, waits for [`GO`] (the layer is in the
+/// store), then forks each child, which runs the binary's [`ChildMain`]
+/// on the inherited VM. Ends once every child is forked (1 without a go).
+fn fork_work(go: OwnedFd, kids: Vec<WarmChild>) -> i32 {
+    let mut keep: Vec<RawFd> = vec![go.as_raw_fd()];
+    keep.extend(
+        kids.iter()
+            .flat_map(|k| [k.guard.as_raw_fd(), k.word.as_raw_fd()]),
+    );
+    close_fds_except(&keep);
+    if let Ok(null) = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for to in 0..3 {
+            // SAFETY: dup2 onto a standard descriptor; touches no memory.
+            unsafe { libc::dup2(null.as_raw_fd(), to) };
+        }
+    }
+    let mut byte = [0u8];
+    let went = loop {
+        match std::fs::File::from(go.try_clone().expect("dup of the go pipe")).read(&mut byte) {
+            Ok(1) => break byte[0] == GO,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => break false,
+        }
+    };
+    let Some(main) = CHILD_MAIN.get().copied() else {
+        return 1;
+    };
+    if !went {
+        return 1;
+    }
+    for kid in kids {
+        // SAFETY: this process has one thread; the child runs the binary's
+        // main on it and ends with `_exit`.
+        match unsafe { libc::fork() } {
+            0 => {
+                close_fds_except(&[kid.guard.as_raw_fd(), kid.word.as_raw_fd(), 0, 1, 2]);
+                // Seen as what it is (`ps`, a supervisor): `boot --restore ...`.
+                #[cfg(target_os = "linux")]
+                {
+                    let exe = std::env::args_os().next().unwrap_or_else(|| "boot".into());
+                    let argv: Vec<_> = std::iter::once(exe)
+                        .chain(kid.args.iter().cloned())
+                        .collect();
+                    if let Err(e) = crate::machine::warm::set_cmdline(&argv) {
+                        tracing::warn!("cannot set the child's command line: {e}");
+                    }
+                }
+                let code = main(kid.args, kid.word);
+                // SAFETY: ends the child; nothing of the fork's is dropped.
+                unsafe { libc::_exit(code) }
+            }
+            -1 => {
+                let e = std::io::Error::last_os_error();
+                let _ = std::fs::File::from(kid.word)
+                    .write_all(format!("Ecannot fork: {e}").as_bytes());
+            }
+            _ => {}
+        }
+    }
+    0
+}
+
+/// Closes every descriptor of this process above 2 but `keep`.
+fn close_fds_except(keep: &[RawFd]) {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|&fd| fd > 2).collect();
+    keep.sort_unstable();
+    let mut from: RawFd = 3;
+    for &k in keep.iter().chain(std::iter::once(&RawFd::MAX)) {
+        if k > from {
+            close_range(from, k - 1);
+        }
+        from = k.saturating_add(1);
+    }
+}
+
+/// Closes descriptors `from..=to`.
+#[cfg(target_os = "linux")]
+fn close_range(from: RawFd, to: RawFd) {
+    // SAFETY: close_range(2) only closes descriptors.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            from as libc::c_uint,
+            to as libc::c_uint,
+            0 as libc::c_uint,
+        )
+    };
+}
+
+/// Closes descriptors `from..=to` (up to the process's limit).
+#[cfg(not(target_os = "linux"))]
+fn close_range(from: RawFd, to: RawFd) {
+    // SAFETY: sysconf reads a limit.
+    let max =
+        unsafe { libc::sysconf(libc::_SC_OPEN_MAX) }.clamp(0, RawFd::MAX as libc::c_long) as RawFd;
+    for fd in from..=to.min(max) {
+        // SAFETY: close only closes a descriptor.
+        unsafe { libc::close(fd) };
+    }
+}
+
+impl WarmStart {
+    /// The branch stops before its children start: the fork's child, if
+    /// there is one, gets no go and ends; it is reaped.
+    fn abandon(self, forked: &Forked) {
+        drop(self);
+        if let Some(Ok(pid)) = forked {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(*pid), None);
+        }
+    }
+
+    /// The layer is in the store: lets the fork start the children, waits
+    /// for each one's daemon's word (running, or its error), then until each
+    /// is ready, then commits them. Errors: the first child that failed, and
+    /// why.
+    fn go(
+        mut self,
+        forked: Forked,
+        children: &mut [Child],
+        deadline: Instant,
+    ) -> Result<(), (String, String)> {
+        let first = children.first().map(|c| c.name.clone()).unwrap_or_default();
+        let pid = match forked {
+            Some(Ok(pid)) => pid,
+            Some(Err(e)) => return Err((first, format!("the source could not fork: {e}"))),
+            None => return Err((first, "the source did not fork".into())),
+        };
+        let went = self.go.write_all(&[GO]);
+        drop(self.go);
+        // It ends once it has forked every child.
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        went.map_err(|e| (first, format!("the source's fork is gone: {e}")))?;
+        let mut first_error = None;
+        for (c, mut word) in children.iter_mut().zip(self.words) {
+            let mut w = Vec::new();
+            let _ = word.read_to_end(&mut w);
+            let failed = match w.split_first() {
+                Some((b'R', _)) => match read_pid(&c.pid_file) {
+                    Ok(pid) => {
+                        c.pid = pid;
+                        None
+                    }
+                    Err(e) => Some(e),
+                },
+                Some((b'E', msg)) => Some(String::from_utf8_lossy(msg).trim().to_string()),
+                _ => Some(format!(
+                    "its boot ended before the VM ran; see {}",
+                    c.log.display()
+                )),
+            };
+            if let Some(why) = failed {
+                first_error.get_or_insert((c.name.clone(), why));
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        ready_and_commit(children, self.guards, deadline)
+    }
 }
 
 /// In a child (`boot --branch-guard FD`): reads the guard pipe `guard` on a
@@ -699,6 +998,7 @@ mod tests {
             mac: None,
             cid: None,
             agent_timeout: None,
+            warm: true,
         };
         assert_eq!(child_nets(&src, &names, None).unwrap(), vec![None; 3]);
         assert!(child_nets(&src, &names, Some("tap:vm{i}"))
@@ -769,6 +1069,7 @@ mod tests {
             mac: Some([0x52, 0x54, 0, 1, 2, 3]),
             cid: Some(3),
             agent_timeout: Some(Duration::from_secs(300)),
+            warm: false,
         };
         let dir = branch_dir(&src, "b").unwrap();
         assert_eq!(dir, Path::new("/run/vm/b"));
@@ -814,5 +1115,33 @@ mod tests {
             branch_dir(&no_control, "b"),
             Err(BranchError::NoDir)
         ));
+    }
+
+    #[test]
+    fn a_fork_is_refused_where_the_source_cannot_fork() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = Source {
+            branch: BranchConfig {
+                dir: Some(dir.path().to_path_buf()),
+                ..BranchConfig::default()
+            },
+            store: dir.path().join("store"),
+            track_dirty: true,
+            mode: SnapshotMode::Background,
+            backend: "hvf",
+            control: None,
+            net: None,
+            mac: None,
+            cid: None,
+            agent_timeout: None,
+            warm: false,
+        };
+        let r = branch(&src, "b", 2, None, Some(BranchStart::Fork), |_, _| {
+            panic!("refused before the snapshot")
+        });
+        let e = r.unwrap_err();
+        assert!(matches!(e, BranchError::NoFork("hvf")), "{e}");
+        assert!(e.to_string().contains("use start \"exec\""), "{e}");
+        assert!(!dir.path().join("b").exists());
     }
 }

@@ -8,7 +8,7 @@
 //! {"command": "resume"}
 //! {"command": "status"}
 //! {"command": "quit"}
-//! {"command": "branch", "name": "NAME", "count": N, "net": "tap:vm{i}"}   name, net optional
+//! {"command": "branch", "name": "NAME", "count": N, "net": "tap:vm{i}", "start": "fork"}   name, net, start optional
 //! {"command": "exec", "argv": ["sh", "-c", "..."], "stdin": "BASE64", "timeout_ms": 60000}
 //! ```
 //!
@@ -34,7 +34,8 @@
 //! This is a front-end: each request is a verb ([`crate::machine::ops`]).
 
 use crate::machine::ops::{
-    BranchError, ExecError, ExecOp, Op, OpError, SnapshotWait, Verbs, MAX_EXEC_TIMEOUT_MS,
+    BranchError, BranchStart, ExecError, ExecOp, Op, OpError, SnapshotWait, Verbs,
+    MAX_EXEC_TIMEOUT_MS,
 };
 use crate::sync::{Locked, Waited};
 use base64::Engine;
@@ -119,6 +120,7 @@ impl ErrorCode {
                 BranchError::BadName(_) => ErrorCode::BadRequest,
                 BranchError::Child { .. } | BranchError::Failed(_) => ErrorCode::BranchFailed,
                 BranchError::Network(_)
+                | BranchError::NoFork(_)
                 | BranchError::NoDir
                 | BranchError::PathTooLong(_)
                 | BranchError::Snapshot(_) => ErrorCode::Refused,
@@ -153,6 +155,9 @@ struct Fields {
     /// `branch`'s network template.
     #[serde(default)]
     net: Option<String>,
+    /// `branch`'s start.
+    #[serde(default)]
+    start: Option<BranchStart>,
     /// `exec`'s, `Some` when the key is there (as `name`).
     #[serde(default, deserialize_with = "present")]
     argv: Option<Option<Vec<String>>>,
@@ -189,7 +194,12 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
         ));
     }
     let f: Fields = serde_json::from_slice(line).map_err(|e| bad(format!("bad request: {e}")))?;
-    for (field, there) in [("count", f.count.is_some()), ("net", f.net.is_some())] {
+    let branch_fields = [
+        ("count", f.count.is_some()),
+        ("net", f.net.is_some()),
+        ("start", f.start.is_some()),
+    ];
+    for (field, there) in branch_fields {
         if there && f.command != "branch" {
             return Err(bad(format!(
                 "unknown field '{field}' in a '{}' request",
@@ -219,6 +229,7 @@ pub fn parse_request(line: &[u8]) -> Result<Op, RequestError> {
                 name: f.name.flatten(),
                 count: usize::try_from(count).unwrap_or(usize::MAX),
                 net: f.net,
+                start: f.start,
             });
         }
         "snapshot" => {
@@ -562,14 +573,16 @@ mod tests {
                 name: Some("b".into()),
                 count: 4,
                 net: None,
+                start: None,
             })
         );
         assert_eq!(
-            parse_request(br#"{"command":"branch","count":2,"net":"tap:vm{i}"}"#),
+            parse_request(br#"{"command":"branch","count":2,"net":"tap:vm{i}","start":"exec"}"#),
             Ok(Op::Branch {
                 name: None,
                 count: 2,
                 net: Some("tap:vm{i}".into()),
+                start: Some(BranchStart::Exec),
             })
         );
         assert_eq!(
@@ -578,6 +591,7 @@ mod tests {
                 name: None,
                 count: 0,
                 net: None,
+                start: None,
             })
         );
         for bad in [
@@ -589,6 +603,8 @@ mod tests {
             br#"{"command":"snapshot","net":"passt"}"#,
             br#"{"command":"branch","count":2,"net":3}"#,
             br#"{"command":"branch","count":2,"count":3}"#,
+            br#"{"command":"branch","count":2,"start":"clone"}"#,
+            br#"{"command":"snapshot","start":"fork"}"#,
         ] {
             assert_eq!(code(bad), Some(ErrorCode::BadRequest), "{bad:?}");
         }

@@ -55,6 +55,7 @@ pub mod signals;
 mod snapshot;
 mod vcpu;
 mod vm;
+pub mod warm;
 
 pub use config::{
     AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
@@ -125,9 +126,17 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
                 self.vmm.finish(VmExit::Quit);
                 Ok(Reply::Done {})
             }
-            Op::Branch { name, count, net } => {
-                Ok(Reply::Branch(self.branch(name, count, net.as_deref())?))
-            }
+            Op::Branch {
+                name,
+                count,
+                net,
+                start,
+            } => Ok(Reply::Branch(self.branch(
+                name,
+                count,
+                net.as_deref(),
+                start,
+            )?)),
             Op::Exec(e) => {
                 let uds = self.agent_uds.as_ref().ok_or(ops::ExecError::NoAgent)?;
                 let ended = || self.vmm.finished();
@@ -145,6 +154,7 @@ impl<V: Vm + 'static> Machine<V> {
         name: Option<String>,
         count: usize,
         net: Option<&str>,
+        start: Option<ops::BranchStart>,
     ) -> Result<ops::Branched, ops::BranchError> {
         let name = name
             .or_else(|| self.snapshots.next_name())
@@ -155,16 +165,24 @@ impl<V: Vm + 'static> Machine<V> {
             cid: devices.vsock_cid(),
             ..self.branch.clone()
         };
-        branch::branch(&src, &name, count, net, |name| {
-            self.snapshots
-                .take(&self.vmm, Some(name.clone()), true)?
-                .ok_or_else(|| {
+        branch::branch(&src, &name, count, net, start, |name, work| {
+            let job = work.map(|child| warm::ForkJob {
+                ram: self.vmm.ram().clone(),
+                child,
+            });
+            let (written, forked) =
+                self.snapshots
+                    .take_forking(&self.vmm, Some(name.clone()), true, job);
+            let written = written.map_err(ops::BranchError::from).and_then(|w| {
+                w.ok_or_else(|| {
                     ops::SnapshotError::Failed {
                         name,
                         reason: anyhow::anyhow!("the layer was not committed"),
                     }
                     .into()
                 })
+            });
+            (written, forked)
         })
     }
 
@@ -308,6 +326,7 @@ where
             mac: None,
             cid: None,
             agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
+            warm: H::FORKS_VCPUS && cfg!(target_os = "linux"),
         },
     });
     let front = Front {

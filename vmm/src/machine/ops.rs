@@ -43,6 +43,9 @@ pub enum Op {
         /// becomes each child's number (`tap:vm{i}`: `tap:vm1`, ...);
         /// `None`: the source's, if it can be one per child (`passt`).
         net: Option<String>,
+        /// How the children start; `None`: [`BranchStart::Fork`] where the
+        /// backend can, else [`BranchStart::Exec`].
+        start: Option<BranchStart>,
     },
     /// Runs a command in the guest through its agent and waits for it to
     /// end (at most its timeout).
@@ -139,11 +142,27 @@ pub struct Child {
     pub generation_id: Option<String>,
 }
 
+/// How a branch's children start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BranchStart {
+    /// Each child is a fork of the source, made while the source is paused
+    /// for the layer: it shares the source's RAM copy-on-write and, on
+    /// `emu`, the guest code the source translated
+    /// ([`crate::hv::Hypervisor::FORKS_VCPUS`]; Linux only).
+    Fork,
+    /// Each child is this executable started anew with `--restore`: it
+    /// maps the layer's memory and translates the guest's code itself.
+    Exec,
+}
+
 /// [`Op::Branch`]'s result.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Branched {
     /// The layer written.
     pub layer: Written,
+    /// How the children started.
+    pub start: BranchStart,
     /// The branch directory.
     pub dir: PathBuf,
     /// The children, `B-1` first, all ready.
@@ -248,6 +267,9 @@ pub enum BranchError {
     /// message says which, and the way forward).
     #[error("{0}")]
     Network(String),
+    /// `start: fork` from a source whose backend cannot fork its vCPUs.
+    #[error("this source cannot fork its children (the {0} backend's vCPUs do not survive a fork, or this host is not Linux); use start \"exec\"")]
+    NoFork(&'static str),
     /// Neither `--branch-dir` nor `--control` says where the children's
     /// files go.
     #[error("no branch directory: start boot with --branch-dir or --control")]

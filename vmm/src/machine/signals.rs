@@ -63,11 +63,38 @@ extern "C" fn on_signal(sig: libc::c_int) {
     nix::errno::Errno::set_raw(errno);
 }
 
+/// The process's front-end, once [`install`]ed.
+static INSTALLED: Mutex<Option<Signals>> = Mutex::new(None);
+
+/// For a fork ([`crate::machine::warm`]): the front-end's slot, locked, so
+/// that the child's copy is not held by a thread the child lacks. In the
+/// child, pass it to [`forget_in_child`].
+pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<Signals>> {
+    INSTALLED.locked()
+}
+
+/// In a forked child, with the slot [`lock_for_fork`] locked: the parent's
+/// front-end is forgotten (its thread is not in the child, and its pipe's
+/// descriptor will be another file's), the handlers are the default ones
+/// until the child's own [`install`].
+pub(crate) fn forget_in_child(slot: &mut Option<Signals>) {
+    std::mem::forget(slot.take());
+    PIPE.store(-1, Ordering::Relaxed);
+    for sig in QUIT_SIGNALS {
+        // SAFETY: restores the default disposition; no handler of ours runs.
+        let _ = unsafe {
+            sigaction(
+                sig,
+                &SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty()),
+            )
+        };
+    }
+}
+
 /// Installs the handlers of [`QUIT_SIGNALS`] and starts the thread that
 /// serves them (once per process: later calls return the same front-end).
 /// Until [`Signals::serve`] is called, a signal waits.
 pub fn install() -> anyhow::Result<Signals> {
-    static INSTALLED: Mutex<Option<Signals>> = Mutex::new(None);
     let mut installed = INSTALLED.locked();
     if let Some(s) = &*installed {
         return Ok(s.clone());

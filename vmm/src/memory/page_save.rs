@@ -511,6 +511,16 @@ const EMPTY_SLOT: Slot = Slot {
 
 static SLOT_TABLE: [Slot; SLOTS] = [EMPTY_SLOT; SLOTS];
 
+/// In a forked child, before it saves anything: the parent's saves are
+/// forgotten, not dropped (they hold the parent's files, whose descriptors
+/// the child closes); the mappings' claims stay, for the inherited RAM.
+pub fn forget_saves_in_child() {
+    for slot in &SLOT_TABLE {
+        slot.save.store(std::ptr::null_mut(), Ordering::SeqCst);
+        slot.inflight.store(0, Ordering::SeqCst);
+    }
+}
+
 impl Slot {
     /// Replaces the slot's save; the old one is dropped once no fault
     /// handler uses it.

@@ -1399,3 +1399,44 @@ fn a_read_showing_istatus_raises_the_vtimer_ppi_at_once() {
         assert!(g.io.events.contains(&Ev::Timer(true)), "the PPI was raised");
     }
 }
+
+#[test]
+fn a_vcpu_taken_over_by_a_vm_on_the_same_ram_goes_on_where_it_stopped() {
+    let Guest {
+        ram,
+        vm,
+        cpu,
+        mut io,
+        ..
+    } = Guest::new(HVC_SMC);
+    let mut cpu = cpu;
+    assert_eq!(cpu.run(&mut io).unwrap(), VcpuExit::Hvc { imm: 5 });
+    // A second VM of the same RAM, as a forked child builds (`machine::warm`).
+    let vm2 = EmuHypervisor::new()
+        .create_vm(ram.clone(), 2, GicMode::Userspace)
+        .unwrap();
+    let mut cpu = vm2.adopt_vcpu(cpu).unwrap();
+    assert_eq!(cpu.run(&mut io).unwrap(), VcpuExit::Smc { imm: 0x77 });
+    assert_eq!(cpu.reg(Reg::Pc).unwrap(), CODE + 8);
+    // It is the new VM's vCPU 0: taken, and kicked through the new VM.
+    assert!(vm2.create_vcpu(0, 0).is_err());
+    cpu.kicker().kick();
+    assert_eq!(cpu.run(&mut io).unwrap(), VcpuExit::Kicked);
+    assert_eq!(cpu.run(&mut io).unwrap(), VcpuExit::Hvc { imm: 6 });
+    drop(vm);
+}
+
+#[test]
+fn a_vcpu_is_not_taken_over_by_a_vm_on_other_ram() {
+    let g = Guest::new(HVC_SMC);
+    let other = Arc::new(GuestRam::new_anonymous(RAM_SIZE).unwrap());
+    let vm2 = EmuHypervisor::new()
+        .create_vm(other, 2, GicMode::Userspace)
+        .unwrap();
+    let Err(e) = vm2.adopt_vcpu(g.cpu) else {
+        panic!("taken over by a VM on other RAM");
+    };
+    assert!(e.to_string().contains("maps"), "{e}");
+    // The id stays free.
+    assert!(vm2.create_vcpu(0, 0).is_ok());
+}

@@ -36,11 +36,14 @@ use unicorn_engine::{
 /// (unicorn's default is 1 GiB, touched as code is translated, in 2 MiB
 /// transparent huge pages where the host allows them). When it is full, TCG
 /// drops every translated block and starts again. The project's guest has
-/// translated about 31 MiB when a fresh boot's agent answers, and a
-/// restored VM (a branch's child) about 14 MiB when its agent answers
-/// (book: Benchmarks, "Branch"), so neither flushes on its way to ready; a
-/// long-running VM holds at most this much instead of up to 1 GiB.
-pub const TCG_BUFFER_BYTES: u32 = 32 << 20;
+/// translated about 31 MiB when a fresh boot's agent answers. A branch's
+/// forked child (`machine::warm`) goes on in its source's buffer and adds
+/// the code the source never ran (about 4 MiB on its way to ready): the
+/// buffer must have that room, or the child's first translation drops all
+/// it inherited and it translates everything again (a 32 MiB buffer did
+/// that; book: Benchmarks, "Branch"). A long-running VM holds at most this
+/// much instead of up to 1 GiB.
+pub const TCG_BUFFER_BYTES: u32 = 128 << 20;
 
 /// Sets the engine's translation buffer to [`TCG_BUFFER_BYTES`]. Only
 /// before the engine initialises, which any control but the CPU model's
@@ -165,6 +168,49 @@ impl EmuVcpu {
         };
         vcpu.setup(&vm)?;
         Ok(vcpu)
+    }
+
+    /// This vCPU, of a VM of the process this one was forked from, made
+    /// vCPU `shared` of `vm` ([`crate::hv::Vm::adopt_vcpu`]): the engine, its
+    /// registers, RAM mapping, hooks and translated code stay; what the hooks
+    /// reach of the VM is `vm`'s from now on, and the TLB is flushed (`vm`'s
+    /// dirty tracking decides which pages are writable). The old VM's objects
+    /// are never touched again, not even dropped: their locks and threads
+    /// were the parent process's. Errors if `vm` maps other RAM.
+    pub(super) fn rebind(mut self, vm: Arc<VmShared>, shared: Arc<VcpuShared>) -> Result<Self> {
+        let (host, size) = {
+            let st = self.state();
+            (st.vm.host, st.vm.ram_size)
+        };
+        if (host, size) != (vm.host, vm.ram_size) {
+            let detail = format!(
+                "vCPU {}: its engine maps {size:#x} bytes of RAM at host {host:#x}, the VM {:#x} at {:#x}",
+                self.id, vm.ram_size, vm.host
+            );
+            // Not dropped: dropping reaches the old VM's timer.
+            std::mem::forget(self);
+            return Err(HvError::Call {
+                call: "adopt_vcpu",
+                detail,
+            });
+        }
+        let spin_enabled = vm.vcpus.len() > 1;
+        let st = self.state();
+        std::mem::forget(std::mem::replace(&mut st.vm, vm));
+        std::mem::forget(std::mem::replace(&mut st.me, shared.clone()));
+        st.io = None;
+        st.armed = None;
+        st.reported_level = None;
+        st.fault = None;
+        st.exit = None;
+        st.stopped_by_hook = false;
+        st.panic = None;
+        st.spin = spin::SpinDetector::default();
+        st.spin_enabled = spin_enabled;
+        std::mem::forget(std::mem::replace(&mut self.shared, shared));
+        self.uc.flush_tlb().map_err(uc_err("flush TLB"))?;
+        self.state().filled.clear();
+        Ok(self)
     }
 
     fn setup(&self, vm: &VmShared) -> Result<()> {

@@ -29,6 +29,7 @@ impl Hypervisor for EmuHypervisor {
     /// Unicorn engines are driven from one thread, round-robin; another
     /// thread may only kick them (quirk 9).
     const ROUND_ROBIN: bool = true;
+    const FORKS_VCPUS: bool = true;
 
     /// Only [`GicMode::Userspace`]: the in-kernel GIC is Hypervisor.framework's.
     fn check_gic_mode(&self, mode: GicMode) -> Result<()> {
@@ -107,6 +108,24 @@ impl Vm for EmuVm {
         EmuVcpu::new(self.shared.clone(), shared.clone(), id, mpidr).inspect_err(|_| {
             shared.created.store(false, Ordering::Release);
         })
+    }
+
+    fn adopt_vcpu(&self, vcpu: EmuVcpu) -> Result<EmuVcpu> {
+        let id = vcpu.id;
+        let Some(shared) = self.shared.vcpus.get(id).cloned() else {
+            return Err(HvError::Call {
+                call: "adopt_vcpu",
+                detail: format!("vCPU {id} out of range"),
+            });
+        };
+        if shared.created.swap(true, Ordering::AcqRel) {
+            return Err(HvError::Call {
+                call: "adopt_vcpu",
+                detail: format!("vCPU {id} already exists"),
+            });
+        }
+        vcpu.rebind(self.shared.clone(), shared.clone())
+            .inspect_err(|_| shared.created.store(false, Ordering::Release))
     }
 
     fn protect(&self, gpa: u64, size: u64, prot: Prot) -> Result<()> {

@@ -13,9 +13,13 @@ use crate::machine::config::{NetConfig, VsockConfig};
 use crate::machine::device_manager::root_disk::{OverlayDisk, RootDisk};
 use crate::machine::plan::{Plan, Saved};
 use crate::machine::vcpu::Start;
+use crate::machine::warm;
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
-use snapshot_store::{map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store};
+use snapshot_store::{
+    map_base_memory, overlay_diffs_mapped, verify_chain_cached, verify_chain_cached_without_memory,
+    Chain, Store,
+};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -135,14 +139,23 @@ pub fn plan<H: Hypervisor>(
     // alongside mapping memory and decoding state; nothing of the chain is
     // used before it has passed, and its error wins over later ones, which
     // unverified files may cause.
+    // A branch's warm child has its RAM from the source, not from the
+    // chain's memory files (`warm`): those are not hashed for it.
+    let inherited_ram = warm::take_ram();
+    let hash_memory = inherited_ram.is_none();
     let (verified, work) = std::thread::scope(|s| {
         let verify = std::thread::Builder::new()
             .name("restore-verify".into())
             .spawn_scoped(s, || {
                 let t = Instant::now();
-                (verify_chain_cached(&chain), t.elapsed())
+                let r = if hash_memory {
+                    verify_chain_cached(&chain)
+                } else {
+                    verify_chain_cached_without_memory(&chain)
+                };
+                (r, t.elapsed())
             });
-        let work = map_and_decode(&chain, gic, stages);
+        let work = map_and_decode(&chain, gic, inherited_ram, stages);
         let t = Instant::now();
         let verified = match verify {
             Ok(h) => h
@@ -183,23 +196,43 @@ pub fn plan<H: Hypervisor>(
     })
 }
 
-/// Maps `chain`'s memory (base copy-on-write, diffs overlaid) and decodes
+/// Maps `chain`'s memory (base copy-on-write, diffs overlaid; or takes
+/// `inherited_ram`, a warm child's, of the same size) and decodes
 /// its top layer's machine state, checking it against the manifest and the
 /// GIC mode `gic`. Runs while the chain is being verified.
 fn map_and_decode(
     chain: &Chain,
     gic: GicMode,
+    inherited_ram: Option<Arc<GuestRam>>,
     stages: &mut Stages,
 ) -> anyhow::Result<(Arc<GuestRam>, MachineState)> {
     let top = chain.top();
     let m = &top.manifest;
-    let t = Instant::now();
-    let mut mem = map_base_memory(chain.base())?;
-    stages.map_base = t.elapsed();
-    let t = Instant::now();
-    overlay_diffs_mapped(&mut mem, &chain.layers()[1..])?;
-    stages.overlay = t.elapsed();
-    let ram = Arc::new(GuestRam::from_mmap(mem)?);
+    let ram = match inherited_ram {
+        // A branch's child forked from its source: the source's RAM as the
+        // layer holds it.
+        Some(ram) if ram.size() == m.ram_size => {
+            console::message(
+                "Restore-source = fork of the branch's source (its RAM and vCPUs, with their translated code)",
+            );
+            ram
+        }
+        Some(ram) => bail!(
+            "snapshot '{}' has {} bytes of RAM; the VM this process was forked from has {}",
+            top.name,
+            m.ram_size,
+            ram.size()
+        ),
+        None => {
+            let t = Instant::now();
+            let mut mem = map_base_memory(chain.base())?;
+            stages.map_base = t.elapsed();
+            let t = Instant::now();
+            overlay_diffs_mapped(&mut mem, &chain.layers()[1..])?;
+            stages.overlay = t.elapsed();
+            Arc::new(GuestRam::from_mmap(mem)?)
+        }
+    };
 
     let t = Instant::now();
     let state_path = top.state_path();

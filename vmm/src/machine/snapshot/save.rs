@@ -37,6 +37,7 @@ use crate::hv::Vm;
 use crate::machine::config::{SnapshotMode, SnapshotOptions};
 use crate::machine::ops::{PauseError, SnapshotError, Written};
 use crate::machine::vm::{Stopped, Vmm};
+use crate::machine::warm::{ForkJob, Forked};
 use crate::memory::{PageSave, Slots};
 use crate::sync::Locked;
 use anyhow::Context;
@@ -138,13 +139,27 @@ impl Snapshots {
         name: Option<String>,
         wait: bool,
     ) -> Result<Option<Written>, SnapshotError> {
+        self.take_forking(vmm, name, wait, None).0
+    }
+
+    /// [`Snapshots::take`], and, if `fork` is given and the layer's start
+    /// succeeded, a fork made while the vCPUs are still stopped (RAM is the
+    /// layer's, [`Vmm::fork_stopped`]): its outcome, the child's pid or why
+    /// not, comes second (`None`: no fork was tried).
+    pub fn take_forking<V: Vm>(
+        &self,
+        vmm: &Vmm<V>,
+        name: Option<String>,
+        wait: bool,
+        fork: Option<ForkJob>,
+    ) -> (Result<Option<Written>, SnapshotError>, Forked) {
         let _one = self.taking.locked();
         // The previous layer's outcome was on the console already.
         let _ = self.finish_background(true);
         let Some(name) = name.or_else(|| self.next_name()) else {
             let e = SnapshotError::NoName;
             console::message(&format!("[snapshot] refused: {e}"));
-            return Err(e);
+            return (Err(e), None);
         };
         let t = Instant::now();
         let stopped = match vmm.stop() {
@@ -158,7 +173,7 @@ impl Snapshots {
                     },
                 };
                 console::message(&format!("[snapshot] {e}"));
-                return Err(e);
+                return (Err(e), None);
             }
         };
         let was_paused = stopped.was_paused;
@@ -183,6 +198,18 @@ impl Snapshots {
         // reaches one waits).
         let devices = vmm.devices();
         let held = to_protect.as_ref().map(|_| devices.hold_ram_writers());
+        let forked = match fork {
+            Some(job) if result.is_ok() => {
+                let t = Instant::now();
+                let r = vmm.fork_stopped(&stopped, job);
+                console::message(&format!(
+                    "Branch-fork-time = {} us",
+                    t.elapsed().as_micros()
+                ));
+                Some(r)
+            }
+            _ => None,
+        };
         vmm.restart(stopped);
         let pause_us = if was_paused {
             0
@@ -202,7 +229,7 @@ impl Snapshots {
         }
         // Frames that arrived during the snapshot go to the guest.
         devices.after_save();
-        match result {
+        let written = match result {
             Ok(Some((lines, mut written))) => {
                 lines.iter().for_each(|l| console::message(l));
                 written.pause_us = pause_us;
@@ -215,7 +242,7 @@ impl Snapshots {
                     w.start(pause_us);
                 }
                 if !wait {
-                    return Ok(None);
+                    return (Ok(None), forked);
                 }
                 match self.finish_background(false) {
                     Some(r) => r.map(Some),
@@ -230,7 +257,8 @@ impl Snapshots {
                 console::message(&format!("[snapshot] {e}"));
                 Err(e)
             }
-        }
+        };
+        (written, forked)
     }
 
     /// The name of the next snapshot: `NAME`, then `NAME.2`, `NAME.3`, ...

@@ -19,6 +19,7 @@ use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::arch::timer::deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
+use crate::machine::warm;
 use anyhow::{bail, Context};
 use psci::AfterPsci;
 use reset::ResetState;
@@ -371,12 +372,26 @@ fn start_up<V: Vm>(
     start: &Start,
 ) -> anyhow::Result<Option<Vec<RunVcpu<V::Vcpu>>>> {
     let mut vcpus = Vec::with_capacity(ids.len());
+    // A forked child's vCPUs, with the code they translated (`warm`).
+    let mut inherited = warm::take_vcpus::<(V::Vcpu, ResetState)>().unwrap_or_default();
     for &id in ids {
-        let mut vcpu = vm
-            .create_vcpu(id, mpidr(id))
-            .with_context(|| format!("cannot create vCPU {id}"))?;
-        let reset = ResetState::of_new(&mut vcpu)
-            .with_context(|| format!("cannot read vCPU {id}'s reset state"))?;
+        let (mut vcpu, reset) = match inherited.iter().position(|(v, _)| v.id() == id) {
+            Some(i) => {
+                let (v, reset) = inherited.swap_remove(i);
+                let v = vm
+                    .adopt_vcpu(v)
+                    .with_context(|| format!("cannot take over vCPU {id}"))?;
+                (v, reset)
+            }
+            None => {
+                let mut vcpu = vm
+                    .create_vcpu(id, mpidr(id))
+                    .with_context(|| format!("cannot create vCPU {id}"))?;
+                let reset = ResetState::of_new(&mut vcpu)
+                    .with_context(|| format!("cannot read vCPU {id}'s reset state"))?;
+                (vcpu, reset)
+            }
+        };
         match start {
             Start::Boot(boot) if id == 0 => reset
                 .start(&mut vcpu, boot.entry, boot.dtb)
@@ -417,8 +432,9 @@ fn start_up<V: Vm>(
 }
 
 /// Pause rendezvous: captures this thread's vCPUs (on their own thread, as
-/// HVF requires) and waits until the pause ends.
-fn park<V: Vcpu>(run_state: &RunState, vcpus: &mut [RunVcpu<V>]) {
+/// HVF requires) and waits until the pause ends, forking meanwhile if asked
+/// ([`RunState::fork_parked`]).
+fn park<V: Vcpu + 'static>(run_state: &RunState, vcpus: &mut Vec<RunVcpu<V>>) {
     let states: Vec<_> = vcpus
         .iter_mut()
         .map(|rv| {
@@ -426,7 +442,28 @@ fn park<V: Vcpu>(run_state: &RunState, vcpus: &mut [RunVcpu<V>]) {
             (id, state::capture_vcpu(&mut rv.vcpu))
         })
         .collect();
-    run_state.park(states);
+    run_state.park(states, |job| fork_parked(job, vcpus));
+}
+
+/// Forks the process; the child goes on with `vcpus` (and their reset
+/// states) as `job` says and never returns ([`warm::run_child`]). Returns
+/// the child's pid.
+fn fork_parked<V: Vcpu + 'static>(
+    job: warm::ForkJob,
+    vcpus: &mut Vec<RunVcpu<V>>,
+) -> Result<i32, String> {
+    // SAFETY: the child runs only on this thread, which owns the vCPUs and
+    // holds no lock of the VM's (the run state's is released); it uses none
+    // of the parent's other objects (see `warm`), and ends with `_exit`.
+    let pid = unsafe { warm::fork_process() }.map_err(|e| format!("fork: {e}"))?;
+    if pid == 0 {
+        let inherited: Vec<(V, ResetState)> = std::mem::take(vcpus)
+            .into_iter()
+            .map(|rv| (rv.vcpu, rv.reset))
+            .collect();
+        warm::run_child(job, inherited);
+    }
+    Ok(pid)
 }
 
 /// Kicks whichever vCPU of a shared thread is running, every slice.

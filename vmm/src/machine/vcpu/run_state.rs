@@ -13,6 +13,7 @@ use super::clock::Clock;
 use super::state::{VcpuPower, VcpuState};
 use crate::devices::gicv3::VcpuSet;
 use crate::hv::{self, Kick, VcpuId};
+use crate::machine::warm::ForkJob;
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -72,6 +73,10 @@ pub struct State {
     /// The vCPUs may run (every one exists and a restored in-kernel GIC's
     /// state is loaded), or the VM's start failed.
     released: Option<Result<(), Arc<hv::HvError>>>,
+    /// A fork the parked vCPU thread is to make ([`RunState::fork_parked`]).
+    fork: Option<ForkJob>,
+    /// Its outcome: the child's pid, or why not.
+    forked: Option<Result<i32, String>>,
 }
 
 impl State {
@@ -185,6 +190,8 @@ impl RunState {
                 ready: 0,
                 created: 0,
                 released: None,
+                fork: None,
+                forked: None,
             }),
             wake: Condvar::new(),
             kicks: Mutex::new(vec![None; cpus]),
@@ -429,8 +436,13 @@ impl RunState {
 
     /// A vCPU thread's side of [`RunState::pause`]: hands in the states of its
     /// vCPUs (captured on this thread, as HVF requires) and waits until the
-    /// snapshot is done.
-    pub fn park(&self, states: Vec<(VcpuId, hv::Result<VcpuState>)>) {
+    /// snapshot is done, making the forks [`RunState::fork_parked`] asks for
+    /// with `fork` meanwhile.
+    pub fn park(
+        &self,
+        states: Vec<(VcpuId, hv::Result<VcpuState>)>,
+        mut fork: impl FnMut(ForkJob) -> Result<i32, String>,
+    ) {
         let mut c = self.lock();
         for (id, st) in states {
             c.captured[id] = Some(st);
@@ -438,9 +450,48 @@ impl RunState {
         c.parked += 1;
         self.notify();
         while c.pause && c.exit.is_none() {
+            if let Some(job) = c.fork.take() {
+                drop(c);
+                let r = fork(job);
+                c = self.lock();
+                c.forked = Some(r);
+                self.notify();
+                continue;
+            }
             c = self.wait(c);
         }
         c.parked -= 1;
+    }
+
+    /// With every vCPU parked by [`RunState::pause`] on one thread (a
+    /// [`crate::hv::Hypervisor::ROUND_ROBIN`] backend): has that thread fork
+    /// the process, and returns the child's pid. The child has that thread
+    /// only, and goes on as `job` says ([`ForkJob`]).
+    pub fn fork_parked(&self, job: ForkJob) -> Result<i32, String> {
+        let mut c = self.lock();
+        if self.threads != 1 {
+            return Err(format!(
+                "the vCPUs run on {} threads; a fork takes them from one",
+                self.threads
+            ));
+        }
+        if !c.pause || c.parked < self.threads {
+            return Err("the vCPUs are not parked".into());
+        }
+        c.forked = None;
+        c.fork = Some(job);
+        self.notify();
+        loop {
+            if let Some(r) = c.forked.take() {
+                return r;
+            }
+            if c.exit.is_some() {
+                // The vCPU thread may have left before it took the job.
+                c.fork = None;
+                return Err("the VM is shutting down".into());
+            }
+            c = self.wait(c);
+        }
     }
 }
 
@@ -554,5 +605,22 @@ mod tests {
         c.run_soon(3, true);
         assert_eq!(c.turns(0).take_urgent(&[0, 1]), None);
         assert_eq!(c.turns(2).take_urgent(&[2, 3]), Some(1));
+    }
+
+    fn fork_job() -> ForkJob {
+        ForkJob {
+            ram: Arc::new(crate::memory::GuestRam::new_anonymous(1 << 20).unwrap()),
+            child: Box::new(|| panic!("no fork is made")),
+        }
+    }
+
+    #[test]
+    fn a_fork_needs_every_vcpu_parked_on_one_thread() {
+        let one = RunState::new(vec![VcpuPower::On; 2], &[vec![0, 1]]);
+        let e = one.fork_parked(fork_job()).unwrap_err();
+        assert!(e.contains("not parked"), "{e}");
+        let two = RunState::new(vec![VcpuPower::On; 2], &[vec![0], vec![1]]);
+        let e = two.fork_parked(fork_job()).unwrap_err();
+        assert!(e.contains("2 threads"), "{e}");
     }
 }
