@@ -30,8 +30,9 @@ import pytest
 
 from ignition import loglines, net
 from ignition import store as vmstore
+from ignition.bench.branch import Drain
 from ignition.branch import Child, pid_alive
-from ignition.control import ControlError
+from ignition.control import ControlClient, ControlError
 from ignition.vm import Vm
 
 pytestmark = pytest.mark.e2e
@@ -516,3 +517,37 @@ def test_killing_the_source_while_its_children_start_leaves_all_of_them_or_none(
             assert any("before it completed: quitting" in log for log in logs), logs
     assert "h" in vmstore.layer_names(store)
     verify_store(store)
+
+
+def test_forks_made_while_threads_of_the_source_start_and_end_all_come_up(cfg, disk, tmp_path):
+    """A fork copies the whole process while other threads of the source run: one that was
+    starting or ending a thread (a control-socket client's, here a stream of them) must not
+    leave a lock held in the children (each child starts threads of its own). Each request
+    must bring its children up; one that hangs is stopped at --branch-timeout and fails."""
+    store = tmp_path / "store"
+    stop = threading.Event()
+    with boot_source(cfg, disk, store, tmp_path, extra=["--branch-timeout", "120"]) as vm:
+        assert vm.control_path is not None
+        path = vm.control_path
+        # Its console read all along: its messages would fill the pty and stop its writer.
+        drain = Drain(vm.child)
+
+        def churn() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError, ControlError), ControlClient(path, timeout=10) as c:
+                    c.status()
+
+        threads = [threading.Thread(target=churn, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(10):
+                children = vm.branch(2, name=f"f{i}")
+                assert all(c.status()["ready"] for c in children)
+                for c in children:
+                    c.stop()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+            drain.close()

@@ -717,7 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{method} {state} N={n}: skipped, {why}", file=sys.stderr)
                     continue
                 for i in range(a.runs):
-                    name = f"{method[0]}{state[0]}{n}r{i}"
+                    initials = "".join(w[0] for w in method.split("-"))
+                    name = f"{initials}{state[0]}{n}r{i}"
                     r = {"method": method, "state": state, "n": n, "run": i} | one(state, n, name)
                     rows.append(r)
                     partial.write_text(json.dumps(rows) + "\n")

@@ -326,6 +326,15 @@ fn parse_net(s: &str) -> Result<Net, String> {
     s.parse().map(|h| Net(Some(h)))
 }
 
+/// Before the standard library's runtime: see
+/// [`ignition_vmm::machine::warm::keep_std_fault_handler_out`] (a branch's
+/// source forks while its threads run).
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static KEEP_STD_FAULT_HANDLER_OUT: extern "C" fn() =
+    ignition_vmm::machine::warm::keep_std_fault_handler_out;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

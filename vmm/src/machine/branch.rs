@@ -89,9 +89,9 @@ pub struct Source {
     pub cid: Option<u64>,
     /// The guest agent's timeout, if the source waits for one.
     pub agent_timeout: Option<Duration>,
-    /// Whether children are forked warm from the source
-    /// ([`crate::hv::Hypervisor::FORKS_VCPUS`], on Linux, with a
-    /// [`set_child_main`]); else each is this executable started anew.
+    /// Whether the source can fork its children
+    /// ([`crate::hv::Hypervisor::FORKS_VCPUS`], on Linux; a
+    /// [`set_child_main`] is needed too), [`BranchStart::Fork`].
     pub warm: bool,
 }
 
@@ -642,9 +642,10 @@ fn fork_work(go: OwnedFd, kids: Vec<WarmChild>) -> i32 {
             unsafe { libc::dup2(null.as_raw_fd(), to) };
         }
     }
+    let mut go = std::fs::File::from(go);
     let mut byte = [0u8];
     let went = loop {
-        match std::fs::File::from(go.try_clone().expect("dup of the go pipe")).read(&mut byte) {
+        match go.read(&mut byte) {
             Ok(1) => break byte[0] == GO,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             _ => break false,

@@ -200,3 +200,31 @@ pub fn set_cmdline(argv: &[std::ffi::OsString]) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// For a process that forks while other threads run (a branch's source): an
+/// ELF constructor (`.init_array`, before the standard library's runtime
+/// starts) that gives SIGSEGV and SIGBUS a handler of ours, which acts as the
+/// default one (the process ends with the signal). The standard library
+/// installs its stack-overflow handler only where the handler is the
+/// default, and with it, at every thread's start and end, takes a
+/// process-wide lock of its own: a fork made while another thread held it
+/// left it locked in the child, whose first thread start then waited
+/// forever. Without it, a thread that overflows its stack ends the process
+/// with SIGSEGV and no message. The background snapshot's fault handler
+/// chains to this one for faults that are not its own.
+#[cfg(target_os = "linux")]
+pub extern "C" fn keep_std_fault_handler_out() {
+    extern "C" fn as_default(sig: libc::c_int) {
+        // SAFETY: resets this signal's disposition and raises it again:
+        // async-signal-safe calls only.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        // SAFETY: installs a handler that only calls async-signal-safe
+        // functions; no other thread exists yet (before main).
+        unsafe { libc::signal(sig, as_default as *const () as libc::sighandler_t) };
+    }
+}
