@@ -19,11 +19,19 @@ fuzz_target!(|data: &[u8]| {
                 Op::Resume => serde_json::json!({"command": "resume"}),
                 Op::Status => serde_json::json!({"command": "status"}),
                 Op::Quit => serde_json::json!({"command": "quit"}),
-                Op::Branch { name, count, net } => {
+                Op::Branch {
+                    name,
+                    count,
+                    net,
+                    start,
+                } => {
                     let mut line =
                         serde_json::json!({"command": "branch", "name": name, "count": count});
                     if let Some(net) = net {
                         line["net"] = net.clone().into();
+                    }
+                    if let Some(start) = start {
+                        line["start"] = serde_json::to_value(start).expect("a start serializes");
                     }
                     line
                 }
