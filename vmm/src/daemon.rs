@@ -49,6 +49,15 @@ fn open_log(path: &Path) -> anyhow::Result<File> {
         .with_context(|| format!("--log-file {}", path.display()))
 }
 
+/// `/dev/null`, for reading and writing.
+fn open_null() -> anyhow::Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .context("/dev/null")
+}
+
 /// Makes `fd` this process's file descriptor `to` (`dup2`).
 fn dup_onto<F: AsFd + ?Sized>(fd: &F, to: i32) -> anyhow::Result<()> {
     // SAFETY: dup2 on a descriptor we own onto one of the standard ones;
@@ -74,11 +83,7 @@ pub fn log_to(log: &Path) -> anyhow::Result<()> {
 pub fn daemonize(log: Option<&Path>) -> anyhow::Result<Daemon> {
     // Opened before the fork, so that a bad path is the parent's error.
     let log = log.map(open_log).transpose()?;
-    let null = File::options()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-        .context("/dev/null")?;
+    let null = open_null()?;
     let (read, write) = nix::unistd::pipe().context("pipe")?;
     // Not inherited by what the daemon starts (a passt): the parent waits
     // for the pipe's end.
@@ -180,12 +185,7 @@ impl Detach {
         };
         let set_up = || -> anyhow::Result<()> {
             let log = log.map(open_log).transpose()?;
-            let null = File::options()
-                .read(true)
-                .write(true)
-                .open("/dev/null")
-                .context("/dev/null")?;
-            detach_stdio(&null, log.as_ref())
+            detach_stdio(&open_null()?, log.as_ref())
         };
         if let Err(e) = set_up() {
             daemon.failed(&format!("{e:#}"));

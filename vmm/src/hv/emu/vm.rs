@@ -55,6 +55,24 @@ pub struct EmuVm {
 }
 
 impl EmuVm {
+    /// Marks vCPU `id` created for `call`; errors if it is out of range or
+    /// exists already.
+    fn claim(&self, id: VcpuId, call: &'static str) -> Result<Arc<VcpuShared>> {
+        let Some(shared) = self.shared.vcpus.get(id).cloned() else {
+            return Err(HvError::Call {
+                call,
+                detail: format!("vCPU {id} out of range"),
+            });
+        };
+        if shared.created.swap(true, Ordering::AcqRel) {
+            return Err(HvError::Call {
+                call,
+                detail: format!("vCPU {id} already exists"),
+            });
+        }
+        Ok(shared)
+    }
+
     /// Creates a VM for up to `vcpus` vCPUs over `ram`.
     pub fn new(ram: Arc<GuestRam>, vcpus: usize) -> Result<Self> {
         if vcpus == 0 || vcpus > layout::MAX_VCPUS {
@@ -93,37 +111,21 @@ impl Vm for EmuVm {
     type Vcpu = EmuVcpu;
 
     fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<EmuVcpu> {
-        let Some(shared) = self.shared.vcpus.get(id).cloned() else {
-            return Err(HvError::Call {
-                call: "create_vcpu",
-                detail: format!("vCPU {id} out of range"),
-            });
-        };
-        if shared.created.swap(true, Ordering::AcqRel) {
-            return Err(HvError::Call {
-                call: "create_vcpu",
-                detail: format!("vCPU {id} already exists"),
-            });
-        }
+        let shared = self.claim(id, "create_vcpu")?;
         EmuVcpu::new(self.shared.clone(), shared.clone(), id, mpidr).inspect_err(|_| {
             shared.created.store(false, Ordering::Release);
         })
     }
 
     fn adopt_vcpu(&self, vcpu: EmuVcpu) -> Result<EmuVcpu> {
-        let id = vcpu.id;
-        let Some(shared) = self.shared.vcpus.get(id).cloned() else {
-            return Err(HvError::Call {
-                call: "adopt_vcpu",
-                detail: format!("vCPU {id} out of range"),
-            });
+        let shared = match self.claim(vcpu.id, "adopt_vcpu") {
+            Ok(s) => s,
+            Err(e) => {
+                // Not dropped: dropping reaches the old VM's timer.
+                std::mem::forget(vcpu);
+                return Err(e);
+            }
         };
-        if shared.created.swap(true, Ordering::AcqRel) {
-            return Err(HvError::Call {
-                call: "adopt_vcpu",
-                detail: format!("vCPU {id} already exists"),
-            });
-        }
         vcpu.rebind(self.shared.clone(), shared.clone())
             .inspect_err(|_| shared.created.store(false, Ordering::Release))
     }

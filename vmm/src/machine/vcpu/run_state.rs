@@ -13,7 +13,7 @@ use super::clock::Clock;
 use super::state::{VcpuPower, VcpuState};
 use crate::devices::gicv3::VcpuSet;
 use crate::hv::{self, Kick, VcpuId};
-use crate::machine::warm::ForkJob;
+use crate::machine::warm::{ForkJob, Forked};
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -76,7 +76,7 @@ pub struct State {
     /// A fork the parked vCPU thread is to make ([`RunState::fork_parked`]).
     fork: Option<ForkJob>,
     /// Its outcome: the child's pid, or why not.
-    forked: Option<Result<i32, String>>,
+    forked: Forked,
 }
 
 impl State {
