@@ -137,7 +137,7 @@ pub fn set_message_echo(echo: Option<MessageEcho>) {
 }
 
 /// Where [`message`] echoes to, locked: for a fork, which holds it across
-/// ([`crate::machine::warm`]), so that the child's copy is not locked by a
+/// ([`crate::machine::fork`]), so that the child's copy is not locked by a
 /// thread the child lacks.
 pub(crate) fn message_echo_slot() -> std::sync::MutexGuard<'static, Option<MessageEcho>> {
     ECHO.locked()

@@ -174,7 +174,7 @@ impl Detach {
         Ok(detach)
     }
 
-    /// A daemon made by a fork someone else did (a branch's warm child,
+    /// A daemon made by a fork someone else did (a branch's forked child,
     /// [`crate::machine::branch`]): the daemon's set-up as [`daemonize`]'s
     /// child does it, its word going to `pipe`, whose reader waits as
     /// [`daemonize`]'s parent does; then the pid file. Must be called

@@ -327,13 +327,13 @@ fn parse_net(s: &str) -> Result<Net, String> {
 }
 
 /// Before the standard library's runtime: see
-/// [`ignition_vmm::machine::warm::keep_std_fault_handler_out`] (a branch's
+/// [`ignition_vmm::machine::fork::keep_std_fault_handler_out`] (a branch's
 /// source forks while its threads run).
 #[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
 static KEEP_STD_FAULT_HANDLER_OUT: extern "C" fn() =
-    ignition_vmm::machine::warm::keep_std_fault_handler_out;
+    ignition_vmm::machine::fork::keep_std_fault_handler_out;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -391,7 +391,7 @@ fn ended(result: anyhow::Result<VmExit>, detach: &Detach) -> u8 {
     }
 }
 
-/// A warm child of a branch (the source's fork, `branch`): `argv` as a
+/// A forked child of a branch (the source's fork, `branch`): `argv` as a
 /// started child gets them, its daemon's word to `word`.
 fn branch_child(argv: Vec<std::ffi::OsString>, word: std::os::fd::OwnedFd) -> i32 {
     let args = match Args::try_parse_from(std::iter::once("boot".into()).chain(argv)) {

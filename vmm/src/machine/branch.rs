@@ -34,8 +34,8 @@
 use crate::devices::virtio::net::host_end::NetHost;
 use crate::devices::virtio::net::{derived_macs, format_mac};
 use crate::machine::config::{BranchConfig, SnapshotMode};
+use crate::machine::fork::Forked;
 use crate::machine::ops::{BranchError, BranchStart, Branched, Child, Written};
-use crate::machine::warm::Forked;
 use crate::sync::Locked;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -92,10 +92,10 @@ pub struct Source {
     /// Whether the source can fork its children
     /// ([`crate::hv::Hypervisor::FORKS_VCPUS`], on Linux; a
     /// [`set_child_main`] is needed too), [`BranchStart::Fork`].
-    pub warm: bool,
+    pub can_fork: bool,
 }
 
-/// A warm child's `boot`: given the child's arguments (as a started child
+/// A forked child's `boot`: given the child's arguments (as a started child
 /// gets them, [`child_args`]) and the pipe its daemon's word goes to
 /// ([`crate::daemon::Detach::forked`]), runs the VM and returns the exit
 /// status. Set by the binary ([`set_child_main`]).
@@ -109,7 +109,7 @@ pub fn set_child_main(main: ChildMain) {
     let _ = CHILD_MAIN.set(main);
 }
 
-/// What the source's fork runs, [`crate::machine::warm`]'s child work.
+/// What the source's fork runs, [`crate::machine::fork`]'s child work.
 pub type ForkWork = Box<dyn FnOnce() -> i32 + Send>;
 
 /// What the branch's snapshot gives back: the layer, and, if it was asked
@@ -389,7 +389,7 @@ pub fn branch(
             .create(&dir)
             .map_err(|e| BranchError::Failed(format!("{}: {e}", dir.display())))
     };
-    let can_fork = src.warm && CHILD_MAIN.get().is_some();
+    let can_fork = src.can_fork && CHILD_MAIN.get().is_some();
     let start = match start {
         Some(BranchStart::Fork) if !can_fork => return Err(BranchError::NoFork(src.backend)),
         Some(s) => s,
@@ -397,7 +397,7 @@ pub fn branch(
         None => BranchStart::Exec,
     };
     let (layer, started) = if start == BranchStart::Fork {
-        let (start, work) = warm_forks(src, name, &children, &nets)
+        let (start, work) = fork_pipes(src, name, &children, &nets)
             .map_err(|e| BranchError::Failed(format!("cannot make the children's pipes: {e}")))?;
         let (layer, forked) = snapshot(name.to_string(), Some(work));
         // Without a go, the fork's child ends (and is reaped here).
@@ -554,7 +554,7 @@ fn ready_and_commit(
     Ok(())
 }
 
-/// The byte that lets a warm branch's fork start the children: the layer
+/// The byte that lets a forked branch's fork start the children: the layer
 /// is in the store.
 const GO: u8 = b'G';
 
@@ -570,29 +570,29 @@ fn cloexec_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
     Ok((read, write))
 }
 
-/// The source's side of a warm branch: the go pipe's write end, and per
+/// The source's side of a forked branch: the go pipe's write end, and per
 /// child its guard pipe's write end and its daemon-word pipe's read end.
-struct WarmStart {
+struct ForkStart {
     go: std::fs::File,
     guards: Vec<std::fs::File>,
     words: Vec<std::fs::File>,
 }
 
-/// One child's side of a warm branch, carried through the source's fork.
-struct WarmChild {
+/// One child's side of a forked branch, carried through the source's fork.
+struct ForkChild {
     args: Vec<std::ffi::OsString>,
     guard: OwnedFd,
     word: OwnedFd,
 }
 
-/// The pipes of a warm branch, made before the snapshot's pause, and what
+/// The pipes of a forked branch, made before the snapshot's pause, and what
 /// the source's fork runs ([`fork_work`]).
-fn warm_forks(
+fn fork_pipes(
     src: &Source,
     layer: &str,
     children: &[Child],
     nets: &[Option<ChildNet>],
-) -> nix::Result<(WarmStart, ForkWork)> {
+) -> nix::Result<(ForkStart, ForkWork)> {
     let fail = std::env::var(TEST_FAIL_CHILD_ENV).ok();
     let (go_read, go) = cloexec_pipe()?;
     let (mut guards, mut words, mut kids) = (Vec::new(), Vec::new(), Vec::new());
@@ -605,7 +605,7 @@ fn warm_forks(
         } else {
             layer
         };
-        kids.push(WarmChild {
+        kids.push(ForkChild {
             args: child_args(src, layer, c, net.as_ref(), guard.as_raw_fd()),
             guard,
             word,
@@ -613,7 +613,7 @@ fn warm_forks(
         guards.push(std::fs::File::from(guard_write));
         words.push(std::fs::File::from(word_read));
     }
-    let start = WarmStart {
+    let start = ForkStart {
         go: std::fs::File::from(go),
         guards,
         words,
@@ -621,11 +621,11 @@ fn warm_forks(
     Ok((start, Box::new(move || fork_work(go_read, kids))))
 }
 
-/// In the source's fork (single-threaded, [`crate::machine::warm`]): keeps
+/// In the source's fork (single-threaded, [`crate::machine::fork`]): keeps
 /// only the children's descriptors, waits for [`GO`] (the layer is in the
 /// store), then forks each child, which runs the binary's [`ChildMain`]
 /// on the inherited VM. Ends once every child is forked (1 without a go).
-fn fork_work(go: OwnedFd, kids: Vec<WarmChild>) -> i32 {
+fn fork_work(go: OwnedFd, kids: Vec<ForkChild>) -> i32 {
     let mut keep: Vec<RawFd> = vec![go.as_raw_fd()];
     keep.extend(
         kids.iter()
@@ -670,7 +670,7 @@ fn fork_work(go: OwnedFd, kids: Vec<WarmChild>) -> i32 {
                     let argv: Vec<_> = std::iter::once(exe)
                         .chain(kid.args.iter().cloned())
                         .collect();
-                    if let Err(e) = crate::machine::warm::set_cmdline(&argv) {
+                    if let Err(e) = crate::machine::fork::set_cmdline(&argv) {
                         tracing::warn!("cannot set the child's command line: {e}");
                     }
                 }
@@ -728,7 +728,7 @@ fn close_range(from: RawFd, to: RawFd) {
     }
 }
 
-impl WarmStart {
+impl ForkStart {
     /// The branch stops before its children start: the fork's child, if
     /// there is one, gets no go and ends; it is reaped.
     fn abandon(self, forked: &Forked) {
@@ -999,7 +999,7 @@ mod tests {
             mac: None,
             cid: None,
             agent_timeout: None,
-            warm: true,
+            can_fork: true,
         };
         assert_eq!(child_nets(&src, &names, None).unwrap(), vec![None; 3]);
         assert!(child_nets(&src, &names, Some("tap:vm{i}"))
@@ -1070,7 +1070,7 @@ mod tests {
             mac: Some([0x52, 0x54, 0, 1, 2, 3]),
             cid: Some(3),
             agent_timeout: Some(Duration::from_secs(300)),
-            warm: false,
+            can_fork: false,
         };
         let dir = branch_dir(&src, "b").unwrap();
         assert_eq!(dir, Path::new("/run/vm/b"));
@@ -1135,7 +1135,7 @@ mod tests {
             mac: None,
             cid: None,
             agent_timeout: None,
-            warm: false,
+            can_fork: false,
         };
         let r = branch(&src, "b", 2, None, Some(BranchStart::Fork), |_, _| {
             panic!("refused before the snapshot")

@@ -49,13 +49,13 @@ mod console_input;
 pub mod console_socket;
 pub mod control_socket;
 mod device_manager;
+pub mod fork;
 pub mod ops;
 mod plan;
 pub mod signals;
 mod snapshot;
 mod vcpu;
 mod vm;
-pub mod warm;
 
 pub use config::{
     AgentConfig, BootSource, BranchConfig, ConsoleConfig, FreshBoot, MachineConfig, NetConfig,
@@ -166,7 +166,7 @@ impl<V: Vm + 'static> Machine<V> {
             ..self.branch.clone()
         };
         branch::branch(&src, &name, count, net, start, |name, work| {
-            let job = work.map(|child| warm::ForkJob {
+            let job = work.map(|child| fork::ForkJob {
                 ram: self.vmm.ram().clone(),
                 child,
             });
@@ -326,7 +326,7 @@ where
             mac: None,
             cid: None,
             agent_timeout: cfg.agent.as_ref().map(|a| a.timeout),
-            warm: H::FORKS_VCPUS && cfg!(target_os = "linux"),
+            can_fork: H::FORKS_VCPUS && cfg!(target_os = "linux"),
         },
     });
     let front = Front {

@@ -66,7 +66,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// The process's front-end, once [`install`]ed.
 static INSTALLED: Mutex<Option<Signals>> = Mutex::new(None);
 
-/// For a fork ([`crate::machine::warm`]): the front-end's slot, locked, so
+/// For a fork ([`crate::machine::fork`]): the front-end's slot, locked, so
 /// that the child's copy is not held by a thread the child lacks. In the
 /// child, pass it to [`forget_in_child`].
 pub(crate) fn lock_for_fork() -> std::sync::MutexGuard<'static, Option<Signals>> {

@@ -15,13 +15,13 @@ use crate::machine::device_manager::root_disk::WorkDir;
 use crate::machine::device_manager::{
     DeviceArgs, Devices, DevicesState, NetDeviceArgs, VsockDeviceArgs,
 };
+use crate::machine::fork::ForkJob;
 use crate::machine::ops::PauseError;
 use crate::machine::plan::{host_random, Plan};
 use crate::machine::vcpu::clock::{Clock, ClockState};
 use crate::machine::vcpu::run_state::{ParkError, RunState, VmExit};
 use crate::machine::vcpu::state::{VcpuPower, VcpuState};
 use crate::machine::vcpu::{self, Start, VcpuEnv};
-use crate::machine::warm::ForkJob;
 use crate::memory::GuestRam;
 use crate::sync::Locked;
 use anyhow::Context;
@@ -376,7 +376,7 @@ impl<V: Vm> Vmm<V> {
 
     /// With the VM stopped ([`Vmm::stop`]): forks the process on the thread that owns the vCPUs (a
     /// [`crate::hv::Hypervisor::FORKS_VCPUS`] backend's), the child going on
-    /// as `job` says ([`crate::machine::warm`]). Returns the child's pid.
+    /// as `job` says ([`crate::machine::fork`]). Returns the child's pid.
     pub fn fork_stopped(&self, _stopped: &Stopped<'_>, job: ForkJob) -> Result<i32, String> {
         self.core.run_state.fork_parked(job)
     }

@@ -89,7 +89,7 @@ impl GuestRam {
     /// [`PAGE_SIZE`]). On Linux, in transparent huge pages where the host
     /// allows (`MADV_HUGEPAGE`, as QEMU asks for guest RAM): fewer TLB misses,
     /// and a `fork()` of the VMM copies a page-table entry per 2 MiB instead
-    /// of per 4 KiB (a branch's warm children, `crate::machine::warm`).
+    /// of per 4 KiB (a branch's forked children, `crate::machine::fork`).
     pub fn new_anonymous(size: u64) -> Result<Self, MemoryError> {
         check_size(size)?;
         let len = usize::try_from(size).map_err(|_| MemoryError::BadSize { size })?;

@@ -1411,7 +1411,7 @@ fn a_vcpu_taken_over_by_a_vm_on_the_same_ram_goes_on_where_it_stopped() {
     } = Guest::new(HVC_SMC);
     let mut cpu = cpu;
     assert_eq!(cpu.run(&mut io).unwrap(), VcpuExit::Hvc { imm: 5 });
-    // A second VM of the same RAM, as a forked child builds (`machine::warm`).
+    // A second VM of the same RAM, as a forked child builds (`machine::fork`).
     let vm2 = EmuHypervisor::new()
         .create_vm(ram.clone(), 2, GicMode::Userspace)
         .unwrap();

@@ -37,7 +37,7 @@ use unicorn_engine::{
 /// transparent huge pages where the host allows them). When it is full, TCG
 /// drops every translated block and starts again. The project's guest has
 /// translated about 31 MiB when a fresh boot's agent answers. A branch's
-/// forked child (`machine::warm`) goes on in its source's buffer and adds
+/// forked child (`machine::fork`) goes on in its source's buffer and adds
 /// the code the source never ran (about 4 MiB on its way to ready): the
 /// buffer must have that room, or the child's first translation drops all
 /// it inherited and it translates everything again (a 32 MiB buffer did

@@ -11,9 +11,9 @@ use crate::console;
 use crate::hv::{GicMode, Hypervisor};
 use crate::machine::config::{NetConfig, VsockConfig};
 use crate::machine::device_manager::root_disk::{OverlayDisk, RootDisk};
+use crate::machine::fork;
 use crate::machine::plan::{Plan, Saved};
 use crate::machine::vcpu::Start;
-use crate::machine::warm;
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
 use snapshot_store::{
@@ -139,9 +139,9 @@ pub fn plan<H: Hypervisor>(
     // alongside mapping memory and decoding state; nothing of the chain is
     // used before it has passed, and its error wins over later ones, which
     // unverified files may cause.
-    // A branch's warm child has its RAM from the source, not from the
-    // chain's memory files (`warm`): those are not hashed for it.
-    let inherited_ram = warm::take_ram();
+    // A branch's forked child has its RAM from the source, not from the
+    // chain's memory files (`fork`): those are not hashed for it.
+    let inherited_ram = fork::take_ram();
     let hash_memory = inherited_ram.is_none();
     let (verified, work) = std::thread::scope(|s| {
         let verify = std::thread::Builder::new()
@@ -197,7 +197,7 @@ pub fn plan<H: Hypervisor>(
 }
 
 /// Maps `chain`'s memory (base copy-on-write, diffs overlaid; or takes
-/// `inherited_ram`, a warm child's, of the same size) and decodes
+/// `inherited_ram`, a forked child's, of the same size) and decodes
 /// its top layer's machine state, checking it against the manifest and the
 /// GIC mode `gic`. Runs while the chain is being verified.
 fn map_and_decode(

@@ -19,7 +19,7 @@ use crate::arch::sysreg::{SysReg, CNTV_CTL_EL0, CNTV_CVAL_EL0};
 use crate::arch::timer::deadline_ns;
 use crate::hv::gic::{wfi_wakes, KERNEL_GIC_WFI_MAX_SLEEP};
 use crate::hv::{self, Kick, MmioFault, Vcpu, VcpuExit, VcpuId, VcpuIo, Vm};
-use crate::machine::warm;
+use crate::machine::fork;
 use anyhow::{bail, Context};
 use psci::AfterPsci;
 use reset::ResetState;
@@ -372,8 +372,8 @@ fn start_up<V: Vm>(
     start: &Start,
 ) -> anyhow::Result<Option<Vec<RunVcpu<V::Vcpu>>>> {
     let mut vcpus = Vec::with_capacity(ids.len());
-    // A forked child's vCPUs, with the code they translated (`warm`).
-    let mut inherited = warm::take_vcpus::<(V::Vcpu, ResetState)>().unwrap_or_default();
+    // A forked child's vCPUs, with the code they translated (`fork`).
+    let mut inherited = fork::take_vcpus::<(V::Vcpu, ResetState)>().unwrap_or_default();
     for &id in ids {
         let (mut vcpu, reset) = match inherited.iter().position(|(v, _)| v.id() == id) {
             Some(i) => {
@@ -446,22 +446,22 @@ fn park<V: Vcpu + 'static>(run_state: &RunState, vcpus: &mut Vec<RunVcpu<V>>) {
 }
 
 /// Forks the process; the child goes on with `vcpus` (and their reset
-/// states) as `job` says and never returns ([`warm::run_child`]). Returns
+/// states) as `job` says and never returns ([`fork::run_child`]). Returns
 /// the child's pid.
 fn fork_parked<V: Vcpu + 'static>(
-    job: warm::ForkJob,
+    job: fork::ForkJob,
     vcpus: &mut Vec<RunVcpu<V>>,
 ) -> Result<i32, String> {
     // SAFETY: the child runs only on this thread, which owns the vCPUs and
     // holds no lock of the VM's (the run state's is released); it uses none
-    // of the parent's other objects (see `warm`), and ends with `_exit`.
-    let pid = unsafe { warm::fork_process() }.map_err(|e| format!("fork: {e}"))?;
+    // of the parent's other objects (see `fork`), and ends with `_exit`.
+    let pid = unsafe { fork::fork_process() }.map_err(|e| format!("fork: {e}"))?;
     if pid == 0 {
         let inherited: Vec<(V, ResetState)> = std::mem::take(vcpus)
             .into_iter()
             .map(|rv| (rv.vcpu, rv.reset))
             .collect();
-        warm::run_child(job, inherited);
+        fork::run_child(job, inherited);
     }
     Ok(pid)
 }

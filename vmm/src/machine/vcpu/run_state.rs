@@ -13,7 +13,7 @@ use super::clock::Clock;
 use super::state::{VcpuPower, VcpuState};
 use crate::devices::gicv3::VcpuSet;
 use crate::hv::{self, Kick, VcpuId};
-use crate::machine::warm::{ForkJob, Forked};
+use crate::machine::fork::{ForkJob, Forked};
 use crate::sync::{Locked, Waited};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
