@@ -90,6 +90,15 @@ def verify_store(store: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def thread_names(pid: int) -> list[str]:
+    """The names (comm) of process pid's threads."""
+    names = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that has ended
+            names.append((t / "comm").read_text().strip())
+    return names
+
+
 def shared_code_kib(pid: int) -> int:
     """KiB of process pid's translation buffer (its one read-write-execute anonymous mapping,
     the emu backend's) that other processes map too."""
@@ -131,6 +140,13 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
                 # Forks share the source's translated code (emu); a new process has its own.
                 if cfg.backend in (None, "emu"):
                     assert (shared_code_kib(c.pid) > 1024) == (start == "fork"), shared_code_kib(c.pid)
+                if Path("/proc/self/task").is_dir():
+                    # A fork's main thread is named as exec names a started one's (the
+                    # executable's file name, 15 bytes), not after the thread that forked it:
+                    # one vcpu0 (the source has one vCPU).
+                    names = thread_names(c.pid)
+                    assert names.count("vcpu0") == 1, names
+                    assert Path(f"/proc/{c.pid}/comm").read_text().strip() == cfg.boot.resolve().name[:15], names
             assert [c.name for c in children] == ["b-1", "b-2", "b-3"]
             assert Path(str(answer["dir"])) == vm.control_path.parent / "b"
             ids, cids, machines = set(), set(), set()

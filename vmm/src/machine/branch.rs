@@ -39,6 +39,7 @@ use crate::machine::ops::{BranchError, BranchStart, Branched, Child, Written};
 use crate::sync::Locked;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -397,7 +398,7 @@ pub fn branch(
         None => BranchStart::Exec,
     };
     let (layer, started) = if start == BranchStart::Fork {
-        let (start, work) = fork_pipes(src, name, &children, &nets)
+        let (start, work) = fork_pipes(&exe, src, name, &children, &nets)
             .map_err(|e| BranchError::Failed(format!("cannot make the children's pipes: {e}")))?;
         let (layer, forked) = snapshot(name.to_string(), Some(work));
         // Without a go, the fork's child ends (and is reaped here).
@@ -586,8 +587,9 @@ struct ForkChild {
 }
 
 /// The pipes of a forked branch, made before the snapshot's pause, and what
-/// the source's fork runs ([`fork_work`]).
+/// the source's fork runs ([`fork_work`]); `exe` is this executable.
 fn fork_pipes(
+    exe: &Path,
     src: &Source,
     layer: &str,
     children: &[Child],
@@ -618,14 +620,23 @@ fn fork_pipes(
         guards,
         words,
     };
-    Ok((start, Box::new(move || fork_work(go_read, kids))))
+    // A forked child's main thread is named as exec names a started child's
+    // (its executable's file name: `pgrep -x boot` finds both), not after
+    // the thread that forked it (`vcpu0`).
+    let comm = exe
+        .file_name()
+        .and_then(|n| std::ffi::CString::new(n.as_bytes()).ok())
+        .unwrap_or_else(|| c"boot".into());
+    Ok((start, Box::new(move || fork_work(go_read, kids, comm))))
 }
 
-/// In the source's fork (single-threaded, [`crate::machine::fork`]): keeps
-/// only the children's descriptors, waits for [`GO`] (the layer is in the
-/// store), then forks each child, which runs the binary's [`ChildMain`]
-/// on the inherited VM. Ends once every child is forked (1 without a go).
-fn fork_work(go: OwnedFd, kids: Vec<ForkChild>) -> i32 {
+/// In the source's fork (single-threaded, [`crate::machine::fork`]), named
+/// `branch-fork`: keeps only the children's descriptors, waits for [`GO`]
+/// (the layer is in the store), then forks each child, named `comm`, which
+/// runs the binary's [`ChildMain`] on the inherited VM. Ends once every
+/// child is forked (1 without a go).
+fn fork_work(go: OwnedFd, kids: Vec<ForkChild>, comm: std::ffi::CString) -> i32 {
+    crate::machine::fork::name_thread(c"branch-fork");
     let mut keep: Vec<RawFd> = vec![go.as_raw_fd()];
     keep.extend(
         kids.iter()
@@ -662,6 +673,7 @@ fn fork_work(go: OwnedFd, kids: Vec<ForkChild>) -> i32 {
         // main on it and ends with `_exit`.
         match unsafe { libc::fork() } {
             0 => {
+                crate::machine::fork::name_thread(&comm);
                 close_fds_except(&[kid.guard.as_raw_fd(), kid.word.as_raw_fd(), 0, 1, 2]);
                 // Seen as what it is (`ps`, a supervisor): `boot --restore ...`.
                 #[cfg(target_os = "linux")]
