@@ -84,16 +84,9 @@ pub fn daemonize(log: Option<&Path>) -> anyhow::Result<Daemon> {
     // Opened before the fork, so that a bad path is the parent's error.
     let log = log.map(open_log).transpose()?;
     let null = open_null()?;
-    let (read, write) = nix::unistd::pipe().context("pipe")?;
     // Not inherited by what the daemon starts (a passt): the parent waits
     // for the pipe's end.
-    for fd in [&read, &write] {
-        nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )
-        .context("pipe")?;
-    }
+    let (read, write) = crate::pipe::cloexec_pipe().context("pipe")?;
     // SAFETY: no other thread exists yet (the caller's contract), so the
     // child's copy of the process is consistent; it goes on as `boot`.
     match unsafe { nix::unistd::fork() }.context("fork")? {

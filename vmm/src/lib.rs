@@ -19,4 +19,5 @@ pub mod hv;
 pub mod logging;
 pub mod machine;
 pub mod memory;
+pub mod pipe;
 pub mod sync;

@@ -36,8 +36,8 @@
 //! | `vm`              | the above but the front-ends                             |
 //! | `snapshot`        | the above, `vm`                                          |
 //!
-//! The crate-level utilities `sync`, `logging`, `host_socket` and the
-//! `warn_ratelimited!` macro may be used from every layer. External crates are not checked.
+//! The crate-level utilities `sync`, `logging`, `host_socket`, `pipe` and
+//! the `warn_ratelimited!` macro may be used from every layer. External crates are not checked.
 //!
 //! Test code counts like any other code: a `#[cfg(test)]` module that
 //! imports from a higher layer makes the lower layer depend on it too. The
@@ -48,7 +48,7 @@
 use std::path::{Path, PathBuf};
 
 /// Modules every layer may use.
-const UTILITIES: &[&str] = &["sync", "logging", "warn_ratelimited", "host_socket"];
+const UTILITIES: &[&str] = &["sync", "logging", "warn_ratelimited", "host_socket", "pipe"];
 
 /// The top-level modules a file of layer `layer` may reach, or `None` if the
 /// layer is unconstrained.

@@ -36,6 +36,7 @@ use crate::devices::virtio::net::{derived_macs, format_mac};
 use crate::machine::config::{BranchConfig, SnapshotMode};
 use crate::machine::fork::Forked;
 use crate::machine::ops::{BranchError, BranchStart, Branched, Child, Written};
+use crate::pipe::{cloexec_pipe, set_cloexec};
 use crate::sync::Locked;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -449,13 +450,8 @@ static SPAWNING: Mutex<()> = Mutex::new(());
 /// source's page tables as a `fork` would (a few ms per child for a booted
 /// 512 MiB guest, one child after the other).
 fn guard_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
-    // pipe2(O_CLOEXEC) is not on macOS: the flag is set after, as the
-    // standard library does there.
     let (read, write) = nix::unistd::pipe()?;
-    nix::fcntl::fcntl(
-        &write,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
+    set_cloexec(&write)?;
     Ok((read, write))
 }
 
@@ -558,18 +554,6 @@ fn ready_and_commit(
 /// The byte that lets a forked branch's fork start the children: the layer
 /// is in the store.
 const GO: u8 = b'G';
-
-/// A pipe, both ends closed on exec.
-fn cloexec_pipe() -> nix::Result<(OwnedFd, OwnedFd)> {
-    let (read, write) = nix::unistd::pipe()?;
-    for end in [&read, &write] {
-        nix::fcntl::fcntl(
-            end,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )?;
-    }
-    Ok((read, write))
-}
 
 /// The source's side of a forked branch: the go pipe's write end, and per
 /// child its guard pipe's write end and its daemon-word pipe's read end.

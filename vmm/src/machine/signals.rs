@@ -99,12 +99,8 @@ pub fn install() -> anyhow::Result<Signals> {
     if let Some(s) = &*installed {
         return Ok(s.clone());
     }
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
-    // (macOS has no pipe2.)
-    let (read, write) = nix::unistd::pipe()?;
-    for end in [&read, &write] {
-        fcntl(end, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
-    }
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (read, write) = crate::pipe::cloexec_pipe()?;
     fcntl(&write, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
     PIPE.store(write.into_raw_fd(), Ordering::Relaxed);
     let shared = Arc::new(Shared {

@@ -56,14 +56,12 @@ impl Waker {
     }
 }
 
-/// A pipe whose ends are non-blocking and close on exec (pipe2 is not on
-/// macOS).
+/// A pipe whose ends are non-blocking and close on exec.
 fn wake_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
-    let (rx, tx) = nix::unistd::pipe()?;
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (rx, tx) = crate::pipe::cloexec_pipe()?;
     for end in [&rx, &tx] {
         fcntl(end, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-        fcntl(end, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
     }
     Ok((rx, tx))
 }
