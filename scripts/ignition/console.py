@@ -2,8 +2,9 @@
 
 Generic helpers for console tests and benchmarks: spawn a command (a VMM, QEMU,
 ...) whose stdio is the guest console, log in, run shell commands and read their
-output. Nothing here knows about a particular VMM (vm.py drives `boot`). Default
-timeouts are the software-CPU base of timeouts.py; callers pass their backend's.
+output, read a console no one else reads so it never fills (`Drain`). Nothing
+here knows about a particular VMM (vm.py drives `boot`). Default timeouts are the
+software-CPU base of timeouts.py; callers pass their backend's.
 
     from ignition import console
     child = console.spawn(["qemu-system-aarch64", ...], log_path="console.log")
@@ -15,13 +16,15 @@ timeouts are the software-CPU base of timeouts.py; callers pass their backend's.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import os
 import re
 import secrets
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pexpect
 
@@ -205,6 +208,40 @@ def terminate(child: pexpect.spawn[str]) -> None:
         child.close(force=True)
     finally:
         _close_log(child)
+
+
+class Drain:
+    """Reads a pexpect child's console on a thread of its own while nothing else does, so
+    that its output never fills the pty: a VMM writing its console to a full pty blocks (its
+    guest's serial output and its own messages, on the threads that write them). `paused()`
+    hands the console back for a `run`."""
+
+    def __init__(self, child: pexpect.spawn[str]):
+        self.child = child
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                try:
+                    self.child.read_nonblocking(65536, timeout=0.2)
+                except pexpect.TIMEOUT:
+                    pass
+                except (pexpect.EOF, OSError, ValueError):
+                    return
+            time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self.lock:
+            yield
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _close_log(child: pexpect.spawn[str]) -> None:

@@ -30,8 +30,8 @@ import pytest
 
 from ignition import loglines, net
 from ignition import store as vmstore
-from ignition.bench.branch import Drain
 from ignition.branch import Child, pid_alive
+from ignition.console import Drain
 from ignition.control import ControlClient, ControlError
 from ignition.vm import Vm
 

@@ -76,8 +76,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pexpect
-
 from ignition import console, host, net, paths, qemu
 from ignition.branch import Child, pid_alive
 from ignition.control import ControlClient
@@ -198,40 +196,6 @@ def finish(
     time.sleep(IDLE_S)
     r |= memory(pids)
     return r
-
-
-class Drain:
-    """Reads a pexpect child's console on a thread of its own while nothing else does, so
-    that its output never fills the pty: a VMM writing its console to a full pty blocks (its
-    guest's serial output and its own messages, on the threads that write them). `paused()`
-    hands the console back for a `console.run`."""
-
-    def __init__(self, child: Any):
-        self.child = child
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            with self.lock:
-                try:
-                    self.child.read_nonblocking(65536, timeout=0.2)
-                except pexpect.TIMEOUT:
-                    pass
-                except (pexpect.EOF, OSError, ValueError):
-                    return
-            time.sleep(0.01)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        with self.lock:
-            yield
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 # Ignition: branch and by hand
@@ -740,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cfg, disk=disk, mem=a.mem, store=store, name="src", track_dirty=True, agent=True, extra=extra
             ) as vm:
                 vm.wait_ready()
-                drain = Drain(vm.child)
+                drain = console.Drain(vm.child)
 
                 def ignition(method: str) -> Callable[[str, int, str], dict[str, Any]]:
                     def one(state: str, n: int, name: str) -> dict[str, Any]:
@@ -761,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 drain.close()
         if "qemu" in methods:
             with qemu_source(work, a.mem, a.timeout) as src:
-                qdrain = Drain(src.child)
+                qdrain = console.Drain(src.child)
 
                 def one_q(state: str, n: int, name: str) -> dict[str, Any]:
                     dirty_s = None
