@@ -30,7 +30,7 @@
 //! resume, so the guest sees no time pass during the pause.
 
 use super::state::{MachineState, MACHINE_STATE_VERSION};
-use super::writer::{self, BackgroundWriter, Begun, Lineage, Outcome};
+use super::writer::{self, BackgroundWriter, Begun, Lineage, Opened, Outcome};
 use crate::arch::layout::{PAGE_SIZE, RAM_BASE};
 use crate::console;
 use crate::hv::Vm;
@@ -161,6 +161,14 @@ impl Snapshots {
             console::message(&format!("[snapshot] refused: {e}"));
             return (Err(e), None);
         };
+        let opened = match self.open_layer(vmm, &name) {
+            Ok(o) => o,
+            Err(reason) => {
+                let e = SnapshotError::Failed { name, reason };
+                console::message(&format!("[snapshot] {e}"));
+                return (Err(e), None);
+            }
+        };
         let t = Instant::now();
         let stopped = match vmm.stop() {
             Ok(s) => s,
@@ -180,16 +188,19 @@ impl Snapshots {
         let mut to_protect = None;
         let result = match self.mode {
             SnapshotMode::Stop => {
-                let r = self.write(vmm, &name, &stopped);
+                let r = self.write(vmm, opened, &name, &stopped);
                 if let Some(d) = self.test_delay {
                     std::thread::sleep(d);
                 }
                 r.map(Some)
             }
-            SnapshotMode::Background => self.start_background(vmm, &name, &stopped).map(|save| {
-                to_protect = Some(save);
-                None
-            }),
+            SnapshotMode::Background => {
+                self.start_background(vmm, opened, &name, &stopped)
+                    .map(|save| {
+                        to_protect = Some(save);
+                        None
+                    })
+            }
         };
         // Held from before the resume until the layer's pages are
         // protected in the VMM's mapping: protecting costs the kernel per
@@ -201,16 +212,16 @@ impl Snapshots {
         let forked = match fork {
             Some(job) if result.is_ok() => {
                 let t = Instant::now();
-                let r = vmm.fork_stopped(&stopped, job);
-                console::message(&format!(
-                    "Branch-fork-time = {} us",
-                    t.elapsed().as_micros()
-                ));
-                Some(r)
+                Some((vmm.fork_stopped(&stopped, job), t.elapsed()))
             }
             _ => None,
         };
         vmm.restart(stopped);
+        // Said once the guest runs again: the console may be slow.
+        let forked = forked.map(|(r, took)| {
+            console::message(&format!("Branch-fork-time = {} us", took.as_micros()));
+            r
+        });
         let pause_us = if was_paused {
             0
         } else {
@@ -315,11 +326,36 @@ impl Snapshots {
         }
     }
 
-    /// Begins layer `name` of the stopped VM: captures the machine state
-    /// and the disk, and opens the writer.
+    /// Opens layer `name`'s writer before the VM stops: the store checks
+    /// the name and the parent (the lineage's, which cannot change until
+    /// this snapshot is done: `taking` is held) and makes its work directory.
+    fn open_layer<V: Vm>(&self, vmm: &Vmm<V>, name: &str) -> anyhow::Result<Opened> {
+        let store = Store::create(&self.store).context("cannot open the snapshot store")?;
+        let lineage = self.lineage.locked();
+        let meta = LayerMeta {
+            parent: lineage.parent.as_ref().map(Layer::parent_ref),
+            page_size: PAGE_SIZE,
+            ram_base_gpa: RAM_BASE,
+            ram_size: vmm.ram().size(),
+            vcpus: u32::try_from(vmm.vcpus()).expect("at most MAX_VCPUS"),
+            backend: self.backend.to_string(),
+            gic_mode: vmm.irqchip().mode().name().to_string(),
+            creator: creator(),
+        };
+        drop(lineage);
+        let diff = meta.parent.is_some();
+        Ok(Opened {
+            w: store.begin(name, meta)?,
+            diff,
+        })
+    }
+
+    /// Begins layer `name` (its writer `opened`) of the stopped VM: captures
+    /// the machine state and the disk.
     fn begin<V: Vm>(
         &self,
         vmm: &Vmm<V>,
+        opened: Opened,
         name: &str,
         stopped: &Stopped<'_>,
     ) -> anyhow::Result<Begun> {
@@ -341,19 +377,8 @@ impl Snapshots {
             agent_answered: Some((self.agent_answered)()),
             devices: captured.devices,
         };
-        let store = Store::create(&self.store).context("cannot open the snapshot store")?;
+        let Opened { mut w, diff } = opened;
         let lineage = self.lineage.locked();
-        let meta = LayerMeta {
-            parent: lineage.parent.as_ref().map(Layer::parent_ref),
-            page_size: PAGE_SIZE,
-            ram_base_gpa: RAM_BASE,
-            ram_size: ram.size(),
-            vcpus: u32::try_from(state.vcpus.len()).expect("at most MAX_VCPUS"),
-            backend: self.backend.to_string(),
-            gic_mode: vmm.irqchip().mode().name().to_string(),
-            creator: creator(),
-        };
-        let diff = meta.parent.is_some();
         // A diff's disk is a disk diff where the parent's disk has the
         // shape of this VM's (always, unless the parent came from another
         // writer).
@@ -364,7 +389,6 @@ impl Snapshots {
                 .as_ref()
                 .is_some_and(|d| d.size == src.size() && d.chunk_size == DISK_CHUNK_SIZE)
         });
-        let mut w = store.begin(name, meta)?;
         // The disk first, so that its changed chunks are hashed while memory
         // is written. An image unchanged since the parent is the parent's.
         let mut chunks = devices.root_disk().device().written_chunks();
@@ -417,11 +441,12 @@ impl Snapshots {
     fn write<V: Vm>(
         &self,
         vmm: &Vmm<V>,
+        opened: Opened,
         name: &str,
         stopped: &Stopped<'_>,
     ) -> anyhow::Result<(Vec<String>, Written)> {
         let t = Instant::now();
-        let mut b = self.begin(vmm, name, stopped)?;
+        let mut b = self.begin(vmm, opened, name, stopped)?;
         let ram = vmm.ram();
         // SAFETY: every vCPU is parked (`stopped`) and the devices are
         // prepared, so nothing writes guest RAM while `bytes` is alive.
@@ -491,10 +516,11 @@ impl Snapshots {
     fn start_background<V: Vm>(
         &self,
         vmm: &Vmm<V>,
+        opened: Opened,
         name: &str,
         stopped: &Stopped<'_>,
     ) -> anyhow::Result<Arc<PageSave>> {
-        let mut b = self.begin(vmm, name, stopped)?;
+        let mut b = self.begin(vmm, opened, name, stopped)?;
         let ram = vmm.ram();
         // Tracked since the VM started, the pages written so far are a
         // diff's, or a full layer's (every other page is still zero, a hole

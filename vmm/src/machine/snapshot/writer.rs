@@ -31,6 +31,15 @@ pub(super) struct Lineage {
     pub(super) carry_chunks: Vec<u64>,
 }
 
+/// A layer's writer, opened before the VM stops (the store's checks of the
+/// name and the parent, and the work directory, are file system work the
+/// pause need not wait for).
+pub(super) struct Opened {
+    pub(super) w: SnapshotWriter,
+    /// A diff (the layer has a parent).
+    pub(super) diff: bool,
+}
+
 /// A layer begun while the VM is stopped: its writer with the disk's copy
 /// begun, and what the memory must hold.
 pub(super) struct Begun {
