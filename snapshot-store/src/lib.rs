@@ -160,12 +160,13 @@ pub use progress::{Progress, ProgressFn};
 pub use restore::{
     map_base_memory, map_chain_memory, overlay_diffs, overlay_diffs_mapped, MAX_LAZY_RUNS,
 };
+#[cfg(target_os = "linux")]
+pub use restore::{map_chain_memory_at, FixedMapping};
 pub use store::{
     GcReport, LayerSummary, LayerUsage, ListEntry, Store, DEFAULT_STORE_DIR, MAX_CHAIN_DEPTH,
 };
 pub use verify::{
     verify_chain, verify_chain_cached, verify_chain_cached_with_progress,
-    verify_chain_cached_without_memory, verify_chain_with_progress, FileCheck, HashSource,
-    VerifyReport,
+    verify_chain_with_progress, FileCheck, HashSource, VerifyReport,
 };
 pub use writer::{DiskClone, DiskCopy, DiskMethod, MemoryFile, SnapshotWriter};

@@ -31,6 +31,19 @@ fn ram_len(layer: &Layer) -> Result<usize> {
 /// unlinks), which is what makes a private file mapping stable; call
 /// [`crate::verify_chain_cached`] (or [`crate::verify_chain`]) first.
 pub fn map_base_memory(base: &Layer) -> Result<MmapMut> {
+    let (f, len, path) = open_base(base)?;
+    // SAFETY: a MAP_PRIVATE mapping of a file opened read-only. Our writes
+    // stay private. The file itself is never modified by the store after
+    // commit (mode 0444, no writers), so the mapping's contents do not
+    // change underneath us; truncation by a third party would fault, which
+    // is the documented hazard of file mappings.
+    let map = unsafe { MmapOptions::new().len(len).map_copy(&f) }.ctx(&path, "mmap")?;
+    Ok(map)
+}
+
+/// The base layer's `memory.bin`, opened and checked (a full layer, the
+/// file as long as the manifest's RAM): the file, RAM's length and the path.
+fn open_base(base: &Layer) -> Result<(File, usize, std::path::PathBuf)> {
     let path = base.memory_path();
     if base.manifest.kind != LayerKind::Full {
         return Err(Error::Usage(format!(
@@ -50,13 +63,7 @@ pub fn map_base_memory(base: &Layer) -> Result<MmapMut> {
             ),
         ));
     }
-    // SAFETY: a MAP_PRIVATE mapping of a file opened read-only. Our writes
-    // stay private. The file itself is never modified by the store after
-    // commit (mode 0444, no writers), so the mapping's contents do not
-    // change underneath us; truncation by a third party would fault, which
-    // is the documented hazard of file mappings.
-    let map = unsafe { MmapOptions::new().len(len).map_copy(&f) }.ctx(&path, "mmap")?;
-    Ok(map)
+    Ok((f, len, path))
 }
 
 /// An opened, checked diff file: its header and page index.
@@ -212,7 +219,7 @@ pub const MAX_LAZY_RUNS: usize = 8192;
 /// copied, as is everything when the plan has more than [`MAX_LAZY_RUNS`]
 /// runs, and always on macOS: Hypervisor.framework's `hv_vm_map` needs guest
 /// RAM to be a single VM region, which per-run file mappings would split.
-pub fn overlay_diffs_mapped(ram: &mut MmapMut, diffs: &[Layer]) -> Result<u64> {
+pub fn overlay_diffs_mapped(ram: &mut [u8], diffs: &[Layer]) -> Result<u64> {
     if cfg!(target_os = "macos") {
         return overlay_diffs(ram, diffs);
     }
@@ -275,6 +282,88 @@ pub fn map_chain_memory(chain: &Chain) -> Result<MmapMut> {
     let mut ram = map_base_memory(chain.base())?;
     overlay_diffs_mapped(&mut ram, &chain.layers()[1..])?;
     Ok(ram)
+}
+
+/// A private mapping at a host address the caller chose
+/// ([`map_chain_memory_at`]), unmapped when dropped.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct FixedMapping {
+    addr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; sharing it
+// between threads is as safe as sharing a `memmap2::MmapMut`.
+#[cfg(target_os = "linux")]
+unsafe impl Send for FixedMapping {}
+// SAFETY: as above.
+#[cfg(target_os = "linux")]
+unsafe impl Sync for FixedMapping {}
+
+#[cfg(target_os = "linux")]
+impl std::ops::Deref for FixedMapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `addr` is a live mapping of `len` readable bytes owned by
+        // `self`.
+        unsafe { std::slice::from_raw_parts(self.addr.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl std::ops::DerefMut for FixedMapping {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and the mapping is writable (private).
+        unsafe { std::slice::from_raw_parts_mut(self.addr.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for FixedMapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the range this value owns.
+        unsafe { libc::munmap(self.addr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// [`map_chain_memory`] at host address `addr`, where nothing may be mapped
+/// (`MAP_FIXED_NOREPLACE`: an error if anything is): for a process that
+/// must find guest RAM where another process had it (a branch's fork, whose
+/// vCPUs hold RAM's address). `addr` must be aligned to the host's page.
+#[cfg(target_os = "linux")]
+pub fn map_chain_memory_at(chain: &Chain, addr: usize) -> Result<FixedMapping> {
+    let (f, len, path) = open_base(chain.base())?;
+    // SAFETY: a new private mapping of a file opened read-only, where
+    // MAP_FIXED_NOREPLACE guarantees nothing is replaced (as in
+    // `map_base_memory`, the store's files are never modified).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED_NOREPLACE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::io(&path, "mmap", std::io::Error::last_os_error()));
+    }
+    let Some(ptr) = std::ptr::NonNull::new(p.cast::<u8>()) else {
+        return Err(Error::corrupt(&path, "mapped at address 0"));
+    };
+    let mut map = FixedMapping { addr: ptr, len };
+    if p as usize != addr {
+        // A kernel older than 4.17 takes the address as a hint.
+        return Err(Error::io(
+            &path,
+            "mmap",
+            std::io::Error::other(format!("mapped at {p:?}, not at {addr:#x}")),
+        ));
+    }
+    overlay_diffs_mapped(&mut map, &chain.layers()[1..])?;
+    Ok(map)
 }
 
 #[cfg(test)]

@@ -532,13 +532,8 @@ fn check_jobs(
 /// After every file of a layer verified: write its cache if it would
 /// change (new stamps recorded, stale or bad entries dropped). Returns a
 /// note if the cache could not be written.
-fn refresh_cache(cache: &LayerCache, checked: &[(&Job, Outcome)], keep: &[&str]) -> Option<String> {
+fn refresh_cache(cache: &LayerCache, checked: &[(&Job, Outcome)]) -> Option<String> {
     let mut new = Entries::new();
-    for f in keep {
-        if let Some(e) = cache.entries.get(*f) {
-            new.insert(f.to_string(), e.clone());
-        }
-    }
     for (job, outcome) in checked {
         let entry = match outcome {
             Outcome::Cached => cache.entries.get(job.file).cloned(),
@@ -644,17 +639,6 @@ pub fn verify_chain_cached_with_progress(
     verify_chain_impl(chain.layers(), 0, true, progress, &SystemClock)
 }
 
-/// [`verify_chain_cached`] for a VM whose RAM does not come from the
-/// chain's memory files (a branch's child forked from its source, which
-/// inherits the source's RAM): every check is made but the hashing of the
-/// memory files, which are still checked for presence, size and (a diff's)
-/// header and index. What the VM reads of the chain (the state, the disk)
-/// is hashed as [`verify_chain_cached`] does; the memory files are hashed
-/// whenever a VM is later restored from them.
-pub fn verify_chain_cached_without_memory(chain: &Chain) -> Result<VerifyReport> {
-    verify_chain_impl_with(chain.layers(), 0, true, false, None, &SystemClock)
-}
-
 /// [`verify_chain`] of the top layer of `chain` only (a layer being
 /// imported, whose parents are already in the store): every check of its
 /// files, hashing all of them; its link to its parent was checked when the
@@ -682,27 +666,12 @@ fn verify_chain_impl(
     progress: Option<ProgressFn<'_>>,
     clock: &dyn Clock,
 ) -> Result<VerifyReport> {
-    verify_chain_impl_with(chain, from, use_cache, true, progress, clock)
-}
-
-/// [`verify_chain_impl`], hashing the memory files only if `hash_memory`.
-fn verify_chain_impl_with(
-    chain: &[Layer],
-    from: usize,
-    use_cache: bool,
-    hash_memory: bool,
-    progress: Option<ProgressFn<'_>>,
-    clock: &dyn Clock,
-) -> Result<VerifyReport> {
     // Parent links were checked when the chain was built (`Chain::new`).
     let layers = &chain[from..];
     let mut jobs = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
         let parent = (from + i).checked_sub(1).map(|p| &chain[p]);
         layer_checks(layer, parent, i, &mut jobs)?;
-    }
-    if !hash_memory {
-        jobs.retain(|j| j.file != MEMORY_FILE);
     }
     let caches: Vec<LayerCache> = layers.iter().map(LayerCache::load).collect();
     let mut checked = Vec::with_capacity(jobs.len());
@@ -720,9 +689,7 @@ fn verify_chain_impl_with(
             .filter(|(j, _)| j.owner == i)
             .copied()
             .collect();
-        // Files not checked now keep what the cache said of them.
-        let keep: &[&str] = if hash_memory { &[] } else { &[MEMORY_FILE] };
-        notes.extend(refresh_cache(c, &mine, keep));
+        notes.extend(refresh_cache(c, &mine));
     }
     Ok(report(layers.len(), &checked, notes))
 }
@@ -783,7 +750,7 @@ impl Store {
                 (Err(e), _) | (Ok(_), Some(e)) => Err(e),
                 (Ok(c), None) => {
                     let mut notes: Vec<String> = c.note.iter().cloned().collect();
-                    notes.extend(refresh_cache(&c, &mine, &[]));
+                    notes.extend(refresh_cache(&c, &mine));
                     Ok(report(1, &mine, notes))
                 }
             };

@@ -11,10 +11,7 @@ use common::*;
 use snapshot_store::format::manifest::listed_files;
 use snapshot_store::format::verified::{MAX_VERIFIED_BYTES, VERIFIED_FILE};
 use snapshot_store::format::{LAYER_FILES, MEMORY_FILE, STATE_FILE};
-use snapshot_store::{
-    verify_chain, verify_chain_cached, verify_chain_cached_without_memory, HashSource, Store,
-    VerifyReport,
-};
+use snapshot_store::{verify_chain, verify_chain_cached, HashSource, Store, VerifyReport};
 
 /// Larger than the size above which commit waits for stamps to settle
 /// (32 MiB), so that commit takes that path.
@@ -448,45 +445,4 @@ fn commit_cache_later_is_visible_first_and_its_cache_is_used_once_joined() {
         (vouched, 5 - vouched),
         "{r:?}"
     );
-}
-
-#[test]
-fn a_verification_without_memory_hashes_the_rest_and_keeps_the_memory_records() {
-    let fx = chain(8 * PS as usize);
-    make_writable(fx.store.root());
-    warm(&fx);
-    let golden = fx.store.root().join("golden");
-    let mem = golden.join(MEMORY_FILE);
-    let rec = cached_stamp(&golden, MEMORY_FILE).unwrap();
-    // A changed memory file (its stamp too): not hashed, so not seen, and its
-    // record stays as it was.
-    flip_keep_times(&mem, 3 * PS + 17, 0x40);
-    let chain = fx.store.resolve("d2").unwrap();
-    let r = verify_chain_cached_without_memory(&chain).unwrap();
-    assert!(
-        r.checked
-            .iter()
-            .all(|c| c.path.file_name().unwrap() != MEMORY_FILE),
-        "{r:?}"
-    );
-    assert_eq!(cached_stamp(&golden, MEMORY_FILE), Some(rec));
-    let e = cached(&fx).unwrap_err().to_string();
-    assert!(
-        e.contains(&mem.display().to_string()) && e.contains("sha256 mismatch"),
-        "{e}"
-    );
-    flip_keep_times(&mem, 3 * PS + 17, 0x40);
-    // A memory file of the wrong size, or missing, is still refused.
-    let f = std::fs::OpenOptions::new().write(true).open(&mem).unwrap();
-    let len = f.metadata().unwrap().len();
-    f.set_len(len + 1).unwrap();
-    assert!(verify_chain_cached_without_memory(&chain).is_err());
-    f.set_len(len).unwrap();
-    // Any other file changed is seen.
-    let state = golden.join(STATE_FILE);
-    flip_keep_times(&state, 20, 0x01);
-    let e = verify_chain_cached_without_memory(&chain)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains(&state.display().to_string()), "{e}");
 }

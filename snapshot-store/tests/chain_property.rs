@@ -165,3 +165,44 @@ fn overlay_coalesces_runs_without_offset_errors() {
     assert_eq!(chain.describe(), "g -> d0 -> d1 -> d2");
     assert!(map_chain_memory(&chain).unwrap()[..] == ram[..]);
 }
+
+/// A free host address for `len` bytes (mapped, then unmapped).
+#[cfg(target_os = "linux")]
+fn free_address(len: usize) -> usize {
+    let probe = memmap2::MmapMut::map_anon(len).unwrap();
+    probe.as_ptr() as usize
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_chain_maps_at_a_chosen_address_as_anywhere_and_never_over_a_mapping() {
+    use snapshot_store::map_chain_memory_at;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::create(dir.path().join("s")).unwrap();
+    let mut rng = Rng(7);
+    let pages = 12u64;
+    let mut ram = vec![0u8; (pages * PS) as usize];
+    rng.fill(&mut ram[..(4 * PS) as usize]);
+    let g = full(&store, "g", &ram, b"", None);
+    rng.fill(&mut ram[(5 * PS) as usize..(7 * PS) as usize]);
+    let top = diff(&store, "d", &g, &ram, &[5, 6], b"", None);
+    let chain = store.resolve(&top.name).unwrap();
+    let len = ram.len();
+    let at = free_address(len);
+    let mut fixed = map_chain_memory_at(&chain, at).unwrap();
+    assert_eq!(fixed.as_ptr() as usize, at);
+    assert!(fixed[..] == ram[..] && map_chain_memory(&chain).unwrap()[..] == ram[..]);
+    // Private: a write reaches neither the store's files nor another mapping.
+    fixed[5 * PS as usize] ^= 0xff;
+    assert!(map_chain_memory(&chain).unwrap()[..] == ram[..]);
+    // Where something is mapped, nothing is replaced.
+    let e = map_chain_memory_at(&chain, at).unwrap_err().to_string();
+    assert!(e.contains("memory.bin") && e.contains("mmap"), "{e}");
+    assert_eq!(fixed[5 * PS as usize], ram[5 * PS as usize] ^ 0xff);
+    drop(fixed);
+    // Unmapped on drop: the address is free again.
+    assert_eq!(
+        map_chain_memory_at(&chain, at).unwrap().as_ptr() as usize,
+        at
+    );
+}

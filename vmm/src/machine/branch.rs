@@ -611,15 +611,27 @@ fn fork_pipes(
         .file_name()
         .and_then(|n| std::ffi::CString::new(n.as_bytes()).ok())
         .unwrap_or_else(|| c"boot".into());
-    Ok((start, Box::new(move || fork_work(go_read, kids, comm))))
+    let (store, layer) = (src.store.clone(), layer.to_string());
+    Ok((
+        start,
+        Box::new(move || fork_work(go_read, kids, comm, &store, &layer)),
+    ))
 }
 
 /// In the source's fork (single-threaded, [`crate::machine::fork`]), named
 /// `branch-fork`: keeps only the children's descriptors, waits for [`GO`]
-/// (the layer is in the store), then forks each child, named `comm`, which
+/// (the layer is in the store), maps the memory of `layer` (in `store`)
+/// where the source's RAM was, then forks each child, named `comm`, which
 /// runs the binary's [`ChildMain`] on the inherited VM. Ends once every
-/// child is forked (1 without a go).
-fn fork_work(go: OwnedFd, kids: Vec<ForkChild>, comm: std::ffi::CString) -> i32 {
+/// child is forked (1 without a go, or if the memory cannot be mapped: each
+/// child's daemon word then says why).
+fn fork_work(
+    go: OwnedFd,
+    kids: Vec<ForkChild>,
+    comm: std::ffi::CString,
+    store: &Path,
+    layer: &str,
+) -> i32 {
     crate::machine::fork::name_thread(c"branch-fork");
     let mut keep: Vec<RawFd> = vec![go.as_raw_fd()];
     keep.extend(
@@ -650,6 +662,12 @@ fn fork_work(go: OwnedFd, kids: Vec<ForkChild>, comm: std::ffi::CString) -> i32 
         return 1;
     };
     if !went {
+        return 1;
+    }
+    if let Err(e) = crate::machine::fork::map_layer_ram(store, layer) {
+        for kid in kids {
+            let _ = std::fs::File::from(kid.word).write_all(format!("E{e:#}").as_bytes());
+        }
         return 1;
     }
     for kid in kids {

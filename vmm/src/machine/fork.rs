@@ -5,12 +5,16 @@
 //! snapshot ([`crate::machine::vcpu::run_state::RunState::fork_parked`]), on
 //! the thread that owns them. The child has that thread only; it keeps the
 //! vCPUs (on `emu`, unicorn engines with every block the source translated)
-//! and the RAM mapping (copy-on-write, the layer's memory as it is written)
 //! here, [`inherit`], and builds a VM of its own around them as a restore
 //! does, taking them back with [`take_ram`] and [`take_vcpus`] instead of
-//! mapping the layer's memory and creating vCPUs. Nothing else of the
-//! parent's objects is used in the child: their locks may have been held
-//! by threads the child does not have.
+//! creating vCPUs. Guest RAM is left out of the fork
+//! ([`GuestRam::keep_out_of_forks`]: the fork copies none of its page
+//! tables, and the source's later writes to it copy nothing); once the
+//! layer is in the store, the fork maps the layer's memory where the
+//! source's RAM was ([`map_layer_ram`], the address the engines use), which
+//! the children it forks inherit. Nothing else of the parent's objects is
+//! used in the child: their locks may have been held by threads the child
+//! does not have.
 
 use crate::memory::GuestRam;
 use crate::sync::Locked;
@@ -18,11 +22,12 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 /// A fork for the parked vCPU thread to make: `child` is what the child
-/// process does, given the parent's guest RAM (`ram`) and vCPUs, which
-/// [`inherit`] has put aside for it. It never returns (the child ends with
-/// `_exit`; a panic in it ends the child with status 101).
+/// process does with the parent's vCPUs, which [`inherit`] has put aside for
+/// it. It never returns (the child ends with `_exit`; a panic in it ends the
+/// child with status 101).
 pub struct ForkJob {
-    /// The VM's guest RAM.
+    /// The VM's guest RAM: left out of the fork; the child maps the layer's
+    /// memory at its address ([`map_layer_ram`]).
     pub ram: Arc<GuestRam>,
     /// The child's work.
     pub child: Box<dyn FnOnce() -> i32 + Send>,
@@ -56,6 +61,50 @@ pub fn inherit<T: 'static>(ram: Arc<GuestRam>, vcpus: Vec<T>) {
         ram: Some(ram),
         vcpus: Some(Box::new(vcpus)),
     });
+}
+
+/// In the child of a [`ForkJob`]'s fork, whose RAM was left out of the fork
+/// ([`GuestRam::keep_out_of_forks`]): maps the memory of layer `layer` of
+/// the store at `store` (its chain, as a restore maps it: the base
+/// copy-on-write, the diffs over it) where the parent's RAM was, and makes
+/// it the inherited RAM. Nothing is read yet: each child's restore verifies
+/// the chain, memory files included, before its guest runs. Errors: the
+/// layer cannot be read or mapped there, or its RAM is not the parent's
+/// size.
+#[cfg(target_os = "linux")]
+pub fn map_layer_ram(store: &std::path::Path, layer: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut g = INHERITED.locked();
+    let inherited = g
+        .as_mut()
+        .context("this process inherited no VM from a fork")?;
+    let parent = inherited
+        .ram
+        .as_ref()
+        .context("this process inherited no RAM")?;
+    let (addr, size) = (parent.host_ptr() as usize, parent.size());
+    let chain = snapshot_store::Store::open(store)
+        .context("cannot open the snapshot store")?
+        .resolve(layer)?;
+    let ram_size = chain.top().manifest.ram_size;
+    anyhow::ensure!(
+        ram_size == size,
+        "snapshot '{layer}' has {ram_size} bytes of RAM; the VM this process was forked from has {size}"
+    );
+    let map = snapshot_store::map_chain_memory_at(&chain, addr)
+        .with_context(|| format!("cannot map the memory of snapshot '{layer}'"))?;
+    let ram = GuestRam::from_fixed(map)?;
+    // The parent's RAM object is forgotten, not dropped: its mapping was
+    // not inherited, and dropping it would unmap the new one.
+    std::mem::forget(inherited.ram.replace(Arc::new(ram)));
+    Ok(())
+}
+
+/// [`map_layer_ram`] where forked children are not made (only Linux has
+/// them): an error.
+#[cfg(not(target_os = "linux"))]
+pub fn map_layer_ram(_store: &std::path::Path, _layer: &str) -> anyhow::Result<()> {
+    anyhow::bail!("forked children need Linux")
 }
 
 /// The inherited guest RAM, once (`None` in a process that inherited none).

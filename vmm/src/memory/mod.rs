@@ -68,9 +68,39 @@ pub enum MemoryError {
     Region(String),
 }
 
+/// RAM's host mapping, owned: unmapped when dropped.
+enum Mapping {
+    /// Made by memmap2 (anonymous, or a private map of a memory file).
+    Mmap(memmap2::MmapMut),
+    /// At an address its maker chose ([`GuestRam::from_fixed`]).
+    #[cfg(target_os = "linux")]
+    Fixed(snapshot_store::FixedMapping),
+}
+
+impl std::ops::Deref for Mapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Mapping::Mmap(m) => m,
+            #[cfg(target_os = "linux")]
+            Mapping::Fixed(m) => m,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Mapping {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Mapping::Mmap(m) => m,
+            #[cfg(target_os = "linux")]
+            Mapping::Fixed(m) => m,
+        }
+    }
+}
+
 /// Guest RAM at [`RAM_BASE`]: a page-aligned host mapping of `size` bytes.
 pub struct GuestRam {
-    map: memmap2::MmapMut,
+    map: Mapping,
     region: Arc<MmapRegion<AtomicBitmap>>,
     mem: GuestMemoryMmap,
     /// 1 + this mapping's slot in [`page_save`]'s fault-handler table, 0 if it
@@ -87,9 +117,7 @@ impl Drop for GuestRam {
 impl GuestRam {
     /// Allocates `size` bytes of zeroed anonymous memory (`size` a multiple of
     /// [`PAGE_SIZE`]). On Linux, in transparent huge pages where the host
-    /// allows (`MADV_HUGEPAGE`, as QEMU asks for guest RAM): fewer TLB misses,
-    /// and a `fork()` of the VMM copies a page-table entry per 2 MiB instead
-    /// of per 4 KiB (a branch's forked children, `crate::machine::fork`).
+    /// allows (`MADV_HUGEPAGE`, as QEMU asks for guest RAM): fewer TLB misses.
     pub fn new_anonymous(size: u64) -> Result<Self, MemoryError> {
         check_size(size)?;
         let len = usize::try_from(size).map_err(|_| MemoryError::BadSize { size })?;
@@ -105,7 +133,19 @@ impl GuestRam {
 
     /// Wraps an existing writable mapping (e.g. a private copy-on-write map of
     /// a snapshot's memory file). Its length must be a valid RAM size.
-    pub fn from_mmap(mut map: memmap2::MmapMut) -> Result<Self, MemoryError> {
+    pub fn from_mmap(map: memmap2::MmapMut) -> Result<Self, MemoryError> {
+        Self::wrap(Mapping::Mmap(map))
+    }
+
+    /// Wraps a mapping at an address its maker chose (a branch's fork maps
+    /// the layer's memory where its source's RAM was,
+    /// [`crate::machine::fork`]). Its length must be a valid RAM size.
+    #[cfg(target_os = "linux")]
+    pub fn from_fixed(map: snapshot_store::FixedMapping) -> Result<Self, MemoryError> {
+        Self::wrap(Mapping::Fixed(map))
+    }
+
+    fn wrap(mut map: Mapping) -> Result<Self, MemoryError> {
         let size = map.len() as u64;
         check_size(size)?;
         let bitmap = page_bitmap(map.len());
@@ -162,6 +202,24 @@ impl GuestRam {
         self.range().contains_range(gpa, len)
     }
 
+    /// Leaves this RAM out of the process's later `fork()`s
+    /// (`MADV_DONTFORK`): a branch's source forks with its vCPUs, and its
+    /// children map the layer's memory instead ([`crate::machine::fork`]),
+    /// so the fork copies none of RAM's page tables and the source's later
+    /// writes to RAM copy nothing. Linux only.
+    #[cfg(target_os = "linux")]
+    pub fn keep_out_of_forks(&self) -> std::io::Result<()> {
+        // SAFETY: advice on this struct's own live mapping; it changes only
+        // what a fork copies.
+        let r =
+            unsafe { libc::madvise(self.host_ptr().cast(), self.map.len(), libc::MADV_DONTFORK) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// Host address of the first byte of RAM, for mapping it into a backend.
     /// The memory is shared with a running guest: access it only through
     /// [`GuestRam::memory`] or volatile/atomic operations.
@@ -209,6 +267,44 @@ fn check_size(size: u64) -> Result<(), MemoryError> {
 mod tests {
     use super::*;
     use vm_memory::Bytes;
+
+    /// Whether `[addr, addr+len)` is mapped in a child of `fork()`.
+    #[cfg(target_os = "linux")]
+    fn mapped_in_a_fork(addr: *mut u8, len: usize) -> bool {
+        // SAFETY: the child only calls msync and _exit (async-signal-safe).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: msync of a range this process may not have mapped
+            // answers ENOMEM; it reads nothing.
+            let r = unsafe { libc::msync(addr.cast(), len, libc::MS_ASYNC) };
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        libc::WEXITSTATUS(status) == 0
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn ram_kept_out_of_forks_is_not_in_a_child_and_stays_in_the_parent() {
+        let ram = GuestRam::new_anonymous(4 * PAGE_SIZE).unwrap();
+        ram.memory()
+            .write_slice(&[7u8; 8], GuestAddress(ram.base()))
+            .unwrap();
+        let len = ram.size() as usize;
+        assert!(mapped_in_a_fork(ram.host_ptr(), len));
+        ram.keep_out_of_forks().unwrap();
+        assert!(!mapped_in_a_fork(ram.host_ptr(), len));
+        let mut b = [0u8; 8];
+        ram.memory()
+            .read_slice(&mut b, GuestAddress(ram.base()))
+            .unwrap();
+        assert_eq!(b, [7u8; 8]);
+    }
 
     #[test]
     fn rejects_bad_sizes() {

@@ -513,7 +513,8 @@ static SLOT_TABLE: [Slot; SLOTS] = [EMPTY_SLOT; SLOTS];
 
 /// In a forked child, before it saves anything: the parent's saves are
 /// forgotten, not dropped (they hold the parent's files, whose descriptors
-/// the child closes); the mappings' claims stay, for the inherited RAM.
+/// the child closes); the mappings' claims stay, for the RAM the child
+/// maps at the same address.
 pub fn forget_saves_in_child() {
     for slot in &SLOT_TABLE {
         slot.save.store(std::ptr::null_mut(), Ordering::SeqCst);

@@ -16,10 +16,7 @@ use crate::machine::plan::{Plan, Saved};
 use crate::machine::vcpu::Start;
 use crate::memory::GuestRam;
 use anyhow::{bail, Context};
-use snapshot_store::{
-    map_base_memory, overlay_diffs_mapped, verify_chain_cached, verify_chain_cached_without_memory,
-    Chain, Store,
-};
+use snapshot_store::{map_base_memory, overlay_diffs_mapped, verify_chain_cached, Chain, Store};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -139,20 +136,15 @@ pub fn plan<H: Hypervisor>(
     // alongside mapping memory and decoding state; nothing of the chain is
     // used before it has passed, and its error wins over later ones, which
     // unverified files may cause.
-    // A branch's forked child has its RAM from the source, not from the
-    // chain's memory files (`fork`): those are not hashed for it.
+    // A branch's forked child has the chain's memory mapped by its fork
+    // (`fork::map_layer_ram`): it is verified as any restore's.
     let inherited_ram = fork::take_ram();
-    let hash_memory = inherited_ram.is_none();
     let (verified, work) = std::thread::scope(|s| {
         let verify = std::thread::Builder::new()
             .name("restore-verify".into())
             .spawn_scoped(s, || {
                 let t = Instant::now();
-                let r = if hash_memory {
-                    verify_chain_cached(&chain)
-                } else {
-                    verify_chain_cached_without_memory(&chain)
-                };
+                let r = verify_chain_cached(&chain);
                 (r, t.elapsed())
             });
         let work = map_and_decode(&chain, gic, inherited_ram, stages);
@@ -209,11 +201,11 @@ fn map_and_decode(
     let top = chain.top();
     let m = &top.manifest;
     let ram = match inherited_ram {
-        // A branch's child forked from its source: the source's RAM as the
-        // layer holds it.
+        // A branch's child forked from its source: the layer's memory,
+        // mapped where the source's RAM was.
         Some(ram) if ram.size() == m.ram_size => {
             console::message(
-                "Restore-source = fork of the branch's source (its RAM and vCPUs, with their translated code)",
+                "Restore-source = fork of the branch's source (its vCPUs with their translated code, RAM mapped from the layer)",
             );
             ram
         }

@@ -445,13 +445,17 @@ fn park<V: Vcpu + 'static>(run_state: &RunState, vcpus: &mut Vec<RunVcpu<V>>) {
     run_state.park(states, |job| fork_parked(job, vcpus));
 }
 
-/// Forks the process; the child goes on with `vcpus` (and their reset
-/// states) as `job` says and never returns ([`fork::run_child`]). Returns
-/// the child's pid.
+/// Forks the process, guest RAM left out ([`fork`]); the child goes on with
+/// `vcpus` (and their reset states) as `job` says and never returns
+/// ([`fork::run_child`]). Returns the child's pid.
 fn fork_parked<V: Vcpu + 'static>(
     job: fork::ForkJob,
     vcpus: &mut Vec<RunVcpu<V>>,
 ) -> Result<i32, String> {
+    #[cfg(target_os = "linux")]
+    job.ram
+        .keep_out_of_forks()
+        .map_err(|e| format!("cannot leave guest RAM out of the fork: {e}"))?;
     // SAFETY: the child runs only on this thread, which owns the vCPUs and
     // holds no lock of the VM's (the run state's is released); it uses none
     // of the parent's other objects (see `fork`), and ends with `_exit`.
