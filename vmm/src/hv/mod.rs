@@ -227,11 +227,11 @@ pub trait Vm: Send + Sync {
     /// Creates vCPU `id` with affinity `mpidr` (MPIDR_EL1 value) in its reset
     /// state (EL1h, MMU off). Must be called on the thread that will run it.
     fn create_vcpu(&self, id: VcpuId, mpidr: u64) -> Result<Self::Vcpu>;
-    /// Makes `vcpu`, a vCPU of another VM of this process on the same RAM
-    /// mapping (a VM of the process this one was forked from, see
-    /// [`Hypervisor::FORKS_VCPUS`]), this VM's vCPU of the same id, as
-    /// [`Vm::create_vcpu`] would make it but with its registers and its
-    /// translated code. The other VM must never be used again. Errors:
+    /// Makes `vcpu`, a vCPU of another VM of this process whose RAM was
+    /// mapped at the same host address and size (a VM of the process this
+    /// one was forked from, see [`Hypervisor::FORKS_VCPUS`]), this VM's vCPU
+    /// of the same id, as [`Vm::create_vcpu`] would make it but with its
+    /// registers and its translated code. The other VM must never be used again. Errors:
     /// [`HvError::Call`] if the backend cannot, the id is out of range or
     /// taken, or the vCPU maps other RAM.
     fn adopt_vcpu(&self, vcpu: Self::Vcpu) -> Result<Self::Vcpu> {

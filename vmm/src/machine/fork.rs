@@ -1,5 +1,6 @@
-//! Forked children: a VM's vCPUs and RAM carried across `fork()` into a
-//! new VM of the child process ([`crate::hv::Hypervisor::FORKS_VCPUS`]).
+//! Forked children: a VM's vCPUs carried across `fork()` into a new VM of
+//! the child process ([`crate::hv::Hypervisor::FORKS_VCPUS`]), on RAM
+//! mapped anew at the same host address.
 //!
 //! A branch's source forks once while its vCPUs are parked for the branch's
 //! snapshot ([`crate::machine::vcpu::run_state::RunState::fork_parked`]), on

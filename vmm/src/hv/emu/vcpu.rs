@@ -176,7 +176,8 @@ impl EmuVcpu {
     /// reach of the VM is `vm`'s from now on, and the TLB is flushed (`vm`'s
     /// dirty tracking decides which pages are writable). The old VM's objects
     /// are never touched again, not even dropped: their locks and threads
-    /// were the parent process's. Errors if `vm` maps other RAM.
+    /// were the parent process's. Errors if `vm`'s RAM is at another host
+    /// address or of another size.
     pub(super) fn rebind(mut self, vm: Arc<VmShared>, shared: Arc<VcpuShared>) -> Result<Self> {
         let (host, size) = {
             let st = self.state();
