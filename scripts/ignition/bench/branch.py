@@ -237,11 +237,32 @@ def one_branch(vm: Vm, store: Path, n: int, name: str, start: str | None = None)
         finish(r, [c.pid for c in children], t0, running_at, ready_at)
         r["disk_kib_per_child"] = round((work_bytes(store) - base_work) / 1024 / n, 1)
     finally:
-        stop_children(children)
-        # Stopped: the source's handle must not stop them again at its end, when their
-        # pids may be other processes'.
-        vm.children = [c for c in vm.children if c not in children]
+        stop_request(vm, children)
     return r
+
+
+def stop_request(vm: Vm, children: Sequence[Child]) -> None:
+    """Stops the children of one of vm's branch requests. The source's handle then forgets
+    them: it must not stop them again at its end, when their pids may be other processes'."""
+    stop_children(children)
+    vm.children = [c for c in vm.children if c not in children]
+
+
+@contextlib.contextmanager
+def source(cfg: VmConfig, work: Path, mem: int, extra: Sequence[str]) -> Iterator[Vm]:
+    """The branch benchmarks' source: a fresh boot on a copy of the rootfs in `work` (store
+    work/store, the guest agent, --track-dirty, `extra`), ready, its console drained."""
+    disk = work / "rootfs.ext4"
+    shutil.copyfile(paths.ROOTFS, disk)
+    with Vm.boot(
+        cfg, disk=disk, mem=mem, store=work / "store", name="src", track_dirty=True, agent=True, extra=list(extra)
+    ) as vm:
+        vm.wait_ready()
+        drain = console.Drain(vm.child)
+        try:
+            yield vm
+        finally:
+            drain.close()
 
 
 def stop_children(children: Sequence[Child]) -> None:
@@ -696,15 +717,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ignition-bench-branch-") as tmp:
         work = Path(tmp)
-        disk, store = work / "rootfs.ext4", work / "store"
+        store = work / "store"
         if {"branch", "branch-exec", "hand"} & set(methods):
-            shutil.copyfile(paths.ROOTFS, disk)
             extra = ["--branch-limit", str(max(counts))] + (["--net", "passt"] if a.net == "passt" else [])
-            with Vm.boot(
-                cfg, disk=disk, mem=a.mem, store=store, name="src", track_dirty=True, agent=True, extra=extra
-            ) as vm:
-                vm.wait_ready()
-                drain = console.Drain(vm.child)
+            with source(cfg, work, a.mem, extra) as vm:
 
                 def ignition(method: str) -> Callable[[str, int, str], dict[str, Any]]:
                     def one(state: str, n: int, name: str) -> dict[str, Any]:
@@ -722,7 +738,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for method in ("branch", "branch-exec", "hand"):
                     if method in methods:
                         run_all(method, ignition(method))
-                drain.close()
         if "qemu" in methods:
             with qemu_source(work, a.mem, a.timeout) as src:
                 qdrain = console.Drain(src.child)

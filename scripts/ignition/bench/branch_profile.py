@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ignition import paths
-from ignition.bench.branch import stop_children
-from ignition.console import Drain
+from ignition.bench.branch import source, stop_request
 from ignition.stats import write_report
 from ignition.vm import Vm, VmConfig
 
@@ -187,8 +186,7 @@ def record(vm: Vm, n: int, freq: int, data: Path, start: str | None) -> dict[str
             "pids": [c.pid for c in children],
         }
     finally:
-        stop_children(children)
-        vm.children = [c for c in vm.children if c not in children]
+        stop_request(vm, children)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,30 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("perf is not installed (Debian: linux-perf)")
     with tempfile.TemporaryDirectory(prefix="ignition-branch-profile-") as tmp:
         work = Path(tmp)
-        disk = work / "rootfs.ext4"
-        shutil.copyfile(paths.ROOTFS, disk)
         data = a.perf_data or work / "perf.data"
-        extra = ["--branch-limit", str(a.count)]
-        with Vm.boot(
-            VmConfig(boot=a.boot),
-            disk=disk,
-            mem=a.mem,
-            store=work / "store",
-            name="src",
-            track_dirty=True,
-            agent=True,
-            extra=extra,
-        ) as vm:
-            vm.wait_ready()
-            drain = Drain(vm.child)
-            try:
-                for i in range(a.warm):
-                    stop_children(vm.branch(a.count, f"warm{i}", start=a.start))
-                    vm.children = []
-                rec = record(vm, a.count, a.freq, data, a.start)
-                source = vm.pid
-            finally:
-                drain.close()
+        with source(VmConfig(boot=a.boot), work, a.mem, ["--branch-limit", str(a.count)]) as vm:
+            for i in range(a.warm):
+                stop_request(vm, vm.branch(a.count, f"warm{i}", start=a.start))
+            rec = record(vm, a.count, a.freq, data, a.start)
+            source_pid = vm.pid
         script = subprocess.run(
             ["perf", "script", "-i", str(data), "-F", "comm,pid,tid,ip,sym,dso"],
             capture_output=True,
@@ -241,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check=True,
         ).stdout
     r = {"count": a.count, "freq": a.freq, "mem_mib": a.mem, "ready_ms": rec["ready_ms"], "pause_us": rec["pause_us"]}
-    r |= split(parse(script), set(rec["pids"]), source)
+    r |= split(parse(script), set(rec["pids"]), source_pid)
     write_report(a.out, r, table(r))
     return 0
 
