@@ -11,6 +11,7 @@ the parsers turn a matched line into numbers.
     [snapshot] KIND 'NAME' (P pages, M MiB) written
     [snapshot] 'NAME' failed, nothing was written: ...   (or: refused: ...)
     [snapshot] the VM has ended; finishing the snapshot being written before exiting
+    [snapshot] quitting once the snapshot being taken has stopped the VM
     [boot] SIGTERM: quitting (another signal ends boot at once)
     Restore-time = N ms
     Restore-stages: total N us, STAGE N us, STAGE N us (PARALLEL N us), ...
@@ -41,6 +42,8 @@ SNAPSHOT_DISK_CLONE = r"Snapshot-disk-clone = ([^\r\n]+)\r*\n"
 SNAPSHOT_FAILED = r"\[snapshot\][^\r\n]*(?:failed|refused)[^\r\n]*"
 SNAPSHOT_WAIT_AT_EXIT = r"\[snapshot\] the VM has ended; finishing the snapshot being written before exiting"
 """The VM ended (any way) while a snapshot was being taken or written: boot exits once it is done."""
+SNAPSHOT_QUIT_WAITS = r"\[snapshot\] quitting once the snapshot being taken has stopped the VM"
+"""A quit came before a started snapshot's pause: the VM ends right after that pause."""
 QUIT_SIGNAL = r"\[boot\] (SIG[A-Z]+): quitting"
 """SIGTERM, SIGINT or SIGHUP: the VM winds down as with Ctrl-A x; group 1: the signal."""
 RESTORE_TIME = r"Restore-time = (\d+) ms"

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from ignition import loglines
 from ignition import store as vmstore
 from ignition.control import ControlError
 from ignition.vm import Vm
@@ -278,6 +279,44 @@ def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkey
             gate.write_text("")
             writer.join(timeout=300)
             assert not writer.is_alive()
+        assert vm.wait_exit() == 0
+    finally:
+        vm.terminate()
+    assert answers and answers[0]["ok"], answers
+    assert (answers[0]["result"]["name"], answers[0]["result"]["kind"]) == ("q", "full")
+    r = vmstore.vmstore(store, "verify", "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_quit_before_a_started_snapshots_pause_waits_for_it(tmp_path, cfg, disk, monkeypatch):
+    """A `quit` that lands after a `snapshot` has started but before it has paused the VM (held
+    at the test hook's pause gate, with its layer's work directory made) waits for that pause:
+    the snapshot is committed and answered, never refused because the VM is shutting down."""
+    gate = tmp_path / "pause-gate"
+    monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_PAUSE_GATE", str(gate))
+    store = tmp_path / "store"
+    vm = Vm.boot(
+        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q", log_path=tmp_path / "q.log", agent=True
+    )
+    path = vm.control_path
+    try:
+        vm.wait_ready()
+        answers: list[dict] = []
+        with vm.control(path) as c, vm.control(path) as other:
+            writer = threading.Thread(target=lambda: answers.append(c.raw(b'{"command": "snapshot"}')))
+            writer.start()
+            deadline = time.monotonic() + 120
+            while not other.status()["snapshot_in_progress"]:
+                assert time.monotonic() < deadline, "the snapshot never started"
+                time.sleep(0.05)
+            quitter = threading.Thread(target=other.quit)
+            quitter.start()
+            vm.expect(loglines.SNAPSHOT_QUIT_WAITS, "the quit waiting for the snapshot's pause")
+            gate.write_text("")
+            writer.join(timeout=300)
+            quitter.join(timeout=300)
+            assert not writer.is_alive() and not quitter.is_alive()
         assert vm.wait_exit() == 0
     finally:
         vm.terminate()

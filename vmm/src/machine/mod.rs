@@ -123,7 +123,7 @@ impl<V: Vm + 'static> ops::Verbs for Machine<V> {
             }
             Op::Status => Ok(Reply::Status(self.status())),
             Op::Quit => {
-                self.vmm.finish(VmExit::Quit);
+                self.snapshots.quit(&self.vmm);
                 Ok(Reply::Done {})
             }
             Op::Branch {

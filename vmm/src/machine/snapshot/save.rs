@@ -38,12 +38,13 @@ use crate::machine::config::{SnapshotMode, SnapshotOptions};
 use crate::machine::fork::{ForkJob, Forked};
 use crate::machine::ops::{PauseError, SnapshotError, Written};
 use crate::machine::vm::{Stopped, Vmm};
+use crate::machine::VmExit;
 use crate::memory::{PageSave, Slots};
 use crate::sync::Locked;
 use anyhow::Context;
 use snapshot_store::{Layer, LayerMeta, Store, DISK_CHUNK_SIZE};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,18 @@ pub const TEST_DELAY_ENV: &str = "IGNITION_TEST_SNAPSHOT_DELAY_MS";
 /// (`scripts/tests/test_background_snapshot_e2e.py`).
 pub const TEST_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_GATE";
 
+/// Test hook: with `IGNITION_TEST_SNAPSHOT_PAUSE_GATE=PATH` in its
+/// environment, a snapshot that has opened its layer waits, with the guest
+/// running, until `PATH` exists (and removes it) before it stops the VM, so
+/// that tests can make a quit land in that window
+/// (`scripts/tests/test_control_socket.py`).
+pub const TEST_PAUSE_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_PAUSE_GATE";
+
+/// The console line of a front-end's quit that waits for a snapshot to stop
+/// the VM ([`Snapshots::quit`]).
+pub const QUIT_WAITS: &str =
+    "[snapshot] quitting once the snapshot being taken has stopped the VM";
+
 /// The console line of a VM that has ended while a snapshot is being taken
 /// or written: `boot` exits once the layer is committed or cleanly failed.
 pub const WAIT_AT_EXIT: &str =
@@ -79,6 +92,10 @@ pub struct Snapshots {
     lineage: Arc<Mutex<Lineage>>,
     /// One snapshot at a time (held for the whole verb).
     taking: Mutex<()>,
+    /// Held by a snapshot from its start until the VM is stopped, and by
+    /// a front-end's quit while it ends the VM ([`Snapshots::quit`]): a
+    /// quit never lands between a snapshot's start and its pause.
+    stopping: Mutex<()>,
     /// The background layer being written, if any.
     writer: Mutex<Option<BackgroundWriter>>,
     /// Threads recording layers' verified-file caches; joined at the end.
@@ -87,6 +104,8 @@ pub struct Snapshots {
     test_delay: Option<Duration>,
     /// The test hook's gate ([`TEST_GATE_ENV`]).
     test_gate: Option<PathBuf>,
+    /// The test hook's pause gate ([`TEST_PAUSE_GATE_ENV`]).
+    test_pause_gate: Option<PathBuf>,
     /// Whether the guest agent has answered (in this VM, or before the
     /// snapshot it was restored from), which each layer records.
     agent_answered: Box<dyn Fn() -> bool + Send + Sync>,
@@ -116,6 +135,7 @@ impl Snapshots {
                 carry_chunks: Vec::new(),
             })),
             taking: Mutex::new(()),
+            stopping: Mutex::new(()),
             writer: Mutex::new(None),
             cache_writers: Arc::new(Mutex::new(Vec::new())),
             test_delay: std::env::var(TEST_DELAY_ENV)
@@ -123,6 +143,7 @@ impl Snapshots {
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
             test_gate: std::env::var_os(TEST_GATE_ENV).map(PathBuf::from),
+            test_pause_gate: std::env::var_os(TEST_PAUSE_GATE_ENV).map(PathBuf::from),
             agent_answered,
         }
     }
@@ -153,6 +174,9 @@ impl Snapshots {
         wait: bool,
         fork: Option<ForkJob>,
     ) -> (Result<Option<Written>, SnapshotError>, Forked) {
+        // Before `taking`, so that `writing()` is never true while a quit
+        // may still end the VM ahead of this snapshot's pause.
+        let stopping = self.stopping.locked();
         let _one = self.taking.locked();
         // The previous layer's outcome was on the console already.
         let _ = self.finish_background(true);
@@ -169,8 +193,13 @@ impl Snapshots {
                 return (Err(e), None);
             }
         };
+        if let Some(gate) = &self.test_pause_gate {
+            writer::pass_gate(gate);
+        }
         let t = Instant::now();
-        let stopped = match vmm.stop() {
+        let stopped = vmm.stop();
+        drop(stopping);
+        let stopped = match stopped {
             Ok(s) => s,
             Err(e) => {
                 let e = match e {
@@ -301,6 +330,23 @@ impl Snapshots {
     /// Whether a snapshot is being taken, or a background layer written.
     pub fn writing(&self) -> bool {
         self.taking.try_lock().is_err() || self.writer.locked().as_ref().is_some_and(|w| w.busy())
+    }
+
+    /// Ends `vmm` for a front-end (`Ctrl-A x`, the control socket's `quit`,
+    /// a signal): waits first for a snapshot that has started to stop the
+    /// VM, which is then written before `boot` exits ([`Snapshots::finish`]).
+    /// It does not wait for the write.
+    /// Says [`QUIT_WAITS`] on the console when it waits.
+    pub fn quit<V: Vm>(&self, vmm: &Vmm<V>) {
+        let _stopping = match self.stopping.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                console::message(QUIT_WAITS);
+                self.stopping.locked()
+            }
+        };
+        vmm.finish(VmExit::Quit);
     }
 
     /// Waits for the background layer being written, if any (`say`: tells

@@ -10,7 +10,7 @@ use crate::memory::PageSave;
 use crate::sync::Locked;
 use anyhow::Context;
 use snapshot_store::{DiskClone, Layer, MemoryFile, SnapshotWriter};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -106,6 +106,13 @@ impl BackgroundWriter {
     }
 }
 
+/// A test hook's gate: waits until `gate` exists, and removes it.
+pub(super) fn pass_gate(gate: &Path) {
+    while std::fs::remove_file(gate).is_err() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Starts the writer of the begun layer `b`, whose pages `save` saves into
 /// `memory`; it waits for [`BackgroundWriter::start`] (and for the test
 /// hook's `gate` file, if any) before it saves a page.
@@ -124,9 +131,7 @@ pub(super) fn spawn(
             // the layer's pages are protected.
             let _ = wait.recv();
             if let Some(gate) = gate {
-                while std::fs::remove_file(&gate).is_err() {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                pass_gate(&gate);
             }
             write(b, memory, &save, out)
         })
