@@ -5,8 +5,8 @@ then branches into children: every child is ready when the answer comes, sees th
 its own generation ID (the answer's, its status's and its agent's agree), machine ID and vsock
 CID (the guest's own, as `vsock cid` reads it), answers on vsock, and writes to its own disk
 without its siblings or the source seeing it (read back after dropping the guest's page cache,
-so from the disk). The source runs on and its next snapshot is a diff on the branch layer;
-`vmstore verify --all` passes. Refusals: a name that exists, a count of 0 or above the limit,
+so from the disk). The source runs on and its next snapshot is a diff on the branch layer; a
+child branches in turn; `vmstore verify --all` passes. Refusals: a name that exists, a count of 0 or above the limit,
 a source without --track-dirty. All or nothing: a child that cannot start fails the request
 and no child of it runs. kill -9 of the source leaves its children running; kill -9 of the
 source while the layer is being written leaves a valid store and no child; while its children
@@ -189,9 +189,19 @@ def test_children_see_the_data_have_their_own_identity_and_disk(cfg, disk, tmp_p
             with children[0].control() as ctl:
                 own = ctl.snapshot()
             assert (own["name"], own["kind"]) == ("b-1", "diff")
+            # A child branches in turn: its child has the child's RAM and disk.
+            with children[0].control() as ctl:
+                ctl.sock.settimeout(None)
+                answer = ctl.branch(1, "b-1-b", None, start)
+            grand = Child.from_answer(answer["children"][0], vm.timeouts)
+            children.append(grand)
+            assert grand.name == "b-1-b-1" and grand.status()["restored_from"] == "b-1-b"
+            forked = re.search(loglines.RESTORE_SOURCE_FORK, grand.log_path.read_text()) is not None
+            assert forked == (start == "fork"), grand.log_path.read_text()
+            assert run(grand, f"cat {RAM_FILE}; cat {OWN_FILE}") == "in-ram\nb-1"
             verify_store(store)
             tree = vmstore.vmstore(store, "tree").stdout
-            for name in ("b", "b-1", "src-after"):
+            for name in ("b", "b-1", "b-1-b", "src-after"):
                 assert name in tree, tree
 
             # Refusals, each before anything is done.

@@ -8,9 +8,9 @@
 //! vCPUs (on `emu`, unicorn engines with every block the source translated)
 //! here, [`inherit`], and builds a VM of its own around them as a restore
 //! does, taking them back with [`take_ram`] and [`take_vcpus`] instead of
-//! creating vCPUs. Guest RAM is left out of the fork
-//! ([`GuestRam::keep_out_of_forks`]: the fork copies none of its page
-//! tables, and the source's later writes to it copy nothing); once the
+//! creating vCPUs. Guest RAM is never in a fork (`MADV_DONTFORK`, see
+//! [`GuestRam`]: the fork copies none of its page tables, and the source's
+//! later writes to it copy nothing); once the
 //! layer is in the store, the fork maps the layer's memory where the
 //! source's RAM was ([`map_layer_ram`], the address the engines use), which
 //! the children it forks inherit. Nothing else of the parent's objects is
@@ -38,10 +38,17 @@ pub struct ForkJob {
 /// none.
 pub type Forked = Option<Result<i32, String>>;
 
-/// What a forked child inherited: the RAM and the vCPUs (with their reset
-/// states), typed by the backend.
+/// What a forked child inherited: where the parent's RAM was, the layer's
+/// memory mapped there, and the vCPUs (with their reset states), typed by
+/// the backend.
 struct Inherited {
-    ram: Option<Arc<GuestRam>>,
+    /// The parent's RAM's host address and size in bytes (its mapping was
+    /// not inherited).
+    #[cfg(target_os = "linux")]
+    parent_ram: (usize, u64),
+    /// The layer's memory at that address ([`map_layer_ram`]), until taken.
+    #[cfg(target_os = "linux")]
+    layer_ram: Option<snapshot_store::FixedMapping>,
     vcpus: Option<Box<dyn Any>>,
 }
 
@@ -55,23 +62,31 @@ unsafe impl Send for Inherited {}
 /// the parent never takes it, so no parent thread can hold it at the fork.
 static INHERITED: Mutex<Option<Inherited>> = Mutex::new(None);
 
-/// In the child of a [`ForkJob`]'s fork: puts `ram` and `vcpus` aside for
-/// the VM the child builds.
+/// In the child of a [`ForkJob`]'s fork: notes where the parent's `ram` was
+/// and puts `vcpus` aside for the VM the child builds.
 pub fn inherit<T: 'static>(ram: Arc<GuestRam>, vcpus: Vec<T>) {
+    #[cfg(target_os = "linux")]
+    let parent_ram = (ram.host_ptr() as usize, ram.size());
+    // Forgotten, not dropped: its mapping was not inherited, and dropping
+    // it would unmap whatever is mapped there later.
+    std::mem::forget(ram);
     *INHERITED.locked() = Some(Inherited {
-        ram: Some(ram),
+        #[cfg(target_os = "linux")]
+        parent_ram,
+        #[cfg(target_os = "linux")]
+        layer_ram: None,
         vcpus: Some(Box::new(vcpus)),
     });
 }
 
-/// In the child of a [`ForkJob`]'s fork, whose RAM was left out of the fork
-/// ([`GuestRam::keep_out_of_forks`]): maps the memory of layer `layer` of
+/// In the child of a [`ForkJob`]'s fork, which has no guest RAM (RAM is
+/// never in a fork, [`GuestRam`]): maps the memory of layer `layer` of
 /// the store at `store` (its chain, as a restore maps it: the base
-/// copy-on-write, the diffs over it) where the parent's RAM was, and makes
-/// it the inherited RAM. Nothing is read yet: each child's restore verifies
-/// the chain, memory files included, before its guest runs. Errors: the
-/// layer cannot be read or mapped there, or its RAM is not the parent's
-/// size.
+/// copy-on-write, the diffs over it) where the parent's RAM was, for the
+/// children this process forks to inherit ([`take_ram`]). Nothing is read
+/// yet: each child's restore verifies the chain, memory files included,
+/// before its guest runs. Errors: the layer cannot be read or mapped there,
+/// or its RAM is not the parent's size.
 #[cfg(target_os = "linux")]
 pub fn map_layer_ram(store: &std::path::Path, layer: &str) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -79,11 +94,11 @@ pub fn map_layer_ram(store: &std::path::Path, layer: &str) -> anyhow::Result<()>
     let inherited = g
         .as_mut()
         .context("this process inherited no VM from a fork")?;
-    let parent = inherited
-        .ram
-        .as_ref()
-        .context("this process inherited no RAM")?;
-    let (addr, size) = (parent.host_ptr() as usize, parent.size());
+    anyhow::ensure!(
+        inherited.layer_ram.is_none(),
+        "the layer's memory is mapped already"
+    );
+    let (addr, size) = inherited.parent_ram;
     let chain = snapshot_store::Store::open(store)
         .context("cannot open the snapshot store")?
         .resolve(layer)?;
@@ -94,10 +109,7 @@ pub fn map_layer_ram(store: &std::path::Path, layer: &str) -> anyhow::Result<()>
     );
     let map = snapshot_store::map_chain_memory_at(&chain, addr)
         .with_context(|| format!("cannot map the memory of snapshot '{layer}'"))?;
-    let ram = GuestRam::from_fixed(map)?;
-    // The parent's RAM object is forgotten, not dropped: its mapping was
-    // not inherited, and dropping it would unmap the new one.
-    std::mem::forget(inherited.ram.replace(Arc::new(ram)));
+    inherited.layer_ram = Some(map);
     Ok(())
 }
 
@@ -108,9 +120,16 @@ pub fn map_layer_ram(_store: &std::path::Path, _layer: &str) -> anyhow::Result<(
     anyhow::bail!("forked children need Linux")
 }
 
-/// The inherited guest RAM, once (`None` in a process that inherited none).
-pub fn take_ram() -> Option<Arc<GuestRam>> {
-    INHERITED.locked().as_mut().and_then(|i| i.ram.take())
+/// The layer's memory [`map_layer_ram`] mapped, once, as this VM's guest
+/// RAM (`None` in a process that inherited none). Made RAM here, in the
+/// child that runs it, so that it is left out of this child's own forks
+/// but was in the fork that made the child.
+pub fn take_ram() -> Result<Option<Arc<GuestRam>>, crate::memory::MemoryError> {
+    #[cfg(target_os = "linux")]
+    if let Some(map) = INHERITED.locked().as_mut().and_then(|i| i.layer_ram.take()) {
+        return GuestRam::from_fixed(map).map(|r| Some(Arc::new(r)));
+    }
+    Ok(None)
 }
 
 /// The inherited vCPUs, once, if they are `T`s.

@@ -68,6 +68,24 @@ pub enum MemoryError {
     Region(String),
 }
 
+/// Leaves guest RAM out of the process's `fork()`s (`MADV_DONTFORK`, as
+/// QEMU does): a branch's source forks with its vCPUs and its children map
+/// the layer's memory instead ([`crate::machine::fork`]), so a fork copies
+/// none of RAM's page tables and the source's later writes to RAM copy
+/// nothing. (`boot` forks for nothing else once RAM exists; `std::process`
+/// spawns without copying page tables.)
+#[cfg(target_os = "linux")]
+fn leave_out_of_forks(map: &mut Mapping) -> std::io::Result<()> {
+    // SAFETY: advice on a live mapping `map` owns; it changes only what a
+    // fork copies.
+    let r = unsafe { libc::madvise(map.as_mut_ptr().cast(), map.len(), libc::MADV_DONTFORK) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// RAM's host mapping, owned: unmapped when dropped.
 enum Mapping {
     /// Made by memmap2 (anonymous, or a private map of a memory file).
@@ -98,7 +116,8 @@ impl std::ops::DerefMut for Mapping {
     }
 }
 
-/// Guest RAM at [`RAM_BASE`]: a page-aligned host mapping of `size` bytes.
+/// Guest RAM at [`RAM_BASE`]: a page-aligned host mapping of `size` bytes,
+/// never in a `fork()` of the process (Linux, `MADV_DONTFORK`).
 pub struct GuestRam {
     map: Mapping,
     region: Arc<MmapRegion<AtomicBitmap>>,
@@ -148,6 +167,8 @@ impl GuestRam {
     fn wrap(mut map: Mapping) -> Result<Self, MemoryError> {
         let size = map.len() as u64;
         check_size(size)?;
+        #[cfg(target_os = "linux")]
+        leave_out_of_forks(&mut map).map_err(|source| MemoryError::Map { size, source })?;
         let bitmap = page_bitmap(map.len());
         // SAFETY: `map` is a live read/write mapping of `map.len()` bytes that
         // this struct owns and keeps alive as long as the region (vm-memory
@@ -200,24 +221,6 @@ impl GuestRam {
     /// Whether `[gpa, gpa+len)` lies inside RAM.
     pub fn contains(&self, gpa: u64, len: u64) -> bool {
         self.range().contains_range(gpa, len)
-    }
-
-    /// Leaves this RAM out of the process's later `fork()`s
-    /// (`MADV_DONTFORK`): a branch's source forks with its vCPUs, and its
-    /// children map the layer's memory instead ([`crate::machine::fork`]),
-    /// so the fork copies none of RAM's page tables and the source's later
-    /// writes to RAM copy nothing. Linux only.
-    #[cfg(target_os = "linux")]
-    pub fn keep_out_of_forks(&self) -> std::io::Result<()> {
-        // SAFETY: advice on this struct's own live mapping; it changes only
-        // what a fork copies.
-        let r =
-            unsafe { libc::madvise(self.host_ptr().cast(), self.map.len(), libc::MADV_DONTFORK) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
     }
 
     /// Host address of the first byte of RAM, for mapping it into a backend.
@@ -290,15 +293,17 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn ram_kept_out_of_forks_is_not_in_a_child_and_stays_in_the_parent() {
+    fn ram_is_not_in_a_fork_and_stays_in_the_parent() {
         let ram = GuestRam::new_anonymous(4 * PAGE_SIZE).unwrap();
         ram.memory()
             .write_slice(&[7u8; 8], GuestAddress(ram.base()))
             .unwrap();
         let len = ram.size() as usize;
-        assert!(mapped_in_a_fork(ram.host_ptr(), len));
-        ram.keep_out_of_forks().unwrap();
         assert!(!mapped_in_a_fork(ram.host_ptr(), len));
+        let other = memmap2::MmapMut::map_anon(len).unwrap();
+        assert!(mapped_in_a_fork(other.as_ptr().cast_mut(), len));
+        let wrapped = GuestRam::from_mmap(other).unwrap();
+        assert!(!mapped_in_a_fork(wrapped.host_ptr(), len));
         let mut b = [0u8; 8];
         ram.memory()
             .read_slice(&mut b, GuestAddress(ram.base()))

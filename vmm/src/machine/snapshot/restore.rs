@@ -138,7 +138,7 @@ pub fn plan<H: Hypervisor>(
     // unverified files may cause.
     // A branch's forked child has the chain's memory mapped by its fork
     // (`fork::map_layer_ram`): it is verified as any restore's.
-    let inherited_ram = fork::take_ram();
+    let inherited_ram = fork::take_ram()?;
     let (verified, work) = std::thread::scope(|s| {
         let verify = std::thread::Builder::new()
             .name("restore-verify".into())

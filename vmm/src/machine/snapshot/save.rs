@@ -73,8 +73,7 @@ pub const TEST_PAUSE_GATE_ENV: &str = "IGNITION_TEST_SNAPSHOT_PAUSE_GATE";
 
 /// The console line of a front-end's quit that waits for a snapshot to stop
 /// the VM ([`Snapshots::quit`]).
-pub const QUIT_WAITS: &str =
-    "[snapshot] quitting once the snapshot being taken has stopped the VM";
+pub const QUIT_WAITS: &str = "[snapshot] quitting once the snapshot being taken has stopped the VM";
 
 /// The console line of a VM that has ended while a snapshot is being taken
 /// or written: `boot` exits once the layer is committed or cleanly failed.

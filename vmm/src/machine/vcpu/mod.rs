@@ -452,10 +452,6 @@ fn fork_parked<V: Vcpu + 'static>(
     job: fork::ForkJob,
     vcpus: &mut Vec<RunVcpu<V>>,
 ) -> Result<i32, String> {
-    #[cfg(target_os = "linux")]
-    job.ram
-        .keep_out_of_forks()
-        .map_err(|e| format!("cannot leave guest RAM out of the fork: {e}"))?;
     // SAFETY: the child runs only on this thread, which owns the vCPUs and
     // holds no lock of the VM's (the run state's is released); it uses none
     // of the parent's other objects (see `fork`), and ends with `_exit`.
