@@ -254,12 +254,13 @@ def test_vm_snapshot_over_the_control_socket(tmp_path, cfg, disk):
         assert vm.quit() == 0
 
 
-def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkeypatch):
-    """A `quit` on one connection while another's `snapshot` is being written: the layer is
-    committed and its client answered before `boot` exits (the writer is held at the test
-    hook's gate, so the quit always lands mid-write); meanwhile `status` is not held back."""
+def quit_during_a_socket_snapshot(tmp_path, cfg, disk, monkeypatch, gate_env: str, quit_and_open) -> None:
+    """A `quit` on one connection while another's `snapshot` is held at the test hook gate
+    `gate_env` names: `quit_and_open(vm, other_connection, gate)` quits and opens the gate.
+    The layer is committed and its client answered before `boot` exits, and `status` is not
+    held back meanwhile."""
     gate = tmp_path / "gate"
-    monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_GATE", str(gate))
+    monkeypatch.setenv(gate_env, str(gate))
     store = tmp_path / "store"
     vm = Vm.boot(
         cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q", log_path=tmp_path / "q.log", agent=True
@@ -275,8 +276,7 @@ def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkey
             while not other.status()["snapshot_in_progress"]:
                 assert time.monotonic() < deadline, "the snapshot never started"
                 time.sleep(0.05)
-            other.quit()
-            gate.write_text("")
+            quit_and_open(vm, other, gate)
             writer.join(timeout=300)
             assert not writer.is_alive()
         assert vm.wait_exit() == 0
@@ -289,39 +289,27 @@ def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkey
     assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_quit_during_a_socket_snapshot_loses_nothing(tmp_path, cfg, disk, monkeypatch):
+    """The quit lands mid-write (the layer's writer is held at the test hook's gate)."""
+
+    def quit_and_open(vm, other, gate):
+        other.quit()
+        gate.write_text("")
+
+    quit_during_a_socket_snapshot(tmp_path, cfg, disk, monkeypatch, "IGNITION_TEST_SNAPSHOT_GATE", quit_and_open)
+
+
 def test_quit_before_a_started_snapshots_pause_waits_for_it(tmp_path, cfg, disk, monkeypatch):
-    """A `quit` that lands after a `snapshot` has started but before it has paused the VM (held
-    at the test hook's pause gate, with its layer's work directory made) waits for that pause:
-    the snapshot is committed and answered, never refused because the VM is shutting down."""
-    gate = tmp_path / "pause-gate"
-    monkeypatch.setenv("IGNITION_TEST_SNAPSHOT_PAUSE_GATE", str(gate))
-    store = tmp_path / "store"
-    vm = Vm.boot(
-        cfg, disk=disk, mem=MEM, store=store, track_dirty=True, name="q", log_path=tmp_path / "q.log", agent=True
-    )
-    path = vm.control_path
-    try:
-        vm.wait_ready()
-        answers: list[dict] = []
-        with vm.control(path) as c, vm.control(path) as other:
-            writer = threading.Thread(target=lambda: answers.append(c.raw(b'{"command": "snapshot"}')))
-            writer.start()
-            deadline = time.monotonic() + 120
-            while not other.status()["snapshot_in_progress"]:
-                assert time.monotonic() < deadline, "the snapshot never started"
-                time.sleep(0.05)
-            quitter = threading.Thread(target=other.quit)
-            quitter.start()
-            vm.expect(loglines.SNAPSHOT_QUIT_WAITS, "the quit waiting for the snapshot's pause")
-            gate.write_text("")
-            writer.join(timeout=300)
-            quitter.join(timeout=300)
-            assert not writer.is_alive() and not quitter.is_alive()
-        assert vm.wait_exit() == 0
-    finally:
-        vm.terminate()
-    assert answers and answers[0]["ok"], answers
-    assert (answers[0]["result"]["name"], answers[0]["result"]["kind"]) == ("q", "full")
-    r = vmstore.vmstore(store, "verify", "--all")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert not [p for p in store.iterdir() if p.name.startswith(".tmp-")]
+    """The quit lands after the snapshot has started but before it has paused the VM (held at
+    the test hook's pause gate, its layer's work directory made): it waits for that pause, and
+    the snapshot is never refused because the VM is shutting down."""
+
+    def quit_and_open(vm, other, gate):
+        quitter = threading.Thread(target=other.quit)
+        quitter.start()
+        vm.expect(loglines.SNAPSHOT_QUIT_WAITS, "the quit waiting for the snapshot's pause")
+        gate.write_text("")
+        quitter.join(timeout=300)
+        assert not quitter.is_alive()
+
+    quit_during_a_socket_snapshot(tmp_path, cfg, disk, monkeypatch, "IGNITION_TEST_SNAPSHOT_PAUSE_GATE", quit_and_open)
