@@ -21,7 +21,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -40,7 +40,8 @@ CTRL_A = "\x01"
 class VmConfig:
     """Which `boot` to run and with which backend: shared by every VM of a test run."""
 
-    boot: Path = paths.DEFAULT_BOOT
+    boot: Path = field(default_factory=paths.boot_bin)
+    """$IGNITION_BOOT, else target/release/boot."""
     backend: str | None = None
     """`--backend`; None leaves it to boot (hvf on macOS/aarch64, else emu)."""
     gic: str | None = None
