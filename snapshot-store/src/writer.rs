@@ -92,6 +92,8 @@ pub struct SnapshotWriter {
     meta: LayerMeta,
     tmp: PathBuf,
     memory: Option<(FileEntry, Option<u64>)>,
+    /// The memory file, created ahead ([`SnapshotWriter::create_memory_file`]).
+    memory_ahead: Option<std::fs::File>,
     state: Option<FileEntry>,
     disk: Option<DiskJob>,
     finished: bool,
@@ -134,6 +136,7 @@ impl Store {
             meta,
             tmp,
             memory: None,
+            memory_ahead: None,
             state: None,
             disk: None,
             finished: false,
@@ -289,6 +292,14 @@ impl SnapshotWriter {
         Ok((f, path))
     }
 
+    /// The memory file to write: the one created ahead, or a new one.
+    fn memory_target(&mut self) -> Result<(File, PathBuf)> {
+        match self.memory_ahead.take() {
+            Some(f) => Ok((f, self.tmp.join(MEMORY_FILE))),
+            None => self.create(MEMORY_FILE),
+        }
+    }
+
     fn check_no_memory(&self) -> Result<()> {
         if self.memory.is_some() {
             return Err(Error::Usage(format!(
@@ -318,7 +329,7 @@ impl SnapshotWriter {
                 self.meta.ram_size
             )));
         }
-        let (mut f, path) = self.create(MEMORY_FILE)?;
+        let (mut f, path) = self.memory_target()?;
         let page = usize::try_from(self.meta.page_size)
             .map_err(|_| Error::Usage("page size does not fit in memory".into()))?;
         let digest = std::thread::scope(|s| {
@@ -367,7 +378,7 @@ impl SnapshotWriter {
         }
         let prefix = encode_diff_prefix(ps, self.meta.ram_size, &index)
             .map_err(|e| Error::Usage(format!("diff of snapshot '{}': {e}", self.name)))?;
-        let (mut f, path) = self.create(MEMORY_FILE)?;
+        let (mut f, path) = self.memory_target()?;
         let mut bufs: Vec<&[u8]> = Vec::with_capacity(pages.len() + 1);
         bufs.push(&prefix);
         bufs.extend(pages.iter().map(|&(_, d)| d));

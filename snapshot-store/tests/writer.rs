@@ -424,6 +424,9 @@ fn memory_files_filled_out_of_order_equal_the_in_order_layers() {
         .begin("d1-ooo", golden.child_meta("ignition-vmm 0.1.0"))
         .unwrap();
     assert!(w.memory_file(None).is_err(), "a diff needs its index");
+    // Created ahead (before the VM is paused), sized with the index.
+    w.create_memory_file().unwrap();
+    assert!(w.create_memory_file().is_err(), "created once");
     let m = w.memory_file(Some(&dirty)).unwrap();
     let base = m.data_offset.unwrap();
     for (i, &p) in dirty.iter().enumerate().rev() {

@@ -32,12 +32,42 @@ pub struct MemoryFile {
 }
 
 impl SnapshotWriter {
-    /// Creates the layer's memory file at its final size, to be filled out
-    /// of order, then handed to [`SnapshotWriter::finish_memory_file`]. A
-    /// full layer (no parent) passes `None`: the file is the RAM image
-    /// (`ram_size` bytes; pages never written read as zero). A diff passes
-    /// its page index (strictly increasing): the prefix is written, the
-    /// pages follow in index order.
+    /// Creates the layer's memory file, empty, ahead of
+    /// [`SnapshotWriter::memory_file`], which then only sizes it (and writes
+    /// a diff's prefix): a background snapshot creates it before it pauses
+    /// the VM. Errors: the memory is written or the file created already,
+    /// or it cannot be created.
+    pub fn create_memory_file(&mut self) -> Result<()> {
+        self.check_no_memory()?;
+        if self.memory_ahead.is_some() {
+            return Err(Error::Usage(format!(
+                "the memory file of snapshot '{}' is created already",
+                self.name
+            )));
+        }
+        self.memory_ahead = Some(self.create_memory()?);
+        Ok(())
+    }
+
+    /// Creates `MEMORY_FILE` in the work directory, for reading and writing.
+    fn create_memory(&self) -> Result<File> {
+        let path = self.tmp.join(MEMORY_FILE);
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .ctx(&path, "create")
+    }
+
+    /// Creates the layer's memory file (or takes the one
+    /// [`SnapshotWriter::create_memory_file`] made) at its final size, to be
+    /// filled out of order, then handed to
+    /// [`SnapshotWriter::finish_memory_file`]. A full layer (no
+    /// parent) passes `None`: the file is the RAM image (`ram_size` bytes;
+    /// pages never written read as zero). A diff passes its page index
+    /// (strictly increasing): the prefix is written, the pages follow in
+    /// index order.
     pub fn memory_file(&mut self, diff_pages: Option<&[u64]>) -> Result<MemoryFile> {
         self.check_no_memory()?;
         let diff = self.meta.parent.is_some();
@@ -54,12 +84,10 @@ impl SnapshotWriter {
             )));
         }
         let path = self.tmp.join(MEMORY_FILE);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .ctx(&path, "create")?;
+        let mut file = match self.memory_ahead.take() {
+            Some(f) => f,
+            None => self.create_memory()?,
+        };
         let ps = self.meta.page_size;
         let (size, data_offset, pages) = match diff_pages {
             None => (self.meta.ram_size, None, None),

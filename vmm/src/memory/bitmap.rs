@@ -1,9 +1,13 @@
 //! A lock-free bitmap with one bit per 16 KiB page of guest RAM, for the
-//! backends' dirty tracking and write protection. Bulk operations work a
-//! 64-bit word at a time: re-arming write protection for 2 GiB of RAM sets
-//! 2048 words, not 131072 bits one by one.
+//! backends' dirty tracking and write protection, and vm-memory's record of
+//! the VMM's own writes (as its [`Bitmap`], over byte offsets). Bulk
+//! operations work a 64-bit word at a time: re-arming write protection for
+//! 2 GiB of RAM sets 2048 words, not 131072 bits one by one, and listing
+//! the pages of 512 MiB reads 512 words.
 
+use crate::arch::layout::PAGE_SIZE;
 use std::sync::atomic::{AtomicU64, Ordering};
+use vm_memory::bitmap::{Bitmap, RefSlice, WithBitmapSlice};
 
 /// One bit per page (bit `n`: the page at offset `n * PAGE_SIZE` from the
 /// start of RAM). Set, cleared and read from any thread without locks;
@@ -106,6 +110,41 @@ impl PageBitmap {
     }
 }
 
+/// The page that byte `offset` of RAM is in.
+fn page_of(offset: usize) -> usize {
+    offset / PAGE_SIZE as usize
+}
+
+impl Default for PageBitmap {
+    fn default() -> Self {
+        PageBitmap::new(0)
+    }
+}
+
+impl<'a> WithBitmapSlice<'a> for PageBitmap {
+    type S = RefSlice<'a, Self>;
+}
+
+/// vm-memory's view: byte offsets from the start of RAM, each marking the
+/// 16 KiB page it is in.
+impl Bitmap for PageBitmap {
+    fn mark_dirty(&self, offset: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let (first, last) = (page_of(offset), page_of(offset.saturating_add(len - 1)));
+        self.set_range(first, last - first + 1);
+    }
+
+    fn dirty_at(&self, offset: usize) -> bool {
+        self.is_set(page_of(offset))
+    }
+
+    fn slice_at(&self, offset: usize) -> RefSlice<'_, Self> {
+        RefSlice::new(self, offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +185,24 @@ mod tests {
                 assert_eq!(b.marked(), want, "clear {first}+{count} of {pages}");
             }
         }
+    }
+
+    #[test]
+    fn vm_memory_marks_cover_every_16k_page_a_byte_range_touches() {
+        let page = PAGE_SIZE as usize;
+        let b = PageBitmap::new(200);
+        b.mark_dirty(2 * page + 5, 1);
+        assert_eq!(b.marked(), [2]);
+        assert!(b.dirty_at(2 * page) && b.dirty_at(3 * page - 1) && !b.dirty_at(3 * page));
+        b.mark_dirty(60 * page - 1, 2);
+        assert_eq!(b.marked(), [2, 59, 60]);
+        b.mark_dirty(7 * page, 0);
+        b.mark_dirty(150 * page, usize::MAX);
+        assert_eq!(b.marked().len(), 3 + 50);
+        // A slice's offsets are from where it starts.
+        b.clear_all();
+        b.slice_at(10 * page).mark_dirty(page, 1);
+        assert_eq!(b.marked(), [11]);
     }
 
     #[test]

@@ -2,10 +2,9 @@
 //! backend (which maps it into the guest) and the devices (which reach it
 //! through vm-memory, so every VMM write is recorded in a dirty bitmap).
 //!
-//! Page bitmaps of guest RAM have one bit per 16 KiB page ([`PAGE_SIZE`]):
-//! the VMM's writes are recorded in vm-memory's [`AtomicBitmap`] (made by
-//! [`page_bitmap`]), the guest's writes and write protection in the
-//! backends' [`PageBitmap`]s.
+//! Page bitmaps of guest RAM ([`PageBitmap`]) have one bit per 16 KiB page
+//! ([`PAGE_SIZE`]): the VMM's writes (vm-memory's dirty bitmap), the
+//! guest's writes and write protection (the backends').
 
 mod bitmap;
 mod page_save;
@@ -17,33 +16,13 @@ pub(crate) use page_save::HeldWriter;
 pub use page_save::{forget_saves_in_child, PageSave, SaveCounts, SaveError, Slots};
 
 use crate::arch::layout::{RamRange, PAGE_SIZE, RAM_BASE, RAM_MAX};
-use std::num::NonZeroUsize;
 use std::sync::Arc;
-use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{GuestAddress, GuestRegionMmap, MmapRegion};
 
-/// A clear bitmap with one bit per [`PAGE_SIZE`] page of `bytes` bytes of RAM
-/// (bit `n` is the page at offset `n * PAGE_SIZE` from the start of RAM).
-/// Set and cleared from any thread without locks; bits past the end are
-/// ignored.
-pub fn page_bitmap(bytes: usize) -> AtomicBitmap {
-    let page = NonZeroUsize::new(PAGE_SIZE as usize).expect("PAGE_SIZE is non-zero");
-    AtomicBitmap::new(bytes, page)
-}
-
-/// The set bits of a [`page_bitmap`] (page indices from the start of RAM,
-/// ascending), without clearing them.
-pub fn marked_pages(bitmap: &AtomicBitmap) -> Vec<u64> {
-    (0..bitmap.len())
-        .filter(|&p| bitmap.is_bit_set(p))
-        .map(|p| p as u64)
-        .collect()
-}
-
 /// Guest memory as devices see it: vm-memory over the VMM's own mapping, with
 /// a 16 KiB-granular bitmap of pages the VMM wrote.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<PageBitmap>;
 
 /// Errors creating guest RAM.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +99,7 @@ impl std::ops::DerefMut for Mapping {
 /// never in a `fork()` of the process (Linux, `MADV_DONTFORK`).
 pub struct GuestRam {
     map: Mapping,
-    region: Arc<MmapRegion<AtomicBitmap>>,
+    region: Arc<MmapRegion<PageBitmap>>,
     mem: GuestMemoryMmap,
     /// 1 + this mapping's slot in [`page_save`]'s fault-handler table, 0 if it
     /// has had no background save.
@@ -169,7 +148,7 @@ impl GuestRam {
         check_size(size)?;
         #[cfg(target_os = "linux")]
         leave_out_of_forks(&mut map).map_err(|source| MemoryError::Map { size, source })?;
-        let bitmap = page_bitmap(map.len());
+        let bitmap = PageBitmap::new(map.len() / PAGE_SIZE as usize);
         // SAFETY: `map` is a live read/write mapping of `map.len()` bytes that
         // this struct owns and keeps alive as long as the region (vm-memory
         // does not unmap a region built from a raw pointer, and `GuestRam`
@@ -243,7 +222,7 @@ impl GuestRam {
     /// The page indices (16 KiB pages from the start of RAM, ascending) the
     /// VMM wrote since [`GuestRam::vmm_dirty`] was last reset.
     pub fn vmm_dirty_pages(&self) -> Vec<u64> {
-        marked_pages(self.vmm_dirty())
+        self.vmm_dirty().marked()
     }
 
     /// vm-memory's view, used by devices. Writes through it are recorded in
@@ -254,7 +233,7 @@ impl GuestRam {
 
     /// Pages (16 KiB) the VMM itself wrote through [`GuestRam::memory`]
     /// since the bitmap was last reset.
-    pub fn vmm_dirty(&self) -> &AtomicBitmap {
+    pub fn vmm_dirty(&self) -> &PageBitmap {
         self.region.bitmap()
     }
 }
@@ -323,52 +302,30 @@ mod tests {
         ram.memory()
             .write_obj(0xabu8, GuestAddress(RAM_BASE + 2 * PAGE_SIZE + 5))
             .unwrap();
-        let dirty = ram.vmm_dirty();
-        assert!(!dirty.is_bit_set(0));
-        assert!(dirty.is_bit_set(2));
-        assert!(!dirty.is_bit_set(3));
+        ram.memory()
+            .write_slice(&[1u8; 2], GuestAddress(RAM_BASE + PAGE_SIZE - 1))
+            .unwrap();
+        assert_eq!(ram.vmm_dirty_pages(), [0, 1, 2]);
+        // Listing does not clear: a failed snapshot loses nothing.
+        assert_eq!(ram.vmm_dirty_pages(), [0, 1, 2]);
+        ram.vmm_dirty().clear_all();
+        assert!(ram.vmm_dirty_pages().is_empty());
+        assert_eq!(ram.page_bitmap().len(), 4);
+        assert_eq!(ram.vmm_dirty().len(), 4);
         assert!(ram.contains(RAM_BASE, 4 * PAGE_SIZE));
         assert!(!ram.contains(RAM_BASE, 4 * PAGE_SIZE + 1));
         assert!(!ram.contains(u64::MAX - 1, 4));
     }
 
     #[test]
-    fn page_bitmaps_have_a_16k_granule() {
-        let b = page_bitmap(4 * PAGE_SIZE as usize);
-        assert_eq!(b.len(), 4);
-        b.set_addr_range(2 * PAGE_SIZE as usize + 5, 1);
-        assert_eq!(marked_pages(&b), [2]);
-        let ram = GuestRam::new_anonymous(4 * PAGE_SIZE).unwrap();
-        assert_eq!(ram.page_bitmap().len(), 4);
-        assert_eq!(ram.vmm_dirty().len(), 4);
-    }
-
-    #[test]
-    fn dirty_pages_mark_peek_clear_and_bounds() {
-        let d = page_bitmap(130 * PAGE_SIZE as usize);
-        assert_eq!(d.len(), 130);
-        for p in [129, 0, 64, 63, 64, 500] {
-            d.set_bit(p);
-        }
-        assert!(d.is_bit_set(63) && !d.is_bit_set(62) && !d.is_bit_set(500));
-        assert_eq!(marked_pages(&d), [0, 63, 64, 129]);
-        // Peeking does not clear: a failed snapshot loses nothing.
-        assert_eq!(marked_pages(&d), [0, 63, 64, 129]);
-        d.set_bit(7);
-        d.reset();
-        assert!(marked_pages(&d).is_empty());
-        assert!(marked_pages(&page_bitmap(0)).is_empty());
-    }
-
-    #[test]
     fn dirty_pages_from_many_threads() {
-        let d = Arc::new(page_bitmap(4096 * PAGE_SIZE as usize));
+        let d = Arc::new(PageBitmap::new(4096));
         let handles: Vec<_> = (0..4usize)
             .map(|t| {
                 let d = d.clone();
                 std::thread::spawn(move || {
                     for p in (t..4096).step_by(4) {
-                        d.set_bit(p);
+                        d.set(p);
                     }
                 })
             })
@@ -376,23 +333,6 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        assert_eq!(marked_pages(&d), (0..4096).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn fill_and_unmark_across_words_and_past_the_end() {
-        let page = PAGE_SIZE as usize;
-        let b = page_bitmap(200 * page);
-        b.set_addr_range(60 * page, 70 * page);
-        assert_eq!(marked_pages(&b), (60..130).collect::<Vec<_>>());
-        b.set_addr_range(0, 1000 * page);
-        assert_eq!(marked_pages(&b), (0..200).collect::<Vec<_>>());
-        b.reset_addr_range(page, 198 * page);
-        assert_eq!(marked_pages(&b), [0, 199]);
-        b.reset_bit(0);
-        b.reset_bit(500);
-        assert!(!b.is_bit_set(0) && b.is_bit_set(199));
-        b.set_addr_range(0, 64 * page);
-        assert_eq!(marked_pages(&b).len(), 65);
+        assert_eq!(d.marked(), (0..4096).collect::<Vec<_>>());
     }
 }

@@ -373,7 +373,8 @@ impl Snapshots {
 
     /// Opens layer `name`'s writer before the VM stops: the store checks
     /// the name and the parent (the lineage's, which cannot change until
-    /// this snapshot is done: `taking` is held) and makes its work directory.
+    /// this snapshot is done: `taking` is held) and makes its work directory
+    /// and memory file.
     fn open_layer<V: Vm>(&self, vmm: &Vmm<V>, name: &str) -> anyhow::Result<Opened> {
         let store = Store::create(&self.store).context("cannot open the snapshot store")?;
         let lineage = self.lineage.locked();
@@ -389,10 +390,9 @@ impl Snapshots {
         };
         drop(lineage);
         let diff = meta.parent.is_some();
-        Ok(Opened {
-            w: store.begin(name, meta)?,
-            diff,
-        })
+        let mut w = store.begin(name, meta)?;
+        w.create_memory_file()?;
+        Ok(Opened { w, diff })
     }
 
     /// Begins layer `name` (its writer `opened`) of the stopped VM: captures
@@ -537,7 +537,7 @@ impl Snapshots {
         }
         match vmm.hv_vm().rearm_dirty_tracking() {
             Ok(()) => {
-                vmm.ram().vmm_dirty().reset();
+                vmm.ram().vmm_dirty().clear_all();
                 if written.is_some() {
                     l.parent = written;
                 }

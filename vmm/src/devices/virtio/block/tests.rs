@@ -76,15 +76,15 @@ fn read_fills_guest_memory_and_marks_pages_dirty() {
         0,
         &[(HDR, 16, false), (DATA, 1024, true), (STATUS, 1, true)],
     );
-    ram.vmm_dirty().reset();
+    ram.vmm_dirty().clear_all();
     assert!(blk.process_queue(0, &mut q, ram.memory(), 0).unwrap());
     let expected: Vec<u8> = (1024..2048).map(pattern).collect();
     assert_eq!(read_guest(&ram, DATA, 1024), expected);
     assert_eq!(status(&ram), S_OK);
     assert_eq!(used_elem(&ram, 0), (0, 1025));
     let dirty = ram.vmm_dirty();
-    assert!(dirty.is_bit_set(4) && dirty.is_bit_set(5), "data pages");
-    assert!(!dirty.is_bit_set(3) && !dirty.is_bit_set(6));
+    assert!(dirty.is_set(4) && dirty.is_set(5), "data pages");
+    assert!(!dirty.is_set(3) && !dirty.is_set(6));
 }
 
 /// A read of sector 2 into [`DATA`] (1 KiB), as request `idx`.

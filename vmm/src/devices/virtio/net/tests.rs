@@ -109,7 +109,7 @@ fn receive_waits_for_buffers_and_marks_pages_dirty() {
     assert!(!n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert!(n.backlog_len() > 0);
     add_chain(&vq, 0, &[(BUF, 12 + 1518, true)]);
-    ram.vmm_dirty().reset();
+    ram.vmm_dirty().clear_all();
     assert!(n.process_queue(RX_QUEUE, &mut q, ram.memory(), 0).unwrap());
     assert_eq!(used_elem(&ram, 0), (0, 12 + 1514));
     let mut hdr = [0u8; 12];
@@ -123,10 +123,7 @@ fn receive_waits_for_buffers_and_marks_pages_dirty() {
         .unwrap();
     assert_eq!(back, f);
     let page = ((BUF - RAM_BASE) / crate::arch::layout::PAGE_SIZE) as usize;
-    assert!(
-        ram.vmm_dirty().is_bit_set(page),
-        "received into a dirty page"
-    );
+    assert!(ram.vmm_dirty().is_set(page), "received into a dirty page");
     assert_eq!(n.backlog_len(), 0);
 }
 
