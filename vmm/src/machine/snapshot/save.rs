@@ -374,7 +374,7 @@ impl Snapshots {
     /// Opens layer `name`'s writer before the VM stops: the store checks
     /// the name and the parent (the lineage's, which cannot change until
     /// this snapshot is done: `taking` is held) and makes its work directory
-    /// and memory file.
+    /// and memory file, and a background layer's writer thread.
     fn open_layer<V: Vm>(&self, vmm: &Vmm<V>, name: &str) -> anyhow::Result<Opened> {
         let store = Store::create(&self.store).context("cannot open the snapshot store")?;
         let lineage = self.lineage.locked();
@@ -392,7 +392,11 @@ impl Snapshots {
         let diff = meta.parent.is_some();
         let mut w = store.begin(name, meta)?;
         w.create_memory_file()?;
-        Ok(Opened { w, diff })
+        let idle = match self.mode {
+            SnapshotMode::Background => Some(writer::IdleWriter::spawn()?),
+            SnapshotMode::Stop => None,
+        };
+        Ok(Opened { w, diff, idle })
     }
 
     /// Begins layer `name` (its writer `opened`) of the stopped VM: captures
@@ -422,7 +426,7 @@ impl Snapshots {
             agent_answered: Some((self.agent_answered)()),
             devices: captured.devices,
         };
-        let Opened { mut w, diff } = opened;
+        let Opened { mut w, diff, .. } = opened;
         let lineage = self.lineage.locked();
         // A diff's disk is a disk diff where the parent's disk has the
         // shape of this VM's (always, unless the parent came from another
@@ -561,10 +565,14 @@ impl Snapshots {
     fn start_background<V: Vm>(
         &self,
         vmm: &Vmm<V>,
-        opened: Opened,
+        mut opened: Opened,
         name: &str,
         stopped: &Stopped<'_>,
     ) -> anyhow::Result<Arc<PageSave>> {
+        let idle = match opened.idle.take() {
+            Some(t) => t,
+            None => writer::IdleWriter::spawn()?,
+        };
         let mut b = self.begin(vmm, opened, name, stopped)?;
         let ram = vmm.ram();
         // Tracked since the VM started, the pages written so far are a
@@ -597,7 +605,7 @@ impl Snapshots {
             save.run().context("cannot write the layer's pages")?;
         }
         let carry_chunks = b.chunks.clone();
-        let thread = writer::spawn(
+        let thread = idle.start(
             b,
             memory,
             save.clone(),
@@ -608,7 +616,7 @@ impl Snapshots {
                 carry_chunks,
             },
             self.test_gate.clone(),
-        )?;
+        );
         *self.writer.locked() = Some(thread);
         Ok(save)
     }

@@ -11,7 +11,7 @@ use crate::sync::Locked;
 use anyhow::Context;
 use snapshot_store::{DiskClone, Layer, MemoryFile, SnapshotWriter};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,12 +32,14 @@ pub(super) struct Lineage {
 }
 
 /// A layer's writer, opened before the VM stops (the store's checks of the
-/// name and the parent, and the work directory, are file system work the
-/// pause need not wait for).
+/// name and the parent, the work directory and the memory file are file
+/// system work the pause need not wait for).
 pub(super) struct Opened {
     pub(super) w: SnapshotWriter,
     /// A diff (the layer has a parent).
     pub(super) diff: bool,
+    /// A background layer's writer thread.
+    pub(super) idle: Option<IdleWriter>,
 }
 
 /// A layer begun while the VM is stopped: its writer with the disk's copy
@@ -113,34 +115,78 @@ pub(super) fn pass_gate(gate: &Path) {
     }
 }
 
-/// Starts the writer of the begun layer `b`, whose pages `save` saves into
-/// `memory`; it waits for [`BackgroundWriter::start`] (and for the test
-/// hook's `gate` file, if any) before it saves a page.
-pub(super) fn spawn(
+/// A layer's writer thread, started before the pause (starting a thread
+/// is kernel work the pause need not wait for). It waits for its layer
+/// ([`IdleWriter::start`]), and ends if dropped without one.
+pub(super) struct IdleWriter {
+    thread: JoinHandle<Result<Written, SnapshotError>>,
+    job: Sender<Job>,
+}
+
+/// What [`IdleWriter::start`] hands its thread.
+struct Job {
     b: Begun,
     memory: MemoryFile,
     save: Arc<PageSave>,
     out: Outcome,
     gate: Option<PathBuf>,
-) -> anyhow::Result<BackgroundWriter> {
-    let (go, wait) = channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("snapshot-writer".into())
-        .spawn(move || {
-            // Released (the sender dropped) once the vCPUs run again and
-            // the layer's pages are protected.
-            let _ = wait.recv();
-            if let Some(gate) = gate {
-                pass_gate(&gate);
-            }
-            write(b, memory, &save, out)
-        })
-        .context("cannot start the snapshot writer thread")?;
-    Ok(BackgroundWriter {
-        thread,
-        pause_us: 0,
-        go: Some(go),
-    })
+    /// Closed by [`BackgroundWriter::start`].
+    go: Receiver<()>,
+}
+
+impl IdleWriter {
+    /// Starts the thread.
+    pub(super) fn spawn() -> anyhow::Result<IdleWriter> {
+        let (job, jobs) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("snapshot-writer".into())
+            .spawn(move || {
+                let Ok(j) = jobs.recv() else {
+                    return Err(SnapshotError::Failed {
+                        name: String::new(),
+                        reason: anyhow::anyhow!("no layer was begun"),
+                    });
+                };
+                // Released (the sender dropped) once the vCPUs run again and
+                // the layer's pages are protected.
+                let _ = j.go.recv();
+                if let Some(gate) = j.gate {
+                    pass_gate(&gate);
+                }
+                write(j.b, j.memory, &j.save, j.out)
+            })
+            .context("cannot start the snapshot writer thread")?;
+        Ok(IdleWriter { thread, job })
+    }
+
+    /// Hands the thread the begun layer `b`, whose pages `save` saves into
+    /// `memory`; it waits for [`BackgroundWriter::start`] (and for the test
+    /// hook's `gate` file, if any) before it saves a page.
+    pub(super) fn start(
+        self,
+        b: Begun,
+        memory: MemoryFile,
+        save: Arc<PageSave>,
+        out: Outcome,
+        gate: Option<PathBuf>,
+    ) -> BackgroundWriter {
+        let (go, wait) = channel::<()>();
+        // The thread waits for this (it ends only without a job), so the
+        // send reaches it.
+        let _ = self.job.send(Job {
+            b,
+            memory,
+            save,
+            out,
+            gate,
+            go: wait,
+        });
+        BackgroundWriter {
+            thread: self.thread,
+            pause_us: 0,
+            go: Some(go),
+        }
+    }
 }
 
 /// The writer thread's work: the pages, the state, the disk, the commit,
