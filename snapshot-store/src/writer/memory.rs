@@ -3,7 +3,7 @@
 //! force, and the file is hashed once it is complete.
 
 use std::fs::File;
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::SnapshotWriter;
@@ -29,6 +29,9 @@ pub struct MemoryFile {
     size: u64,
     /// The diff's page count.
     pages: Option<u64>,
+    /// A diff's prefix (empty for a full layer), written at offset 0 by
+    /// [`SnapshotWriter::finish_memory_file`].
+    prefix: Vec<u8>,
 }
 
 impl SnapshotWriter {
@@ -61,12 +64,14 @@ impl SnapshotWriter {
     }
 
     /// Creates the layer's memory file (or takes the one
-    /// [`SnapshotWriter::create_memory_file`] made) at its final size, to be
-    /// filled out of order, then handed to
-    /// [`SnapshotWriter::finish_memory_file`]. A full layer (no
-    /// parent) passes `None`: the file is the RAM image (`ram_size` bytes;
-    /// pages never written read as zero). A diff passes its page index
-    /// (strictly increasing): the prefix is written, the pages follow in
+    /// [`SnapshotWriter::create_memory_file`] made), to be filled out of
+    /// order at the offsets [`MemoryFile`] gives, then handed to
+    /// [`SnapshotWriter::finish_memory_file`], which writes a diff's prefix
+    /// and sets the file's final size (this call does no I/O with a file
+    /// created ahead: a background snapshot makes it inside its pause). A
+    /// full layer (no parent) passes `None`: the file is the RAM image
+    /// (`ram_size` bytes; pages never written read as zero). A diff passes
+    /// its page index (strictly increasing): the prefix, then the pages in
     /// index order.
     pub fn memory_file(&mut self, diff_pages: Option<&[u64]>) -> Result<MemoryFile> {
         self.check_no_memory()?;
@@ -83,41 +88,45 @@ impl SnapshotWriter {
                 }
             )));
         }
-        let path = self.tmp.join(MEMORY_FILE);
-        let mut file = match self.memory_ahead.take() {
-            Some(f) => f,
-            None => self.create_memory()?,
-        };
         let ps = self.meta.page_size;
-        let (size, data_offset, pages) = match diff_pages {
-            None => (self.meta.ram_size, None, None),
+        let (size, data_offset, pages, prefix) = match diff_pages {
+            None => (self.meta.ram_size, None, None, Vec::new()),
             Some(index) => {
                 let prefix = encode_diff_prefix(ps, self.meta.ram_size, index)
                     .map_err(|e| Error::Usage(format!("diff of snapshot '{}': {e}", self.name)))?;
-                file.write_all(&prefix).ctx(&path, "write")?;
                 let n = index.len() as u64;
                 (
                     prefix.len() as u64 + n * ps,
                     Some(prefix.len() as u64),
                     Some(n),
+                    prefix,
                 )
             }
         };
-        file.set_len(size).ctx(&path, "set length")?;
+        let file = match self.memory_ahead.take() {
+            Some(f) => f,
+            None => self.create_memory()?,
+        };
         Ok(MemoryFile {
             file,
             data_offset,
-            path,
+            path: self.tmp.join(MEMORY_FILE),
             size,
             pages,
+            prefix,
         })
     }
 
     /// Records a memory file from [`SnapshotWriter::memory_file`] once every
-    /// page is in it: computes its [`crate::format::memory::MemoryDigest`] (reading back its
-    /// data; holes are not read) and checks its size.
+    /// page is in it: writes a diff's prefix, sets the file's size, and
+    /// computes its [`crate::format::memory::MemoryDigest`] (reading back
+    /// its data; holes are not read).
     pub fn finish_memory_file(&mut self, m: MemoryFile) -> Result<()> {
         self.check_no_memory()?;
+        m.file
+            .write_all_at(&m.prefix, 0)
+            .ctx(&m.path, "write the diff's prefix")?;
+        m.file.set_len(m.size).ctx(&m.path, "set length")?;
         let digest = memory_digest_file(&m.file, &m.path, m.size, None)?;
         self.memory = Some((
             FileEntry {
