@@ -176,12 +176,18 @@ impl<V: Vm + 'static> Machine<V> {
             let written = written.map_err(ops::BranchError::from).and_then(|w| {
                 w.ok_or_else(|| {
                     ops::SnapshotError::Failed {
-                        name,
+                        name: name.clone(),
                         reason: anyhow::anyhow!("the layer was not committed"),
                     }
                     .into()
                 })
             });
+            if written
+                .as_ref()
+                .is_ok_and(|w| branch::wait_for_cache(count, w.pages))
+            {
+                self.snapshots.wait_cache_record(&name);
+            }
             (written, forked)
         })
     }

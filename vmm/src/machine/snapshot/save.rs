@@ -98,7 +98,7 @@ pub struct Snapshots {
     /// The background layer being written, if any.
     writer: Mutex<Option<BackgroundWriter>>,
     /// Threads recording layers' verified-file caches; joined at the end.
-    cache_writers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    cache_writers: writer::CacheWriters,
     /// The test hook's delay ([`TEST_DELAY_ENV`]).
     test_delay: Option<Duration>,
     /// The test hook's gate ([`TEST_GATE_ENV`]).
@@ -348,6 +348,25 @@ impl Snapshots {
         vmm.finish(VmExit::Quit);
     }
 
+    /// Waits until layer `name`'s verified-file cache is recorded (a thread
+    /// does it after the commit, once the files' timestamps are older than
+    /// the store's racy window, at most about 50 ms): a restore of the layer
+    /// started after this finds its files vouched for instead of hashing
+    /// them. Returns at once if no such thread is pending.
+    pub fn wait_cache_record(&self, name: &str) {
+        let mine: Vec<JoinHandle<()>> = {
+            let mut all = self.cache_writers.locked();
+            let (mine, rest) = std::mem::take(&mut *all)
+                .into_iter()
+                .partition(|(n, _)| n == name);
+            *all = rest;
+            mine.into_iter().map(|(_, h)| h).collect()
+        };
+        for h in mine {
+            let _ = h.join();
+        }
+    }
+
     /// Waits for the background layer being written, if any (`say`: tells
     /// the console when that takes a while), and returns how it went.
     fn finish_background(&self, say: bool) -> Option<Result<Written, SnapshotError>> {
@@ -366,7 +385,7 @@ impl Snapshots {
         let _one = self.taking.locked();
         let _ = self.finish_background(false);
         let writers = std::mem::take(&mut *self.cache_writers.locked());
-        for w in writers {
+        for (_, w) in writers {
             let _ = w.join();
         }
     }
@@ -510,7 +529,7 @@ impl Snapshots {
         b.w.write_state(&b.state)?;
         let clone = writer::finish_disk(&mut b.w, b.disk_begun)?;
         let (layer, cache) = b.w.commit_cache_later()?;
-        self.cache_writers.locked().push(cache);
+        self.cache_writers.locked().push((b.name.clone(), cache));
         // The layer is durable: only now forget what was dirty.
         self.restart_tracking(vmm, Some(layer));
         let took = t.elapsed();
@@ -640,4 +659,47 @@ impl Snapshots {
 /// `ignition-vmm <version>`, recorded in manifests.
 fn creator() -> String {
     format!("ignition-vmm {}", env!("CARGO_PKG_VERSION"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn waiting_for_a_layers_cache_record_joins_its_writer_only() {
+        let opts = SnapshotOptions {
+            store: PathBuf::from("/nonexistent"),
+            name: None,
+            track_dirty: true,
+            mode: SnapshotMode::Background,
+        };
+        let s = Snapshots::new(&opts, None, "emu", Box::new(|| false));
+        let done = Arc::new(AtomicBool::new(false));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let d = done.clone();
+        let a = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            d.store(true, Ordering::SeqCst);
+        });
+        // Another layer's writer, still running: not waited for.
+        let b = std::thread::spawn(move || {
+            let _ = held.recv();
+        });
+        s.cache_writers.locked().push(("a".into(), a));
+        s.cache_writers.locked().push(("b".into(), b));
+        s.wait_cache_record("a");
+        assert!(done.load(Ordering::SeqCst));
+        s.wait_cache_record("absent");
+        let left: Vec<String> = s
+            .cache_writers
+            .locked()
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert_eq!(left, ["b"]);
+        drop(release);
+        s.finish();
+        assert!(s.cache_writers.locked().is_empty());
+    }
 }

@@ -57,11 +57,14 @@ pub(super) struct Begun {
     pub(super) chunks: Vec<u64>,
 }
 
+/// Threads recording committed layers' verified-file caches, by layer name.
+pub(super) type CacheWriters = Arc<Mutex<Vec<(String, JoinHandle<()>)>>>;
+
 /// Where a background layer's writer records how it went.
 pub(super) struct Outcome {
     pub(super) lineage: Arc<Mutex<Lineage>>,
     /// Where the committed layer's verified-file cache writer goes.
-    pub(super) cache_writers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    pub(super) cache_writers: CacheWriters,
     /// What the next layer must hold if this one fails: its pages (with
     /// tracking) and disk chunks.
     pub(super) carry_pages: Option<Vec<u64>>,
@@ -219,7 +222,7 @@ fn write(
     match written {
         Ok(((layer, cache), counts, clone)) => {
             let took = t.elapsed();
-            out.cache_writers.locked().push(cache);
+            out.cache_writers.locked().push((name.clone(), cache));
             let pages = save.pages().len() as u64;
             if l.track_dirty {
                 l.parent = Some(layer);
